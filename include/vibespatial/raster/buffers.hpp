@@ -1,0 +1,236 @@
+// SPDX-License-Identifier: Apache-2.0
+// Raster value types: element types, georeferencing, metadata, processing plans and the owned
+// band-major raster.
+//
+// Glossary
+// - band: one 2D plane of a raster; a raster is (bands, height, width), band-major.
+// - dtype: the element type of every band (DType); itemsize is its width in bytes.
+// - affine: the pixel -> world transform in rasterio order (a, b, c, d, e, f):
+//   x = a*col + b*row + c, y = d*col + e*row + f. GDAL's geotransform order is (c, a, b, f, d, e);
+//   convert with Affine::from_gdal / Affine::to_gdal, never by copying six numbers.
+// - plan: how a raster goes through the device within a VRAM budget (RasterPlan): whole, in
+//   batches of whole bands, or in spatial tiles (each tile carries the bands of one pass).
+// - halo: overlap pixels read around each tile for stencil operations; a plan's tile_shape
+//   excludes it, the physical tile is (tile_h + 2*halo, tile_w + 2*halo).
+#pragma once
+
+#include <vibespatial/raster/export.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace vibespatial::raster {
+
+/** @brief Element type of a raster's bands; the names are numpy's. */
+enum class DType : std::uint8_t {
+  uint8,
+  int8,
+  uint16,
+  int16,
+  uint32,
+  int32,
+  uint64,
+  int64,
+  float32,
+  float64
+};
+
+/**
+ * @brief Width of one element of @p dtype, in bytes (1, 1, 2, 2, 4, 4, 8, 8, 4, 8).
+ * @throws std::invalid_argument if @p dtype is not one of the enumerators.
+ * Thread-safe.
+ */
+VSR_EXPORT std::size_t itemsize(DType dtype);
+
+/**
+ * @brief The numpy name of @p dtype ("uint8" ... "float64"); "unknown" for a value that is not
+ * one of the enumerators. The view refers to static storage. Thread-safe, never throws.
+ */
+VSR_EXPORT std::string_view to_string(DType dtype) noexcept;
+
+/**
+ * @brief The DType whose numpy name is @p name (exactly, e.g. "float32"); empty if none is.
+ * Thread-safe, never throws.
+ */
+VSR_EXPORT std::optional<DType> dtype_from_string(std::string_view name) noexcept;
+
+/**
+ * @brief Pixel -> world transform in rasterio order: x = a*col + b*row + c,
+ * y = d*col + e*row + f. The default is the identity with a north-up flip (e = -1).
+ *
+ * (col, row) are pixel-edge coordinates: (0, 0) is the outer corner of the first pixel.
+ * A plain value type; thread-safe as any const object.
+ */
+struct VSR_EXPORT Affine {
+  double a = 1, b = 0, c = 0, d = 0, e = -1, f = 0;
+
+  /**
+   * @brief Builds the transform from a GDAL geotransform (GetGeoTransform order):
+   * gt = {c, a, b, f, d, e}, i.e. {origin x, pixel width, row rotation, origin y,
+   * column rotation, pixel height}.
+   */
+  static Affine from_gdal(const std::array<double, 6>& geotransform) noexcept;
+
+  /** @brief This transform in GDAL geotransform order {c, a, b, f, d, e}. */
+  std::array<double, 6> to_gdal() const noexcept;
+
+  /** @brief World coordinates {x, y} of pixel-edge position (@p col, @p row). */
+  std::array<double, 2> apply(double col, double row) const noexcept;
+
+  friend bool operator==(const Affine&, const Affine&) = default;
+};
+
+/**
+ * @brief Axis-aligned world extent of a raster, in the units of its CRS.
+ * left <= right and bottom <= top always hold (they are min/max over the four corners).
+ */
+struct RasterBounds {
+  double left = 0, bottom = 0, right = 0, top = 0;
+
+  friend bool operator==(const RasterBounds&, const RasterBounds&) = default;
+};
+
+/**
+ * @brief What a raster header says, without the pixels (the reference's RasterMetadata).
+ * A plain value type.
+ */
+struct VSR_EXPORT RasterMetadata {
+  std::int64_t height = 0, width = 0;
+  int band_count = 1;
+  DType dtype = DType::float32;
+  std::optional<double> nodata;  ///< NaN is a valid nodata value and compares equal to NaN
+  Affine affine;
+  std::string crs;     ///< WKT, "EPSG:n", or empty
+  std::string driver;  ///< e.g. "GTiff"; empty for in-memory rasters
+
+  /**
+   * @brief height * width (pixels of one band).
+   * @throws std::overflow_error if the product does not fit in 64 bits.
+   */
+  std::int64_t pixel_count() const;
+
+  /**
+   * @brief The world extent: min/max of the affine image of the four raster corners
+   * (0, 0), (width, 0), (0, height), (width, height). Correct for rotated and flipped
+   * transforms.
+   */
+  RasterBounds bounds() const noexcept;
+};
+
+/**
+ * @brief How a plan moves a raster through the device.
+ * - whole: all bands at once, no tiling.
+ * - band_batches: whole bands, bands_per_pass of them at a time (only for per-band work).
+ * - tiled: spatial tiles of tile_shape; each tile carries bands_per_pass bands.
+ */
+enum class TilingStrategy { whole, band_batches, tiled };
+
+/** @brief "whole", "band_batches" or "tiled"; "unknown" otherwise. Never throws. */
+VSR_EXPORT std::string_view to_string(TilingStrategy strategy) noexcept;
+
+/**
+ * @brief The planner's decision for one raster and one operation (see dispatch.hpp).
+ * A plain value type.
+ */
+struct RasterPlan {
+  TilingStrategy strategy = TilingStrategy::whole;
+  /// Effective (output) tile (height, width), halo excluded; empty unless tiled.
+  std::optional<std::pair<std::int64_t, std::int64_t>> tile_shape;
+  int halo = 0;                               ///< overlap pixels on each side of a tile
+  std::int64_t n_tiles = 0;                   ///< ceil(H/th) * ceil(W/tw); 0 unless tiled
+  std::uint64_t estimated_vram_per_tile = 0;  ///< bytes one pass needs on the device
+  int bands_per_pass = 1;                     ///< band_count for whole and (non per-band) tiled
+  bool fits_budget = true;  ///< false: even the smallest pass exceeds the usable budget
+
+  friend bool operator==(const RasterPlan&, const RasterPlan&) = default;
+};
+
+/** @brief Where a raster's authoritative pixels live. */
+enum class Residency { host, device };
+
+namespace detail {
+struct RasterStorage;
+}  // namespace detail
+
+/**
+ * @brief An owned, band-major (bands, height, width) raster with its georeferencing, resident
+ * on the host and/or the device. Copies and band views share storage (a copy is a handle, not
+ * a deep copy).
+ *
+ * Thread-safety: const members may be called concurrently; a non-const call (move_to,
+ * device_data) must not run concurrently with any other call on an object sharing the storage.
+ */
+class VSR_EXPORT OwnedRasterArray {
+ public:
+  /**
+   * @brief Copies @p bands * @p height * @p width elements of @p dtype from @p data (band-major)
+   * into a new host-resident raster.
+   * @throws std::invalid_argument for a null @p data, non-positive sizes or a bad dtype;
+   *         std::overflow_error if the byte size does not fit in 64 bits.
+   */
+  static OwnedRasterArray from_host(const void* data, DType dtype, int bands, std::int64_t height,
+                                    std::int64_t width, std::optional<double> nodata = {},
+                                    Affine affine = {}, std::string crs = {});
+
+  /**
+   * @brief Stacks single-band results into one raster; affine, CRS and nodata come from
+   * @p source. One result is returned as is (sharing its storage) with @p source's metadata.
+   * @throws std::invalid_argument for an empty list, or bands whose dtype, nodata (NaN equals
+   *         NaN) or shape differ from band 0 (the message names the band).
+   */
+  static OwnedRasterArray from_band_stack(const std::vector<OwnedRasterArray>& bands,
+                                          const OwnedRasterArray& source);
+
+  /// Bands in this raster (1 for a band view).
+  int band_count() const;
+  /// Rows of every band, in pixels.
+  std::int64_t height() const;
+  /// Columns of every band, in pixels.
+  std::int64_t width() const;
+  /// Element type of every band.
+  DType dtype() const;
+  /// The nodata value shared by all bands; empty if none. NaN is a valid value.
+  std::optional<double> nodata() const;
+  /// Pixel -> world transform (rasterio order).
+  const Affine& affine() const;
+  /// Coordinate reference system: WKT, "EPSG:n", or empty.
+  const std::string& crs() const;
+  /// Where the authoritative pixels are now.
+  Residency residency() const;
+  /// Shape, dtype and georeferencing as a RasterMetadata (driver empty).
+  RasterMetadata metadata() const;
+
+  /**
+   * @brief Zero-copy single-band view of band @p i on the same residency.
+   * @throws std::out_of_range if @p i is not in [0, band_count()).
+   */
+  OwnedRasterArray band(int i) const;
+
+  /** @brief Copies the pixels host <-> device through the pool; a no-op if already there. */
+  void move_to(Residency target);
+
+  /** @brief Copies bands*height*width*itemsize bytes, band-major, into @p dst. */
+  void copy_to_host(void* dst) const;
+
+  /** @brief The device pointer of the first element; moves the raster to the device first. */
+  void* device_data();
+
+  /** @brief The host pointer of the first element; null while the pixels are only on the device. */
+  const void* host_data() const;
+
+ private:
+  OwnedRasterArray(std::shared_ptr<detail::RasterStorage> storage, int first_band, int band_count);
+
+  std::shared_ptr<detail::RasterStorage> storage_;
+  int first_band_ = 0;  ///< index of this view's first band in storage_
+  int band_count_ = 0;  ///< bands in this view
+};
+
+}  // namespace vibespatial::raster

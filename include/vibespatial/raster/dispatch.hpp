@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+// VRAM budget, raster planning and band/tile dispatch.
+//
+// The planner reproduces the reference's analyze_raster_plan exactly for per_band == false
+// (same strategy, tile shapes, tile counts and estimates for the same inputs) and adds
+// fits_budget and, for per-band work, the band_batches strategy.
+#pragma once
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/export.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+namespace vibespatial::raster {
+
+/**
+ * @brief Device memory a new pass may use, in bytes: (driver free + free bytes the pool holds)
+ * * 0.85, leaving 15% headroom for the driver, fragmentation and concurrent allocations.
+ * Returns 0 when there is no usable driver or device, so it is safe on CPU-only machines.
+ * Thread-safe, never throws.
+ */
+VSR_EXPORT std::uint64_t available_vram_bytes() noexcept;
+
+/**
+ * @brief How many bands of @p height x @p width @p dtype fit in the budget at once, each band
+ * needing @p buffers_per_band device buffers, after @p scratch_bytes are set aside:
+ * max(1, (budget - scratch) / (height * width * itemsize * buffers_per_band)), clamped to
+ * INT_MAX. The budget is @p vram_budget, or available_vram_bytes() when empty; a budget below
+ * the scratch counts as 0. Always >= 1, so a one-band fallback is always possible.
+ * @throws std::invalid_argument for height or width <= 0, a bad dtype, buffers_per_band < 1;
+ *         std::overflow_error if the per-band byte count does not fit in 64 bits.
+ * Thread-safe.
+ */
+VSR_EXPORT int max_bands_for_budget(std::int64_t height, std::int64_t width, DType dtype,
+                                    int buffers_per_band = 2, std::uint64_t scratch_bytes = 0,
+                                    std::optional<std::uint64_t> vram_budget = {});
+
+/** @brief What an operation needs on the device, for analyze_raster_plan. */
+struct PlanOptions {
+  int band_count = 1;               ///< bands of the raster (>= 1)
+  int buffers_per_band = 2;         ///< device buffers per band (default: input + output)
+  std::uint64_t scratch_bytes = 0;  ///< fixed scratch of the operation per pass, bytes
+  int halo = 0;                     ///< overlap pixels per tile side for stencil ops (>= 0)
+  std::optional<std::uint64_t> vram_budget;  ///< bytes; empty: available_vram_bytes()
+  bool per_band = false;  ///< true: bands are independent, so band_batches may be chosen
+};
+
+/**
+ * @brief The usable part of a VRAM budget: floor(budget * 0.7), computed in double precision
+ * exactly as the reference does (30% is kept for runtime variance). Never throws.
+ */
+VSR_EXPORT std::uint64_t usable_vram_budget(std::uint64_t vram_budget) noexcept;
+
+/**
+ * @brief Decides how a @p height x @p width raster of @p dtype goes through the device.
+ *
+ * With budget = options.vram_budget (or available_vram_bytes()), usable = usable_vram_budget:
+ * - budget 0 (no GPU): whole, estimate 0 (tiling is a device-side concern).
+ * - all bands * buffers + scratch <= usable: whole, estimate = that sum.
+ * - per_band == false: tiled, all bands per tile. Tiles start at min(4096, H) x min(4096, W),
+ *   rounded down to multiples of 256 (at least 256); while a tile (halo included) + scratch
+ *   exceeds usable and a side is above 256, the larger side (height on a tie) is halved and
+ *   rounded down to a multiple of 256 (at least 256). This is the reference's algorithm.
+ * - per_band == true and one band (+ scratch) fits: band_batches with the most bands that fit.
+ * - per_band == true otherwise: tiled as above for one band at a time (bands_per_pass 1);
+ *   n_tiles counts the tiles of one band.
+ * fits_budget is false exactly when the returned estimate exceeds usable (even 256 x 256 tiles
+ * are too big); the plan is still returned.
+ *
+ * @throws std::invalid_argument for height or width <= 0, a bad dtype, band_count < 1,
+ *         buffers_per_band < 1 or halo < 0 (the message names the argument and value);
+ *         std::overflow_error if a byte count does not fit in 64 bits.
+ * Thread-safe; calls available_vram_bytes() only when options.vram_budget is empty.
+ */
+VSR_EXPORT RasterPlan analyze_raster_plan(std::int64_t height, std::int64_t width, DType dtype,
+                                          const PlanOptions& options = {});
+
+/**
+ * @brief analyze_raster_plan with the height, width, dtype and band_count of @p metadata
+ * (the metadata's band_count replaces options.band_count), so a plan can be made before any
+ * pixel is read. Throws as analyze_raster_plan. Thread-safe.
+ */
+VSR_EXPORT RasterPlan plan_from_metadata(const RasterMetadata& metadata, PlanOptions options = {});
+
+/** @brief A per-band (or per-tile) operation: takes one input, returns its result. */
+using BandOp = std::function<OwnedRasterArray(const OwnedRasterArray& band)>;
+
+/**
+ * @brief Applies @p op to each band of @p raster on the host and stacks the results with the
+ * source's metadata (from_band_stack). A single-band raster is passed through: one call, its
+ * result returned as is. Throws what @p op or from_band_stack throws.
+ */
+VSR_EXPORT OwnedRasterArray dispatch_per_band_cpu(const OwnedRasterArray& raster, const BandOp& op);
+
+/**
+ * @brief Applies @p op to each band of @p raster as device views and stacks the results with
+ * the source's metadata. A single-band raster is passed through. Bands that do not fit in the
+ * budget together (max_bands_for_budget with @p buffers_per_band, @p scratch_bytes) go through
+ * in batches. Throws what @p op, the pool or from_band_stack throws.
+ */
+VSR_EXPORT OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const BandOp& op,
+                                                  int buffers_per_band = 2,
+                                                  std::uint64_t scratch_bytes = 0);
+
+/**
+ * @brief Runs a pointwise @p op over the non-overlapping tiles of @p plan (or once, for a whole
+ * plan) and stitches the results; each tile's affine is shifted to its origin.
+ * @throws std::invalid_argument for a tiled plan over a device-resident raster.
+ */
+VSR_EXPORT OwnedRasterArray dispatch_tiled(const OwnedRasterArray& raster, const BandOp& op,
+                                           const RasterPlan& plan);
+
+/**
+ * @brief As dispatch_tiled, but each tile is read with plan.halo extra pixels per side
+ * (clamped at the raster edges); @p op returns its input's shape and the interior is kept.
+ * @throws std::invalid_argument for a tiled plan over a device-resident raster.
+ */
+VSR_EXPORT OwnedRasterArray dispatch_tiled_halo(const OwnedRasterArray& raster, const BandOp& op,
+                                                const RasterPlan& plan);
+
+}  // namespace vibespatial::raster

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+// The device memory pool (ADR-0040 in C++): tiers A/B/C/fallback on the CUDA driver API.
+//
+// Glossary
+//   granule      the driver's minimum VMM allocation granularity G (2 MiB on NVIDIA GPUs).
+//   page         one physical allocation (cuMemCreate handle) of exactly one granule. Every
+//                physical byte the pool holds is a page, so any free page can be remapped
+//                anywhere: free memory never strands for lack of a contiguous range.
+//   small block  a request of at most `small_block_limit` bytes, carved from a slab (one page
+//                split into equal slots of one size class). A live small block pins only its page.
+//   large block  a larger request, rounded up to whole pages and mapped contiguously in the
+//                pool's reserved address space; its pages are its own.
+//   mark         an event recorded on the stream that freed memory: the memory may be reused on
+//                that stream at once, and on another stream once the event has completed.
+//
+// Tiers (chosen once per process by configure_memory_pool(), first match wins):
+//   C         VIBESPATIAL_GPU_MANAGED_MEMORY=1: bare cuMemAllocManaged per request; no pooling.
+//   A         VIBESPATIAL_GPU_POOL_ONLY=1: the VMM pool with no OOM recovery: when the device is
+//             full the request fails at once with OutOfMemoryError.
+//   B         default where the device supports virtual memory management: the VMM pool plus a
+//             bounded recovery chain on OOM (handlers, then give every free page back, then retry).
+//   fallback  devices without VMM: a caching pool over cuMemAlloc, sizes rounded to 512 bytes.
+//
+// One pool per device; a call uses the pool of the device of the calling thread's current
+// context (device 0's primary context is bound when the thread has none). All functions are
+// thread-safe. Memory is valid in the device's primary context, so Thrust, CUB and user kernels
+// can use it directly.
+#pragma once
+
+#include <vibespatial/raster/export.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+// CUstream, exactly as <cuda.h> declares it, so this header needs no CUDA headers.
+typedef struct CUstream_st* CUstream;  // NOLINT(modernize-use-using)
+
+namespace vibespatial::raster {
+
+/// A snapshot of one device's pool. Keys of the seed are kept: `current_*`, `peak_*`, `total_*`
+/// and `pool_size` for tiers A/B/C (pool_size: A/B only); `used_bytes`, `free_bytes` and
+/// `total_bytes` (= used + free) for the fallback tier. Byte counts of live memory are the sizes
+/// requested, not the rounded sizes.
+///
+/// Peaks are exact when one thread at a time uses the pool; with concurrent threads they may
+/// over-report by at most what each thread allocated since its last exchange with the shared
+/// pool (at most 4 MiB or 64 requests per thread).
+struct MemoryPoolStats {
+  std::string tier;         ///< "A", "B", "C", "fallback", or "" before configuration
+  bool configured = false;  ///< configure_memory_pool() has succeeded
+  int device = 0;           ///< the device this snapshot describes
+  // tiers A/B/C
+  std::optional<std::size_t> current_bytes, current_count, peak_bytes, peak_count, total_bytes,
+      total_count;
+  std::optional<std::size_t> pool_size;  ///< A/B: physical bytes the pool holds (pages)
+  // fallback
+  std::optional<std::size_t> used_bytes, free_bytes;
+  // additions
+  std::size_t mapped_bytes = 0;        ///< A/B: physical bytes mapped into the address space
+  std::size_t reserved_bytes = 0;      ///< A/B: virtual address space reserved
+  std::size_t pool_free_bytes = 0;     ///< physical bytes held with no live data: what
+                                       ///< free_pool_memory() would give back (all tiers but C)
+  std::size_t largest_free_block = 0;  ///< A/B: the largest request servable without new memory
+  std::size_t oom_recoveries = 0;      ///< B: requests that succeeded only after the OOM chain
+  std::size_t granularity = 0;         ///< A/B: the page size in bytes
+  std::size_t small_block_limit = 0;   ///< A/B: requests up to this size are small blocks
+};
+
+/// Configures the pool once per process and returns the tier ("A", "B", "C" or "fallback").
+/// Idempotent and thread-safe: later calls return the tier chosen first. Called lazily by
+/// device_allocate().
+/// @throws DriverUnavailableError when there is no usable driver or device (nothing is cached:
+///         a later call tries again); CudaError (CUDA_ERROR_NOT_SUPPORTED) when the requested tier
+///         is impossible, e.g. VIBESPATIAL_GPU_MANAGED_MEMORY=1 on a device without managed memory.
+VSR_EXPORT std::string configure_memory_pool();
+
+/// Gives unused physical memory back to the driver, on every device's pool: unmaps and releases
+/// every free page (waiting for the stream work that freed it, event by event), empty slabs
+/// included. Live blocks stay where they are, with their contents; safe to call with live
+/// allocations. Tier C: no-op. Fallback: frees every cached block. No-op before configuration.
+/// @throws CudaError if the driver fails; the pool stays consistent and usable.
+VSR_EXPORT void free_pool_memory();
+
+/// Statistics of the pool of the current thread's device. Never throws; works before
+/// configuration (tier "", configured false).
+VSR_EXPORT MemoryPoolStats memory_pool_stats() noexcept;
+/// Statistics of the pool of `device`. Never throws.
+VSR_EXPORT MemoryPoolStats memory_pool_stats(int device) noexcept;
+
+/// Allocates `bytes` of device memory, usable in stream order on `stream` (nullptr: the legacy
+/// default stream). Configures the pool on first use. Alignment: 256 bytes at least; large
+/// blocks are granule-aligned. `bytes == 0` returns nullptr.
+/// Fast path: a cached small block freed by this thread on the same stream is returned with no
+/// lock and no driver call.
+/// @throws OutOfMemoryError (a std::bad_alloc) when the request cannot be satisfied (tier B after
+///         its recovery chain); its message says what was asked for and what the pool held.
+/// @throws DriverUnavailableError / CudaError on driver failures.
+VSR_EXPORT void* device_allocate(std::size_t bytes, CUstream stream = nullptr);
+
+/// Frees a block from device_allocate. `bytes` must be the size it was allocated with. The block
+/// may be reused at once on `stream`, and on other streams once the work queued on `stream` at
+/// this call has completed (an event, queried; never a device-wide synchronisation).
+/// `device_deallocate(nullptr, 0)` is a no-op.
+/// @throws std::invalid_argument, changing nothing, when `ptr` was not handed out by the pool,
+///         was already freed, or `bytes` differs from the allocation's size.
+VSR_EXPORT void device_deallocate(void* ptr, std::size_t bytes, CUstream stream = nullptr);
+
+/// An OOM handler: called with the size of a request the device cannot satisfy (tier B); returns
+/// true if it freed something (through device_deallocate: the pool holds none of its locks while
+/// handlers run). May be called from any thread that allocates.
+using OomHandler = std::function<bool(std::size_t requested_bytes)>;
+
+/// Registers an OOM handler; returns its id (never 0). Thread-safe.
+/// @throws std::invalid_argument if `handler` is empty.
+VSR_EXPORT std::uint64_t add_oom_handler(OomHandler handler);
+
+/// Unregisters a handler. Unknown ids are ignored. A handler running concurrently may complete.
+VSR_EXPORT void remove_oom_handler(std::uint64_t id);
+
+}  // namespace vibespatial::raster

@@ -1,0 +1,309 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "driver/cuda_driver.hpp"
+
+#include <vibespatial/raster/driver.hpp>
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+namespace vibespatial::raster::detail {
+namespace {
+
+constexpr const char* kDefaultDriver = "libcuda.so.1";
+
+// Resolves `symbol` at ABI `version` (cuGetProcAddress_v2 returns the newest ABI introduced at or
+// before `version`, reference/cuda-vmm-semantics.md §2.2). Null when the driver lacks it.
+template <class Pfn>
+bool resolve(PFN_cuGetProcAddress_v12000 get_proc, const char* symbol, int version, Pfn& out) {
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  const CUresult r = get_proc(symbol, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+  if (r != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || fn == nullptr) {
+    out = nullptr;
+    return false;
+  }
+  out = reinterpret_cast<Pfn>(fn);
+  return true;
+}
+
+bool resolve_all(PFN_cuGetProcAddress_v12000 gp, DriverApi& a, std::string& missing) {
+  bool ok = true;
+  auto req = [&](const char* name, int version, auto& slot) {
+    if (!resolve(gp, name, version, slot)) {
+      ok = false;
+      if (!missing.empty()) missing += ", ";
+      missing += name;
+    }
+  };
+  req("cuInit", 2000, a.cuInit);
+  req("cuDriverGetVersion", 2020, a.cuDriverGetVersion);
+  req("cuDeviceGet", 2000, a.cuDeviceGet);
+  req("cuDeviceGetCount", 2000, a.cuDeviceGetCount);
+  req("cuDeviceGetAttribute", 2000, a.cuDeviceGetAttribute);
+  req("cuDeviceGetName", 2000, a.cuDeviceGetName);
+  req("cuDevicePrimaryCtxRetain", 7000, a.cuDevicePrimaryCtxRetain);
+  req("cuDevicePrimaryCtxRelease", 11000, a.cuDevicePrimaryCtxRelease);
+  req("cuCtxSetCurrent", 4000, a.cuCtxSetCurrent);
+  req("cuCtxGetCurrent", 4000, a.cuCtxGetCurrent);
+  req("cuCtxGetDevice", 2000, a.cuCtxGetDevice);
+  req("cuCtxSynchronize", 2000, a.cuCtxSynchronize);
+  req("cuMemGetInfo", 3020, a.cuMemGetInfo);
+  req("cuMemAlloc", 3020, a.cuMemAlloc);
+  req("cuMemFree", 3020, a.cuMemFree);
+  req("cuMemHostAlloc", 2020, a.cuMemHostAlloc);
+  req("cuMemFreeHost", 2000, a.cuMemFreeHost);
+  req("cuMemcpyHtoD", 3020, a.cuMemcpyHtoD);
+  req("cuMemcpyDtoH", 3020, a.cuMemcpyDtoH);
+  req("cuMemcpyDtoD", 3020, a.cuMemcpyDtoD);
+  req("cuMemcpyHtoDAsync", 3020, a.cuMemcpyHtoDAsync);
+  req("cuMemcpyDtoHAsync", 3020, a.cuMemcpyDtoHAsync);
+  req("cuMemcpyDtoDAsync", 3020, a.cuMemcpyDtoDAsync);
+  req("cuMemsetD8", 3020, a.cuMemsetD8);
+  req("cuMemsetD8Async", 3020, a.cuMemsetD8Async);
+  req("cuStreamCreate", 2000, a.cuStreamCreate);
+  req("cuStreamSynchronize", 2000, a.cuStreamSynchronize);
+  req("cuStreamQuery", 2000, a.cuStreamQuery);
+  req("cuStreamDestroy", 4000, a.cuStreamDestroy);
+  req("cuStreamWaitEvent", 3020, a.cuStreamWaitEvent);
+  req("cuEventCreate", 2000, a.cuEventCreate);
+  req("cuEventRecord", 2000, a.cuEventRecord);
+  req("cuEventQuery", 2000, a.cuEventQuery);
+  req("cuEventSynchronize", 2000, a.cuEventSynchronize);
+  req("cuEventDestroy", 4000, a.cuEventDestroy);
+  req("cuGetErrorName", 6000, a.cuGetErrorName);
+  req("cuGetErrorString", 6000, a.cuGetErrorString);
+
+  resolve(gp, "cuMemGetAllocationGranularity", 10020, a.cuMemGetAllocationGranularity);
+  resolve(gp, "cuMemAddressReserve", 10020, a.cuMemAddressReserve);
+  resolve(gp, "cuMemAddressFree", 10020, a.cuMemAddressFree);
+  resolve(gp, "cuMemCreate", 10020, a.cuMemCreate);
+  resolve(gp, "cuMemRelease", 10020, a.cuMemRelease);
+  resolve(gp, "cuMemMap", 10020, a.cuMemMap);
+  resolve(gp, "cuMemUnmap", 10020, a.cuMemUnmap);
+  resolve(gp, "cuMemSetAccess", 10020, a.cuMemSetAccess);
+  resolve(gp, "cuMemRetainAllocationHandle", 11000, a.cuMemRetainAllocationHandle);
+  resolve(gp, "cuMemAllocManaged", 6000, a.cuMemAllocManaged);
+  resolve(gp, "cuMemAllocAsync", 11020, a.cuMemAllocAsync);
+  resolve(gp, "cuMemFreeAsync", 11020, a.cuMemFreeAsync);
+  return ok;
+}
+
+void load(DriverState& s) {
+  const char* env = std::getenv("VIBESPATIAL_CUDA_DRIVER");
+  s.library = (env != nullptr && env[0] != '\0') ? env : kDefaultDriver;
+  s.result = CUDA_ERROR_NO_DEVICE;
+
+  // RTLD_LOCAL: the driver's symbols must not satisfy anyone else's references by accident.
+  // The handle is never closed: entry points stay valid until process exit.
+  void* handle = dlopen(s.library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    s.reason = "no CUDA driver: cannot load " + s.library + (why ? std::string(": ") + why : "") +
+               " (install the NVIDIA driver, or set VIBESPATIAL_CUDA_DRIVER to the path of "
+               "libvsr-cuda-emulator.so to run on the host emulator)";
+    return;
+  }
+  s.emulated = dlsym(handle, "vsr_emu_query_outstanding") != nullptr;
+  auto get_proc =
+      reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(handle, "cuGetProcAddress_v2"));
+  if (get_proc == nullptr) {
+    s.reason = s.library +
+               " does not export cuGetProcAddress_v2: a CUDA 12.0 or newer driver "
+               "is required";
+    return;
+  }
+  std::string missing;
+  if (!resolve_all(get_proc, s.api, missing)) {
+    s.result = CUDA_ERROR_NOT_FOUND;
+    s.reason = s.library + " lacks required entry points: " + missing;
+    return;
+  }
+  s.api.cuDriverGetVersion(&s.driver_version);
+  const CUresult init = s.api.cuInit(0);
+  if (init != CUDA_SUCCESS) {
+    s.result = init;
+    s.reason = "cuInit failed with " + cu_result_name(init) +
+               (init == CUDA_ERROR_NO_DEVICE ? ": no CUDA-capable device is present" : "");
+    return;
+  }
+  const CUresult count = s.api.cuDeviceGetCount(&s.device_count);
+  if (count != CUDA_SUCCESS || s.device_count <= 0) {
+    s.result = count != CUDA_SUCCESS ? count : CUDA_ERROR_NO_DEVICE;
+    s.reason = "the driver reports no CUDA device";
+    s.device_count = 0;
+    return;
+  }
+  s.result = CUDA_SUCCESS;
+  s.available = true;
+}
+
+}  // namespace
+
+bool DriverApi::has_vmm() const noexcept {
+  return cuMemGetAllocationGranularity && cuMemAddressReserve && cuMemAddressFree && cuMemCreate &&
+         cuMemRelease && cuMemMap && cuMemUnmap && cuMemSetAccess;
+}
+
+const DriverState& driver_state() noexcept {
+  // Deliberately leaked: the pool's teardown at exit may still call the driver.
+  static const DriverState* state = [] {
+    auto* s = new DriverState();
+    try {
+      load(*s);
+    } catch (...) {
+      s->available = false;
+      s->reason = "unexpected failure while loading the CUDA driver";
+    }
+    return s;
+  }();
+  return *state;
+}
+
+const DriverApi& driver() {
+  const DriverState& s = driver_state();
+  if (!s.available) {
+    throw DriverUnavailableError(s.result, cu_result_name(static_cast<CUresult>(s.result)),
+                                 s.reason);
+  }
+  return s.api;
+}
+
+std::string cu_result_name(CUresult result) {
+  const DriverState& s = driver_state();
+  if (s.api.cuGetErrorName != nullptr) {
+    const char* name = nullptr;
+    if (s.api.cuGetErrorName(result, &name) == CUDA_SUCCESS && name != nullptr) return name;
+  }
+  switch (result) {  // the codes the seam itself reports before a driver is loaded
+    case CUDA_SUCCESS:
+      return "CUDA_SUCCESS";
+    case CUDA_ERROR_NO_DEVICE:
+      return "CUDA_ERROR_NO_DEVICE";
+    case CUDA_ERROR_NOT_FOUND:
+      return "CUDA_ERROR_NOT_FOUND";
+    default:
+      return "CUresult(" + std::to_string(static_cast<int>(result)) + ")";
+  }
+}
+
+void throw_cuda_error(CUresult result, const char* expression, const char* file, int line) {
+  std::string name = cu_result_name(result);
+  std::string what = name + " from " + expression + " at " + file + ":" + std::to_string(line);
+  const DriverState& s = driver_state();
+  if (s.api.cuGetErrorString != nullptr) {
+    const char* text = nullptr;
+    if (s.api.cuGetErrorString(result, &text) == CUDA_SUCCESS && text != nullptr) {
+      what += " (" + std::string(text) + ")";
+    }
+  }
+  throw CudaError(static_cast<int>(result), std::move(name), what);
+}
+
+CUcontext primary_context(int device) {
+  const DriverApi& api = driver();
+  static std::mutex mutex;
+  static CUcontext contexts[64] = {};
+  if (device < 0 || device >= driver_state().device_count || device >= 64) {
+    throw CudaError(CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE",
+                    "device ordinal " + std::to_string(device) + " is out of range");
+  }
+  std::lock_guard lock(mutex);
+  if (contexts[device] == nullptr) {
+    CUdevice dev = 0;
+    VSR_CU_TRY(api.cuDeviceGet(&dev, device));
+    CUcontext ctx = nullptr;
+    VSR_CU_TRY(api.cuDevicePrimaryCtxRetain(&ctx, dev));
+    contexts[device] = ctx;
+  }
+  return contexts[device];
+}
+
+int bind_current_device() {
+  const DriverApi& api = driver();
+  CUcontext current = nullptr;
+  VSR_CU_TRY(api.cuCtxGetCurrent(&current));
+  if (current == nullptr) {
+    VSR_CU_TRY(api.cuCtxSetCurrent(primary_context(0)));
+    return 0;
+  }
+  CUdevice dev = 0;
+  VSR_CU_TRY(api.cuCtxGetDevice(&dev));
+  return static_cast<int>(dev);
+}
+
+ScopedDeviceContext::ScopedDeviceContext(int device) {
+  const DriverApi& api = driver();
+  CUcontext target = primary_context(device);
+  VSR_CU_TRY(api.cuCtxGetCurrent(&previous_));
+  if (previous_ != target) {
+    VSR_CU_TRY(api.cuCtxSetCurrent(target));
+    changed_ = true;
+  }
+}
+
+ScopedDeviceContext::~ScopedDeviceContext() {
+  if (changed_) driver_state().api.cuCtxSetCurrent(previous_);
+}
+
+}  // namespace vibespatial::raster::detail
+
+namespace vibespatial::raster {
+
+DriverInfo driver_info() noexcept {
+  DriverInfo info;
+  try {
+    const detail::DriverState& s = detail::driver_state();
+    info.available = s.available;
+    info.library = s.library;
+    info.reason = s.reason;
+    info.emulated = s.emulated;
+    info.driver_version = s.driver_version;
+    if (!s.available) return info;
+    const detail::DriverApi& api = s.api;
+    for (int i = 0; i < s.device_count; ++i) {
+      DeviceInfo d;
+      d.ordinal = i;
+      CUdevice dev = 0;
+      if (api.cuDeviceGet(&dev, i) != CUDA_SUCCESS) continue;
+      char name[256] = {};
+      if (api.cuDeviceGetName(name, sizeof(name) - 1, dev) == CUDA_SUCCESS) d.name = name;
+      auto attr = [&](CUdevice_attribute a) {
+        int v = 0;
+        return api.cuDeviceGetAttribute(&v, a, dev) == CUDA_SUCCESS ? v : 0;
+      };
+      d.compute_capability_major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+      d.compute_capability_minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+      d.virtual_memory_management =
+          api.has_vmm() && attr(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;
+      d.managed_memory =
+          api.cuMemAllocManaged != nullptr && attr(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY) != 0;
+      d.memory_pools =
+          api.cuMemAllocAsync != nullptr && attr(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) != 0;
+      if (d.virtual_memory_management) {
+        CUmemAllocationProp prop = {};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = i;
+        api.cuMemGetAllocationGranularity(&d.granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        api.cuMemGetAllocationGranularity(&d.recommended_granularity, &prop,
+                                          CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+      }
+      try {
+        detail::ScopedDeviceContext scope(i);
+        api.cuMemGetInfo(&d.free_bytes, &d.total_bytes);
+      } catch (const std::exception&) {
+        // Memory figures stay 0: the device is listed, but its context could not be made.
+      }
+      info.devices.push_back(std::move(d));
+    }
+  } catch (...) {
+    info.available = false;
+    if (info.reason.empty()) info.reason = "unexpected failure while querying the CUDA driver";
+  }
+  return info;
+}
+
+}  // namespace vibespatial::raster

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "memory/device_pool.hpp"
+
+#include <cstdio>
+
+namespace vibespatial::raster::detail {
+
+void atomic_max(std::atomic<std::int64_t>& target, std::int64_t value) noexcept {
+  std::int64_t seen = target.load(std::memory_order_relaxed);
+  while (value > seen && !target.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+void UsageCounters::on_allocate(std::size_t bytes) noexcept {
+  const auto b = static_cast<std::int64_t>(bytes);
+  atomic_max(peak_bytes, current_bytes.fetch_add(b, std::memory_order_relaxed) + b);
+  atomic_max(peak_count, current_count.fetch_add(1, std::memory_order_relaxed) + 1);
+  total_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  total_count.fetch_add(1, std::memory_order_relaxed);
+}
+
+void UsageCounters::on_free(std::size_t bytes) noexcept {
+  current_bytes.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+  current_count.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void UsageCounters::fold(std::int64_t bytes, std::int64_t count, std::int64_t peak_bytes_delta,
+                         std::int64_t peak_count_delta, std::uint64_t total_b,
+                         std::uint64_t total_c) noexcept {
+  atomic_max(peak_bytes,
+             current_bytes.fetch_add(bytes, std::memory_order_relaxed) + peak_bytes_delta);
+  atomic_max(peak_count,
+             current_count.fetch_add(count, std::memory_order_relaxed) + peak_count_delta);
+  total_bytes.fetch_add(total_b, std::memory_order_relaxed);
+  total_count.fetch_add(total_c, std::memory_order_relaxed);
+}
+
+MarkFactory::~MarkFactory() {
+  destroy_all();
+}
+
+MarkRef MarkFactory::record(CUstream stream) {
+  const DriverApi& api = driver();
+  ScopedDeviceContext scope(device_);
+  CUevent event = nullptr;
+  if (!idle_->empty()) {
+    event = idle_->back();
+    idle_->pop_back();
+  } else if (api.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    event = nullptr;
+  }
+  if (event != nullptr && api.cuEventRecord(event, stream) == CUDA_SUCCESS) {
+    // The deleter returns the event to the idle list; marks die under the pool's mutex.
+    std::weak_ptr<std::vector<CUevent>> idle = idle_;
+    return MarkRef(new StreamMark{stream, event, false}, [idle](StreamMark* m) {
+      if (auto list = idle.lock()) {
+        list->push_back(m->event);
+      } else {
+        driver_state().api.cuEventDestroy(m->event);
+      }
+      delete m;
+    });
+  }
+  if (event != nullptr) idle_->push_back(event);
+  // No event: make the stream's work so far complete instead, so the memory is free everywhere.
+  VSR_CU_TRY(api.cuStreamSynchronize(stream));
+  return std::make_shared<StreamMark>(StreamMark{stream, nullptr, true});
+}
+
+bool MarkFactory::completed(const MarkRef& mark) {
+  if (!mark || mark->complete) return true;
+  ScopedDeviceContext scope(device_);
+  if (driver().cuEventQuery(mark->event) == CUDA_SUCCESS) mark->complete = true;
+  return mark->complete;
+}
+
+bool MarkFactory::ready_for(const MarkRef& mark, CUstream stream) {
+  return !mark || mark->stream == stream || completed(mark);
+}
+
+void MarkFactory::wait(const MarkRef& mark) {
+  if (!mark || mark->complete) return;
+  ScopedDeviceContext scope(device_);
+  VSR_CU_TRY(driver().cuEventSynchronize(mark->event));
+  mark->complete = true;
+}
+
+void MarkFactory::destroy_all() noexcept {
+  const DriverState& s = driver_state();
+  if (s.available) {
+    for (CUevent e : *idle_) s.api.cuEventDestroy(e);
+  }
+  idle_->clear();
+}
+
+std::string format_bytes(std::size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[48];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f %s (%zu B)", v, units[u], bytes);
+  }
+  return buf;
+}
+
+}  // namespace vibespatial::raster::detail

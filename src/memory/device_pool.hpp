@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// The interface every tier's per-device pool implements, and what the tiers share.
+#pragma once
+
+#include "driver/cuda_driver.hpp"
+
+#include <vibespatial/raster/memory.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace vibespatial::raster::detail {
+
+/// Thrown by a pool when the driver is out of device memory for a request. The module layer
+/// turns it into OutOfMemoryError (after tier B's recovery chain).
+struct DeviceFull {
+  std::size_t requested_bytes;
+  bool impossible = false;  ///< larger than the device could ever hold: no recovery can help
+};
+
+/// A point in a stream's work: memory freed on `stream` is reusable on `stream` at once, and on
+/// any stream once `event` has completed. A null event means "already complete".
+struct StreamMark {
+  CUstream stream = nullptr;
+  CUevent event = nullptr;
+  bool complete = false;
+};
+using MarkRef = std::shared_ptr<StreamMark>;
+
+/// Recycles CUevents for marks. Not thread-safe: used under the owning pool's mutex.
+class MarkFactory {
+ public:
+  explicit MarkFactory(int device) : device_(device) {}
+  ~MarkFactory();
+  MarkFactory(const MarkFactory&) = delete;
+  MarkFactory& operator=(const MarkFactory&) = delete;
+
+  /// Records a mark on `stream`. If the event cannot be created or recorded, falls back to
+  /// synchronising `stream` and returns a complete mark. Throws CudaError only if that fails too.
+  MarkRef record(CUstream stream);
+  /// True if memory under `mark` may be used on `stream` now (queries the event once).
+  bool ready_for(const MarkRef& mark, CUstream stream);
+  /// True if the mark's work has completed (queries the event once).
+  bool completed(const MarkRef& mark);
+  /// Blocks until the mark's work has completed.
+  void wait(const MarkRef& mark);
+  /// Destroys pooled events (teardown).
+  void destroy_all() noexcept;
+
+ private:
+  int device_;
+  std::shared_ptr<std::vector<CUevent>> idle_ = std::make_shared<std::vector<CUevent>>();
+};
+
+/// Per-device counters shared by the tiers. Byte counts are requested sizes.
+struct UsageCounters {
+  std::atomic<std::int64_t> current_bytes{0}, current_count{0};
+  std::atomic<std::int64_t> peak_bytes{0}, peak_count{0};
+  std::atomic<std::uint64_t> total_bytes{0}, total_count{0};
+
+  void on_allocate(std::size_t bytes) noexcept;
+  void on_free(std::size_t bytes) noexcept;
+  /// Folds a batch of changes made elsewhere (a thread cache): `peak_*` are the highest values the
+  /// batch's running deltas reached.
+  void fold(std::int64_t bytes, std::int64_t count, std::int64_t peak_bytes_delta,
+            std::int64_t peak_count_delta, std::uint64_t total_b, std::uint64_t total_c) noexcept;
+};
+
+void atomic_max(std::atomic<std::int64_t>& target, std::int64_t value) noexcept;
+
+/// One device's pool of one tier.
+class DevicePool {
+ public:
+  virtual ~DevicePool() = default;
+  /// Throws DeviceFull when the device has no memory left for the request, CudaError on other
+  /// driver failures. `bytes` > 0.
+  virtual void* allocate(std::size_t bytes, CUstream stream) = 0;
+  /// Throws std::invalid_argument (changing nothing) for pointers it does not own as live blocks
+  /// of exactly `bytes`.
+  virtual void deallocate(void* ptr, std::size_t bytes, CUstream stream) = 0;
+  /// True if `ptr` lies in memory this pool manages (live or not). Lock-free where possible.
+  virtual bool owns(const void* ptr) const noexcept = 0;
+  /// Gives every free physical byte back to the driver, waiting for pending frees.
+  virtual void trim() = 0;
+  virtual void fill_stats(MemoryPoolStats& stats) const noexcept = 0;
+  /// Human-readable state for error messages.
+  virtual std::string describe() const = 0;
+  /// Returns everything to the driver, live blocks included. Never throws.
+  virtual void teardown() noexcept = 0;
+  int device() const noexcept { return device_; }
+
+ protected:
+  explicit DevicePool(int device) : device_(device) {}
+  int device_;
+};
+
+std::unique_ptr<DevicePool> make_vmm_pool(int device, bool recovery_tier);
+std::unique_ptr<DevicePool> make_fallback_pool(int device);
+std::unique_ptr<DevicePool> make_managed_pool(int device);
+
+std::string format_bytes(std::size_t bytes);
+
+}  // namespace vibespatial::raster::detail

@@ -1,0 +1,268 @@
+// SPDX-License-Identifier: Apache-2.0
+// The fallback tier (devices without VMM): a caching pool over cuMemAlloc, sizes rounded up to
+// 512 bytes. A freed block is cached and reused for a request of the same rounded size, or a
+// slightly smaller one (at most 1/8 of the block is wasted); on OOM every idle cached block is
+// freed and the request retried once.
+#include "memory/device_pool.hpp"
+
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace vibespatial::raster::detail {
+namespace {
+
+constexpr std::size_t kRounding = 512;
+
+class FallbackPool final : public DevicePool {
+ public:
+  explicit FallbackPool(int device) : DevicePool(device), marks_(device) {}
+  ~FallbackPool() override { teardown(); }
+
+  void* allocate(std::size_t bytes, CUstream stream) override {
+    if (bytes > (std::size_t{1} << 50)) throw DeviceFull{bytes};
+    const std::size_t rounded = (bytes + kRounding - 1) / kRounding * kRounding;
+    std::lock_guard lock(mutex_);
+    for (auto it = cached_.lower_bound(rounded);
+         it != cached_.end() && it->first <= rounded + rounded / 8; ++it) {
+      if (!marks_.ready_for(it->second.mark, stream)) continue;
+      const CUdeviceptr p = it->second.ptr;
+      const std::size_t size = it->first;
+      cached_.erase(it);
+      cached_bytes_ -= size;
+      return hand_out(p, size, bytes);
+    }
+    const DriverApi& api = driver();
+    ScopedDeviceContext scope(device_);
+    CUdeviceptr p = 0;
+    CUresult r = api.cuMemAlloc(&p, rounded);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && !cached_.empty()) {
+      release_cached();  // the caching pool's own recovery: give the cache back, retry once
+      r = api.cuMemAlloc(&p, rounded);
+    }
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{bytes};
+    if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemAlloc", __FILE__, __LINE__);
+    return hand_out(p, rounded, bytes);
+  }
+
+  void deallocate(void* ptr, std::size_t bytes, CUstream stream) override {
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(reinterpret_cast<CUdeviceptr>(ptr));
+    if (it == live_.end()) {
+      throw std::invalid_argument(
+          "device_deallocate: pointer is not a live block of this pool "
+          "(never allocated, or already freed)");
+    }
+    if (it->second.bytes != bytes) {
+      throw std::invalid_argument("device_deallocate: block was allocated with " +
+                                  std::to_string(it->second.bytes) + " bytes but freed with " +
+                                  std::to_string(bytes));
+    }
+    MarkRef mark = marks_.record(stream);  // may throw: nothing changed yet
+    const std::size_t size = it->second.size;
+    cached_.emplace(size, Cached{it->first, std::move(mark)});
+    cached_bytes_ += size;
+    used_bytes_ -= size;
+    usage_.on_free(bytes);
+    live_.erase(it);
+  }
+
+  bool owns(const void* ptr) const noexcept override {
+    std::lock_guard lock(mutex_);
+    const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+    if (live_.count(p) != 0) return true;
+    for (const auto& [size, c] : cached_) {
+      if (c.ptr == p) return true;
+    }
+    return false;
+  }
+
+  void trim() override {
+    std::lock_guard lock(mutex_);
+    ScopedDeviceContext scope(device_);
+    release_cached();
+    if (!cached_.empty()) {
+      throw CudaError(CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN",
+                      "free_pool_memory: some cached blocks could not be freed");
+    }
+  }
+
+  void fill_stats(MemoryPoolStats& s) const noexcept override {
+    std::lock_guard lock(mutex_);
+    s.used_bytes = used_bytes_;
+    s.free_bytes = cached_bytes_;
+    s.total_bytes = used_bytes_ + cached_bytes_;
+    s.current_count = static_cast<std::size_t>(usage_.current_count.load());
+    s.peak_count = static_cast<std::size_t>(usage_.peak_count.load());
+    s.total_count = static_cast<std::size_t>(usage_.total_count.load());
+    s.pool_free_bytes = cached_bytes_;
+  }
+
+  std::string describe() const override {
+    std::lock_guard lock(mutex_);
+    return "the fallback pool holds " + format_bytes(used_bytes_ + cached_bytes_) + " (" +
+           format_bytes(used_bytes_) + " live in " + std::to_string(live_.size()) + " blocks, " +
+           format_bytes(cached_bytes_) + " cached free)";
+  }
+
+  void teardown() noexcept override {
+    std::lock_guard lock(mutex_);
+    const DriverState& ds = driver_state();
+    if (ds.available) {
+      try {
+        ScopedDeviceContext scope(device_);
+        for (auto& [size, c] : cached_) {
+          if (c.mark && !c.mark->complete) ds.api.cuEventSynchronize(c.mark->event);
+          ds.api.cuMemFree(c.ptr);
+        }
+        for (auto& [p, b] : live_) ds.api.cuMemFree(p);
+      } catch (...) {
+        // Best effort at teardown.
+      }
+    }
+    cached_.clear();
+    live_.clear();
+    marks_.destroy_all();
+    used_bytes_ = cached_bytes_ = 0;
+  }
+
+ private:
+  struct Live {
+    std::size_t size;   // rounded
+    std::size_t bytes;  // requested
+  };
+  struct Cached {
+    CUdeviceptr ptr;
+    MarkRef mark;
+  };
+
+  void* hand_out(CUdeviceptr p, std::size_t size, std::size_t bytes) {
+    live_.emplace(p, Live{size, bytes});
+    used_bytes_ += size;
+    usage_.on_allocate(bytes);
+    return reinterpret_cast<void*>(p);
+  }
+
+  // Frees every cached block, waiting for the stream work that freed it. Mutex held.
+  void release_cached() {
+    const DriverApi& api = driver();
+    for (auto it = cached_.begin(); it != cached_.end();) {
+      try {
+        marks_.wait(it->second.mark);
+      } catch (const CudaError&) {
+        ++it;
+        continue;
+      }
+      if (api.cuMemFree(it->second.ptr) != CUDA_SUCCESS) {
+        ++it;
+        continue;
+      }
+      cached_bytes_ -= it->first;
+      it = cached_.erase(it);
+    }
+  }
+
+  mutable std::mutex mutex_;
+  std::unordered_map<CUdeviceptr, Live> live_;
+  std::multimap<std::size_t, Cached> cached_;
+  std::size_t used_bytes_ = 0;
+  std::size_t cached_bytes_ = 0;
+  UsageCounters usage_;
+  MarkFactory marks_;
+};
+
+// Tier C: bare managed memory, one cuMemAllocManaged per request, counted.
+class ManagedPool final : public DevicePool {
+ public:
+  explicit ManagedPool(int device) : DevicePool(device) {}
+  ~ManagedPool() override { teardown(); }
+
+  void* allocate(std::size_t bytes, CUstream /*stream*/) override {
+    if (bytes > (std::size_t{1} << 50)) throw DeviceFull{bytes};
+    const DriverApi& api = driver();
+    ScopedDeviceContext scope(device_);
+    CUdeviceptr p = 0;
+    const CUresult r = api.cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{bytes};
+    if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemAllocManaged", __FILE__, __LINE__);
+    std::lock_guard lock(mutex_);
+    live_.emplace(p, bytes);
+    usage_.on_allocate(bytes);
+    return reinterpret_cast<void*>(p);
+  }
+
+  void deallocate(void* ptr, std::size_t bytes, CUstream /*stream*/) override {
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(reinterpret_cast<CUdeviceptr>(ptr));
+    if (it == live_.end()) {
+      throw std::invalid_argument(
+          "device_deallocate: pointer is not a live managed block "
+          "(never allocated, or already freed)");
+    }
+    if (it->second != bytes) {
+      throw std::invalid_argument("device_deallocate: block was allocated with " +
+                                  std::to_string(it->second) + " bytes but freed with " +
+                                  std::to_string(bytes));
+    }
+    ScopedDeviceContext scope(device_);
+    // cuMemFree of managed memory synchronises as needed (§3.5); the stream plays no part.
+    VSR_CU_TRY(driver().cuMemFree(it->first));
+    live_.erase(it);
+    usage_.on_free(bytes);
+  }
+
+  bool owns(const void* ptr) const noexcept override {
+    std::lock_guard lock(mutex_);
+    return live_.count(reinterpret_cast<CUdeviceptr>(ptr)) != 0;
+  }
+
+  void trim() override {}
+
+  void fill_stats(MemoryPoolStats& s) const noexcept override {
+    s.current_bytes = static_cast<std::size_t>(usage_.current_bytes.load());
+    s.current_count = static_cast<std::size_t>(usage_.current_count.load());
+    s.peak_bytes = static_cast<std::size_t>(usage_.peak_bytes.load());
+    s.peak_count = static_cast<std::size_t>(usage_.peak_count.load());
+    s.total_bytes = static_cast<std::size_t>(usage_.total_bytes.load());
+    s.total_count = static_cast<std::size_t>(usage_.total_count.load());
+  }
+
+  std::string describe() const override {
+    std::lock_guard lock(mutex_);
+    return "managed memory: " +
+           format_bytes(static_cast<std::size_t>(usage_.current_bytes.load())) + " live in " +
+           std::to_string(live_.size()) + " blocks";
+  }
+
+  void teardown() noexcept override {
+    std::lock_guard lock(mutex_);
+    const DriverState& ds = driver_state();
+    if (ds.available) {
+      try {
+        ScopedDeviceContext scope(device_);
+        for (auto& [p, b] : live_) ds.api.cuMemFree(p);
+      } catch (...) {
+        // Best effort at teardown.
+      }
+    }
+    live_.clear();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<CUdeviceptr, std::size_t> live_;
+  UsageCounters usage_;
+};
+
+}  // namespace
+
+std::unique_ptr<DevicePool> make_fallback_pool(int device) {
+  return std::make_unique<FallbackPool>(device);
+}
+
+std::unique_ptr<DevicePool> make_managed_pool(int device) {
+  return std::make_unique<ManagedPool>(device);
+}
+
+}  // namespace vibespatial::raster::detail

@@ -1,0 +1,1026 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tiers A and B: the pool on cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemSetAccess.
+//
+// Physical memory is held as pages: one cuMemCreate handle of one page (the granularity, or the
+// recommended granularity where that is a multiple of it). Because every page is mapped on its
+// own, any free page can be unmapped and mapped again elsewhere: a large request is served by
+// gathering free pages into a fresh contiguous range, so it never fails for lack of a contiguous
+// free range while enough physical memory is free (the failure that stranded 19.9 GiB in the
+// Python original, reference/vibespatial-reference.md §1.9).
+//
+// Address space: small regions hold slabs (one page each, split into equal slots of one size
+// class); large regions hold large blocks (whole pages). They never mix, so a live small block
+// pins one page at most.
+//
+// Locking: the small-block fast path uses a per-thread cache (no lock, no driver call); every
+// other path takes the pool's mutex. Driver rules followed (reference/cuda-vmm-semantics.md):
+// map whole handles at offset 0 (§3.4.6), set access once per contiguous newly mapped run
+// (§3.4.8, §7 #3), unmap only whole mappings inside one reservation (§3.4.7), release handles
+// exactly once (§7 #5), and unmap only memory whose freeing stream work has completed (§7 #2).
+#include "memory/device_pool.hpp"
+#include "memory/size_classes.hpp"
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace vibespatial::raster::detail {
+namespace {
+
+constexpr int kMaxRegions = 64;
+constexpr int kMaxDevices = 64;
+constexpr int kBinCapacity = 16;
+constexpr int kStatFlushOps = 64;
+constexpr std::int64_t kStatFlushBytes = std::int64_t{4} << 20;
+constexpr int kCentralScan = 32;
+
+std::atomic<std::uint64_t> g_next_epoch{1};
+
+struct Slab {
+  CUdeviceptr base = 0;
+  int size_class = 0;
+  std::size_t slot_size = 0;
+  std::uint32_t slot_count = 0;
+  std::uint32_t carved = 0;  // slots handed out at least once (a bump index)
+  std::uint32_t used = 0;    // carved slots not in the central free list (live or thread-cached)
+  int region = 0;
+  std::size_t page = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  // Requested size of each slot's live block; 0 when free. The free path's compare-exchange on it
+  // is what detects double frees and wrong sizes without a lock.
+  std::unique_ptr<std::atomic<std::size_t>[]> requested;
+};
+
+struct Region {
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  std::size_t pages = 0;
+  bool small = false;
+  std::unique_ptr<std::atomic<Slab*>[]> slabs;        // small: the slab of each page, or null
+  std::vector<CUmemGenericAllocationHandle> handles;  // large: each page's handle, 0 = unmapped
+  std::vector<std::size_t> vacant;                    // small: unmapped page indices below `bump`
+  std::size_t bump = 0;                               // small: pages never used above this
+};
+
+struct LargeBlock {
+  std::size_t pages = 0;
+  std::size_t bytes = 0;
+};
+
+struct FreeRange {
+  std::size_t pages = 0;
+  std::vector<MarkRef> marks;  // the frees this range is still waiting for
+};
+
+struct CentralEntry {
+  void* ptr;
+  Slab* slab;
+  MarkRef mark;
+};
+
+struct CacheEntry {
+  void* ptr;
+  CUstream stream;
+  Slab* slab;
+};
+
+struct Bin {
+  int count = 0;
+  std::array<CacheEntry, kBinCapacity> entries;
+};
+
+class VmmPool;
+
+/// A thread's cache of freed small blocks and its unshared statistics, for one device's pool.
+struct ThreadCache {
+  VmmPool* pool = nullptr;
+  std::uint64_t epoch = 0;
+  std::array<Bin, kMaxSizeClasses> bins;
+  // Written only by the owning thread; read by memory_pool_stats() from any thread.
+  std::atomic<std::int64_t> bytes{0}, count{0}, peak_bytes{0}, peak_count{0};
+  std::atomic<std::uint64_t> total_bytes{0}, total_count{0};
+  int ops = 0;
+
+  void add(std::int64_t b, std::int64_t c) noexcept {
+    const std::int64_t nb = bytes.load(std::memory_order_relaxed) + b;
+    const std::int64_t nc = count.load(std::memory_order_relaxed) + c;
+    bytes.store(nb, std::memory_order_relaxed);
+    count.store(nc, std::memory_order_relaxed);
+    if (nb > peak_bytes.load(std::memory_order_relaxed)) {
+      peak_bytes.store(nb, std::memory_order_relaxed);
+    }
+    if (nc > peak_count.load(std::memory_order_relaxed)) {
+      peak_count.store(nc, std::memory_order_relaxed);
+    }
+    if (c > 0) {
+      total_bytes.store(total_bytes.load(std::memory_order_relaxed) + static_cast<std::uint64_t>(b),
+                        std::memory_order_relaxed);
+      total_count.store(total_count.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    }
+  }
+};
+
+// The epoch of each device's live VMM pool (0: none). A thread cache whose epoch differs belongs
+// to a pool that was torn down and is dropped without touching it.
+std::array<std::atomic<std::uint64_t>, kMaxDevices> g_live_epoch{};
+
+struct ThreadCacheSet {
+  std::array<std::unique_ptr<ThreadCache>, kMaxDevices> caches;
+  ~ThreadCacheSet();
+};
+thread_local ThreadCacheSet t_caches;
+
+class VmmPool final : public DevicePool {
+ public:
+  VmmPool(int device, bool recovery_tier);
+  ~VmmPool() override { teardown(); }
+
+  void* allocate(std::size_t bytes, CUstream stream) override;
+  void deallocate(void* ptr, std::size_t bytes, CUstream stream) override;
+  bool owns(const void* ptr) const noexcept override;
+  void trim() override;
+  void fill_stats(MemoryPoolStats& stats) const noexcept override;
+  std::string describe() const override;
+  void teardown() noexcept override;
+
+  void retire_cache(ThreadCache& cache) noexcept;
+
+ private:
+  // Small blocks.
+  ThreadCache& thread_cache();
+  void* allocate_small(std::size_t bytes, CUstream stream);
+  void* refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes, CUstream stream);
+  void flush_bin(ThreadCache& cache, int size_class, int keep);  // mutex held
+  void fold_cache_stats(ThreadCache& cache) noexcept;            // mutex held
+  Slab* slab_of(CUdeviceptr p) const noexcept;
+  Slab* new_slab(int size_class);                        // mutex held
+  void release_slab_page(Slab* slab, bool keep_handle);  // mutex held
+  std::size_t reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandle>* into, std::size_t want,
+                                  bool wait);  // mutex held
+
+  // Large blocks.
+  void* allocate_large(std::size_t bytes, CUstream stream);
+  void deallocate_large(CUdeviceptr p, std::size_t bytes, CUstream stream);
+  bool range_ready(FreeRange& range, CUstream stream);
+  bool range_idle(FreeRange& range);
+  void insert_free(CUdeviceptr addr, std::size_t pages, std::vector<MarkRef> marks);
+  void erase_free(std::map<CUdeviceptr, FreeRange>::iterator it);
+  CUdeviceptr compose(std::size_t pages, CUstream stream);
+  void acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
+                     std::vector<CUmemGenericAllocationHandle>& out);
+  int region_of(CUdeviceptr p) const noexcept;
+  int add_region(std::size_t size, bool small);
+  std::size_t map_pages(CUdeviceptr addr, const CUmemGenericAllocationHandle* handles,
+                        std::size_t count);  // returns pages mapped and made accessible
+
+  std::size_t page_ = 0;
+  std::size_t small_limit_ = 0;
+  std::size_t device_total_ = 0;
+  std::uint64_t epoch_ = 0;
+  CUmemAllocationProp prop_ = {};
+  CUmemAccessDesc access_ = {};
+
+  mutable std::mutex mutex_;
+  std::array<Region, kMaxRegions> regions_;
+  std::atomic<int> region_count_{0};
+
+  std::map<CUdeviceptr, LargeBlock> live_large_;
+  std::map<CUdeviceptr, FreeRange> free_by_addr_;
+  std::multimap<std::size_t, CUdeviceptr> free_by_size_;
+  std::vector<CUmemGenericAllocationHandle> spare_;
+
+  struct ClassState {
+    std::vector<CentralEntry> central;
+    std::vector<Slab*> slabs;
+    Slab* carving = nullptr;
+  };
+  std::array<ClassState, kMaxSizeClasses> classes_;
+  std::vector<ThreadCache*> caches_;
+
+  UsageCounters usage_;
+  std::size_t pages_held_ = 0;
+  std::size_t pages_mapped_ = 0;
+  std::size_t reserved_bytes_ = 0;
+  std::size_t large_live_pages_ = 0;
+  std::size_t slab_count_ = 0;
+  MarkFactory marks_;
+  bool torn_down_ = false;
+};
+
+ThreadCacheSet::~ThreadCacheSet() {
+  for (std::size_t d = 0; d < caches.size(); ++d) {
+    ThreadCache* c = caches[d].get();
+    if (c != nullptr && c->pool != nullptr &&
+        g_live_epoch[d].load(std::memory_order_acquire) == c->epoch) {
+      c->pool->retire_cache(*c);
+    }
+  }
+}
+
+std::size_t round_up(std::size_t v, std::size_t m) {
+  return (v + m - 1) / m * m;
+}
+
+VmmPool::VmmPool(int device, bool /*recovery_tier*/) : DevicePool(device), marks_(device) {
+  const DriverApi& api = driver();
+  ScopedDeviceContext scope(device);
+  prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop_.location.id = device;
+  std::size_t minimum = 0, recommended = 0;
+  VSR_CU_TRY(api.cuMemGetAllocationGranularity(&minimum, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  VSR_CU_TRY(api.cuMemGetAllocationGranularity(&recommended, &prop_,
+                                               CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  if (minimum == 0) {
+    throw CudaError(CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
+                    "the driver reports a VMM granularity of 0");
+  }
+  page_ = (recommended >= minimum && recommended % minimum == 0) ? recommended : minimum;
+  small_limit_ = std::min<std::size_t>(std::size_t{1} << 20, page_ / 4);
+  small_limit_ = std::max(small_limit_, kSmallQuantum);
+  std::size_t free_bytes = 0;
+  VSR_CU_TRY(api.cuMemGetInfo(&free_bytes, &device_total_));
+  access_.location = prop_.location;
+  access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  epoch_ = g_next_epoch.fetch_add(1);
+  g_live_epoch[static_cast<std::size_t>(device)].store(epoch_, std::memory_order_release);
+}
+
+// ---- regions -----------------------------------------------------------------------------------
+
+int VmmPool::add_region(std::size_t size, bool small) {
+  const int index = region_count_.load(std::memory_order_relaxed);
+  if (index >= kMaxRegions) throw DeviceFull{size};
+  CUdeviceptr base = 0;
+  const CUresult r = driver().cuMemAddressReserve(&base, size, page_, 0, 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{size};
+  if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemAddressReserve", __FILE__, __LINE__);
+  Region& region = regions_[static_cast<std::size_t>(index)];
+  region.base = base;
+  region.size = size;
+  region.pages = size / page_;
+  region.small = small;
+  if (small) {
+    region.slabs = std::make_unique<std::atomic<Slab*>[]>(region.pages);
+  } else {
+    region.handles.assign(region.pages, 0);
+  }
+  reserved_bytes_ += size;
+  region_count_.store(index + 1, std::memory_order_release);  // publish to lock-free readers
+  return index;
+}
+
+int VmmPool::region_of(CUdeviceptr p) const noexcept {
+  const int n = region_count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    const Region& r = regions_[static_cast<std::size_t>(i)];
+    if (p >= r.base && p < r.base + r.size) return i;
+  }
+  return -1;
+}
+
+bool VmmPool::owns(const void* ptr) const noexcept {
+  return region_of(reinterpret_cast<CUdeviceptr>(ptr)) >= 0;
+}
+
+Slab* VmmPool::slab_of(CUdeviceptr p) const noexcept {
+  const int i = region_of(p);
+  if (i < 0) return nullptr;
+  const Region& r = regions_[static_cast<std::size_t>(i)];
+  if (!r.small) return nullptr;
+  return r.slabs[(p - r.base) / page_].load(std::memory_order_acquire);
+}
+
+std::size_t VmmPool::map_pages(CUdeviceptr addr, const CUmemGenericAllocationHandle* handles,
+                               std::size_t count) {
+  const DriverApi& api = driver();
+  std::size_t mapped = 0;
+  CUresult r = CUDA_SUCCESS;
+  for (; mapped < count; ++mapped) {
+    r = api.cuMemMap(addr + mapped * page_, page_, 0, handles[mapped], 0);
+    if (r != CUDA_SUCCESS) break;
+  }
+  if (r == CUDA_SUCCESS) r = api.cuMemSetAccess(addr, count * page_, &access_, 1);
+  if (r == CUDA_SUCCESS) {
+    pages_mapped_ += count;
+    return count;
+  }
+  // Undo exactly what this call mapped (§7 #6: never unmap a range with unmapped gaps).
+  if (mapped > 0) api.cuMemUnmap(addr, mapped * page_);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{count * page_};
+  throw_cuda_error(r, "cuMemMap/cuMemSetAccess", __FILE__, __LINE__);
+}
+
+// ---- page supply -------------------------------------------------------------------------------
+
+void VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
+                            std::vector<CUmemGenericAllocationHandle>& out) {
+  const DriverApi& api = driver();
+  try {
+    while (out.size() < count && !spare_.empty()) {
+      out.push_back(spare_.back());
+      spare_.pop_back();
+    }
+    // Idle free large pages elsewhere: unmap them from their range's tail and reuse the handles.
+    for (auto it = free_by_addr_.begin(); out.size() < count && it != free_by_addr_.end();) {
+      const CUdeviceptr begin = it->first;
+      const CUdeviceptr end = begin + it->second.pages * page_;
+      if ((begin < avoid_end && end > avoid_begin) || !range_idle(it->second)) {
+        ++it;
+        continue;
+      }
+      const std::size_t take = std::min(count - out.size(), it->second.pages);
+      const CUdeviceptr cut = end - take * page_;
+      if (api.cuMemUnmap(cut, take * page_) != CUDA_SUCCESS) {
+        ++it;
+        continue;
+      }
+      Region& region = regions_[static_cast<std::size_t>(region_of(cut))];
+      const std::size_t first = (cut - region.base) / page_;
+      for (std::size_t i = 0; i < take; ++i) {
+        out.push_back(region.handles[first + i]);
+        region.handles[first + i] = 0;
+      }
+      pages_mapped_ -= take;
+      const std::size_t left = it->second.pages - take;
+      std::vector<MarkRef> marks = std::move(it->second.marks);
+      auto next = std::next(it);
+      erase_free(it);
+      if (left > 0) insert_free(begin, left, std::move(marks));
+      it = next;
+    }
+    if (out.size() < count) reclaim_empty_slabs(&out, count - out.size(), false);
+    while (out.size() < count) {
+      CUmemGenericAllocationHandle h = 0;
+      const CUresult r = api.cuMemCreate(&h, page_, &prop_, 0);
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{count * page_};
+      if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemCreate", __FILE__, __LINE__);
+      out.push_back(h);
+      ++pages_held_;
+    }
+  } catch (...) {
+    spare_.insert(spare_.end(), out.begin(), out.end());  // valid pages stay in the pool
+    out.clear();
+    throw;
+  }
+}
+
+// ---- large blocks ------------------------------------------------------------------------------
+
+bool VmmPool::range_ready(FreeRange& range, CUstream stream) {
+  std::erase_if(range.marks, [&](const MarkRef& m) { return marks_.completed(m); });
+  return std::all_of(range.marks.begin(), range.marks.end(),
+                     [&](const MarkRef& m) { return m->stream == stream; });
+}
+
+bool VmmPool::range_idle(FreeRange& range) {
+  std::erase_if(range.marks, [&](const MarkRef& m) { return marks_.completed(m); });
+  return range.marks.empty();
+}
+
+void VmmPool::erase_free(std::map<CUdeviceptr, FreeRange>::iterator it) {
+  auto [lo, hi] = free_by_size_.equal_range(it->second.pages);
+  for (auto s = lo; s != hi; ++s) {
+    if (s->second == it->first) {
+      free_by_size_.erase(s);
+      break;
+    }
+  }
+  free_by_addr_.erase(it);
+}
+
+void VmmPool::insert_free(CUdeviceptr addr, std::size_t pages, std::vector<MarkRef> marks) {
+  const int region = region_of(addr);
+  auto next = free_by_addr_.lower_bound(addr);
+  // Coalesce with neighbours in the same reservation (mappings never straddle reservations).
+  if (next != free_by_addr_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second.pages * page_ == addr && region_of(prev->first) == region) {
+      addr = prev->first;
+      pages += prev->second.pages;
+      marks.insert(marks.end(), prev->second.marks.begin(), prev->second.marks.end());
+      erase_free(prev);
+    }
+  }
+  next = free_by_addr_.lower_bound(addr);
+  if (next != free_by_addr_.end() && addr + pages * page_ == next->first &&
+      region_of(next->first) == region) {
+    pages += next->second.pages;
+    marks.insert(marks.end(), next->second.marks.begin(), next->second.marks.end());
+    erase_free(next);
+  }
+  free_by_addr_.emplace(addr, FreeRange{pages, std::move(marks)});
+  free_by_size_.emplace(pages, addr);
+}
+
+CUdeviceptr VmmPool::compose(std::size_t pages, CUstream stream) {
+  // Find a window of `pages` pages with no live block and no free range still busy for `stream`:
+  // its mapped pages are reused in place, its holes get pages from elsewhere.
+  CUdeviceptr window = 0;
+  int window_region = -1;
+  const int n = region_count_.load(std::memory_order_relaxed);
+  for (int ri = 0; ri < n && window_region < 0; ++ri) {
+    const Region& region = regions_[static_cast<std::size_t>(ri)];
+    if (region.small || region.pages < pages) continue;
+    std::vector<std::pair<CUdeviceptr, std::size_t>> obstacles;
+    const CUdeviceptr end = region.base + region.size;
+    for (auto it = live_large_.lower_bound(region.base); it != live_large_.end() && it->first < end;
+         ++it) {
+      obstacles.emplace_back(it->first, it->second.pages);
+    }
+    for (auto it = free_by_addr_.lower_bound(region.base);
+         it != free_by_addr_.end() && it->first < end; ++it) {
+      if (!range_ready(it->second, stream)) obstacles.emplace_back(it->first, it->second.pages);
+    }
+    std::sort(obstacles.begin(), obstacles.end());
+    CUdeviceptr cursor = region.base;
+    obstacles.emplace_back(end, 0);
+    for (const auto& [addr, count] : obstacles) {
+      if ((addr - cursor) / page_ >= pages) {
+        window = cursor;
+        window_region = ri;
+        break;
+      }
+      cursor = std::max(cursor, addr + count * page_);
+    }
+  }
+  if (window_region < 0) {
+    window_region = add_region(std::max(round_up(2 * device_total_, page_), pages * page_), false);
+    window = regions_[static_cast<std::size_t>(window_region)].base;
+  }
+  Region& region = regions_[static_cast<std::size_t>(window_region)];
+  const std::size_t first = (window - region.base) / page_;
+  const CUdeviceptr window_end = window + pages * page_;
+
+  std::size_t holes = 0;
+  for (std::size_t i = 0; i < pages; ++i) holes += region.handles[first + i] == 0 ? 1 : 0;
+  std::vector<CUmemGenericAllocationHandle> fresh;
+  acquire_pages(holes, window, window_end, fresh);
+
+  // Map each run of holes; on failure, the pages mapped so far in this call go back as free.
+  std::size_t next_fresh = 0;
+  try {
+    for (std::size_t i = 0; i < pages;) {
+      if (region.handles[first + i] != 0) {
+        ++i;
+        continue;
+      }
+      std::size_t run = 0;
+      while (i + run < pages && region.handles[first + i + run] == 0) ++run;
+      map_pages(window + i * page_, fresh.data() + next_fresh, run);
+      for (std::size_t k = 0; k < run; ++k) region.handles[first + i + k] = fresh[next_fresh + k];
+      next_fresh += run;
+      i += run;
+    }
+  } catch (...) {
+    spare_.insert(spare_.end(), fresh.begin() + static_cast<std::ptrdiff_t>(next_fresh),
+                  fresh.end());
+    for (std::size_t i = 0; i < pages;) {  // newly mapped pages become ordinary free pages
+      const CUdeviceptr a = window + i * page_;
+      if (region.handles[first + i] != 0 && free_by_addr_.find(a) == free_by_addr_.end()) {
+        bool inside_free = false;
+        auto it = free_by_addr_.upper_bound(a);
+        if (it != free_by_addr_.begin()) {
+          --it;
+          inside_free = a < it->first + it->second.pages * page_;
+        }
+        if (!inside_free) insert_free(a, 1, {});
+      }
+      ++i;
+    }
+    throw;
+  }
+  // The window's already-mapped pages belonged to ready free ranges: cut them out.
+  for (auto it = free_by_addr_.lower_bound(region.base);
+       it != free_by_addr_.end() && it->first < window_end;) {
+    const CUdeviceptr begin = it->first;
+    const CUdeviceptr end = begin + it->second.pages * page_;
+    if (end <= window) {
+      ++it;
+      continue;
+    }
+    std::vector<MarkRef> marks = std::move(it->second.marks);
+    auto next = std::next(it);
+    erase_free(it);
+    if (begin < window) insert_free(begin, (window - begin) / page_, marks);
+    if (end > window_end) insert_free(window_end, (end - window_end) / page_, marks);
+    it = next == free_by_addr_.end() ? next : free_by_addr_.lower_bound(window_end);
+    if (end > window_end) break;
+  }
+  return window;
+}
+
+void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
+  const std::size_t pages = (bytes + page_ - 1) / page_;
+  ThreadCache& cache = thread_cache();
+  std::lock_guard lock(mutex_);
+  fold_cache_stats(cache);
+  CUdeviceptr addr = 0;
+  for (auto it = free_by_size_.lower_bound(pages); it != free_by_size_.end(); ++it) {
+    auto range = free_by_addr_.find(it->second);
+    if (!range_ready(range->second, stream)) continue;
+    addr = range->first;
+    const std::size_t left = range->second.pages - pages;
+    std::vector<MarkRef> marks = std::move(range->second.marks);
+    erase_free(range);
+    if (left > 0) insert_free(addr + pages * page_, left, std::move(marks));
+    break;
+  }
+  if (addr == 0) {
+    ScopedDeviceContext scope(device_);
+    addr = compose(pages, stream);
+  }
+  live_large_.emplace(addr, LargeBlock{pages, bytes});
+  large_live_pages_ += pages;
+  usage_.on_allocate(bytes);
+  return reinterpret_cast<void*>(addr);
+}
+
+void VmmPool::deallocate_large(CUdeviceptr p, std::size_t bytes, CUstream stream) {
+  ThreadCache& cache = thread_cache();
+  std::lock_guard lock(mutex_);
+  auto it = live_large_.find(p);
+  if (it == live_large_.end()) {
+    throw std::invalid_argument(
+        "device_deallocate: " + std::to_string(static_cast<unsigned long long>(p)) +
+        " is not a live block of this pool (never allocated, or already "
+        "freed)");
+  }
+  if (it->second.bytes != bytes) {
+    throw std::invalid_argument("device_deallocate: block was allocated with " +
+                                std::to_string(it->second.bytes) + " bytes but freed with " +
+                                std::to_string(bytes));
+  }
+  MarkRef mark = marks_.record(stream);  // may throw: nothing has changed yet
+  fold_cache_stats(cache);
+  const std::size_t pages = it->second.pages;
+  live_large_.erase(it);
+  large_live_pages_ -= pages;
+  usage_.on_free(bytes);
+  insert_free(p, pages, {std::move(mark)});
+}
+
+// ---- small blocks ------------------------------------------------------------------------------
+
+ThreadCache& VmmPool::thread_cache() {
+  auto& slot = t_caches.caches[static_cast<std::size_t>(device_)];
+  if (!slot || slot->epoch != epoch_) {
+    slot = std::make_unique<ThreadCache>();  // a stale cache's pool is gone: drop it
+    slot->pool = this;
+    slot->epoch = epoch_;
+    std::lock_guard lock(mutex_);
+    caches_.push_back(slot.get());
+  }
+  return *slot;
+}
+
+void VmmPool::fold_cache_stats(ThreadCache& c) noexcept {
+  const std::int64_t b = c.bytes.load(std::memory_order_relaxed);
+  const std::int64_t n = c.count.load(std::memory_order_relaxed);
+  usage_.fold(b, n, c.peak_bytes.load(std::memory_order_relaxed),
+              c.peak_count.load(std::memory_order_relaxed),
+              c.total_bytes.load(std::memory_order_relaxed),
+              c.total_count.load(std::memory_order_relaxed));
+  c.bytes.store(0, std::memory_order_relaxed);
+  c.count.store(0, std::memory_order_relaxed);
+  c.peak_bytes.store(0, std::memory_order_relaxed);
+  c.peak_count.store(0, std::memory_order_relaxed);
+  c.total_bytes.store(0, std::memory_order_relaxed);
+  c.total_count.store(0, std::memory_order_relaxed);
+  c.ops = 0;
+}
+
+void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
+  const int size_class = size_class_of(bytes);
+  ThreadCache& cache = thread_cache();
+  Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
+  for (int i = bin.count - 1; i >= 0 && i >= bin.count - 4; --i) {
+    if (bin.entries[static_cast<std::size_t>(i)].stream != stream) continue;
+    const CacheEntry e = bin.entries[static_cast<std::size_t>(i)];
+    bin.entries[static_cast<std::size_t>(i)] = bin.entries[static_cast<std::size_t>(--bin.count)];
+    const std::size_t slot =
+        (reinterpret_cast<CUdeviceptr>(e.ptr) - e.slab->base) / e.slab->slot_size;
+    e.slab->requested[slot].store(bytes, std::memory_order_release);
+    cache.add(static_cast<std::int64_t>(bytes), 1);
+    if (++cache.ops >= kStatFlushOps ||
+        cache.bytes.load(std::memory_order_relaxed) > kStatFlushBytes) {
+      usage_.fold(cache.bytes.load(std::memory_order_relaxed),
+                  cache.count.load(std::memory_order_relaxed),
+                  cache.peak_bytes.load(std::memory_order_relaxed),
+                  cache.peak_count.load(std::memory_order_relaxed),
+                  cache.total_bytes.load(std::memory_order_relaxed),
+                  cache.total_count.load(std::memory_order_relaxed));
+      cache.bytes.store(0, std::memory_order_relaxed);
+      cache.count.store(0, std::memory_order_relaxed);
+      cache.peak_bytes.store(0, std::memory_order_relaxed);
+      cache.peak_count.store(0, std::memory_order_relaxed);
+      cache.total_bytes.store(0, std::memory_order_relaxed);
+      cache.total_count.store(0, std::memory_order_relaxed);
+      cache.ops = 0;
+    }
+    return e.ptr;
+  }
+  return refill_and_allocate(cache, size_class, bytes, stream);
+}
+
+void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes,
+                                   CUstream stream) {
+  std::lock_guard lock(mutex_);
+  fold_cache_stats(cache);
+  ClassState& state = classes_[static_cast<std::size_t>(size_class)];
+  Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
+  // The bin missed: what it holds was freed on other streams. Hand it to the shared list, where
+  // marks make it reusable on any stream once its work completes.
+  if (bin.count > 0) {
+    ScopedDeviceContext scope(device_);
+    flush_bin(cache, size_class, 0);
+  }
+  const int want = kBinCapacity / 2;
+  void* result = nullptr;
+  Slab* result_slab = nullptr;
+  auto hand_out = [&](void* ptr, Slab* slab) {
+    ++slab->used;
+    if (result == nullptr) {
+      result = ptr;
+      result_slab = slab;
+    } else if (bin.count < kBinCapacity) {
+      bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
+    }
+  };
+  int scanned = 0;
+  for (std::size_t i = state.central.size(); i-- > 0 && scanned < kCentralScan && bin.count < want;
+       ++scanned) {
+    if (!marks_.ready_for(state.central[i].mark, stream)) continue;
+    CentralEntry e = std::move(state.central[i]);
+    state.central[i] = std::move(state.central.back());
+    state.central.pop_back();
+    hand_out(e.ptr, e.slab);
+  }
+  while (result == nullptr || (bin.count < want && state.carving != nullptr &&
+                               state.carving->carved < state.carving->slot_count)) {
+    if (state.carving == nullptr || state.carving->carved == state.carving->slot_count) {
+      if (result != nullptr) break;
+      state.carving = new_slab(size_class);  // may throw DeviceFull: nothing handed out yet
+    }
+    Slab* s = state.carving;
+    hand_out(reinterpret_cast<void*>(s->base + s->carved * s->slot_size), s);
+    ++s->carved;
+  }
+  const std::size_t slot =
+      (reinterpret_cast<CUdeviceptr>(result) - result_slab->base) / result_slab->slot_size;
+  result_slab->requested[slot].store(bytes, std::memory_order_release);
+  usage_.on_allocate(bytes);
+  return result;
+}
+
+Slab* VmmPool::new_slab(int size_class) {
+  ScopedDeviceContext scope(device_);
+  int ri = -1;
+  const int n = region_count_.load(std::memory_order_relaxed);
+  for (int i = 0; i < n && ri < 0; ++i) {
+    const Region& r = regions_[static_cast<std::size_t>(i)];
+    if (r.small && (!r.vacant.empty() || r.bump < r.pages)) ri = i;
+  }
+  if (ri < 0) ri = add_region(std::max(round_up(device_total_, page_), 64 * page_), true);
+  Region& region = regions_[static_cast<std::size_t>(ri)];
+  std::vector<CUmemGenericAllocationHandle> handle;
+  acquire_pages(1, 0, 0, handle);  // may vacate slab pages: choose the page only afterwards
+  const std::size_t page = region.vacant.empty() ? region.bump : region.vacant.back();
+  try {
+    map_pages(region.base + page * page_, handle.data(), 1);
+  } catch (...) {
+    spare_.push_back(handle[0]);
+    throw;
+  }
+  if (region.vacant.empty()) {
+    ++region.bump;
+  } else {
+    region.vacant.pop_back();
+  }
+  auto slab = std::make_unique<Slab>();
+  slab->base = region.base + page * page_;
+  slab->size_class = size_class;
+  slab->slot_size = size_class_bytes(size_class);
+  slab->slot_count = static_cast<std::uint32_t>(page_ / slab->slot_size);
+  slab->region = ri;
+  slab->page = page;
+  slab->handle = handle[0];
+  slab->requested = std::make_unique<std::atomic<std::size_t>[]>(slab->slot_count);
+  Slab* raw = slab.release();
+  classes_[static_cast<std::size_t>(size_class)].slabs.push_back(raw);
+  region.slabs[page].store(raw, std::memory_order_release);
+  ++slab_count_;
+  return raw;
+}
+
+void VmmPool::release_slab_page(Slab* slab, bool keep_handle) {
+  const DriverApi& api = driver();
+  VSR_CU_TRY(api.cuMemUnmap(slab->base, page_));
+  pages_mapped_ -= 1;
+  Region& region = regions_[static_cast<std::size_t>(slab->region)];
+  region.slabs[slab->page].store(nullptr, std::memory_order_release);
+  region.vacant.push_back(slab->page);
+  ClassState& state = classes_[static_cast<std::size_t>(slab->size_class)];
+  std::erase_if(state.central, [&](const CentralEntry& e) { return e.slab == slab; });
+  std::erase(state.slabs, slab);
+  if (state.carving == slab) state.carving = nullptr;
+  --slab_count_;
+  const CUmemGenericAllocationHandle h = slab->handle;
+  delete slab;
+  if (keep_handle) {
+    spare_.push_back(h);
+  } else if (api.cuMemRelease(h) == CUDA_SUCCESS) {
+    --pages_held_;
+  } else {
+    spare_.push_back(h);
+  }
+}
+
+std::size_t VmmPool::reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandle>* into,
+                                         std::size_t want, bool wait) {
+  std::size_t reclaimed = 0;
+  for (ClassState& state : classes_) {
+    for (std::size_t i = 0; i < state.slabs.size() && reclaimed < want;) {
+      Slab* slab = state.slabs[i];
+      if (slab->used != 0) {
+        ++i;
+        continue;
+      }
+      bool idle = true;
+      for (const CentralEntry& e : state.central) {
+        if (e.slab != slab) continue;
+        if (wait) {
+          marks_.wait(e.mark);
+        } else if (!marks_.completed(e.mark)) {
+          idle = false;
+          break;
+        }
+      }
+      if (!idle) {
+        ++i;
+        continue;
+      }
+      const CUmemGenericAllocationHandle h = slab->handle;
+      try {
+        release_slab_page(slab, into != nullptr);  // erases slabs[i]
+      } catch (const CudaError&) {
+        ++i;
+        continue;
+      }
+      if (into != nullptr) {
+        spare_.pop_back();
+        into->push_back(h);
+      }
+      ++reclaimed;
+    }
+  }
+  return reclaimed;
+}
+
+void VmmPool::flush_bin(ThreadCache& cache, int size_class, int keep) {
+  Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
+  const int move = bin.count - keep;
+  if (move <= 0) return;
+  // One mark per distinct stream, all recorded before anything moves: a failure changes nothing.
+  std::vector<std::pair<CUstream, MarkRef>> marks;
+  for (int i = 0; i < move; ++i) {
+    const CUstream s = bin.entries[static_cast<std::size_t>(i)].stream;
+    if (std::none_of(marks.begin(), marks.end(), [&](const auto& m) { return m.first == s; })) {
+      marks.emplace_back(s, marks_.record(s));
+    }
+  }
+  ClassState& state = classes_[static_cast<std::size_t>(size_class)];
+  for (int i = 0; i < move; ++i) {
+    const CacheEntry& e = bin.entries[static_cast<std::size_t>(i)];
+    for (const auto& [s, m] : marks) {
+      if (s == e.stream) state.central.push_back(CentralEntry{e.ptr, e.slab, m});
+    }
+    --e.slab->used;
+  }
+  std::copy(bin.entries.begin() + move, bin.entries.begin() + bin.count, bin.entries.begin());
+  bin.count = keep;
+}
+
+void VmmPool::retire_cache(ThreadCache& cache) noexcept {
+  try {
+    std::lock_guard lock(mutex_);
+    fold_cache_stats(cache);
+    ScopedDeviceContext scope(device_);
+    for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
+    std::erase(caches_, &cache);
+  } catch (...) {
+    // Shutdown or a failing driver: the cached slots stay unavailable; nothing else is lost.
+    std::lock_guard lock(mutex_);
+    std::erase(caches_, &cache);
+  }
+}
+
+// ---- public operations -------------------------------------------------------------------------
+
+void* VmmPool::allocate(std::size_t bytes, CUstream stream) {
+  if (bytes <= small_limit_) return allocate_small(bytes, stream);
+  if (bytes > device_total_) throw DeviceFull{bytes, true};  // can never fit; avoids overflow
+  return allocate_large(bytes, stream);
+}
+
+void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  Slab* slab = slab_of(p);
+  if (slab == nullptr) return deallocate_large(p, bytes, stream);
+  const std::size_t offset = p - slab->base;
+  const std::size_t slot = offset / slab->slot_size;
+  if (offset % slab->slot_size != 0 || slot >= slab->slot_count) {
+    throw std::invalid_argument(
+        "device_deallocate: pointer is inside a small block, not at its "
+        "start");
+  }
+  std::size_t expected = bytes;
+  if (bytes == 0 ||
+      !slab->requested[slot].compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
+    if (expected == 0 || bytes == 0) {
+      throw std::invalid_argument(
+          "device_deallocate: block is not live (never allocated, or "
+          "already freed)");
+    }
+    throw std::invalid_argument("device_deallocate: block was allocated with " +
+                                std::to_string(expected) + " bytes but freed with " +
+                                std::to_string(bytes));
+  }
+  ThreadCache& cache = thread_cache();
+  Bin& bin = cache.bins[static_cast<std::size_t>(slab->size_class)];
+  if (bin.count == kBinCapacity) {
+    try {
+      std::lock_guard lock(mutex_);
+      flush_bin(cache, slab->size_class, kBinCapacity / 2);
+    } catch (...) {
+      slab->requested[slot].store(bytes, std::memory_order_release);  // changes nothing
+      throw;
+    }
+  }
+  bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
+  cache.add(-static_cast<std::int64_t>(bytes), -1);
+}
+
+void VmmPool::trim() {
+  ThreadCache& cache = thread_cache();
+  std::lock_guard lock(mutex_);
+  const DriverApi& api = driver();
+  ScopedDeviceContext scope(device_);
+  fold_cache_stats(cache);
+  for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
+  std::optional<CudaError> first_error;
+  // Free large ranges: wait for the streams that freed them, then unmap (§7 #2).
+  for (auto it = free_by_addr_.begin(); it != free_by_addr_.end();) {
+    const CUdeviceptr begin = it->first;
+    const std::size_t pages = it->second.pages;
+    try {
+      for (const MarkRef& m : it->second.marks) marks_.wait(m);
+      it->second.marks.clear();
+      VSR_CU_TRY(api.cuMemUnmap(begin, pages * page_));
+    } catch (const CudaError& e) {
+      if (!first_error) first_error = e;
+      ++it;
+      continue;
+    }
+    Region& region = regions_[static_cast<std::size_t>(region_of(begin))];
+    const std::size_t first = (begin - region.base) / page_;
+    for (std::size_t i = 0; i < pages; ++i) {
+      spare_.push_back(region.handles[first + i]);
+      region.handles[first + i] = 0;
+    }
+    pages_mapped_ -= pages;
+    auto next = std::next(it);
+    erase_free(it);
+    it = next;
+  }
+  try {
+    reclaim_empty_slabs(nullptr, static_cast<std::size_t>(-1), true);
+  } catch (const CudaError& e) {
+    if (!first_error) first_error = e;
+  }
+  std::vector<CUmemGenericAllocationHandle> kept;
+  for (CUmemGenericAllocationHandle h : spare_) {
+    const CUresult r = api.cuMemRelease(h);
+    if (r == CUDA_SUCCESS) {
+      --pages_held_;
+    } else {
+      kept.push_back(h);
+      if (!first_error) {
+        first_error = CudaError(r, cu_result_name(r), "cuMemRelease failed in free_pool_memory");
+      }
+    }
+  }
+  spare_ = std::move(kept);
+  if (first_error) throw *first_error;
+}
+
+void VmmPool::fill_stats(MemoryPoolStats& s) const noexcept {
+  std::lock_guard lock(mutex_);
+  std::int64_t b = usage_.current_bytes.load(), c = usage_.current_count.load();
+  std::int64_t pb = 0, pc = 0;
+  std::uint64_t tb = usage_.total_bytes.load(), tc = usage_.total_count.load();
+  for (const ThreadCache* cache : caches_) {
+    b += cache->bytes.load(std::memory_order_relaxed);
+    c += cache->count.load(std::memory_order_relaxed);
+    pb += cache->peak_bytes.load(std::memory_order_relaxed);
+    pc += cache->peak_count.load(std::memory_order_relaxed);
+    tb += cache->total_bytes.load(std::memory_order_relaxed);
+    tc += cache->total_count.load(std::memory_order_relaxed);
+  }
+  const std::int64_t peak_b = std::max(usage_.peak_bytes.load(), usage_.current_bytes.load() + pb);
+  const std::int64_t peak_c = std::max(usage_.peak_count.load(), usage_.current_count.load() + pc);
+  s.current_bytes = static_cast<std::size_t>(std::max<std::int64_t>(b, 0));
+  s.current_count = static_cast<std::size_t>(std::max<std::int64_t>(c, 0));
+  s.peak_bytes = static_cast<std::size_t>(std::max(peak_b, b));
+  s.peak_count = static_cast<std::size_t>(std::max(peak_c, c));
+  s.total_bytes = static_cast<std::size_t>(tb);
+  s.total_count = static_cast<std::size_t>(tc);
+  s.pool_size = pages_held_ * page_;
+  s.mapped_bytes = pages_mapped_ * page_;
+  s.reserved_bytes = reserved_bytes_;
+  std::size_t busy_slabs = 0;
+  for (const ClassState& state : classes_) {
+    for (const Slab* slab : state.slabs) busy_slabs += slab->used != 0 ? 1 : 0;
+  }
+  s.pool_free_bytes = (pages_held_ - large_live_pages_ - busy_slabs) * page_;
+  s.largest_free_block = free_by_size_.empty() ? 0 : std::prev(free_by_size_.end())->first * page_;
+  s.granularity = page_;
+  s.small_block_limit = small_limit_;
+}
+
+std::string VmmPool::describe() const {
+  MemoryPoolStats s;
+  fill_stats(s);
+  return "the pool holds " + format_bytes(*s.pool_size) + " of physical memory (" +
+         format_bytes(*s.current_bytes) + " live in " + std::to_string(*s.current_count) +
+         " blocks, " + format_bytes(s.pool_free_bytes) + " free; largest free range " +
+         format_bytes(s.largest_free_block) + "), " + format_bytes(s.reserved_bytes) +
+         " of address space reserved";
+}
+
+void VmmPool::teardown() noexcept {
+  std::lock_guard lock(mutex_);
+  if (torn_down_) return;
+  torn_down_ = true;
+  g_live_epoch[static_cast<std::size_t>(device_)].store(0, std::memory_order_release);
+  const DriverState& ds = driver_state();
+  if (!ds.available) return;
+  const DriverApi& api = ds.api;
+  try {
+    ScopedDeviceContext scope(device_);
+    for (auto& [addr, range] : free_by_addr_) {
+      for (const MarkRef& m : range.marks) {
+        if (m && !m->complete) api.cuEventSynchronize(m->event);
+      }
+    }
+    for (ClassState& state : classes_) {
+      for (CentralEntry& e : state.central) {
+        if (e.mark && !e.mark->complete) api.cuEventSynchronize(e.mark->event);
+      }
+      state.central.clear();
+      for (Slab* slab : state.slabs) {
+        if (api.cuMemUnmap(slab->base, page_) == CUDA_SUCCESS) --pages_mapped_;
+        api.cuMemRelease(slab->handle);
+        delete slab;
+      }
+      state.slabs.clear();
+      state.carving = nullptr;
+    }
+    free_by_addr_.clear();
+    free_by_size_.clear();
+    live_large_.clear();
+    const int n = region_count_.load();
+    for (int i = 0; i < n; ++i) {
+      Region& r = regions_[static_cast<std::size_t>(i)];
+      for (std::size_t p = 0; p < r.handles.size(); ++p) {
+        if (r.handles[p] == 0) continue;
+        api.cuMemUnmap(r.base + p * page_, page_);
+        api.cuMemRelease(r.handles[p]);
+        r.handles[p] = 0;
+      }
+      api.cuMemAddressFree(r.base, r.size);
+    }
+    for (CUmemGenericAllocationHandle h : spare_) api.cuMemRelease(h);
+    spare_.clear();
+    marks_.destroy_all();
+  } catch (...) {
+    // Teardown is best effort: a failing driver leaves nothing further to do.
+  }
+  region_count_.store(0);
+  caches_.clear();
+  pages_held_ = pages_mapped_ = reserved_bytes_ = large_live_pages_ = slab_count_ = 0;
+}
+
+}  // namespace
+
+std::unique_ptr<DevicePool> make_vmm_pool(int device, bool recovery_tier) {
+  if (device < 0 || device >= kMaxDevices) {
+    throw std::out_of_range("device ordinal out of range for the pool");
+  }
+  return std::make_unique<VmmPool>(device, recovery_tier);
+}
+
+}  // namespace vibespatial::raster::detail

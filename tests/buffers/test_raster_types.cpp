@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+// DType, Affine, RasterMetadata and plan-type tests.
+#include <vibespatial/raster/buffers.hpp>
+
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace vsr = vibespatial::raster;
+using vsr::DType;
+
+namespace {
+
+constexpr std::array<DType, 10> all_dtypes{
+    DType::uint8, DType::int8,   DType::uint16, DType::int16,   DType::uint32,
+    DType::int32, DType::uint64, DType::int64,  DType::float32, DType::float64};
+
+}  // namespace
+
+TEST_CASE("itemsize follows numpy") {
+  const std::array<std::size_t, 10> expected{1, 1, 2, 2, 4, 4, 8, 8, 4, 8};
+  for (std::size_t i = 0; i < all_dtypes.size(); ++i) {
+    CHECK(vsr::itemsize(all_dtypes[i]) == expected[i]);
+  }
+  CHECK_THROWS_AS(vsr::itemsize(static_cast<DType>(10)), std::invalid_argument);
+  CHECK_THROWS_AS(vsr::itemsize(static_cast<DType>(255)), std::invalid_argument);
+}
+
+TEST_CASE("DType names are numpy's and round trip") {
+  const std::array<std::string_view, 10> names{"uint8", "int8",   "uint16", "int16",   "uint32",
+                                               "int32", "uint64", "int64",  "float32", "float64"};
+  for (std::size_t i = 0; i < all_dtypes.size(); ++i) {
+    CHECK(vsr::to_string(all_dtypes[i]) == names[i]);
+    const auto parsed = vsr::dtype_from_string(names[i]);
+    REQUIRE(parsed.has_value());
+    CHECK(*parsed == all_dtypes[i]);
+  }
+  CHECK(vsr::to_string(static_cast<DType>(42)) == "unknown");
+  CHECK_FALSE(vsr::dtype_from_string("").has_value());
+  CHECK_FALSE(vsr::dtype_from_string("float").has_value());
+  CHECK_FALSE(vsr::dtype_from_string("Float32").has_value());
+  CHECK_FALSE(vsr::dtype_from_string("float32 ").has_value());
+  CHECK_FALSE(vsr::dtype_from_string("unknown").has_value());
+}
+
+TEST_CASE("TilingStrategy names") {
+  CHECK(vsr::to_string(vsr::TilingStrategy::whole) == "whole");
+  CHECK(vsr::to_string(vsr::TilingStrategy::band_batches) == "band_batches");
+  CHECK(vsr::to_string(vsr::TilingStrategy::tiled) == "tiled");
+  CHECK(vsr::to_string(static_cast<vsr::TilingStrategy>(7)) == "unknown");
+}
+
+TEST_CASE("Affine defaults and rasterio order") {
+  const vsr::Affine identity;
+  CHECK(identity.a == 1);
+  CHECK(identity.b == 0);
+  CHECK(identity.c == 0);
+  CHECK(identity.d == 0);
+  CHECK(identity.e == -1);
+  CHECK(identity.f == 0);
+
+  // x = a*col + b*row + c ; y = d*col + e*row + f
+  const vsr::Affine t{2, 3, 100, 5, -7, 200};
+  const auto p = t.apply(10, 20);
+  CHECK(p[0] == doctest::Approx(2 * 10 + 3 * 20 + 100));
+  CHECK(p[1] == doctest::Approx(5 * 10 - 7 * 20 + 200));
+}
+
+TEST_CASE("Affine GDAL geotransform round trip") {
+  // GDAL order: origin x, pixel width, row rotation, origin y, column rotation, pixel height.
+  const std::array<double, 6> gt{440720.0, 60.0, 0.5, 3751320.0, -0.25, -60.0};
+  const vsr::Affine t = vsr::Affine::from_gdal(gt);
+  CHECK(t.c == 440720.0);
+  CHECK(t.a == 60.0);
+  CHECK(t.b == 0.5);
+  CHECK(t.f == 3751320.0);
+  CHECK(t.d == -0.25);
+  CHECK(t.e == -60.0);
+  CHECK(t.to_gdal() == gt);
+  CHECK(vsr::Affine::from_gdal(t.to_gdal()) == t);
+  // Same world point from both conventions: GDAL Xgeo = gt0 + col*gt1 + row*gt2.
+  const auto p = t.apply(3, 4);
+  CHECK(p[0] == doctest::Approx(gt[0] + 3 * gt[1] + 4 * gt[2]));
+  CHECK(p[1] == doctest::Approx(gt[3] + 3 * gt[4] + 4 * gt[5]));
+}
+
+TEST_CASE("RasterMetadata defaults, pixel_count and bounds") {
+  vsr::RasterMetadata meta;
+  CHECK(meta.height == 0);
+  CHECK(meta.width == 0);
+  CHECK(meta.band_count == 1);
+  CHECK(meta.dtype == DType::float32);
+  CHECK_FALSE(meta.nodata.has_value());
+  CHECK(meta.crs.empty());
+  CHECK(meta.driver.empty());
+
+  meta.height = 100;
+  meta.width = 200;
+  CHECK(meta.pixel_count() == 20000);
+
+  SUBCASE("north-up") {
+    meta.affine = vsr::Affine{10, 0, 1000, 0, -10, 5000};
+    const vsr::RasterBounds b = meta.bounds();
+    CHECK(b.left == 1000);
+    CHECK(b.right == 1000 + 200 * 10);
+    CHECK(b.top == 5000);
+    CHECK(b.bottom == 5000 - 100 * 10);
+  }
+  SUBCASE("south-up and mirrored: still ordered") {
+    meta.affine = vsr::Affine{-2, 0, 0, 0, 3, 0};
+    const vsr::RasterBounds b = meta.bounds();
+    CHECK(b == vsr::RasterBounds{-400, 0, 0, 300});
+  }
+  SUBCASE("rotation: min/max over the four corners") {
+    // 90 degree rotation: x = -row, y = col.
+    meta.affine = vsr::Affine{0, -1, 0, 1, 0, 0};
+    const vsr::RasterBounds b = meta.bounds();
+    CHECK(b == vsr::RasterBounds{-100, 0, 0, 200});
+  }
+  SUBCASE("shear and rotation, corners computed by hand") {
+    meta.height = 2;
+    meta.width = 4;
+    meta.affine = vsr::Affine{1, 0.5, 10, -0.5, -1, 20};
+    // corners (col,row): (0,0)->(10,20) (4,0)->(14,18) (0,2)->(11,18) (4,2)->(15,16)
+    const vsr::RasterBounds b = meta.bounds();
+    CHECK(b.left == doctest::Approx(10));
+    CHECK(b.right == doctest::Approx(15));
+    CHECK(b.bottom == doctest::Approx(16));
+    CHECK(b.top == doctest::Approx(20));
+  }
+}
+
+TEST_CASE("pixel_count overflow throws") {
+  vsr::RasterMetadata meta;
+  meta.height = std::int64_t{1} << 40;
+  meta.width = std::int64_t{1} << 40;
+  CHECK_THROWS_AS(meta.pixel_count(), std::overflow_error);
+  meta.width = 1 << 20;
+  CHECK(meta.pixel_count() == std::int64_t{1} << 60);
+}
+
+TEST_CASE("RasterPlan defaults") {
+  const vsr::RasterPlan plan;
+  CHECK(plan.strategy == vsr::TilingStrategy::whole);
+  CHECK_FALSE(plan.tile_shape.has_value());
+  CHECK(plan.halo == 0);
+  CHECK(plan.n_tiles == 0);
+  CHECK(plan.estimated_vram_per_tile == 0);
+  CHECK(plan.bands_per_pass == 1);
+  CHECK(plan.fits_budget);
+}

@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shared helpers of the pool tests: a fresh pool per test, emulator options, patterns.
+#pragma once
+
+#include "driver/cuda_driver.hpp"
+#include "emulator_control.hpp"
+#include "memory/pool_registry.hpp"
+
+#include <vibespatial/raster/errors.hpp>
+#include <vibespatial/raster/memory.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace vsr_test {
+
+/// Tears the pools down, checks the emulator holds nothing, applies emulator options and the
+/// tier's environment, and tears down again at scope exit.
+class FreshPool {
+ public:
+  explicit FreshPool(const char* tier_env = nullptr, std::size_t device_memory = 512u << 20,
+                     const char* vmm = "1") {
+    vibespatial::raster::detail::reset_memory_pools();
+    emulator().set_fail(nullptr);
+    REQUIRE(emulator().set_option("DEVICE_MEMORY", std::to_string(device_memory).c_str()) == 0);
+    REQUIRE(emulator().set_option("VMM", vmm) == 0);
+    unsetenv("VIBESPATIAL_GPU_POOL_ONLY");
+    unsetenv("VIBESPATIAL_GPU_MANAGED_MEMORY");
+    if (tier_env != nullptr) setenv(tier_env, "1", 1);
+  }
+  ~FreshPool() {
+    vibespatial::raster::detail::reset_memory_pools();
+    emulator().set_fail(nullptr);
+    emulator().set_option("VMM", "1");
+    unsetenv("VIBESPATIAL_GPU_POOL_ONLY");
+    unsetenv("VIBESPATIAL_GPU_MANAGED_MEMORY");
+  }
+  FreshPool(const FreshPool&) = delete;
+  FreshPool& operator=(const FreshPool&) = delete;
+};
+
+/// Nothing the pool created is left in the emulator (after reset_memory_pools()).
+inline void check_nothing_outstanding() {
+  const vsr_emu_outstanding o = emulator().outstanding();
+  CHECK(o.reservations == 0);
+  CHECK(o.handles == 0);
+  CHECK(o.physical_bytes == 0);
+  CHECK(o.mappings == 0);
+  CHECK(o.allocations == 0);
+  CHECK(o.managed == 0);
+  CHECK(o.host_allocations == 0);
+}
+
+inline void fill_pattern(void* p, std::size_t n, std::uint32_t seed) {
+  auto* b = static_cast<unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>((i * 131 + seed) & 0xff);
+}
+
+inline bool check_pattern(const void* p, std::size_t n, std::uint32_t seed) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (b[i] != static_cast<unsigned char>((i * 131 + seed) & 0xff)) return false;
+  }
+  return true;
+}
+
+constexpr std::size_t MiB = 1u << 20;
+
+}  // namespace vsr_test

@@ -1,0 +1,470 @@
+// SPDX-License-Identifier: Apache-2.0
+// The pool's contracts on the host emulator: tiers, statistics, bad input, fragmentation,
+// trimming with live blocks, the OOM chain, stream order, devices, soak.
+#include "pool_fixture.hpp"
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <vector>
+
+using namespace vibespatial::raster;
+using namespace vsr_test;
+
+TEST_SUITE("pool") {
+  TEST_CASE("statistics before configuration, then tier B by default") {
+    FreshPool fresh;
+    MemoryPoolStats before = memory_pool_stats();
+    CHECK(before.tier.empty());
+    CHECK_FALSE(before.configured);
+    CHECK_FALSE(before.current_bytes.has_value());
+    CHECK(configure_memory_pool() == "B");
+    CHECK(configure_memory_pool() == "B");  // idempotent
+    MemoryPoolStats s = memory_pool_stats();
+    CHECK(s.tier == "B");
+    CHECK(s.configured);
+    REQUIRE(s.current_bytes.has_value());
+    CHECK(*s.current_bytes == 0);
+    CHECK(*s.pool_size == 0);
+    CHECK_FALSE(s.used_bytes.has_value());
+  }
+
+  TEST_CASE("device_allocate configures lazily; blocks are usable and counted") {
+    FreshPool fresh;
+    void* small = device_allocate(1000);
+    void* large = device_allocate(3 * MiB);
+    REQUIRE(small != nullptr);
+    REQUIRE(large != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(small) % 256 == 0);
+    CHECK(reinterpret_cast<std::uintptr_t>(large) % (2 * MiB) == 0);
+    fill_pattern(small, 1000, 1);
+    fill_pattern(large, 3 * MiB, 2);
+    CHECK(check_pattern(small, 1000, 1));
+    CHECK(check_pattern(large, 3 * MiB, 2));
+    MemoryPoolStats s = memory_pool_stats();
+    CHECK(s.tier == "B");
+    CHECK(*s.current_bytes == 1000 + 3 * MiB);
+    CHECK(*s.current_count == 2);
+    CHECK(*s.pool_size == 3 * 2 * MiB);  // one slab page + two pages of the large block
+    CHECK(s.granularity == 2 * MiB);
+    CHECK(s.small_block_limit == 512 * 1024);
+    device_deallocate(small, 1000);
+    device_deallocate(large, 3 * MiB);
+    s = memory_pool_stats();
+    CHECK(*s.current_bytes == 0);
+    CHECK(*s.current_count == 0);
+    CHECK(*s.peak_bytes == 1000 + 3 * MiB);
+    CHECK(*s.peak_count == 2);
+    CHECK(*s.total_bytes == 1000 + 3 * MiB);
+    CHECK(*s.total_count == 2);
+    CHECK(*s.pool_size == 6 * MiB);       // cached, not returned
+    CHECK(s.pool_free_bytes >= 4 * MiB);  // the thread-cached small block keeps its slab busy
+    // The freed large block is reused without growing the pool.
+    void* again = device_allocate(3 * MiB);
+    CHECK(again == large);
+    device_deallocate(again, 3 * MiB);
+    free_pool_memory();
+    s = memory_pool_stats();
+    CHECK(*s.pool_size == 0);
+    CHECK(s.mapped_bytes == 0);
+    detail::reset_memory_pools();
+    check_nothing_outstanding();
+  }
+
+  TEST_CASE("bad input throws and changes nothing") {
+    FreshPool fresh;
+    CHECK_NOTHROW(device_deallocate(nullptr, 0));
+    CHECK(device_allocate(0) == nullptr);
+    CHECK_THROWS_AS(device_deallocate(nullptr, 8), std::invalid_argument);
+    int host = 0;
+    CHECK_THROWS_AS(device_deallocate(&host, 4), std::invalid_argument);  // before configuration
+    void* small = device_allocate(4096);
+    void* large = device_allocate(5 * MiB);
+    const MemoryPoolStats before = memory_pool_stats();
+    CHECK_THROWS_AS(device_deallocate(&host, 4), std::invalid_argument);
+    CHECK_THROWS_AS(device_deallocate(small, 4095), std::invalid_argument);         // wrong size
+    CHECK_THROWS_AS(device_deallocate(large, 5 * MiB + 1), std::invalid_argument);  // wrong size
+    CHECK_THROWS_AS(device_deallocate(static_cast<char*>(small) + 512, 4096),
+                    std::invalid_argument);  // interior pointer
+    CHECK_THROWS_AS(device_deallocate(static_cast<char*>(large) + 4096, 5 * MiB),
+                    std::invalid_argument);
+    const MemoryPoolStats after = memory_pool_stats();
+    CHECK(*after.current_bytes == *before.current_bytes);
+    CHECK(*after.current_count == 2);
+    device_deallocate(small, 4096);
+    device_deallocate(large, 5 * MiB);
+    CHECK_THROWS_AS(device_deallocate(small, 4096), std::invalid_argument);  // double free
+    CHECK_THROWS_AS(device_deallocate(large, 5 * MiB), std::invalid_argument);
+    CHECK(*memory_pool_stats().current_count == 0);
+    // Absurd sizes: a bad_alloc, never a crash or a wrapped size.
+    CHECK_THROWS_AS(device_allocate(~std::size_t{0}), OutOfMemoryError);
+    CHECK_THROWS_AS(device_allocate(std::size_t{1} << 62), std::bad_alloc);
+    // Still usable.
+    void* p = device_allocate(777);
+    CHECK(p != nullptr);
+    device_deallocate(p, 777);
+  }
+
+  TEST_CASE("fragmentation: a request larger than any free range still succeeds") {
+    // 64 MiB device, 2 MiB pages. Fill it with 4 MiB blocks, free every other one: 32 MiB is
+    // free but no two free blocks are adjacent. A contiguous-slab pool cannot serve 24 MiB; this
+    // pool remaps the free pages into a fresh range without asking the driver for more memory.
+    FreshPool fresh(nullptr, 64 * MiB);
+    std::vector<void*> blocks;
+    for (int i = 0; i < 16; ++i) blocks.push_back(device_allocate(4 * MiB));
+    for (int i = 0; i < 16; ++i) fill_pattern(blocks[static_cast<std::size_t>(i)], 4 * MiB, i);
+    CHECK_THROWS_AS(device_allocate(4 * MiB), OutOfMemoryError);  // truly full
+    for (int i = 0; i < 16; i += 2) device_deallocate(blocks[static_cast<std::size_t>(i)], 4 * MiB);
+    MemoryPoolStats s = memory_pool_stats();
+    CHECK(s.largest_free_block == 4 * MiB);
+    CHECK(s.pool_free_bytes == 32 * MiB);
+    void* big = device_allocate(24 * MiB);
+    REQUIRE(big != nullptr);
+    fill_pattern(big, 24 * MiB, 99);
+    for (int i = 1; i < 16; i += 2) {
+      CHECK(check_pattern(blocks[static_cast<std::size_t>(i)], 4 * MiB, i));  // untouched
+    }
+    CHECK(check_pattern(big, 24 * MiB, 99));
+    s = memory_pool_stats();
+    CHECK(*s.pool_size == 64 * MiB);  // no growth: the same pages, remapped
+    CHECK(s.oom_recoveries == 0);
+    device_deallocate(big, 24 * MiB);
+    for (int i = 1; i < 16; i += 2) device_deallocate(blocks[static_cast<std::size_t>(i)], 4 * MiB);
+    detail::reset_memory_pools();
+    check_nothing_outstanding();
+  }
+
+  TEST_CASE("small live blocks never pin large physical memory") {
+    FreshPool fresh(nullptr, 32 * MiB);
+    std::vector<void*> small;
+    for (int i = 0; i < 100; ++i) small.push_back(device_allocate(1024));
+    // 1 slab page (2 MiB) holds them all; the other 30 MiB serve a large block.
+    void* big = device_allocate(30 * MiB);
+    CHECK(big != nullptr);
+    device_deallocate(big, 30 * MiB);
+    for (void* p : small) device_deallocate(p, 1024);
+  }
+
+  TEST_CASE("free_pool_memory with live blocks keeps them in place and intact") {
+    FreshPool fresh;
+    void* live_small = device_allocate(300 * 1024);
+    void* live_large = device_allocate(7 * MiB);
+    fill_pattern(live_small, 300 * 1024, 5);
+    fill_pattern(live_large, 7 * MiB, 6);
+    std::vector<std::pair<void*, std::size_t>> temp;
+    for (std::size_t sz : {std::size_t{64 * 1024}, 3 * MiB, 9 * MiB, std::size_t{1000}}) {
+      temp.emplace_back(device_allocate(sz), sz);
+    }
+    for (auto& [p, sz] : temp) device_deallocate(p, sz);
+    const MemoryPoolStats before = memory_pool_stats();
+    free_pool_memory();
+    const MemoryPoolStats after = memory_pool_stats();
+    CHECK(*after.pool_size < *before.pool_size);
+    CHECK(*after.pool_size == 2 * MiB + 4 * 2 * MiB);  // the live slab page + the live block
+    CHECK(after.pool_free_bytes == 0);
+    CHECK(check_pattern(live_small, 300 * 1024, 5));
+    CHECK(check_pattern(live_large, 7 * MiB, 6));
+    CHECK(*after.current_bytes == 300 * 1024 + 7 * MiB);
+    // The driver got the memory back.
+    const vsr_emu_outstanding o = emulator().outstanding();
+    CHECK(o.physical_bytes == *after.pool_size);
+    device_deallocate(live_small, 300 * 1024);
+    device_deallocate(live_large, 7 * MiB);
+    free_pool_memory();
+    CHECK(*memory_pool_stats().pool_size == 0);
+    CHECK(emulator().outstanding().physical_bytes == 0);
+  }
+
+  TEST_CASE("tier B: the OOM chain runs handlers, releases free pages and retries") {
+    FreshPool fresh(nullptr, 32 * MiB);
+    std::vector<void*> cache;  // memory a user cache holds and can give up
+    for (int i = 0; i < 6; ++i) cache.push_back(device_allocate(4 * MiB));
+    std::size_t asked = 0;
+    int calls = 0;
+    const std::uint64_t id = add_oom_handler([&](std::size_t bytes) {
+      ++calls;
+      asked = bytes;
+      if (cache.empty()) return false;
+      for (void* p : cache) device_deallocate(p, 4 * MiB);  // re-enters the pool: no deadlock
+      cache.clear();
+      return true;
+    });
+    void* big = device_allocate(20 * MiB);
+    REQUIRE(big != nullptr);
+    CHECK(calls == 1);
+    CHECK(asked == 20 * MiB);
+    MemoryPoolStats s = memory_pool_stats();
+    CHECK(s.oom_recoveries == 1);
+    // Nothing left to free: the chain is bounded and ends in OutOfMemoryError with a message.
+    try {
+      device_allocate(20 * MiB);
+      FAIL("expected OutOfMemoryError");
+    } catch (const OutOfMemoryError& e) {
+      const std::string what = e.what();
+      CHECK(e.requested_bytes() == 20 * MiB);
+      CHECK(what.find("requested 20.00 MiB") != std::string::npos);
+      CHECK(what.find("live in 1 blocks") != std::string::npos);
+      CHECK(what.find("tier B") != std::string::npos);
+    }
+    CHECK(calls == 4);  // three more rounds
+    remove_oom_handler(id);
+    remove_oom_handler(id);  // unknown ids are ignored
+    CHECK_THROWS_AS(add_oom_handler(OomHandler{}), std::invalid_argument);
+    device_deallocate(big, 20 * MiB);
+    // Usable after OOM.
+    void* p = device_allocate(20 * MiB);
+    device_deallocate(p, 20 * MiB);
+  }
+
+  TEST_CASE("tier B gives back cached free pages before failing") {
+    FreshPool fresh(nullptr, 32 * MiB);
+    // Fill the device with small slabs, free them all: only empty slabs hold the memory.
+    std::vector<void*> small;
+    for (int i = 0; i < 12 * 4; ++i) small.push_back(device_allocate(500 * 1024));
+    for (void* p : small) device_deallocate(p, 500 * 1024);
+    void* big = device_allocate(30 * MiB);  // needs the slab pages back
+    CHECK(big != nullptr);
+    device_deallocate(big, 30 * MiB);
+  }
+
+  TEST_CASE("tier A never runs the chain") {
+    FreshPool fresh("VIBESPATIAL_GPU_POOL_ONLY", 16 * MiB);
+    CHECK(configure_memory_pool() == "A");
+    int calls = 0;
+    const std::uint64_t id = add_oom_handler([&](std::size_t) {
+      ++calls;
+      return false;
+    });
+    void* a = device_allocate(12 * MiB);
+    CHECK_THROWS_AS(device_allocate(8 * MiB), OutOfMemoryError);
+    CHECK(calls == 0);
+    CHECK(memory_pool_stats().tier == "A");
+    remove_oom_handler(id);
+    device_deallocate(a, 12 * MiB);
+    void* b = device_allocate(8 * MiB);  // its own free pages are still reused
+    device_deallocate(b, 8 * MiB);
+  }
+
+  TEST_CASE("tier C: bare managed memory, counted, no pool size") {
+    FreshPool fresh("VIBESPATIAL_GPU_MANAGED_MEMORY");
+    CHECK(configure_memory_pool() == "C");
+    void* p = device_allocate(12345);
+    fill_pattern(p, 12345, 3);
+    CHECK(check_pattern(p, 12345, 3));
+    MemoryPoolStats s = memory_pool_stats();
+    CHECK(s.tier == "C");
+    CHECK(*s.current_bytes == 12345);
+    CHECK_FALSE(s.pool_size.has_value());
+    CHECK(emulator().outstanding().managed == 1);
+    CHECK_THROWS_AS(device_deallocate(p, 1), std::invalid_argument);
+    device_deallocate(p, 12345);
+    CHECK(emulator().outstanding().managed == 0);
+    CHECK(*memory_pool_stats().peak_bytes == 12345);
+    CHECK_NOTHROW(free_pool_memory());
+  }
+
+  TEST_CASE("tier C requested on a device without managed memory fails clearly") {
+    FreshPool fresh("VIBESPATIAL_GPU_MANAGED_MEMORY");
+    REQUIRE(emulator().set_option("MANAGED", "0") == 0);
+    CHECK_THROWS_AS(configure_memory_pool(), CudaError);
+    CHECK(memory_pool_stats().tier.empty());
+    emulator().set_option("MANAGED", "1");
+    CHECK(configure_memory_pool() == "C");  // nothing was cached by the failure
+  }
+
+  TEST_CASE("fallback tier without VMM: a caching pool over cuMemAlloc") {
+    FreshPool fresh(nullptr, 64 * MiB, "0");
+    CHECK(configure_memory_pool() == "fallback");
+    void* a = device_allocate(1000);  // rounded to 1024
+    void* b = device_allocate(5 * MiB);
+    fill_pattern(b, 5 * MiB, 7);
+    MemoryPoolStats s = memory_pool_stats();
+    CHECK(s.tier == "fallback");
+    CHECK(*s.used_bytes == 1024 + 5 * MiB);
+    CHECK(*s.free_bytes == 0);
+    CHECK(*s.total_bytes == *s.used_bytes + *s.free_bytes);
+    device_deallocate(a, 1000);
+    s = memory_pool_stats();
+    CHECK(*s.free_bytes == 1024);
+    CHECK(*s.total_bytes == 1024 + 5 * MiB);
+    void* a2 = device_allocate(1000);
+    CHECK(a2 == a);  // cached block reused
+    device_deallocate(a2, 1000);
+    CHECK_THROWS_AS(device_deallocate(a2, 1000), std::invalid_argument);
+    CHECK_THROWS_AS(device_deallocate(b, 5), std::invalid_argument);
+    CHECK(check_pattern(b, 5 * MiB, 7));
+    free_pool_memory();
+    s = memory_pool_stats();
+    CHECK(*s.free_bytes == 0);
+    CHECK(emulator().outstanding().allocations == 1);
+    // OOM: the cache is given back before failing.
+    std::vector<void*> fill;
+    for (int i = 0; i < 11; ++i) fill.push_back(device_allocate(5 * MiB));
+    for (void* p : fill) device_deallocate(p, 5 * MiB);
+    void* big = device_allocate(50 * MiB);
+    CHECK(big != nullptr);
+    CHECK_THROWS_AS(device_allocate(50 * MiB), OutOfMemoryError);
+    device_deallocate(big, 50 * MiB);
+    device_deallocate(b, 5 * MiB);
+    detail::reset_memory_pools();
+    check_nothing_outstanding();
+  }
+
+  TEST_CASE("no driver or no device: a clear error, never a crash") {
+    FreshPool fresh;
+    // The driver is loaded once per process; a missing driver is covered by the driver suite.
+    // Here: stats never throw, and an impossible tier is refused with a CudaError.
+    REQUIRE(emulator().set_option("VMM", "0") == 0);
+    setenv("VIBESPATIAL_GPU_POOL_ONLY", "1", 1);
+    CHECK_THROWS_AS(configure_memory_pool(), CudaError);
+    CHECK_NOTHROW(memory_pool_stats());
+  }
+
+  TEST_CASE("stream order: reuse at once on the freeing stream, elsewhere only when done") {
+    FreshPool fresh;
+    const detail::DriverApi& api = detail::driver();
+    detail::bind_current_device();
+    CUstream s1 = nullptr, s2 = nullptr;
+    REQUIRE(api.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    REQUIRE(api.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    for (std::size_t size : {std::size_t{2048}, 6 * MiB}) {
+      CAPTURE(size);
+      INFO("size " << size);
+      REQUIRE(emulator().stream_pause(s1, 1) == 0);  // s1's queued work stays pending
+      void* p = device_allocate(size, s1);
+      device_deallocate(p, size, s1);
+      // Same stream: reused at once.
+      void* same = device_allocate(size, s1);
+      CHECK(same == p);
+      device_deallocate(same, size, s1);
+      // Other stream while s1's work is pending: a different block.
+      void* other = device_allocate(size, s2);
+      CHECK(other != p);
+      device_deallocate(other, size, s2);
+      // Flush thread caches so the cross-stream path is the central one.
+      if (size <= 4096) {
+        std::vector<void*> churn;
+        for (int i = 0; i < 40; ++i) churn.push_back(device_allocate(size, s1));
+        for (void* q : churn) device_deallocate(q, size, s1);
+      }
+      REQUIRE(emulator().stream_pause(s1, 0) == 0);
+      REQUIRE(api.cuStreamSynchronize(s1) == CUDA_SUCCESS);
+      // s1's work is done: s2 may now reuse what s1 freed.
+      std::set<void*> got;
+      std::vector<void*> taken;
+      for (int i = 0; i < 64; ++i) {
+        void* q = device_allocate(size, s2);
+        taken.push_back(q);
+        got.insert(q);
+        if (q == p) break;
+      }
+      CHECK(got.count(p) == 1);
+      for (void* q : taken) device_deallocate(q, size, s2);
+      REQUIRE(api.cuStreamSynchronize(s2) == CUDA_SUCCESS);
+    }
+    detail::reset_memory_pools();
+    api.cuStreamDestroy(s1);
+    api.cuStreamDestroy(s2);
+  }
+
+  TEST_CASE("10,000 live small blocks and 300 large ones") {
+    FreshPool fresh(nullptr, 4096 * MiB);
+    std::mt19937 rng(7);
+    std::vector<std::pair<void*, std::size_t>> live;
+    for (int i = 0; i < 10000; ++i) {
+      const std::size_t sz = 256 + rng() % (256 * 1024);
+      live.emplace_back(device_allocate(sz), sz);
+    }
+    for (int i = 0; i < 300; ++i) {
+      const std::size_t sz = MiB + rng() % (8 * MiB);
+      live.emplace_back(device_allocate(sz), sz);
+    }
+    std::set<void*> distinct;
+    for (auto& [p, sz] : live) distinct.insert(p);
+    CHECK(distinct.size() == live.size());
+    CHECK(*memory_pool_stats().current_count == live.size());
+    std::shuffle(live.begin(), live.end(), rng);
+    for (auto& [p, sz] : live) device_deallocate(p, sz);
+    CHECK(*memory_pool_stats().current_count == 0);
+    free_pool_memory();
+    CHECK(*memory_pool_stats().pool_size == 0);
+  }
+
+  TEST_CASE("soak: random traffic ends back at the baseline") {
+    FreshPool fresh(nullptr, 256 * MiB);
+    std::mt19937 rng(11);
+    std::vector<std::pair<void*, std::size_t>> live;
+    std::size_t live_bytes = 0;
+    for (int step = 0; step < 20000; ++step) {
+      const bool alloc = live.empty() || (rng() % 100) < 55;
+      if (alloc) {
+        const std::size_t sz = (rng() % 10 == 0) ? MiB + rng() % (6 * MiB) : 1 + rng() % 65536;
+        if (live_bytes + sz > 120 * MiB) continue;  // slabs of ~40 classes take their pages too
+        void* p = device_allocate(sz);
+        static_cast<unsigned char*>(p)[0] = 0x5a;
+        static_cast<unsigned char*>(p)[sz - 1] = 0xa5;
+        live.emplace_back(p, sz);
+        live_bytes += sz;
+      } else {
+        const std::size_t i = rng() % live.size();
+        auto [p, sz] = live[i];
+        CHECK(static_cast<unsigned char*>(p)[0] == 0x5a);
+        CHECK(static_cast<unsigned char*>(p)[sz - 1] == 0xa5);
+        device_deallocate(p, sz);
+        live_bytes -= sz;
+        live[i] = live.back();
+        live.pop_back();
+      }
+      if (step % 5000 == 4999) free_pool_memory();
+    }
+    for (auto& [p, sz] : live) device_deallocate(p, sz);
+    const MemoryPoolStats s = memory_pool_stats();
+    CHECK(*s.current_bytes == 0);
+    CHECK(*s.current_count == 0);
+    free_pool_memory();
+    CHECK(*memory_pool_stats().pool_size == 0);
+    CHECK(emulator().outstanding().physical_bytes == 0);
+    detail::reset_memory_pools();
+    check_nothing_outstanding();
+  }
+}
+
+TEST_SUITE("pool-2dev") {
+  TEST_CASE("one pool per device, chosen by the current context") {
+    FreshPool fresh;
+    const detail::DriverApi& api = detail::driver();
+    REQUIRE(detail::driver_state().device_count == 2);
+    void* on0 = nullptr;
+    void* on1 = nullptr;
+    {
+      detail::ScopedDeviceContext ctx(0);
+      on0 = device_allocate(5 * MiB);
+    }
+    {
+      detail::ScopedDeviceContext ctx(1);
+      on1 = device_allocate(5 * MiB);
+      CHECK(memory_pool_stats().device == 1);
+      CHECK(*memory_pool_stats().current_bytes == 5 * MiB);
+    }
+    CHECK(*memory_pool_stats(0).current_bytes == 5 * MiB);
+    CHECK(*memory_pool_stats(1).current_bytes == 5 * MiB);
+    vsr_emu_outstanding d0{}, d1{};
+    emulator().query_outstanding(&d0, 0);
+    emulator().query_outstanding(&d1, 1);
+    CHECK(d0.physical_bytes == 6 * MiB);
+    CHECK(d1.physical_bytes == 6 * MiB);
+    // Frees route by pointer, whatever the current context.
+    {
+      detail::ScopedDeviceContext ctx(0);
+      device_deallocate(on1, 5 * MiB);
+      device_deallocate(on0, 5 * MiB);
+    }
+    CHECK(*memory_pool_stats(1).current_bytes == 0);
+    CHECK(*memory_pool_stats(0).current_bytes == 0);
+    free_pool_memory();
+    CHECK(*memory_pool_stats(1).pool_size == 0);
+    (void)api;
+    detail::reset_memory_pools();
+    check_nothing_outstanding();
+  }
+}

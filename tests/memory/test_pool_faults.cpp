@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// Fault injection: every driver call the pool makes, on every path, fails once in turn. Each
+// time the failure must surface as a typed error (or be absorbed), the pool must stay usable,
+// and once the pool is torn down the emulator must hold nothing.
+#include "pool_fixture.hpp"
+
+#include <vector>
+
+using namespace vibespatial::raster;
+using namespace vsr_test;
+
+namespace {
+
+// The pool's driver entry points (the driver seam resolves these).
+const char* const kEntries[] = {
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxGetDevice",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuMemGetInfo",
+    "cuMemGetAllocationGranularity",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuStreamSynchronize",
+    "cuMemAlloc",
+    "cuMemFree",
+    "cuMemAllocManaged",
+};
+
+struct Live {
+  void* ptr;
+  std::size_t bytes;
+};
+
+// Exercises every path: configuration, small and large allocation, thread-cache flushes,
+// composition of a fragmented range, frees, trimming. Returns what is still live.
+std::vector<Live> scenario(int& typed_errors) {
+  std::vector<Live> live;
+  auto alloc = [&](std::size_t bytes) {
+    try {
+      live.push_back({device_allocate(bytes), bytes});
+    } catch (const CudaError&) {
+      ++typed_errors;
+    } catch (const std::bad_alloc&) {
+      ++typed_errors;
+    }
+  };
+  auto release = [&](std::size_t i) {
+    try {
+      device_deallocate(live[i].ptr, live[i].bytes);
+      live[i] = live.back();
+      live.pop_back();
+    } catch (const CudaError&) {
+      ++typed_errors;
+    }
+  };
+  for (int i = 0; i < 4; ++i) alloc(4 * MiB);
+  for (int i = 0; i < 40; ++i) alloc(3000);
+  for (std::size_t i = live.size(); i-- > 0;) {
+    if (live[i].bytes == 3000 || i % 2 == 0) release(i);
+  }
+  alloc(12 * MiB);  // composes a range from free pages and new ones
+  alloc(700 * 1024);
+  try {
+    free_pool_memory();
+  } catch (const CudaError&) {
+    ++typed_errors;
+  }
+  alloc(1000);
+  return live;
+}
+
+void run_tier(const char* tier_env, const char* vmm) {
+  int clean_errors = 0;
+  std::vector<std::pair<const char*, unsigned long long>> counts;
+  {
+    FreshPool fresh(tier_env, 64 * MiB, vmm);
+    emulator().set_fail("");  // restart the call counts
+    std::vector<Live> live = scenario(clean_errors);
+    for (const char* e : kEntries) counts.emplace_back(e, emulator().call_count(e));
+    for (Live& l : live) device_deallocate(l.ptr, l.bytes);
+  }
+  REQUIRE(clean_errors == 0);
+  int injected = 0;
+  for (auto [entry, count] : counts) {
+    for (unsigned long long n = 1; n <= count; ++n) {
+      const std::string spec = std::string(entry) + ":" + std::to_string(n);
+      CAPTURE(spec);
+      FreshPool fresh(tier_env, 64 * MiB, vmm);
+      REQUIRE(emulator().set_fail(spec.c_str()) == 0);
+      int errors = 0;
+      std::vector<Live> live;
+      try {
+        live = scenario(errors);
+      } catch (const std::invalid_argument& e) {
+        FAIL("an injected driver failure surfaced as invalid_argument: " << e.what());
+      }
+      ++injected;
+      emulator().set_fail("");
+      // Still usable, and every live block still frees.
+      void* small = device_allocate(5000);
+      void* large = device_allocate(6 * MiB);
+      fill_pattern(small, 5000, 1);
+      fill_pattern(large, 6 * MiB, 2);
+      CHECK(check_pattern(small, 5000, 1));
+      CHECK(check_pattern(large, 6 * MiB, 2));
+      device_deallocate(small, 5000);
+      device_deallocate(large, 6 * MiB);
+      for (Live& l : live) CHECK_NOTHROW(device_deallocate(l.ptr, l.bytes));
+      CHECK(*memory_pool_stats().current_count == 0);
+      CHECK_NOTHROW(free_pool_memory());
+      detail::reset_memory_pools();
+      check_nothing_outstanding();
+    }
+  }
+  MESSAGE(injected << " single-fault runs, tier env " << std::string(tier_env ? tier_env : "(none)")
+                   << ", VMM=" << vmm);
+  CHECK(injected > 0);
+}
+
+}  // namespace
+
+TEST_SUITE("pool") {
+  TEST_CASE("fault injection, tier B: each driver call fails once in turn") {
+    run_tier(nullptr, "1");
+  }
+  TEST_CASE("fault injection, tier A") {
+    run_tier("VIBESPATIAL_GPU_POOL_ONLY", "1");
+  }
+  TEST_CASE("fault injection, tier C") {
+    run_tier("VIBESPATIAL_GPU_MANAGED_MEMORY", "1");
+  }
+  TEST_CASE("fault injection, fallback") {
+    run_tier(nullptr, "0");
+  }
+}

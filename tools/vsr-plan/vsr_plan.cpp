@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: Apache-2.0
+// vsr-plan: prints the plan analyze_raster_plan makes for a raster shape and a VRAM budget.
+//
+// Exit status: 0 on success, 2 for bad arguments (message on stderr), 1 for any other error.
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/dispatch.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace vsr = vibespatial::raster;
+
+namespace {
+
+constexpr std::string_view usage_text =
+    R"(usage: vsr-plan --height H --width W [options]
+
+Prints how vibespatial-raster would move a raster through the device within a VRAM budget.
+
+options:
+  --height H               raster height in pixels (required, > 0)
+  --width W                raster width in pixels (required, > 0)
+  --dtype NAME             element type: uint8 int8 uint16 int16 uint32 int32 uint64 int64
+                           float32 float64 (default float32)
+  --bands N                band count (default 1)
+  --buffers-per-band N     device buffers per band (default 2: input + output)
+  --scratch BYTES          fixed scratch bytes of the operation per pass (default 0)
+  --halo N                 overlap pixels per tile side (default 0)
+  --budget BYTES|auto      VRAM budget; auto asks the device (default auto; 0 with no GPU)
+  --per-band               bands are independent: allow band batches
+  --json                   print JSON instead of a table
+  -h, --help               print this help
+
+BYTES takes a suffix: K, M, G, T (powers of 1000; KB, MB, GB, TB too) or KiB, MiB, GiB, TiB
+(powers of 1024), e.g. 80M = 80000000, 2GiB = 2147483648.
+)";
+
+/// A bad command line; main prints it and exits 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Arguments {
+  std::optional<std::int64_t> height, width;
+  vsr::DType dtype = vsr::DType::float32;
+  vsr::PlanOptions options;
+  bool json = false;
+  bool help = false;
+};
+
+template <typename Int>
+Int parse_integer(std::string_view option, std::string_view text) {
+  Int value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error == std::errc::result_out_of_range) {
+    throw UsageError(std::string(option) + ": '" + std::string(text) + "' is out of range");
+  }
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
+    throw UsageError(std::string(option) + ": '" + std::string(text) + "' is not an integer");
+  }
+  return value;
+}
+
+std::uint64_t parse_size(std::string_view option, std::string_view text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])) != 0) {
+    ++digits;
+  }
+  if (digits == 0) {
+    throw UsageError(std::string(option) + ": '" + std::string(text) +
+                     "' is not a byte size (e.g. 1000000, 80M, 2GiB)");
+  }
+  const auto number = parse_integer<std::uint64_t>(option, text.substr(0, digits));
+  std::string suffix(text.substr(digits));
+  for (char& ch : suffix) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  static const std::vector<std::pair<std::string_view, std::uint64_t>> units{
+      {"", 1},
+      {"b", 1},
+      {"k", 1000},
+      {"kb", 1000},
+      {"m", 1000 * 1000},
+      {"mb", 1000 * 1000},
+      {"g", 1000ull * 1000 * 1000},
+      {"gb", 1000ull * 1000 * 1000},
+      {"t", 1000ull * 1000 * 1000 * 1000},
+      {"tb", 1000ull * 1000 * 1000 * 1000},
+      {"kib", 1ull << 10},
+      {"mib", 1ull << 20},
+      {"gib", 1ull << 30},
+      {"tib", 1ull << 40},
+  };
+  for (const auto& [name, scale] : units) {
+    if (suffix == name) {
+      std::uint64_t bytes = 0;
+      if (__builtin_mul_overflow(number, scale, &bytes)) {
+        throw UsageError(std::string(option) + ": '" + std::string(text) +
+                         "' does not fit in 64 bits");
+      }
+      return bytes;
+    }
+  }
+  throw UsageError(std::string(option) + ": unknown size suffix in '" + std::string(text) +
+                   "' (use K, M, G, T, KiB, MiB, GiB or TiB)");
+}
+
+Arguments parse_arguments(int argc, char** argv) {
+  Arguments args;
+  const std::vector<std::string_view> words(argv + 1, argv + argc);
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    std::string_view option = words[i];
+    std::optional<std::string_view> inline_value;
+    if (const auto eq = option.find('='); option.starts_with("--") && eq != option.npos) {
+      inline_value = option.substr(eq + 1);
+      option = option.substr(0, eq);
+    }
+    const auto value = [&]() -> std::string_view {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= words.size()) throw UsageError(std::string(option) + ": needs a value");
+      return words[++i];
+    };
+    const auto flag = [&]() {
+      if (inline_value) throw UsageError(std::string(option) + ": takes no value");
+    };
+
+    if (option == "-h" || option == "--help") {
+      flag();
+      args.help = true;
+    } else if (option == "--height") {
+      args.height = parse_integer<std::int64_t>(option, value());
+    } else if (option == "--width") {
+      args.width = parse_integer<std::int64_t>(option, value());
+    } else if (option == "--dtype") {
+      const std::string_view name = value();
+      const auto dtype = vsr::dtype_from_string(name);
+      if (!dtype) throw UsageError("--dtype: unknown dtype '" + std::string(name) + "'");
+      args.dtype = *dtype;
+    } else if (option == "--bands") {
+      args.options.band_count = parse_integer<int>(option, value());
+    } else if (option == "--buffers-per-band") {
+      args.options.buffers_per_band = parse_integer<int>(option, value());
+    } else if (option == "--scratch") {
+      args.options.scratch_bytes = parse_size(option, value());
+    } else if (option == "--halo") {
+      args.options.halo = parse_integer<int>(option, value());
+    } else if (option == "--budget") {
+      const std::string_view text = value();
+      if (text == "auto") {
+        args.options.vram_budget.reset();
+      } else {
+        args.options.vram_budget = parse_size(option, text);
+      }
+    } else if (option == "--per-band") {
+      flag();
+      args.options.per_band = true;
+    } else if (option == "--json") {
+      flag();
+      args.json = true;
+    } else {
+      throw UsageError("unknown argument '" + std::string(option) + "'");
+    }
+  }
+  if (args.help) return args;
+  if (!args.height) throw UsageError("--height is required");
+  if (!args.width) throw UsageError("--width is required");
+  return args;
+}
+
+std::string json_string(std::string_view text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+void print_json(std::ostream& out, const Arguments& args, std::uint64_t budget, bool auto_budget,
+                const vsr::RasterPlan& plan) {
+  const vsr::PlanOptions& o = args.options;
+  out << "{\n"
+      << "  \"height\": " << *args.height << ",\n"
+      << "  \"width\": " << *args.width << ",\n"
+      << "  \"dtype\": " << json_string(vsr::to_string(args.dtype)) << ",\n"
+      << "  \"band_count\": " << o.band_count << ",\n"
+      << "  \"buffers_per_band\": " << o.buffers_per_band << ",\n"
+      << "  \"scratch_bytes\": " << o.scratch_bytes << ",\n"
+      << "  \"per_band\": " << (o.per_band ? "true" : "false") << ",\n"
+      << "  \"vram_budget\": " << budget << ",\n"
+      << "  \"budget_source\": " << json_string(auto_budget ? "auto" : "explicit") << ",\n"
+      << "  \"usable_budget\": " << vsr::usable_vram_budget(budget) << ",\n"
+      << "  \"plan\": {\n"
+      << "    \"strategy\": " << json_string(vsr::to_string(plan.strategy)) << ",\n"
+      << "    \"tile_shape\": ";
+  if (plan.tile_shape) {
+    out << "[" << plan.tile_shape->first << ", " << plan.tile_shape->second << "]";
+  } else {
+    out << "null";
+  }
+  out << ",\n"
+      << "    \"halo\": " << plan.halo << ",\n"
+      << "    \"n_tiles\": " << plan.n_tiles << ",\n"
+      << "    \"estimated_vram_per_tile\": " << plan.estimated_vram_per_tile << ",\n"
+      << "    \"bands_per_pass\": " << plan.bands_per_pass << ",\n"
+      << "    \"fits_budget\": " << (plan.fits_budget ? "true" : "false") << "\n"
+      << "  }\n"
+      << "}\n";
+}
+
+void print_table(std::ostream& out, const Arguments& args, std::uint64_t budget, bool auto_budget,
+                 const vsr::RasterPlan& plan) {
+  const vsr::PlanOptions& o = args.options;
+  const auto text = [](const auto& value) {
+    std::ostringstream s;
+    s << value;
+    return s.str();
+  };
+  std::vector<std::pair<std::string, std::string>> rows{
+      {"height", text(*args.height)},
+      {"width", text(*args.width)},
+      {"dtype", std::string(vsr::to_string(args.dtype))},
+      {"bands", text(o.band_count)},
+      {"buffers per band", text(o.buffers_per_band)},
+      {"scratch bytes", text(o.scratch_bytes)},
+      {"per band", o.per_band ? "yes" : "no"},
+      {"VRAM budget", text(budget) + (auto_budget ? " (auto)" : "")},
+      {"usable budget", text(vsr::usable_vram_budget(budget))},
+      {"strategy", std::string(vsr::to_string(plan.strategy))},
+      {"tile shape", plan.tile_shape
+                         ? text(plan.tile_shape->first) + " x " + text(plan.tile_shape->second)
+                         : "-"},
+      {"halo", text(plan.halo)},
+      {"tiles", text(plan.n_tiles)},
+      {"bands per pass", text(plan.bands_per_pass)},
+      {"VRAM per pass", text(plan.estimated_vram_per_tile)},
+      {"fits budget", plan.fits_budget ? "yes" : "no"},
+  };
+  std::size_t key_width = 0;
+  for (const auto& row : rows) key_width = std::max(key_width, row.first.size());
+  for (const auto& [key, value] : rows) {
+    out << key << std::string(key_width - key.size() + 2, ' ') << value << '\n';
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Arguments args;
+  try {
+    args = parse_arguments(argc, argv);
+  } catch (const UsageError& error) {
+    std::cerr << "vsr-plan: " << error.what() << "\n(see vsr-plan --help)\n";
+    return 2;
+  }
+  if (args.help) {
+    std::cout << usage_text;
+    return 0;
+  }
+  try {
+    const bool auto_budget = !args.options.vram_budget;
+    const std::uint64_t budget =
+        auto_budget ? vsr::available_vram_bytes() : *args.options.vram_budget;
+    vsr::PlanOptions options = args.options;
+    options.vram_budget = budget;  // one query, so the plan and the printed budget agree
+    const vsr::RasterPlan plan =
+        vsr::analyze_raster_plan(*args.height, *args.width, args.dtype, options);
+    if (args.json) {
+      print_json(std::cout, args, budget, auto_budget, plan);
+    } else {
+      print_table(std::cout, args, budget, auto_budget, plan);
+    }
+    return 0;
+  } catch (const std::invalid_argument& error) {
+    std::cerr << "vsr-plan: " << error.what() << '\n';
+    return 2;
+  } catch (const std::overflow_error& error) {
+    std::cerr << "vsr-plan: " << error.what() << '\n';
+    return 2;
+  } catch (const std::exception& error) {
+    std::cerr << "vsr-plan: " << error.what() << '\n';
+    return 1;
+  }
+}
