@@ -63,7 +63,9 @@ MarkRef MarkFactory::record(CUstream stream) {
   }
   if (event != nullptr) idle_->push_back(event);
   // No event: make the stream's work so far complete instead, so the memory is free everywhere.
-  VSR_CU_TRY(api.cuStreamSynchronize(stream));
+  // A stream the caller already destroyed cannot be synchronised; its work still runs to
+  // completion (§3.7), so wait for the whole context. Error paths only.
+  if (api.cuStreamSynchronize(stream) != CUDA_SUCCESS) VSR_CU_TRY(api.cuCtxSynchronize());
   return std::make_shared<StreamMark>(StreamMark{stream, nullptr, true});
 }
 

@@ -154,7 +154,7 @@ class VmmPool final : public DevicePool {
   void* allocate_small(std::size_t bytes, CUstream stream);
   void* refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes, CUstream stream);
   void flush_bin(ThreadCache& cache, int size_class, int keep);  // mutex held
-  void fold_cache_stats(ThreadCache& cache) noexcept;            // mutex held
+  void fold_cache_stats(ThreadCache& cache) noexcept;            // owner thread; atomics only
   Slab* slab_of(CUdeviceptr p) const noexcept;
   Slab* new_slab(int size_class);                        // mutex held
   void release_slab_page(Slab* slab, bool keep_handle);  // mutex held
@@ -421,8 +421,9 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream stream) {
   // its mapped pages are reused in place, its holes get pages from elsewhere.
   CUdeviceptr window = 0;
   int window_region = -1;
+  std::size_t best_holes = pages + 1;
   const int n = region_count_.load(std::memory_order_relaxed);
-  for (int ri = 0; ri < n && window_region < 0; ++ri) {
+  for (int ri = 0; ri < n && best_holes > 0; ++ri) {
     const Region& region = regions_[static_cast<std::size_t>(ri)];
     if (region.small || region.pages < pages) continue;
     std::vector<std::pair<CUdeviceptr, std::size_t>> obstacles;
@@ -436,15 +437,29 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream stream) {
       if (!range_ready(it->second, stream)) obstacles.emplace_back(it->first, it->second.pages);
     }
     std::sort(obstacles.begin(), obstacles.end());
+    // Among the gaps between obstacles, take the window with the most pages already mapped:
+    // every hole in it costs a map (and, for pages taken from elsewhere, an unmap).
     CUdeviceptr cursor = region.base;
     obstacles.emplace_back(end, 0);
     for (const auto& [addr, count] : obstacles) {
-      if ((addr - cursor) / page_ >= pages) {
-        window = cursor;
-        window_region = ri;
-        break;
+      const std::size_t gap = addr > cursor ? (addr - cursor) / page_ : 0;
+      if (gap >= pages) {
+        const std::size_t first = (cursor - region.base) / page_;
+        std::size_t holes = 0;
+        for (std::size_t i = 0; i < pages; ++i) holes += region.handles[first + i] == 0 ? 1 : 0;
+        for (std::size_t start = first;; ++start) {
+          if (holes < best_holes) {
+            best_holes = holes;
+            window = region.base + start * page_;
+            window_region = ri;
+          }
+          if (holes == 0 || start + pages >= first + gap) break;
+          holes -= region.handles[start] == 0 ? 1 : 0;
+          holes += region.handles[start + pages] == 0 ? 1 : 0;
+        }
       }
       cursor = std::max(cursor, addr + count * page_);
+      if (best_holes == 0) break;
     }
   }
   if (window_region < 0) {
@@ -493,22 +508,21 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream stream) {
     }
     throw;
   }
-  // The window's already-mapped pages belonged to ready free ranges: cut them out.
-  for (auto it = free_by_addr_.lower_bound(region.base);
-       it != free_by_addr_.end() && it->first < window_end;) {
+  // The window's already-mapped pages belonged to ready free ranges: cut them out, keeping the
+  // parts of those ranges that lie outside the window.
+  for (;;) {
+    auto it = free_by_addr_.lower_bound(window);
+    if (it != free_by_addr_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second.pages * page_ > window) it = prev;
+    }
+    if (it == free_by_addr_.end() || it->first >= window_end) break;
     const CUdeviceptr begin = it->first;
     const CUdeviceptr end = begin + it->second.pages * page_;
-    if (end <= window) {
-      ++it;
-      continue;
-    }
     std::vector<MarkRef> marks = std::move(it->second.marks);
-    auto next = std::next(it);
     erase_free(it);
     if (begin < window) insert_free(begin, (window - begin) / page_, marks);
     if (end > window_end) insert_free(window_end, (end - window_end) / page_, marks);
-    it = next == free_by_addr_.end() ? next : free_by_addr_.lower_bound(window_end);
-    if (end > window_end) break;
   }
   return window;
 }
@@ -607,19 +621,7 @@ void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
     cache.add(static_cast<std::int64_t>(bytes), 1);
     if (++cache.ops >= kStatFlushOps ||
         cache.bytes.load(std::memory_order_relaxed) > kStatFlushBytes) {
-      usage_.fold(cache.bytes.load(std::memory_order_relaxed),
-                  cache.count.load(std::memory_order_relaxed),
-                  cache.peak_bytes.load(std::memory_order_relaxed),
-                  cache.peak_count.load(std::memory_order_relaxed),
-                  cache.total_bytes.load(std::memory_order_relaxed),
-                  cache.total_count.load(std::memory_order_relaxed));
-      cache.bytes.store(0, std::memory_order_relaxed);
-      cache.count.store(0, std::memory_order_relaxed);
-      cache.peak_bytes.store(0, std::memory_order_relaxed);
-      cache.peak_count.store(0, std::memory_order_relaxed);
-      cache.total_bytes.store(0, std::memory_order_relaxed);
-      cache.total_count.store(0, std::memory_order_relaxed);
-      cache.ops = 0;
+      fold_cache_stats(cache);
     }
     return e.ptr;
   }

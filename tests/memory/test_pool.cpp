@@ -4,6 +4,7 @@
 #include "pool_fixture.hpp"
 
 #include <algorithm>
+#include <map>
 #include <random>
 #include <set>
 #include <vector>
@@ -130,6 +131,42 @@ TEST_SUITE("pool") {
     CHECK(s.oom_recoveries == 0);
     device_deallocate(big, 24 * MiB);
     for (int i = 1; i < 16; i += 2) device_deallocate(blocks[static_cast<std::size_t>(i)], 4 * MiB);
+    detail::reset_memory_pools();
+    check_nothing_outstanding();
+  }
+
+  TEST_CASE("large-block churn: live blocks never overlap, physical stays near live") {
+    FreshPool fresh(nullptr, std::size_t{16} << 30);
+    std::mt19937_64 rng(7);
+    std::uniform_int_distribution<std::size_t> size(MiB, 64 * MiB), slot(0, 127);
+    std::vector<std::pair<char*, std::size_t>> live(128);
+    std::map<char*, std::size_t> by_addr;
+    std::size_t overlaps = 0, live_bytes = 0, peak_live = 0, peak_physical = 0;
+    auto take = [&](std::size_t n) {
+      auto* p = static_cast<char*>(device_allocate(n));
+      auto next = by_addr.upper_bound(p);
+      if (next != by_addr.end() && next->first < p + n) ++overlaps;
+      if (next != by_addr.begin() && std::prev(next)->first + std::prev(next)->second > p) {
+        ++overlaps;
+      }
+      by_addr[p] = n;
+      live_bytes += n;
+      peak_live = std::max(peak_live, live_bytes);
+      peak_physical = std::max(peak_physical, *memory_pool_stats().pool_size);
+      return p;
+    };
+    for (auto& [p, n] : live) p = take(n = size(rng));
+    for (int step = 0; step < 1500; ++step) {
+      auto& [p, n] = live[slot(rng)];
+      device_deallocate(p, n);
+      by_addr.erase(p);
+      live_bytes -= n;
+      p = take(n = size(rng));
+    }
+    CHECK(overlaps == 0);
+    MESSAGE("peak physical / peak live = " << double(peak_physical) / double(peak_live));
+    CHECK(double(peak_physical) / double(peak_live) <= 1.05);
+    for (auto& [p, n] : live) device_deallocate(p, n);
     detail::reset_memory_pools();
     check_nothing_outstanding();
   }
