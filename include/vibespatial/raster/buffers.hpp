@@ -164,15 +164,25 @@ struct RasterStorage;
  * on the host and/or the device. Copies and band views share storage (a copy is a handle, not
  * a deep copy).
  *
- * Thread-safety: const members may be called concurrently; a non-const call (move_to,
- * device_data) must not run concurrently with any other call on an object sharing the storage.
+ * Residency is a property of the shared storage: move_to on a band view moves every band of the
+ * storage, and the pixels live in exactly one place at a time (host_data() is null while they
+ * are on the device; moving back to the host frees the device copy), so no stale mirror exists.
+ * Device memory comes from the pool (device_allocate, on the legacy default stream) and goes back
+ * to it when the last handle sharing the storage is destroyed.
+ *
+ * Thread-safety: distinct objects that share no storage may be used from distinct threads
+ * freely. Handles sharing storage may be used concurrently through const members; residency
+ * changes are serialised by a mutex in the storage, but a non-const call (move_to, device_data,
+ * mutable_host_data) invalidates pointers other threads obtained from host_data(),
+ * device_pointer() or mutable_host_data(), so callers must not mix those concurrently.
  */
 class VSR_EXPORT OwnedRasterArray {
  public:
   /**
    * @brief Copies @p bands * @p height * @p width elements of @p dtype from @p data (band-major)
    * into a new host-resident raster.
-   * @throws std::invalid_argument for a null @p data, non-positive sizes or a bad dtype;
+   * @throws std::invalid_argument for a null @p data, non-positive sizes, a bad dtype or a NaN
+   *         @p nodata on an integer dtype (as the reference's from_numpy);
    *         std::overflow_error if the byte size does not fit in 64 bits.
    */
   static OwnedRasterArray from_host(const void* data, DType dtype, int bands, std::int64_t height,
@@ -180,10 +190,27 @@ class VSR_EXPORT OwnedRasterArray {
                                     Affine affine = {}, std::string crs = {});
 
   /**
+   * @brief A new raster of @p bands x @p height x @p width @p dtype elements resident at
+   * @p where, contents unspecified (for operations that write their output in place: on the
+   * device through device_data(), on the host through mutable_host_data()). Device memory comes
+   * from the pool.
+   * @throws as from_host (except for @p data); OutOfMemoryError / CudaError /
+   *         DriverUnavailableError for a device raster the device cannot hold.
+   */
+  static OwnedRasterArray allocate(Residency where, DType dtype, int bands, std::int64_t height,
+                                   std::int64_t width, std::optional<double> nodata = {},
+                                   Affine affine = {}, std::string crs = {});
+
+  /**
    * @brief Stacks single-band results into one raster; affine, CRS and nodata come from
    * @p source. One result is returned as is (sharing its storage) with @p source's metadata.
+   * Several results are copied, band after band (a multi-band result contributes all its
+   * bands), into new storage: on the device (one pool allocation, device-to-device copies) if
+   * any result is on the device, else on the host.
    * @throws std::invalid_argument for an empty list, or bands whose dtype, nodata (NaN equals
-   *         NaN) or shape differ from band 0 (the message names the band).
+   *         NaN) or shape differ from band 0 (the message names the band), or a NaN nodata in
+   *         @p source with an integer result dtype (as the reference); OutOfMemoryError /
+   *         CudaError from the device copy.
    */
   static OwnedRasterArray from_band_stack(const std::vector<OwnedRasterArray>& bands,
                                           const OwnedRasterArray& source);
@@ -213,17 +240,34 @@ class VSR_EXPORT OwnedRasterArray {
    */
   OwnedRasterArray band(int i) const;
 
-  /** @brief Copies the pixels host <-> device through the pool; a no-op if already there. */
+  /**
+   * @brief Copies the pixels of the whole storage host <-> device through the pool (synchronous
+   * copies on the legacy default stream); a no-op if already there. The old copy is freed.
+   * @throws OutOfMemoryError / CudaError / DriverUnavailableError; the raster is unchanged then.
+   */
   void move_to(Residency target);
 
-  /** @brief Copies bands*height*width*itemsize bytes, band-major, into @p dst. */
+  /**
+   * @brief Copies this view's bands*height*width*itemsize bytes, band-major, into @p dst, from
+   * either residency (a synchronous device-to-host copy when on the device).
+   * @throws std::invalid_argument for a null @p dst; CudaError.
+   */
   void copy_to_host(void* dst) const;
 
   /** @brief The device pointer of the first element; moves the raster to the device first. */
   void* device_data();
 
+  /** @brief The device pointer of the first element, or null unless on the device; never moves. */
+  const void* device_pointer() const;
+
   /** @brief The host pointer of the first element; null while the pixels are only on the device. */
   const void* host_data() const;
+
+  /** @brief Writable host pointer of the first element; moves the raster to the host first. */
+  void* mutable_host_data();
+
+  /// Bytes of this view's pixels: band_count * height * width * itemsize.
+  std::size_t byte_size() const;
 
  private:
   OwnedRasterArray(std::shared_ptr<detail::RasterStorage> storage, int first_band, int band_count);
@@ -231,6 +275,11 @@ class VSR_EXPORT OwnedRasterArray {
   std::shared_ptr<detail::RasterStorage> storage_;
   int first_band_ = 0;  ///< index of this view's first band in storage_
   int band_count_ = 0;  ///< bands in this view
+  // Georeferencing is per handle, so from_band_stack can give a shared result the source's
+  // metadata without changing the other handles (the reference overwrote them in place).
+  std::optional<double> nodata_;
+  Affine affine_;
+  std::string crs_;
 };
 
 }  // namespace vibespatial::raster

@@ -90,15 +90,43 @@ using BandOp = std::function<OwnedRasterArray(const OwnedRasterArray& band)>;
 /**
  * @brief Applies @p op to each band of @p raster on the host and stacks the results with the
  * source's metadata (from_band_stack). A single-band raster is passed through: one call, its
- * result returned as is. Throws what @p op or from_band_stack throws.
+ * result returned as is.
+ *
+ * Bands run in parallel on min(bands, hardware threads, 8) std::threads; each call gets a
+ * host-resident single-band view (a device-resident raster is first copied to the host, not
+ * moved), so @p op must be safe to call concurrently. Results are stacked in band order.
+ * @throws std::invalid_argument for an empty @p op; if @p op throws, the first exception (in
+ *         time) is rethrown once every worker has stopped, and bands not yet started are not
+ *         started; what from_band_stack throws.
  */
 VSR_EXPORT OwnedRasterArray dispatch_per_band_cpu(const OwnedRasterArray& raster, const BandOp& op);
 
 /**
  * @brief Applies @p op to each band of @p raster as device views and stacks the results with
- * the source's metadata. A single-band raster is passed through. Bands that do not fit in the
- * budget together (max_bands_for_budget with @p buffers_per_band, @p scratch_bytes) go through
- * in batches. Throws what @p op, the pool or from_band_stack throws.
+ * the source's metadata. A single-band raster is passed through (one call, no driver needed).
+ *
+ * Several bands: the budget is available_vram_bytes() taken once, and the plan is
+ * analyze_raster_plan(per_band = true, @p buffers_per_band, @p scratch_bytes, that budget).
+ * Bands go to the device bands_per_pass at a time (all at once for a whole plan) through pinned
+ * staging and an asynchronous copy on a stream owned by the call; the next batch is copied while
+ * @p op runs on the current one when both fit the budget. A device-resident raster is used in
+ * place. @p op gets each band as a single-band device-resident view (zero-copy, on the batch's
+ * buffer), called serially in band order on the calling thread, and returns a single-band raster
+ * of the same height and width on the host or the device; its device work must be complete, or
+ * ordered before the legacy default stream, when it returns. The output is one pool allocation
+ * on the device when it fits the budget beside a pass, else a host raster filled batch by batch;
+ * its dtype is the results' (which must agree), its nodata, affine and CRS are the source's.
+ * Device memory the call allocates, plus what @p op uses within its declared
+ * @p buffers_per_band and @p scratch_bytes, stays within the budget.
+ *
+ * @throws DriverUnavailableError when there is no usable driver (several bands);
+ *         std::runtime_error naming the plan when it is `tiled` (one band does not fit the
+ *         budget): run such work through dispatch_tiled / dispatch_tiled_halo with that plan;
+ *         std::invalid_argument for an empty @p op, a result of the wrong shape, or results
+ *         whose dtype or nodata differ; OutOfMemoryError / CudaError from the pool and driver;
+ *         whatever @p op throws. On any error every device buffer, pinned buffer, event and
+ *         the stream of the call are released.
+ * Thread-safety: concurrent calls on distinct rasters are safe.
  */
 VSR_EXPORT OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const BandOp& op,
                                                   int buffers_per_band = 2,
@@ -106,16 +134,29 @@ VSR_EXPORT OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster
 
 /**
  * @brief Runs a pointwise @p op over the non-overlapping tiles of @p plan (or once, for a whole
- * plan) and stitches the results; each tile's affine is shifted to its origin.
- * @throws std::invalid_argument for a tiled plan over a device-resident raster.
+ * plan) and stitches the results; each tile's affine is shifted to its origin
+ * (c' = c + col*a + row*b, f' = f + col*d + row*e).
+ *
+ * Tiles are row-major over plan.tile_shape (edge tiles are smaller) and carry every band; each
+ * is a new host raster (from_host) with the source's nodata and CRS. @p op returns a raster of
+ * its input's height and width; the host output is allocated from the first tile's result
+ * (dtype, nodata and band count: ops may change the dtype), with the source's affine and CRS.
+ * Serial, on the calling thread.
+ * @throws std::invalid_argument for a tiled plan over a device-resident raster (a full device
+ *         to host copy would defeat the purpose of tiling), a band_batches plan, a tiled plan
+ *         without a positive tile_shape, an empty @p op, or a result of the wrong shape or of a
+ *         dtype or band count differing from the first tile's; whatever @p op throws.
  */
 VSR_EXPORT OwnedRasterArray dispatch_tiled(const OwnedRasterArray& raster, const BandOp& op,
                                            const RasterPlan& plan);
 
 /**
  * @brief As dispatch_tiled, but each tile is read with plan.halo extra pixels per side
- * (clamped at the raster edges); @p op returns its input's shape and the interior is kept.
- * @throws std::invalid_argument for a tiled plan over a device-resident raster.
+ * (clamped at the raster edges, no padding: at a true edge the op's own boundary rule applies);
+ * @p op returns its input's shape and the interior is kept. With plan.halo >= the op's radius
+ * the result equals the whole-raster result. The tile's affine is shifted to the origin of the
+ * read window (halo included).
+ * @throws as dispatch_tiled; std::invalid_argument for a negative plan.halo.
  */
 VSR_EXPORT OwnedRasterArray dispatch_tiled_halo(const OwnedRasterArray& raster, const BandOp& op,
                                                 const RasterPlan& plan);

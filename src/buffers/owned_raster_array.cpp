@@ -1,0 +1,363 @@
+// SPDX-License-Identifier: Apache-2.0
+// OwnedRasterArray: band-major pixels in shared storage, resident on the host or on the device.
+#include "driver/cuda_driver.hpp"
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/errors.hpp>
+#include <vibespatial/raster/memory.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace vibespatial::raster {
+
+namespace detail {
+
+/// The pixels behind one or more handles. Exactly one of host / device holds them.
+struct RasterStorage {
+  DType dtype = DType::float32;
+  int bands = 0;
+  std::int64_t height = 0, width = 0;
+  std::size_t band_bytes = 0;  ///< height * width * itemsize
+  std::size_t total_bytes = 0;
+
+  mutable std::mutex mutex;
+  Residency residency = Residency::host;
+  std::unique_ptr<unsigned char[]> host;
+  void* device = nullptr;
+  int device_id = 0;
+
+  RasterStorage() = default;
+  RasterStorage(const RasterStorage&) = delete;
+  RasterStorage& operator=(const RasterStorage&) = delete;
+  ~RasterStorage() { release_device(); }
+
+  /// Returns the device buffer to the pool (in its device's context). Never throws: a failure
+  /// here leaks the block rather than aborting a destructor.
+  void release_device() noexcept {
+    if (device == nullptr) return;
+    try {
+      ScopedDeviceContext ctx(device_id);
+      device_deallocate(device, total_bytes, nullptr);
+    } catch (...) {
+    }
+    device = nullptr;
+  }
+};
+
+}  // namespace detail
+
+namespace {
+
+bool is_integer(DType dtype) {
+  return dtype != DType::float32 && dtype != DType::float64;
+}
+
+std::size_t checked_mul(std::size_t a, std::size_t b, const char* what) {
+  std::size_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) {
+    throw std::overflow_error(std::string(what) + ": byte size does not fit in 64 bits");
+  }
+  return r;
+}
+
+std::shared_ptr<detail::RasterStorage> make_storage(const char* who, DType dtype, int bands,
+                                                    std::int64_t height, std::int64_t width,
+                                                    const std::optional<double>& nodata) {
+  const std::size_t item = itemsize(dtype);  // throws invalid_argument for a bad dtype
+  if (bands < 1) {
+    throw std::invalid_argument(std::string(who) + ": bands must be >= 1 (got " +
+                                std::to_string(bands) + ")");
+  }
+  if (height <= 0 || width <= 0) {
+    throw std::invalid_argument(std::string(who) + ": height and width must be > 0 (got " +
+                                std::to_string(height) + " x " + std::to_string(width) + ")");
+  }
+  if (nodata && std::isnan(*nodata) && is_integer(dtype)) {
+    throw std::invalid_argument(std::string(who) + ": NaN nodata is not valid for integer dtype " +
+                                std::string(to_string(dtype)));
+  }
+  auto s = std::make_shared<detail::RasterStorage>();
+  s->dtype = dtype;
+  s->bands = bands;
+  s->height = height;
+  s->width = width;
+  s->band_bytes = checked_mul(
+      checked_mul(static_cast<std::size_t>(height), static_cast<std::size_t>(width), who), item,
+      who);
+  s->total_bytes = checked_mul(s->band_bytes, static_cast<std::size_t>(bands), who);
+  return s;
+}
+
+CUdeviceptr dptr(const void* p) {
+  return reinterpret_cast<CUdeviceptr>(p);
+}
+
+bool same_nodata(const std::optional<double>& x, const std::optional<double>& y) {
+  if (x.has_value() != y.has_value()) return false;
+  if (!x) return true;
+  if (std::isnan(*x) || std::isnan(*y)) return std::isnan(*x) && std::isnan(*y);
+  return *x == *y;
+}
+
+std::string nodata_text(const std::optional<double>& v) {
+  return v ? std::to_string(*v) : std::string("none");
+}
+
+// Moves the storage's pixels to `target`; the caller holds s.mutex.
+void move_locked(detail::RasterStorage& s, Residency target) {
+  if (s.residency == target) return;
+  const auto& api = detail::driver();
+  if (target == Residency::device) {
+    const int device = detail::bind_current_device();
+    void* d = device_allocate(s.total_bytes, nullptr);
+    const CUresult r = api.cuMemcpyHtoD(dptr(d), s.host.get(), s.total_bytes);
+    if (r != CUDA_SUCCESS) {
+      device_deallocate(d, s.total_bytes, nullptr);
+      detail::throw_cuda_error(r, "cuMemcpyHtoD", __FILE__, __LINE__);
+    }
+    s.device = d;
+    s.device_id = device;
+    s.host.reset();
+    s.residency = Residency::device;
+  } else {
+    auto host = std::make_unique_for_overwrite<unsigned char[]>(s.total_bytes);
+    {
+      detail::ScopedDeviceContext ctx(s.device_id);
+      VSR_CU_TRY(api.cuMemcpyDtoH(host.get(), dptr(s.device), s.total_bytes));
+    }
+    s.release_device();
+    s.host = std::move(host);
+    s.residency = Residency::host;
+  }
+}
+
+}  // namespace
+
+OwnedRasterArray::OwnedRasterArray(std::shared_ptr<detail::RasterStorage> storage, int first_band,
+                                   int band_count)
+    : storage_(std::move(storage)), first_band_(first_band), band_count_(band_count) {}
+
+OwnedRasterArray OwnedRasterArray::from_host(const void* data, DType dtype, int bands,
+                                             std::int64_t height, std::int64_t width,
+                                             std::optional<double> nodata, Affine affine,
+                                             std::string crs) {
+  auto s = make_storage("from_host", dtype, bands, height, width, nodata);
+  if (data == nullptr) throw std::invalid_argument("from_host: data is null");
+  s->host = std::make_unique_for_overwrite<unsigned char[]>(s->total_bytes);
+  std::memcpy(s->host.get(), data, s->total_bytes);
+  OwnedRasterArray r(std::move(s), 0, bands);
+  r.nodata_ = nodata;
+  r.affine_ = affine;
+  r.crs_ = std::move(crs);
+  return r;
+}
+
+OwnedRasterArray OwnedRasterArray::allocate(Residency where, DType dtype, int bands,
+                                            std::int64_t height, std::int64_t width,
+                                            std::optional<double> nodata, Affine affine,
+                                            std::string crs) {
+  auto s = make_storage("allocate", dtype, bands, height, width, nodata);
+  if (where == Residency::device) {
+    detail::driver();
+    s->device_id = detail::bind_current_device();
+    s->device = device_allocate(s->total_bytes, nullptr);
+    s->residency = Residency::device;
+  } else {
+    s->host = std::make_unique_for_overwrite<unsigned char[]>(s->total_bytes);
+  }
+  OwnedRasterArray r(std::move(s), 0, bands);
+  r.nodata_ = nodata;
+  r.affine_ = affine;
+  r.crs_ = std::move(crs);
+  return r;
+}
+
+OwnedRasterArray OwnedRasterArray::from_band_stack(const std::vector<OwnedRasterArray>& bands,
+                                                   const OwnedRasterArray& source) {
+  if (bands.empty()) throw std::invalid_argument("from_band_stack: no band results to stack");
+  const OwnedRasterArray& first = bands.front();
+  const std::optional<double> nodata = source.nodata_;
+  if (nodata && std::isnan(*nodata) && is_integer(first.dtype())) {
+    throw std::invalid_argument(
+        "from_band_stack: the source's NaN nodata is not valid for the results' integer dtype " +
+        std::string(to_string(first.dtype())));
+  }
+  if (bands.size() == 1) {
+    OwnedRasterArray r(first.storage_, first.first_band_, first.band_count_);
+    r.nodata_ = nodata;
+    r.affine_ = source.affine_;
+    r.crs_ = source.crs_;
+    return r;
+  }
+
+  bool any_device = false;
+  std::int64_t total_bands = 0;
+  for (std::size_t i = 0; i < bands.size(); ++i) {
+    const OwnedRasterArray& b = bands[i];
+    const std::string name = "from_band_stack: band " + std::to_string(i);
+    if (b.dtype() != first.dtype()) {
+      throw std::invalid_argument(name + " has dtype " + std::string(to_string(b.dtype())) +
+                                  ", band 0 has " + std::string(to_string(first.dtype())));
+    }
+    if (!same_nodata(b.nodata_, first.nodata_)) {
+      throw std::invalid_argument(name + " has nodata " + nodata_text(b.nodata_) + ", band 0 has " +
+                                  nodata_text(first.nodata_));
+    }
+    if (b.height() != first.height() || b.width() != first.width() ||
+        b.band_count() != first.band_count()) {
+      throw std::invalid_argument(name + " has shape (" + std::to_string(b.band_count()) + ", " +
+                                  std::to_string(b.height()) + ", " + std::to_string(b.width()) +
+                                  "), band 0 has (" + std::to_string(first.band_count()) + ", " +
+                                  std::to_string(first.height()) + ", " +
+                                  std::to_string(first.width()) + ")");
+    }
+    any_device = any_device || b.residency() == Residency::device;
+    total_bands += b.band_count();
+  }
+  if (total_bands > std::numeric_limits<int>::max()) {
+    throw std::overflow_error("from_band_stack: too many bands");
+  }
+
+  OwnedRasterArray out = allocate(any_device ? Residency::device : Residency::host, first.dtype(),
+                                  static_cast<int>(total_bands), first.height(), first.width(),
+                                  nodata, source.affine_, source.crs_);
+  const std::size_t step = first.byte_size();
+  if (any_device) {
+    const auto& api = detail::driver();
+    auto* dst = static_cast<unsigned char*>(out.storage_->device);
+    detail::ScopedDeviceContext ctx(out.storage_->device_id);
+    for (const OwnedRasterArray& b : bands) {
+      std::lock_guard lock(b.storage_->mutex);
+      const std::size_t offset = b.storage_->band_bytes * static_cast<std::size_t>(b.first_band_);
+      if (b.storage_->residency == Residency::device) {
+        VSR_CU_TRY(api.cuMemcpyDtoD(
+            dptr(dst), dptr(static_cast<unsigned char*>(b.storage_->device) + offset), step));
+      } else {
+        VSR_CU_TRY(api.cuMemcpyHtoD(dptr(dst), b.storage_->host.get() + offset, step));
+      }
+      dst += step;
+    }
+    // cuMemcpyDtoD may return before the copy is done; the stack must be complete on return.
+    VSR_CU_TRY(api.cuCtxSynchronize());
+  } else {
+    auto* dst = out.storage_->host.get();
+    for (const OwnedRasterArray& b : bands) {
+      b.copy_to_host(dst);
+      dst += step;
+    }
+  }
+  return out;
+}
+
+int OwnedRasterArray::band_count() const {
+  return band_count_;
+}
+std::int64_t OwnedRasterArray::height() const {
+  return storage_->height;
+}
+std::int64_t OwnedRasterArray::width() const {
+  return storage_->width;
+}
+DType OwnedRasterArray::dtype() const {
+  return storage_->dtype;
+}
+std::optional<double> OwnedRasterArray::nodata() const {
+  return nodata_;
+}
+const Affine& OwnedRasterArray::affine() const {
+  return affine_;
+}
+const std::string& OwnedRasterArray::crs() const {
+  return crs_;
+}
+
+Residency OwnedRasterArray::residency() const {
+  std::lock_guard lock(storage_->mutex);
+  return storage_->residency;
+}
+
+RasterMetadata OwnedRasterArray::metadata() const {
+  RasterMetadata m;
+  m.height = height();
+  m.width = width();
+  m.band_count = band_count_;
+  m.dtype = dtype();
+  m.nodata = nodata_;
+  m.affine = affine_;
+  m.crs = crs_;
+  return m;
+}
+
+std::size_t OwnedRasterArray::byte_size() const {
+  return storage_->band_bytes * static_cast<std::size_t>(band_count_);
+}
+
+OwnedRasterArray OwnedRasterArray::band(int i) const {
+  if (i < 0 || i >= band_count_) {
+    throw std::out_of_range("band: index " + std::to_string(i) + " is not in [0, " +
+                            std::to_string(band_count_) + ")");
+  }
+  OwnedRasterArray r(storage_, first_band_ + i, 1);
+  r.nodata_ = nodata_;
+  r.affine_ = affine_;
+  r.crs_ = crs_;
+  return r;
+}
+
+void OwnedRasterArray::move_to(Residency target) {
+  if (target != Residency::host && target != Residency::device) {
+    throw std::invalid_argument("move_to: not a Residency value");
+  }
+  std::lock_guard lock(storage_->mutex);
+  move_locked(*storage_, target);
+}
+
+void OwnedRasterArray::copy_to_host(void* dst) const {
+  if (dst == nullptr) throw std::invalid_argument("copy_to_host: dst is null");
+  const detail::RasterStorage& s = *storage_;
+  std::lock_guard lock(s.mutex);
+  const std::size_t offset = s.band_bytes * static_cast<std::size_t>(first_band_);
+  if (s.residency == Residency::host) {
+    std::memcpy(dst, s.host.get() + offset, byte_size());
+    return;
+  }
+  const auto& api = detail::driver();
+  detail::ScopedDeviceContext ctx(s.device_id);
+  VSR_CU_TRY(
+      api.cuMemcpyDtoH(dst, dptr(static_cast<unsigned char*>(s.device) + offset), byte_size()));
+}
+
+void* OwnedRasterArray::device_data() {
+  std::lock_guard lock(storage_->mutex);
+  move_locked(*storage_, Residency::device);
+  return static_cast<unsigned char*>(storage_->device) +
+         storage_->band_bytes * static_cast<std::size_t>(first_band_);
+}
+
+const void* OwnedRasterArray::device_pointer() const {
+  std::lock_guard lock(storage_->mutex);
+  if (storage_->residency != Residency::device) return nullptr;
+  return static_cast<const unsigned char*>(storage_->device) +
+         storage_->band_bytes * static_cast<std::size_t>(first_band_);
+}
+
+const void* OwnedRasterArray::host_data() const {
+  std::lock_guard lock(storage_->mutex);
+  if (storage_->residency != Residency::host) return nullptr;
+  return storage_->host.get() + storage_->band_bytes * static_cast<std::size_t>(first_band_);
+}
+
+void* OwnedRasterArray::mutable_host_data() {
+  std::lock_guard lock(storage_->mutex);
+  move_locked(*storage_, Residency::host);
+  return storage_->host.get() + storage_->band_bytes * static_cast<std::size_t>(first_band_);
+}
+
+}  // namespace vibespatial::raster
