@@ -75,10 +75,15 @@ struct FreeRange {
   std::vector<MarkRef> marks;  // the frees this range is still waiting for
 };
 
+// A free slot in the shared list. It may be reused on `stream` at once; on another stream once a
+// mark recorded on `stream` at or after its flush (sequence number `seq`) has completed. Marks are
+// recorded lazily, when another stream first wants such a slot, so single-stream use never
+// records an event.
 struct CentralEntry {
   void* ptr;
   Slab* slab;
-  MarkRef mark;
+  CUstream stream;
+  std::uint64_t seq;
 };
 
 struct CacheEntry {
@@ -153,8 +158,12 @@ class VmmPool final : public DevicePool {
   ThreadCache& thread_cache();
   void* allocate_small(std::size_t bytes, CUstream stream);
   void* refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes, CUstream stream);
-  void flush_bin(ThreadCache& cache, int size_class, int keep);  // mutex held
-  void fold_cache_stats(ThreadCache& cache) noexcept;            // owner thread; atomics only
+  void flush_bin(ThreadCache& cache, int size_class, int keep) noexcept;  // mutex held
+  // A mark on e.stream recorded at or after e's flush, recording one if needed. Mutex held.
+  const MarkRef& covering_mark(const CentralEntry& e);
+  // Whether a shared slot may be used on `stream` now. Mutex held.
+  bool central_ready(const CentralEntry& e, CUstream stream);
+  void fold_cache_stats(ThreadCache& cache) noexcept;  // owner thread; atomics only
   Slab* slab_of(CUdeviceptr p) const noexcept;
   Slab* new_slab(int size_class);                        // mutex held
   void release_slab_page(Slab* slab, bool keep_handle);  // mutex held
@@ -199,6 +208,14 @@ class VmmPool final : public DevicePool {
   };
   std::array<ClassState, kMaxSizeClasses> classes_;
   std::vector<ThreadCache*> caches_;
+  // The latest mark recorded on each stream that freed small blocks, with its sequence number.
+  struct StreamMarkEntry {
+    CUstream stream;
+    std::uint64_t seq;
+    MarkRef mark;
+  };
+  std::vector<StreamMarkEntry> stream_marks_;
+  std::uint64_t flush_seq_ = 0;
 
   UsageCounters usage_;
   std::size_t pages_held_ = 0;
@@ -655,7 +672,7 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
   int scanned = 0;
   for (std::size_t i = state.central.size(); i-- > 0 && scanned < kCentralScan && bin.count < want;
        ++scanned) {
-    if (!marks_.ready_for(state.central[i].mark, stream)) continue;
+    if (!central_ready(state.central[i], stream)) continue;
     CentralEntry e = std::move(state.central[i]);
     state.central[i] = std::move(state.central.back());
     state.central.pop_back();
@@ -755,8 +772,8 @@ std::size_t VmmPool::reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandl
       for (const CentralEntry& e : state.central) {
         if (e.slab != slab) continue;
         if (wait) {
-          marks_.wait(e.mark);
-        } else if (!marks_.completed(e.mark)) {
+          marks_.wait(covering_mark(e));
+        } else if (!marks_.completed(covering_mark(e))) {
           idle = false;
           break;
         }
@@ -782,28 +799,38 @@ std::size_t VmmPool::reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandl
   return reclaimed;
 }
 
-void VmmPool::flush_bin(ThreadCache& cache, int size_class, int keep) {
+void VmmPool::flush_bin(ThreadCache& cache, int size_class, int keep) noexcept {
   Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
   const int move = bin.count - keep;
   if (move <= 0) return;
-  // One mark per distinct stream, all recorded before anything moves: a failure changes nothing.
-  std::vector<std::pair<CUstream, MarkRef>> marks;
-  for (int i = 0; i < move; ++i) {
-    const CUstream s = bin.entries[static_cast<std::size_t>(i)].stream;
-    if (std::none_of(marks.begin(), marks.end(), [&](const auto& m) { return m.first == s; })) {
-      marks.emplace_back(s, marks_.record(s));
-    }
-  }
   ClassState& state = classes_[static_cast<std::size_t>(size_class)];
+  const std::uint64_t seq = ++flush_seq_;
   for (int i = 0; i < move; ++i) {
     const CacheEntry& e = bin.entries[static_cast<std::size_t>(i)];
-    for (const auto& [s, m] : marks) {
-      if (s == e.stream) state.central.push_back(CentralEntry{e.ptr, e.slab, m});
-    }
+    state.central.push_back(CentralEntry{e.ptr, e.slab, e.stream, seq});
     --e.slab->used;
   }
   std::copy(bin.entries.begin() + move, bin.entries.begin() + bin.count, bin.entries.begin());
   bin.count = keep;
+}
+
+const MarkRef& VmmPool::covering_mark(const CentralEntry& e) {
+  auto it = std::find_if(stream_marks_.begin(), stream_marks_.end(),
+                         [&](const StreamMarkEntry& m) { return m.stream == e.stream; });
+  if (it == stream_marks_.end()) {
+    stream_marks_.push_back({e.stream, 0, nullptr});
+    it = std::prev(stream_marks_.end());
+  }
+  if (!it->mark || it->seq < e.seq) {
+    // Recorded now, the mark covers everything queued on e.stream, the free included (§3.7).
+    it->mark = marks_.record(e.stream);
+    it->seq = flush_seq_;
+  }
+  return it->mark;
+}
+
+bool VmmPool::central_ready(const CentralEntry& e, CUstream stream) {
+  return e.stream == stream || marks_.completed(covering_mark(e));
 }
 
 void VmmPool::retire_cache(ThreadCache& cache) noexcept {
@@ -973,15 +1000,14 @@ void VmmPool::teardown() noexcept {
   const DriverApi& api = ds.api;
   try {
     ScopedDeviceContext scope(device_);
+    api.cuCtxSynchronize();  // whatever freed small blocks is done before their pages go
+    stream_marks_.clear();
     for (auto& [addr, range] : free_by_addr_) {
       for (const MarkRef& m : range.marks) {
         if (m && !m->complete) api.cuEventSynchronize(m->event);
       }
     }
     for (ClassState& state : classes_) {
-      for (CentralEntry& e : state.central) {
-        if (e.mark && !e.mark->complete) api.cuEventSynchronize(e.mark->event);
-      }
       state.central.clear();
       for (Slab* slab : state.slabs) {
         if (api.cuMemUnmap(slab->base, page_) == CUDA_SUCCESS) --pages_mapped_;

@@ -386,10 +386,11 @@ TEST_SUITE("pool") {
       }
       REQUIRE(emulator().stream_pause(s1, 0) == 0);
       REQUIRE(api.cuStreamSynchronize(s1) == CUDA_SUCCESS);
-      // s1's work is done: s2 may now reuse what s1 freed.
+      // s1's work is done: s2 may now reuse what s1 freed (the shared list is scanned a bounded
+      // number of entries per refill, so it may take a few refills to reach it).
       std::set<void*> got;
       std::vector<void*> taken;
-      for (int i = 0; i < 64; ++i) {
+      for (int i = 0; i < 512; ++i) {
         void* q = device_allocate(size, s2);
         taken.push_back(q);
         got.insert(q);
