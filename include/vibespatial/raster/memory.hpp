@@ -23,9 +23,9 @@
 //
 // One pool per device; a call uses the pool of the device of the calling thread's current
 // context (device 0's primary context is bound when the thread has none). In a process with
-// several devices that choice costs one context query per allocation; with one device, none. All functions are
-// thread-safe. Memory is valid in the device's primary context, so Thrust, CUB and user kernels
-// can use it directly.
+// several devices that choice costs one context query per allocation; with one device, none.
+// All functions are thread-safe. Memory is valid in the device's primary context, so Thrust, CUB
+// and user kernels can use it directly.
 #pragma once
 
 #include <vibespatial/raster/export.hpp>
