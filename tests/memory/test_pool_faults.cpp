@@ -124,7 +124,7 @@ void run_tier(const char* tier_env, const char* vmm) {
     }
   }
   MESSAGE(injected << " single-fault runs, tier env " << std::string(tier_env ? tier_env : "(none)")
-                   << ", VMM=" << vmm);
+                   << ", VMM=" << std::string(vmm));
   CHECK(injected > 0);
 }
 
