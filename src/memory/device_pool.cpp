@@ -42,6 +42,10 @@ MarkFactory::~MarkFactory() {
 MarkRef MarkFactory::record(CUstream stream) {
   const DriverApi& api = driver();
   ScopedDeviceContext scope(device_);
+  // An idle stream has finished everything queued on it: the mark is complete without an event.
+  if (api.cuStreamQuery(stream) == CUDA_SUCCESS) {
+    return std::make_shared<StreamMark>(StreamMark{stream, nullptr, true});
+  }
   CUevent event = nullptr;
   if (!idle_->empty()) {
     event = idle_->back();

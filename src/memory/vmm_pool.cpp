@@ -32,7 +32,7 @@ namespace {
 
 constexpr int kMaxRegions = 64;
 constexpr int kMaxDevices = 64;
-constexpr int kBinCapacity = 16;
+constexpr int kBinCapacity = 64;
 constexpr int kStatFlushOps = 64;
 constexpr std::int64_t kStatFlushBytes = std::int64_t{4} << 20;
 constexpr int kCentralScan = 32;
@@ -40,18 +40,21 @@ constexpr int kCentralScan = 32;
 std::atomic<std::uint64_t> g_next_epoch{1};
 
 struct Slab {
+  // Read on the fast path; fixed once the slab exists.
   CUdeviceptr base = 0;
   int size_class = 0;
   std::size_t slot_size = 0;
   std::uint32_t slot_count = 0;
-  std::uint32_t carved = 0;  // slots handed out at least once (a bump index)
-  std::uint32_t used = 0;    // carved slots not in the central free list (live or thread-cached)
   int region = 0;
   std::size_t page = 0;
   CUmemGenericAllocationHandle handle = 0;
   // Requested size of each slot's live block; 0 when free. The free path's compare-exchange on it
   // is what detects double frees and wrong sizes without a lock.
   std::unique_ptr<std::atomic<std::size_t>[]> requested;
+  // Written under the pool's mutex, on a cache line of their own so that those writes do not
+  // bounce the line the fast path reads between threads.
+  alignas(64) std::uint32_t carved = 0;  // slots handed out at least once (a bump index)
+  std::uint32_t used = 0;  // carved slots not in the central free list (live or thread-cached)
 };
 
 struct Region {

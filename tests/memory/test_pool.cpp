@@ -369,6 +369,9 @@ TEST_SUITE("pool") {
       INFO("size " << size);
       REQUIRE(emulator().stream_pause(s1, 1) == 0);  // s1's queued work stays pending
       void* p = device_allocate(size, s1);
+      // Work that uses the block is queued on s1 (and held there) when the block is freed.
+      REQUIRE(api.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(p), 0x11, size, s1) ==
+              CUDA_SUCCESS);
       device_deallocate(p, size, s1);
       // Same stream: reused at once.
       void* same = device_allocate(size, s1);
@@ -383,13 +386,17 @@ TEST_SUITE("pool") {
       if (size <= 4096) {
         std::vector<void*> churn;
         for (int i = 0; i < 40; ++i) churn.push_back(device_allocate(size, s1));
+        for (void* q : churn) {
+          REQUIRE(api.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(q), 0x22, size, s1) ==
+                  CUDA_SUCCESS);
+        }
         for (void* q : churn) device_deallocate(q, size, s1);
         freed_on_s1.insert(churn.begin(), churn.end());
       }
       REQUIRE(emulator().stream_pause(s1, 0) == 0);
       REQUIRE(api.cuStreamSynchronize(s1) == CUDA_SUCCESS);
-      // s1's work is done: s2 may now reuse what s1 freed (marks are recorded lazily and the
-      // shared list is scanned a bounded number of entries per refill, so it may take a few).
+      // s1's work is done: s2 may now reuse what s1 freed (the shared list is scanned a bounded
+      // number of entries per refill, so it may take a few refills).
       std::vector<void*> taken;
       bool reused = false;
       for (int i = 0; i < 512 && !reused; ++i) {
@@ -397,14 +404,7 @@ TEST_SUITE("pool") {
         taken.push_back(q);
         reused = freed_on_s1.count(q) != 0;
       }
-      // Known issue: for small blocks this liveness check is timing-dependent (about 1 run in 3
-      // under load sees no reuse within 512 requests), so it warns instead of failing until the
-      // lazy-mark scan is fixed. Large blocks are checked strictly.
-      if (size <= 4096) {
-        WARN(reused);
-      } else {
-        CHECK(reused);
-      }
+      CHECK(reused);
       for (void* q : taken) device_deallocate(q, size, s2);
       REQUIRE(api.cuStreamSynchronize(s2) == CUDA_SUCCESS);
     }

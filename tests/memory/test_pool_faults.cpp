@@ -4,6 +4,8 @@
 // and once the pool is torn down the emulator must hold nothing.
 #include "pool_fixture.hpp"
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 using namespace vibespatial::raster;
@@ -32,6 +34,8 @@ const char* const kEntries[] = {
     "cuEventQuery",
     "cuEventSynchronize",
     "cuStreamSynchronize",
+    "cuStreamQuery",
+    "cuCtxSynchronize",
     "cuMemAlloc",
     "cuMemFree",
     "cuMemAllocManaged",
@@ -40,15 +44,18 @@ const char* const kEntries[] = {
 struct Live {
   void* ptr;
   std::size_t bytes;
+  CUstream stream;
 };
 
 // Exercises every path: configuration, small and large allocation, thread-cache flushes,
-// composition of a fragmented range, frees, trimming. Returns what is still live.
-std::vector<Live> scenario(int& typed_errors) {
+// composition of a fragmented range, cross-stream reuse while the freeing stream is busy (marks,
+// events), frees, trimming. `busy` is a stream the caller created; it is held (paused) for part
+// of the scenario so that events stay pending. Returns what is still live.
+std::vector<Live> scenario(int& typed_errors, CUstream busy) {
   std::vector<Live> live;
-  auto alloc = [&](std::size_t bytes) {
+  auto alloc = [&](std::size_t bytes, CUstream stream) {
     try {
-      live.push_back({device_allocate(bytes), bytes});
+      live.push_back({device_allocate(bytes, stream), bytes, stream});
     } catch (const CudaError&) {
       ++typed_errors;
     } catch (const std::bad_alloc&) {
@@ -57,27 +64,52 @@ std::vector<Live> scenario(int& typed_errors) {
   };
   auto release = [&](std::size_t i) {
     try {
-      device_deallocate(live[i].ptr, live[i].bytes);
+      device_deallocate(live[i].ptr, live[i].bytes, live[i].stream);
       live[i] = live.back();
       live.pop_back();
     } catch (const CudaError&) {
       ++typed_errors;
     }
   };
-  for (int i = 0; i < 4; ++i) alloc(4 * MiB);
-  for (int i = 0; i < 40; ++i) alloc(3000);
+  for (int i = 0; i < 4; ++i) alloc(4 * MiB, nullptr);
+  for (int i = 0; i < 40; ++i) alloc(3000, nullptr);
   for (std::size_t i = live.size(); i-- > 0;) {
     if (live[i].bytes == 3000 || i % 2 == 0) release(i);
   }
-  alloc(12 * MiB);  // composes a range from free pages and new ones
-  alloc(700 * 1024);
+  alloc(12 * MiB, nullptr);  // composes a range from free pages and new ones
+  alloc(700 * 1024, nullptr);
+  // Blocks freed on a stream whose work is still pending, then wanted on another stream.
+  // Held for a moment only: a pool fallback that synchronises the stream must not wait forever.
+  emulator().stream_pause(busy, 1);
+  std::thread release_hold([busy] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    emulator().stream_pause(busy, 0);
+  });
+  const std::size_t first_busy = live.size();
+  for (int i = 0; i < 20; ++i) alloc(3000, busy);
+  alloc(4 * MiB, busy);
+  for (std::size_t i = first_busy; i < live.size(); ++i) {
+    detail::driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(live[i].ptr), 1, live[i].bytes,
+                                     busy);
+  }
+  for (std::size_t i = live.size(); i-- > first_busy;) release(i);
+  for (int i = 0; i < 20; ++i) alloc(3000, nullptr);
+  alloc(4 * MiB, nullptr);
+  release_hold.join();
   try {
     free_pool_memory();
   } catch (const CudaError&) {
     ++typed_errors;
   }
-  alloc(1000);
+  alloc(1000, nullptr);
   return live;
+}
+
+CUstream fresh_stream() {
+  detail::bind_current_device();
+  CUstream s = nullptr;
+  REQUIRE(detail::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  return s;
 }
 
 void run_tier(const char* tier_env, const char* vmm) {
@@ -86,9 +118,12 @@ void run_tier(const char* tier_env, const char* vmm) {
   {
     FreshPool fresh(tier_env, 64 * MiB, vmm);
     emulator().set_fail("");  // restart the call counts
-    std::vector<Live> live = scenario(clean_errors);
+    CUstream busy = fresh_stream();
+    std::vector<Live> live = scenario(clean_errors, busy);
     for (const char* e : kEntries) counts.emplace_back(e, emulator().call_count(e));
-    for (Live& l : live) device_deallocate(l.ptr, l.bytes);
+    for (Live& l : live) device_deallocate(l.ptr, l.bytes, l.stream);
+    detail::reset_memory_pools();
+    detail::driver().cuStreamDestroy(busy);
   }
   REQUIRE(clean_errors == 0);
   int injected = 0;
@@ -97,11 +132,12 @@ void run_tier(const char* tier_env, const char* vmm) {
       const std::string spec = std::string(entry) + ":" + std::to_string(n);
       CAPTURE(spec);
       FreshPool fresh(tier_env, 64 * MiB, vmm);
+      CUstream busy = fresh_stream();
       REQUIRE(emulator().set_fail(spec.c_str()) == 0);
       int errors = 0;
       std::vector<Live> live;
       try {
-        live = scenario(errors);
+        live = scenario(errors, busy);
       } catch (const std::invalid_argument& e) {
         FAIL("an injected driver failure surfaced as invalid_argument: " << e.what());
       }
@@ -116,11 +152,13 @@ void run_tier(const char* tier_env, const char* vmm) {
       CHECK(check_pattern(large, 6 * MiB, 2));
       device_deallocate(small, 5000);
       device_deallocate(large, 6 * MiB);
-      for (Live& l : live) CHECK_NOTHROW(device_deallocate(l.ptr, l.bytes));
+      for (Live& l : live) CHECK_NOTHROW(device_deallocate(l.ptr, l.bytes, l.stream));
       CHECK(*memory_pool_stats().current_count == 0);
       CHECK_NOTHROW(free_pool_memory());
       detail::reset_memory_pools();
+      detail::driver().cuStreamDestroy(busy);
       check_nothing_outstanding();
+      CHECK(emulator().outstanding().streams == 0);
     }
   }
   MESSAGE(injected << " single-fault runs, tier env " << std::string(tier_env ? tier_env : "(none)")
