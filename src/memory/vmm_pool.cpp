@@ -48,9 +48,17 @@ struct Slab {
   int region = 0;
   std::size_t page = 0;
   CUmemGenericAllocationHandle handle = 0;
-  // Requested size of each slot's live block; 0 when free. The free path's compare-exchange on it
-  // is what detects double frees and wrong sizes without a lock.
-  std::unique_ptr<std::atomic<std::size_t>[]> requested;
+  std::uint64_t slot_reciprocal = 0;  // floor(2^64 / slot_size) + 1: slot index by multiply
+  // Requested size of each slot's live block (small blocks are at most 1 MiB); 0 when free. The
+  // free path's compare-exchange on it is what detects double frees and wrong sizes without a
+  // lock. 32 bits keep this hot, randomly accessed array small.
+  std::unique_ptr<std::atomic<std::uint32_t>[]> requested;
+
+  /// The slot that `p` (inside this slab) falls in. Exact for offsets below 2^32.
+  std::size_t slot_of(CUdeviceptr p) const noexcept {
+    return static_cast<std::size_t>((static_cast<unsigned __int128>(p - base) * slot_reciprocal) >>
+                                    64);
+  }
   // Written under the pool's mutex, on a cache line of their own so that those writes do not
   // bounce the line the fast path reads between threads.
   alignas(64) std::uint32_t carved = 0;  // slots handed out at least once (a bump index)
@@ -635,9 +643,8 @@ void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
     if (bin.entries[static_cast<std::size_t>(i)].stream != stream) continue;
     const CacheEntry e = bin.entries[static_cast<std::size_t>(i)];
     bin.entries[static_cast<std::size_t>(i)] = bin.entries[static_cast<std::size_t>(--bin.count)];
-    const std::size_t slot =
-        (reinterpret_cast<CUdeviceptr>(e.ptr) - e.slab->base) / e.slab->slot_size;
-    e.slab->requested[slot].store(bytes, std::memory_order_release);
+    e.slab->requested[e.slab->slot_of(reinterpret_cast<CUdeviceptr>(e.ptr))].store(
+        static_cast<std::uint32_t>(bytes), std::memory_order_release);
     cache.add(static_cast<std::int64_t>(bytes), 1);
     if (++cache.ops >= kStatFlushOps ||
         cache.bytes.load(std::memory_order_relaxed) > kStatFlushBytes) {
@@ -691,9 +698,8 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
     hand_out(reinterpret_cast<void*>(s->base + s->carved * s->slot_size), s);
     ++s->carved;
   }
-  const std::size_t slot =
-      (reinterpret_cast<CUdeviceptr>(result) - result_slab->base) / result_slab->slot_size;
-  result_slab->requested[slot].store(bytes, std::memory_order_release);
+  result_slab->requested[result_slab->slot_of(reinterpret_cast<CUdeviceptr>(result))].store(
+      static_cast<std::uint32_t>(bytes), std::memory_order_release);
   usage_.on_allocate(bytes);
   return result;
 }
@@ -727,10 +733,11 @@ Slab* VmmPool::new_slab(int size_class) {
   slab->size_class = size_class;
   slab->slot_size = size_class_bytes(size_class);
   slab->slot_count = static_cast<std::uint32_t>(page_ / slab->slot_size);
+  slab->slot_reciprocal = ~std::uint64_t{0} / slab->slot_size + 1;
   slab->region = ri;
   slab->page = page;
   slab->handle = handle[0];
-  slab->requested = std::make_unique<std::atomic<std::size_t>[]>(slab->slot_count);
+  slab->requested = std::make_unique<std::atomic<std::uint32_t>[]>(slab->slot_count);
   Slab* raw = slab.release();
   classes_[static_cast<std::size_t>(size_class)].slabs.push_back(raw);
   region.slabs[page].store(raw, std::memory_order_release);
@@ -862,20 +869,19 @@ void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   const auto p = reinterpret_cast<CUdeviceptr>(ptr);
   Slab* slab = slab_of(p);
   if (slab == nullptr) return deallocate_large(p, bytes, stream);
-  const std::size_t offset = p - slab->base;
-  const std::size_t slot = offset / slab->slot_size;
-  if (offset % slab->slot_size != 0 || slot >= slab->slot_count) {
+  const std::size_t slot = slab->slot_of(p);
+  if (p != slab->base + slot * slab->slot_size || slot >= slab->slot_count) {
     throw std::invalid_argument(
-        "device_deallocate: pointer is inside a small block, not at its "
-        "start");
+        "device_deallocate: pointer is inside a small block, not at its start");
   }
-  std::size_t expected = bytes;
-  if (bytes == 0 ||
+  std::uint32_t expected = static_cast<std::uint32_t>(bytes);
+  const bool fits = bytes != 0 && bytes <= small_limit_;
+  if (!fits) expected = slab->requested[slot].load(std::memory_order_acquire);
+  if (!fits ||
       !slab->requested[slot].compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
-    if (expected == 0 || bytes == 0) {
+    if (expected == 0) {
       throw std::invalid_argument(
-          "device_deallocate: block is not live (never allocated, or "
-          "already freed)");
+          "device_deallocate: block is not live (never allocated, or already freed)");
     }
     throw std::invalid_argument("device_deallocate: block was allocated with " +
                                 std::to_string(expected) + " bytes but freed with " +
@@ -888,7 +894,8 @@ void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
       std::lock_guard lock(mutex_);
       flush_bin(cache, slab->size_class, kBinCapacity / 2);
     } catch (...) {
-      slab->requested[slot].store(bytes, std::memory_order_release);  // changes nothing
+      slab->requested[slot].store(static_cast<std::uint32_t>(bytes),
+                                  std::memory_order_release);  // changes nothing
       throw;
     }
   }
