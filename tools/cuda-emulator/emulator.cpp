@@ -1451,11 +1451,19 @@ VSR_EMU_EXPORT CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytesize) {
 VSR_EMU_EXPORT CUresult cuMemFree(CUdeviceptr dptr) {
   VSR_EMU_BEGIN("cuMemFree");
   State& s = st();
-  std::lock_guard lock(s.mutex);
+  std::unique_lock lock(s.mutex);
   CUctx_st* ctx = nullptr;
   if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
   if (dptr == 0) return CUDA_SUCCESS;
   auto it = s.linear.find(dptr);
+  if (it == s.linear.end() || it->second.free_pending) return CUDA_ERROR_INVALID_VALUE;
+  // cuMemFree synchronises implicitly (§3.5): work already queued that uses the memory completes
+  // before it is released, so the address cannot be reused under that work.
+  auto all = snapshot_streams(s, it->second.ctx, false);
+  lock.unlock();
+  wait_all(all);
+  lock.lock();
+  it = s.linear.find(dptr);
   if (it == s.linear.end() || it->second.free_pending) return CUDA_ERROR_INVALID_VALUE;
   free_linear(s, it);
   return CUDA_SUCCESS;
