@@ -95,17 +95,6 @@ std::shared_ptr<detail::RasterStorage> make_storage(const char* who, DType dtype
   return s;
 }
 
-CUdeviceptr dptr(const void* p) {
-  return reinterpret_cast<CUdeviceptr>(p);
-}
-
-bool same_nodata(const std::optional<double>& x, const std::optional<double>& y) {
-  if (x.has_value() != y.has_value()) return false;
-  if (!x) return true;
-  if (std::isnan(*x) || std::isnan(*y)) return std::isnan(*x) && std::isnan(*y);
-  return *x == *y;
-}
-
 std::string nodata_text(const std::optional<double>& v) {
   return v ? std::to_string(*v) : std::string("none");
 }
@@ -117,7 +106,7 @@ void move_locked(detail::RasterStorage& s, Residency target) {
   if (target == Residency::device) {
     const int device = detail::bind_current_device();
     void* d = device_allocate(s.total_bytes, nullptr);
-    const CUresult r = api.cuMemcpyHtoD(dptr(d), s.host.get(), s.total_bytes);
+    const CUresult r = api.cuMemcpyHtoD(detail::to_device_ptr(d), s.host.get(), s.total_bytes);
     if (r != CUDA_SUCCESS) {
       device_deallocate(d, s.total_bytes, nullptr);
       detail::throw_cuda_error(r, "cuMemcpyHtoD", __FILE__, __LINE__);
@@ -130,7 +119,7 @@ void move_locked(detail::RasterStorage& s, Residency target) {
     auto host = std::make_unique_for_overwrite<unsigned char[]>(s.total_bytes);
     {
       detail::ScopedDeviceContext ctx(s.device_id);
-      VSR_CU_TRY(api.cuMemcpyDtoH(host.get(), dptr(s.device), s.total_bytes));
+      VSR_CU_TRY(api.cuMemcpyDtoH(host.get(), detail::to_device_ptr(s.device), s.total_bytes));
     }
     s.release_device();
     s.host = std::move(host);
@@ -238,9 +227,11 @@ OwnedRasterArray OwnedRasterArray::from_band_stack(const std::vector<OwnedRaster
       const std::size_t offset = b.storage_->band_bytes * static_cast<std::size_t>(b.first_band_);
       if (b.storage_->residency == Residency::device) {
         VSR_CU_TRY(api.cuMemcpyDtoD(
-            dptr(dst), dptr(static_cast<unsigned char*>(b.storage_->device) + offset), step));
+            detail::to_device_ptr(dst),
+            detail::to_device_ptr(static_cast<unsigned char*>(b.storage_->device) + offset), step));
       } else {
-        VSR_CU_TRY(api.cuMemcpyHtoD(dptr(dst), b.storage_->host.get() + offset, step));
+        VSR_CU_TRY(
+            api.cuMemcpyHtoD(detail::to_device_ptr(dst), b.storage_->host.get() + offset, step));
       }
       dst += step;
     }
@@ -330,8 +321,8 @@ void OwnedRasterArray::copy_to_host(void* dst) const {
   }
   const auto& api = detail::driver();
   detail::ScopedDeviceContext ctx(s.device_id);
-  VSR_CU_TRY(
-      api.cuMemcpyDtoH(dst, dptr(static_cast<unsigned char*>(s.device) + offset), byte_size()));
+  VSR_CU_TRY(api.cuMemcpyDtoH(
+      dst, detail::to_device_ptr(static_cast<unsigned char*>(s.device) + offset), byte_size()));
 }
 
 void* OwnedRasterArray::device_data() {

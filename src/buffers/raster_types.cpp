@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -114,6 +115,13 @@ std::string_view to_string(TilingStrategy strategy) noexcept {
       return "tiled";
   }
   return "unknown";
+}
+
+bool same_nodata(const std::optional<double>& a, const std::optional<double>& b) noexcept {
+  if (a.has_value() != b.has_value()) return false;
+  if (!a) return true;
+  if (std::isnan(*a) || std::isnan(*b)) return std::isnan(*a) && std::isnan(*b);
+  return *a == *b;
 }
 
 }  // namespace vibespatial::raster

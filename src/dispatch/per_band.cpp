@@ -22,17 +22,6 @@ namespace vibespatial::raster {
 
 namespace {
 
-CUdeviceptr dptr(const void* p) {
-  return reinterpret_cast<CUdeviceptr>(p);
-}
-
-bool same_nodata(const std::optional<double>& x, const std::optional<double>& y) {
-  if (x.has_value() != y.has_value()) return false;
-  if (!x) return true;
-  if (std::isnan(*x) || std::isnan(*y)) return std::isnan(*x) && std::isnan(*y);
-  return *x == *y;
-}
-
 std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b) {
   std::uint64_t r = 0;
   if (__builtin_mul_overflow(a, b, &r)) {
@@ -215,8 +204,8 @@ OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const Ban
     res.batch[slot] =
         OwnedRasterArray::allocate(Residency::device, raster.dtype(), nb, height, width,
                                    raster.nodata(), raster.affine(), raster.crs());
-    VSR_CU_TRY(api.cuMemcpyHtoDAsync(dptr(res.batch[slot]->device_pointer()), res.pinned[slot],
-                                     bytes, res.stream));
+    VSR_CU_TRY(api.cuMemcpyHtoDAsync(detail::to_device_ptr(res.batch[slot]->device_pointer()),
+                                     res.pinned[slot], bytes, res.stream));
     VSR_CU_TRY(api.cuEventRecord(res.copied[slot], res.stream));
     res.recorded[slot] = true;
   };
@@ -258,9 +247,9 @@ OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const Ban
     if (out_on_device_bytes != 0) {
       auto* dst = static_cast<unsigned char*>(out->device_data()) + offset;
       if (const void* src = result.device_pointer(); src != nullptr) {
-        VSR_CU_TRY(api.cuMemcpyDtoD(dptr(dst), dptr(src), n));
+        VSR_CU_TRY(api.cuMemcpyDtoD(detail::to_device_ptr(dst), detail::to_device_ptr(src), n));
       } else {
-        VSR_CU_TRY(api.cuMemcpyHtoD(dptr(dst), result.host_data(), n));
+        VSR_CU_TRY(api.cuMemcpyHtoD(detail::to_device_ptr(dst), result.host_data(), n));
       }
     } else {
       result.copy_to_host(static_cast<unsigned char*>(out->mutable_host_data()) + offset);

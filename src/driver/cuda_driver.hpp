@@ -102,6 +102,11 @@ const DriverState& driver_state() noexcept;
 /// usable driver.
 const DriverApi& driver();
 
+/// A host-visible pointer value as the driver's device pointer type.
+inline CUdeviceptr to_device_ptr(const void* p) noexcept {
+  return reinterpret_cast<CUdeviceptr>(p);
+}
+
 /// The CUresult's enumerator name, via the driver when loaded, else "CUresult(<n>)".
 std::string cu_result_name(CUresult result);
 

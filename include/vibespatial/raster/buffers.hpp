@@ -61,6 +61,11 @@ VSR_EXPORT std::string_view to_string(DType dtype) noexcept;
  */
 VSR_EXPORT std::optional<DType> dtype_from_string(std::string_view name) noexcept;
 
+/// Whether two nodata values are the same sentinel: both absent, both NaN (NaN equals NaN,
+/// whatever the scalar type it came from), or equal values. Thread-safe; never throws.
+VSR_EXPORT bool same_nodata(const std::optional<double>& a,
+                            const std::optional<double>& b) noexcept;
+
 /**
  * @brief Pixel -> world transform in rasterio order: x = a*col + b*row + c,
  * y = d*col + e*row + f. The default is the identity with a north-up flip (e = -1).
