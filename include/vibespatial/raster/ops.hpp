@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+// Band operations: statistics, rescale, clip, nodata fill, normalized difference, histograms
+// and a 3x3 focal mean, for all ten dtypes.
+//
+// Where they run: an operation runs where its input lives. A host-resident raster is processed
+// by the host backend (Thrust's OpenMP backend, all cores); a device-resident raster by the CUDA
+// backend (Thrust and CUB on the device, temporaries from the device pool) when the library was
+// built with CUDA (ops_built_with_cuda()), else the call throws std::runtime_error ("built
+// without CUDA"). Raster results have the input's residency, shape, affine and CRS.
+//
+// Valid pixels: a pixel is valid unless it equals the raster's nodata value or is NaN (floating
+// dtypes; a NaN nodata marks NaN pixels only). An integer raster whose nodata is not exactly
+// representable in its dtype has no nodata pixels.
+//
+// Compute type (as the reference's binary ops): float32 for uint8, int8, uint16, int16 and
+// float32; float64 for uint32, int32, uint64, int64 and float64 (compute_dtype()). Elementwise
+// arithmetic runs in the compute type; reductions (statistics) accumulate in float64 and
+// histogram bins are computed in float64, so counts do not depend on the compute type.
+//
+// The CUDA backend is compiled without FMA contraction (-fmad=false) so that elementwise results
+// round exactly as on the host: integer results and counts are equal on both backends, floating
+// results of elementwise ops too; statistics differ only by summation order.
+//
+// This header includes no Thrust, CUB or CUDA header.
+#pragma once
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/export.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace vibespatial::raster {
+
+/// Statistics of the valid pixels of one band. With no valid pixel, count is 0 and the other
+/// fields are NaN.
+struct BandStatistics {
+  std::int64_t count = 0;  ///< valid pixels
+  double min = 0;          ///< smallest valid value (as float64)
+  double max = 0;          ///< largest valid value (as float64)
+  double mean = 0;         ///< arithmetic mean
+  double std = 0;          ///< population standard deviation (ddof = 0, as numpy's default)
+};
+
+/// Edge handling of focal_mean_3x3 for neighbours outside the raster.
+enum class EdgeMode {
+  nearest,         ///< the nearest edge pixel (index clamped): aaa|abcd|ddd
+  reflect,         ///< mirrored without repeating the edge, as numpy.pad 'reflect': cb|abcd|cb
+  constant_nodata  ///< outside pixels count as nodata: the window is truncated at the edge
+};
+
+/// The compute type of @p dtype: float32 for integers of 16 bits or fewer and float32, float64
+/// otherwise. Also the output dtype of normalized_difference and focal_mean_3x3.
+/// @throws std::invalid_argument if @p dtype is not one of the enumerators.
+VSR_EXPORT DType compute_dtype(DType dtype);
+
+/// Whether this build has the CUDA backend (device-resident rasters can be processed).
+VSR_EXPORT bool ops_built_with_cuda() noexcept;
+
+/**
+ * @brief Per-band count, min, max, mean and population std (ddof = 0) of the valid pixels.
+ * @return one entry per band, in band order.
+ * @throws std::runtime_error for a device raster in a build without CUDA; CudaError /
+ *         OutOfMemoryError from the device backend.
+ */
+VSR_EXPORT std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster);
+
+/**
+ * @brief Linear map of [@p in_min, @p in_max] onto [@p out_min, @p out_max]:
+ * `out = (v - in_min) * ((out_max - out_min) / (in_max - in_min)) + out_min`, in the compute type
+ * of the input dtype, converted to @p out_dtype (integers: rounded half away from zero and
+ * saturated to the dtype's range; values outside the input range are extrapolated, not clamped).
+ *
+ * Invalid pixels are written as: the raster's nodata when it is representable in @p out_dtype
+ * (the result keeps it as nodata); else NaN for a float output (the result's nodata is NaN if the
+ * source had a nodata, empty if not); else 0 for an integer output (the result has no nodata).
+ * @throws std::invalid_argument if a bound is not finite, @p in_min == @p in_max, or
+ *         @p out_dtype is not a dtype; std::runtime_error as band_statistics.
+ */
+VSR_EXPORT OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double in_max,
+                                    double out_min, double out_max, DType out_dtype);
+
+/**
+ * @brief Clamps valid pixels to [@p lower, @p upper] (same dtype; for integers the bounds are
+ * first rounded inwards: ceil(lower), floor(upper), and saturated to the dtype's range). Invalid
+ * pixels are unchanged; nodata is kept.
+ * @throws std::invalid_argument if a bound is NaN or @p lower > @p upper (after rounding for
+ *         integers); std::runtime_error as band_statistics.
+ */
+VSR_EXPORT OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper);
+
+/**
+ * @brief Replaces invalid pixels (nodata or NaN) with @p value; the result has no nodata.
+ * @throws std::invalid_argument if @p value is not exactly representable in the dtype (NaN for
+ *         floats is rejected too: it would leave the pixels invalid); std::runtime_error as
+ *         band_statistics.
+ */
+VSR_EXPORT OwnedRasterArray fill_nodata(const OwnedRasterArray& raster, double value);
+
+/**
+ * @brief (a - b) / (a + b) band by band, in the compute type of the dtype, as float32 or float64
+ * (compute_dtype()). NaN where either input is invalid (each raster's own nodata) or a + b == 0;
+ * the result's nodata is NaN. Metadata comes from @p a.
+ * @throws std::invalid_argument if @p a and @p b differ in dtype, band count, height, width or
+ *         residency; std::runtime_error as band_statistics.
+ */
+VSR_EXPORT OwnedRasterArray normalized_difference(const OwnedRasterArray& a,
+                                                  const OwnedRasterArray& b);
+
+/**
+ * @brief Per-band histogram of the valid pixels over @p bins equal bins on [@p lower, @p upper].
+ * Bins are half-open [edge_i, edge_i+1) except the last, which includes @p upper (numpy's rule).
+ * The bin of v is floor((v - lower) * (bins / (upper - lower))) in float64, clamped to bins - 1
+ * for v == upper; values outside [lower, upper] are not counted.
+ * @return counts[band][bin].
+ * @throws std::invalid_argument if @p bins < 1, a bound is not finite, @p lower >= @p upper, or
+ *         band_count * bins exceeds 2^31 - 1; std::runtime_error as band_statistics.
+ */
+VSR_EXPORT std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster,
+                                                            int bins, double lower, double upper);
+
+/**
+ * @brief Mean of the valid pixels of each 3x3 window, in the compute type, as float32 or float64
+ * (compute_dtype()), same shape as the input; the result's nodata is NaN. The output is NaN where
+ * the centre pixel is invalid or no neighbour is valid. Neighbours outside the raster follow
+ * @p edge. Bands are independent.
+ *
+ * Tiling: with dispatch_tiled_halo and plan.halo >= 1 the result equals the whole-raster result
+ * (tile edges inside the raster see real neighbours; true raster edges apply @p edge).
+ * @throws std::invalid_argument for an unknown @p edge; std::runtime_error as band_statistics.
+ */
+VSR_EXPORT OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster,
+                                           EdgeMode edge = EdgeMode::nearest);
+
+}  // namespace vibespatial::raster

@@ -1,0 +1,367 @@
+// SPDX-License-Identifier: Apache-2.0
+// The band operations, written once as functors, and the Thrust drivers shared by both backends.
+// Included only by ops_host.cpp (g++, Thrust OpenMP backend) and ops_cuda.cu (nvcc): every
+// template expansion happens in those two translation units. VSR_HD is __host__ __device__ under
+// nvcc and empty for the host compiler.
+#pragma once
+
+#include "ops/ops_backend.hpp"
+
+#include <cuda/std/limits>
+#include <cuda/std/type_traits>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/transform.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+
+#if defined(__CUDACC__)
+#define VSR_HD __host__ __device__
+#else
+#define VSR_HD
+#endif
+
+namespace vibespatial::raster::detail::ops {
+
+/// Calls f(T{}) with the C++ type of @p dtype.
+template <class F>
+decltype(auto) visit_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::uint8:
+      return f(std::uint8_t{});
+    case DType::int8:
+      return f(std::int8_t{});
+    case DType::uint16:
+      return f(std::uint16_t{});
+    case DType::int16:
+      return f(std::int16_t{});
+    case DType::uint32:
+      return f(std::uint32_t{});
+    case DType::int32:
+      return f(std::int32_t{});
+    case DType::uint64:
+      return f(std::uint64_t{});
+    case DType::int64:
+      return f(std::int64_t{});
+    case DType::float32:
+      return f(float{});
+    case DType::float64:
+      return f(double{});
+  }
+  throw std::invalid_argument("vibespatial: unknown dtype");
+}
+
+/// The compute type of T (see ops.hpp): float for <= 16-bit integers and float, else double.
+template <class T>
+using compute_t =
+    cuda::std::conditional_t<(sizeof(T) <= 2) || cuda::std::is_same_v<T, float>, float, double>;
+
+template <class T>
+inline constexpr bool is_float_v = cuda::std::is_floating_point_v<T>;
+
+/// C's round(): to nearest, halves away from zero (roundf/round on host and device alike).
+template <class C>
+VSR_HD inline C round_of(C x) {
+  if constexpr (sizeof(C) == 4) {
+    return roundf(x);
+  } else {
+    return round(x);
+  }
+}
+
+template <class C>
+VSR_HD inline C quiet_nan() {
+  return cuda::std::numeric_limits<C>::quiet_NaN();
+}
+
+/// C -> O: floats by static_cast; integers rounded half away from zero and saturated (NaN -> 0).
+template <class O, class C>
+VSR_HD inline O convert_to(C x) {
+  if constexpr (is_float_v<O>) {
+    return static_cast<O>(x);
+  } else {
+    if (x != x) return O{0};
+    const C r = round_of<C>(x);  // half away from zero
+    if (r <= static_cast<C>(cuda::std::numeric_limits<O>::lowest()))
+      return cuda::std::numeric_limits<O>::lowest();
+    if (r >= static_cast<C>(cuda::std::numeric_limits<O>::max()))
+      return cuda::std::numeric_limits<O>::max();
+    return static_cast<O>(r);
+  }
+}
+
+/// Validity test of one pixel of type T against a NodataSpec.
+template <class T>
+struct Valid {
+  bool has = false;
+  T nodata{};  ///< integers: the exact sentinel
+  double nodata_f = 0;
+  explicit Valid(NodataSpec spec) : has(spec.has), nodata_f(spec.value) {
+    if constexpr (!is_float_v<T>) {
+      if (has) nodata = static_cast<T>(spec.value);  // the facade checked representability
+    } else if (has && spec.value != spec.value) {
+      has = false;  // NaN nodata: the NaN test covers it
+    }
+  }
+  VSR_HD bool operator()(T v) const {
+    if constexpr (is_float_v<T>) {
+      return v == v && !(has && static_cast<double>(v) == nodata_f);
+    } else {
+      return !(has && v == nodata);
+    }
+  }
+};
+
+/// Running statistics in float64 (Chan et al. merge of count, mean and M2).
+struct Stats {
+  long long n;
+  double mean, m2, min, max;
+};
+
+VSR_HD inline Stats empty_stats() {
+  return Stats{0, 0.0, 0.0, cuda::std::numeric_limits<double>::infinity(),
+               -cuda::std::numeric_limits<double>::infinity()};
+}
+
+/// Pixel -> Stats (empty for invalid pixels).
+template <class T>
+struct ToStats {
+  Valid<T> valid;
+  VSR_HD Stats operator()(T v) const {
+    if (!valid(v)) return empty_stats();
+    const double d = static_cast<double>(v);
+    return Stats{1, d, 0.0, d, d};
+  }
+};
+
+/// Associative merge of two Stats.
+struct MergeStats {
+  VSR_HD Stats operator()(const Stats& a, const Stats& b) const {
+    if (a.n == 0) return b;
+    if (b.n == 0) return a;
+    Stats r;
+    r.n = a.n + b.n;
+    const double na = static_cast<double>(a.n), nb = static_cast<double>(b.n);
+    const double nr = static_cast<double>(r.n);
+    const double delta = b.mean - a.mean;
+    r.mean = a.mean + delta * (nb / nr);
+    r.m2 = a.m2 + b.m2 + delta * delta * (na * nb / nr);
+    r.min = a.min < b.min ? a.min : b.min;
+    r.max = a.max > b.max ? a.max : b.max;
+    return r;
+  }
+};
+
+/// Stats -> BandStatistics (NaN fields for an empty band).
+inline BandStatistics finish_stats(const Stats& s) {
+  BandStatistics out;
+  out.count = s.n;
+  if (s.n == 0) {
+    out.min = out.max = out.mean = out.std = quiet_nan<double>();
+  } else {
+    out.min = s.min;
+    out.max = s.max;
+    out.mean = s.mean;
+    out.std = std::sqrt(s.m2 / static_cast<double>(s.n));
+  }
+  return out;
+}
+
+template <class T, class O>
+struct RescaleOp {
+  using C = compute_t<T>;
+  Valid<T> valid;
+  C in_min, factor, out_min;
+  O fill;
+  VSR_HD O operator()(T v) const {
+    if (!valid(v)) return fill;
+    return convert_to<O>((static_cast<C>(v) - in_min) * factor + out_min);
+  }
+};
+
+template <class T>
+struct ClipOp {
+  using C = compute_t<T>;
+  Valid<T> valid;
+  C lower, upper;      ///< comparison bounds
+  T lower_t, upper_t;  ///< the values written
+  VSR_HD T operator()(T v) const {
+    if (!valid(v)) return v;
+    const C c = static_cast<C>(v);
+    if (c < lower) return lower_t;
+    if (c > upper) return upper_t;
+    return v;
+  }
+};
+
+template <class T>
+struct FillOp {
+  Valid<T> valid;
+  T value;
+  VSR_HD T operator()(T v) const { return valid(v) ? v : value; }
+};
+
+template <class T>
+struct NormDiffOp {
+  using C = compute_t<T>;
+  Valid<T> valid_a, valid_b;
+  VSR_HD C operator()(T a, T b) const {
+    if (!valid_a(a) || !valid_b(b)) return quiet_nan<C>();
+    const C ca = static_cast<C>(a), cb = static_cast<C>(b);
+    const C sum = ca + cb;
+    if (sum == C(0)) return quiet_nan<C>();
+    return (ca - cb) / sum;
+  }
+};
+
+/// Pixel -> global bin id band * bins + bin, or -1 (invalid or out of range). Float64 math.
+template <class T>
+struct BinIdOp {
+  Valid<T> valid;
+  const T* data;
+  long long band_pixels;
+  int bins;
+  double lower, upper, scale;
+  VSR_HD int operator()(long long i) const {
+    const T v = data[i];
+    if (!valid(v)) return -1;
+    const double d = static_cast<double>(v);
+    if (!(d >= lower) || !(d <= upper)) return -1;
+    long long b = static_cast<long long>((d - lower) * scale);
+    if (b >= bins) b = bins - 1;
+    if (b < 0) b = 0;
+    return static_cast<int>((i / band_pixels) * bins + b);
+  }
+};
+
+/// Resolves a neighbour index outside [0, n) for `edge`; returns -1 when it is nodata.
+VSR_HD inline long long edge_index(long long k, long long n, EdgeMode edge) {
+  if (k >= 0 && k < n) return k;
+  switch (edge) {
+    case EdgeMode::nearest:
+      return k < 0 ? 0 : n - 1;
+    case EdgeMode::reflect:
+      if (n == 1) return 0;
+      return k < 0 ? -k : 2 * (n - 1) - k;  // radius 1: -1 -> 1, n -> n - 2
+    default:
+      return -1;
+  }
+}
+
+/// Output pixel i of the 3x3 focal mean (band-major index).
+template <class T>
+struct FocalMeanOp {
+  using C = compute_t<T>;
+  Valid<T> valid;
+  const T* data;
+  long long height, width;
+  EdgeMode edge;
+  VSR_HD C operator()(long long i) const {
+    const long long hw = height * width;
+    const long long band = i / hw, p = i % hw;
+    const long long y = p / width, x = p % width;
+    const T* base = data + band * hw;
+    if (!valid(base[p])) return quiet_nan<C>();
+    C sum = C(0);
+    int count = 0;
+    for (int dy = -1; dy <= 1; ++dy) {
+      const long long yy = edge_index(y + dy, height, edge);
+      if (yy < 0) continue;
+      for (int dx = -1; dx <= 1; ++dx) {
+        const long long xx = edge_index(x + dx, width, edge);
+        if (xx < 0) continue;
+        const T v = base[yy * width + xx];
+        if (!valid(v)) continue;
+        sum += static_cast<C>(v);
+        ++count;
+      }
+    }
+    return count == 0 ? quiet_nan<C>() : sum / static_cast<C>(count);
+  }
+};
+
+// ---- Drivers shared by both backends: `policy` is thrust::device (OpenMP) on the host and
+// par_nosync(pool allocator).on(stream) on the device. Pointers are raw.
+
+template <class Policy>
+void run_rescale(const Policy& policy, const void* in, DType dtype, void* out, DType out_dtype,
+                 std::int64_t n, NodataSpec nodata, RescaleParams p) {
+  visit_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    using C = compute_t<T>;
+    visit_dtype(out_dtype, [&](auto o) {
+      using O = decltype(o);
+      const C factor = static_cast<C>(p.out_max - p.out_min) / static_cast<C>(p.in_max - p.in_min);
+      RescaleOp<T, O> op{Valid<T>(nodata), static_cast<C>(p.in_min), factor,
+                         static_cast<C>(p.out_min), convert_to<O>(p.fill)};
+      const T* src = static_cast<const T*>(in);
+      thrust::transform(policy, src, src + n, static_cast<O*>(out), op);
+    });
+  });
+}
+
+template <class Policy>
+void run_clip(const Policy& policy, const void* in, DType dtype, void* out, std::int64_t n,
+              NodataSpec nodata, double lower, double upper) {
+  visit_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    using C = compute_t<T>;
+    // The facade rounded integer bounds inwards and saturated them to T's range.
+    ClipOp<T> op{Valid<T>(nodata), static_cast<C>(lower), static_cast<C>(upper),
+                 static_cast<T>(lower), static_cast<T>(upper)};
+    const T* src = static_cast<const T*>(in);
+    thrust::transform(policy, src, src + n, static_cast<T*>(out), op);
+  });
+}
+
+template <class Policy>
+void run_fill(const Policy& policy, const void* in, DType dtype, void* out, std::int64_t n,
+              NodataSpec nodata, double value) {
+  visit_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    FillOp<T> op{Valid<T>(nodata), static_cast<T>(value)};
+    const T* src = static_cast<const T*>(in);
+    thrust::transform(policy, src, src + n, static_cast<T*>(out), op);
+  });
+}
+
+template <class Policy>
+void run_normalized_difference(const Policy& policy, const void* a, const void* b, DType dtype,
+                               void* out, std::int64_t n, NodataSpec na, NodataSpec nb) {
+  visit_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    using C = compute_t<T>;
+    NormDiffOp<T> op{Valid<T>(na), Valid<T>(nb)};
+    const T* pa = static_cast<const T*>(a);
+    thrust::transform(policy, pa, pa + n, static_cast<const T*>(b), static_cast<C*>(out), op);
+  });
+}
+
+template <class Policy>
+void run_focal_mean(const Policy& policy, const void* in, DType dtype, void* out, Layout layout,
+                    NodataSpec nodata, EdgeMode edge) {
+  visit_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    using C = compute_t<T>;
+    FocalMeanOp<T> op{Valid<T>(nodata), static_cast<const T*>(in), layout.height, layout.width,
+                      edge};
+    thrust::counting_iterator<long long> first(0);
+    thrust::transform(policy, first, first + layout.pixels(), static_cast<C*>(out), op);
+  });
+}
+
+/// BinIdOp for band-major data of `layout`.
+template <class T>
+BinIdOp<T> make_bin_op(const void* in, Layout layout, NodataSpec nodata, int bins, double lower,
+                       double upper) {
+  return BinIdOp<T>{Valid<T>(nodata),
+                    static_cast<const T*>(in),
+                    layout.band_pixels(),
+                    bins,
+                    lower,
+                    upper,
+                    static_cast<double>(bins) / (upper - lower)};
+}
+
+}  // namespace vibespatial::raster::detail::ops

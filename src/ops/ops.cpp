@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: Apache-2.0
+// The band operations' facade: argument checks, the backend chosen by residency, output rasters.
+// Plain C++ (no Thrust): the work happens in ops_host.cpp or ops_cuda.cu.
+#include "ops/ops_backend.hpp"
+
+#include <vibespatial/raster/ops.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace vibespatial::raster {
+
+namespace {
+
+namespace be = detail::ops;
+
+bool is_float(DType d) {
+  return d == DType::float32 || d == DType::float64;
+}
+
+/// The [lowest, max] range of an integer dtype, as doubles (int64/uint64 max round up to 2^63 /
+/// 2^64, which are therefore excluded by the strict comparisons below).
+void int_range(DType d, double& lo, double& hi) {
+  switch (d) {
+    case DType::uint8:
+      lo = 0, hi = 255;
+      return;
+    case DType::int8:
+      lo = -128, hi = 127;
+      return;
+    case DType::uint16:
+      lo = 0, hi = 65535;
+      return;
+    case DType::int16:
+      lo = -32768, hi = 32767;
+      return;
+    case DType::uint32:
+      lo = 0, hi = 4294967295.0;
+      return;
+    case DType::int32:
+      lo = -2147483648.0, hi = 2147483647.0;
+      return;
+    case DType::uint64:
+      lo = 0, hi = 18446744073709551616.0;
+      return;
+    case DType::int64:
+      lo = -9223372036854775808.0, hi = 9223372036854775808.0;
+      return;
+    default:
+      lo = -INFINITY, hi = INFINITY;
+      return;
+  }
+}
+
+/// Whether @p v is exactly a value of @p d.
+bool representable(double v, DType d) {
+  if (d == DType::float64) return true;
+  if (d == DType::float32) return std::isnan(v) || static_cast<double>(static_cast<float>(v)) == v;
+  if (!std::isfinite(v) || std::floor(v) != v) return false;
+  double lo = 0, hi = 0;
+  int_range(d, lo, hi);
+  if (d == DType::uint64 || d == DType::int64) return v >= lo && v < hi;
+  return v >= lo && v <= hi;
+}
+
+be::NodataSpec nodata_spec(const OwnedRasterArray& r) {
+  be::NodataSpec s;
+  if (const auto nd = r.nodata(); nd && representable(*nd, r.dtype())) {
+    s.has = true;
+    s.value = *nd;
+  }
+  return s;
+}
+
+be::Layout layout_of(const OwnedRasterArray& r) {
+  return be::Layout{r.band_count(), r.height(), r.width()};
+}
+
+[[noreturn, maybe_unused]] void no_cuda() {
+  throw std::runtime_error(
+      "vibespatial: the raster is device-resident but the library was built without CUDA: "
+      "move it to the host (move_to(Residency::host)) or rebuild with -Dcuda=enabled");
+}
+
+bool on_device(const OwnedRasterArray& r) {
+  if (r.residency() != Residency::device) return false;
+#if !defined(VSR_OPS_HAVE_CUDA)
+  no_cuda();
+#endif
+  return true;
+}
+
+const void* pixels(const OwnedRasterArray& r) {
+  return r.residency() == Residency::device ? r.device_pointer() : r.host_data();
+}
+
+void* mutable_pixels(OwnedRasterArray& r) {
+  return r.residency() == Residency::device ? r.device_data() : r.mutable_host_data();
+}
+
+OwnedRasterArray like(const OwnedRasterArray& r, DType dtype, std::optional<double> nodata) {
+  return OwnedRasterArray::allocate(r.residency(), dtype, r.band_count(), r.height(), r.width(),
+                                    nodata, r.affine(), r.crs());
+}
+
+void require_finite(double v, const char* what) {
+  if (!std::isfinite(v))
+    throw std::invalid_argument(std::string("vibespatial: ") + what + " must be finite");
+}
+
+// Calls backend::fn(args...) on the backend of the residency.
+#if defined(VSR_OPS_HAVE_CUDA)
+#define VSR_OPS_CALL(on_dev, fn, ...) \
+  ((on_dev) ? be::device::fn(__VA_ARGS__) : be::host::fn(__VA_ARGS__))
+#else
+#define VSR_OPS_CALL(on_dev, fn, ...) ((on_dev) ? no_cuda() : be::host::fn(__VA_ARGS__))
+#endif
+
+}  // namespace
+
+DType compute_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::uint8:
+    case DType::int8:
+    case DType::uint16:
+    case DType::int16:
+    case DType::float32:
+      return DType::float32;
+    case DType::uint32:
+    case DType::int32:
+    case DType::uint64:
+    case DType::int64:
+    case DType::float64:
+      return DType::float64;
+  }
+  throw std::invalid_argument("vibespatial: unknown dtype");
+}
+
+bool ops_built_with_cuda() noexcept {
+#if defined(VSR_OPS_HAVE_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster) {
+  const bool dev = on_device(raster);
+  std::vector<BandStatistics> out(static_cast<std::size_t>(raster.band_count()));
+  VSR_OPS_CALL(dev, statistics, pixels(raster), raster.dtype(), layout_of(raster),
+               nodata_spec(raster), out.data());
+  return out;
+}
+
+OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double in_max,
+                         double out_min, double out_max, DType out_dtype) {
+  require_finite(in_min, "rescale: in_min");
+  require_finite(in_max, "rescale: in_max");
+  require_finite(out_min, "rescale: out_min");
+  require_finite(out_max, "rescale: out_max");
+  if (in_min == in_max) throw std::invalid_argument("vibespatial: rescale: in_min == in_max");
+  (void)itemsize(out_dtype);  // throws std::invalid_argument for a bad dtype
+  const bool dev = on_device(raster);
+  std::optional<double> out_nodata;
+  double fill = 0;
+  if (const auto nd = raster.nodata();
+      nd && representable(*nd, out_dtype) && !(std::isnan(*nd) && !is_float(out_dtype))) {
+    out_nodata = *nd;
+    fill = *nd;
+  } else if (is_float(out_dtype)) {
+    fill = std::numeric_limits<double>::quiet_NaN();
+    if (nd) out_nodata = fill;  // the source had a (non-representable) nodata: mark with NaN
+  }
+  OwnedRasterArray out = like(raster, out_dtype, out_nodata);
+  VSR_OPS_CALL(dev, rescale, pixels(raster), raster.dtype(), mutable_pixels(out), out_dtype,
+               layout_of(raster).pixels(), nodata_spec(raster),
+               be::RescaleParams{in_min, in_max, out_min, out_max, fill});
+  return out;
+}
+
+OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper) {
+  if (std::isnan(lower) || std::isnan(upper))
+    throw std::invalid_argument("vibespatial: clip: a bound is NaN");
+  const DType d = raster.dtype();
+  if (!is_float(d)) {
+    double lo = 0, hi = 0;
+    int_range(d, lo, hi);
+    if (d == DType::uint64 || d == DType::int64) {
+      // 2^63 / 2^64 are not values of the type: the largest double below them is.
+      hi = std::nextafter(hi, 0.0);
+    }
+    lower = std::max(std::ceil(lower), lo);
+    upper = std::min(std::floor(upper), hi);
+  } else if (d == DType::float32) {
+    lower = std::max(lower, -static_cast<double>(std::numeric_limits<float>::max()));
+    upper = std::min(upper, static_cast<double>(std::numeric_limits<float>::max()));
+  }
+  if (lower > upper) throw std::invalid_argument("vibespatial: clip: lower > upper");
+  const bool dev = on_device(raster);
+  OwnedRasterArray out = like(raster, d, raster.nodata());
+  VSR_OPS_CALL(dev, clip, pixels(raster), d, mutable_pixels(out), layout_of(raster).pixels(),
+               nodata_spec(raster), lower, upper);
+  return out;
+}
+
+OwnedRasterArray fill_nodata(const OwnedRasterArray& raster, double value) {
+  if (std::isnan(value) || !representable(value, raster.dtype()))
+    throw std::invalid_argument("vibespatial: fill_nodata: " + std::to_string(value) +
+                                " is not a value of " + std::string(to_string(raster.dtype())));
+  const bool dev = on_device(raster);
+  OwnedRasterArray out = like(raster, raster.dtype(), std::nullopt);
+  VSR_OPS_CALL(dev, fill_nodata, pixels(raster), raster.dtype(), mutable_pixels(out),
+               layout_of(raster).pixels(), nodata_spec(raster), value);
+  return out;
+}
+
+OwnedRasterArray normalized_difference(const OwnedRasterArray& a, const OwnedRasterArray& b) {
+  if (a.dtype() != b.dtype() || a.band_count() != b.band_count() || a.height() != b.height() ||
+      a.width() != b.width() || a.residency() != b.residency())
+    throw std::invalid_argument(
+        "vibespatial: normalized_difference: a and b differ in dtype, shape or residency");
+  const bool dev = on_device(a);
+  const DType out_dtype = compute_dtype(a.dtype());
+  OwnedRasterArray out = like(a, out_dtype, std::numeric_limits<double>::quiet_NaN());
+  VSR_OPS_CALL(dev, normalized_difference, pixels(a), pixels(b), a.dtype(), mutable_pixels(out),
+               layout_of(a).pixels(), nodata_spec(a), nodata_spec(b));
+  return out;
+}
+
+std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster, int bins,
+                                                 double lower, double upper) {
+  if (bins < 1) throw std::invalid_argument("vibespatial: histogram: bins must be >= 1");
+  require_finite(lower, "histogram: lower");
+  require_finite(upper, "histogram: upper");
+  if (!(lower < upper)) throw std::invalid_argument("vibespatial: histogram: lower >= upper");
+  if (static_cast<std::int64_t>(raster.band_count()) * bins >
+      std::numeric_limits<std::int32_t>::max())
+    throw std::invalid_argument("vibespatial: histogram: band_count * bins exceeds 2^31 - 1");
+  const bool dev = on_device(raster);
+  const int bands = raster.band_count();
+  std::vector<std::int64_t> flat(static_cast<std::size_t>(bands) * static_cast<std::size_t>(bins));
+  VSR_OPS_CALL(dev, histogram, pixels(raster), raster.dtype(), layout_of(raster),
+               nodata_spec(raster), bins, lower, upper, flat.data());
+  std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(bands));
+  for (int b = 0; b < bands; ++b)
+    out[static_cast<std::size_t>(b)].assign(flat.begin() + std::int64_t{b} * bins,
+                                            flat.begin() + std::int64_t{b + 1} * bins);
+  return out;
+}
+
+OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster, EdgeMode edge) {
+  if (edge != EdgeMode::nearest && edge != EdgeMode::reflect && edge != EdgeMode::constant_nodata)
+    throw std::invalid_argument("vibespatial: focal_mean_3x3: unknown edge mode");
+  const bool dev = on_device(raster);
+  const DType out_dtype = compute_dtype(raster.dtype());
+  OwnedRasterArray out = like(raster, out_dtype, std::numeric_limits<double>::quiet_NaN());
+  VSR_OPS_CALL(dev, focal_mean_3x3, pixels(raster), raster.dtype(), mutable_pixels(out),
+               layout_of(raster), nodata_spec(raster), edge);
+  return out;
+}
+
+}  // namespace vibespatial::raster

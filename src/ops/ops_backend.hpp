@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+// The seam between the ops facade (ops.cpp: argument checks, residency, output rasters) and its
+// two backends: host (ops_host.cpp, Thrust OpenMP backend) and device (ops_cuda.cu, Thrust + CUB).
+// Both implement the same raw-pointer entry points, declared once here. Plain C++: no Thrust.
+#pragma once
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/ops.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace vibespatial::raster::detail::ops {
+
+/// Which pixels are invalid: NaN always (floats); equal to `value` when `has` (for integer
+/// dtypes only if `value` is exactly representable; the facade clears `has` otherwise).
+struct NodataSpec {
+  bool has = false;
+  double value = 0;
+};
+
+/// Shape of a band-major block of pixels.
+struct Layout {
+  int bands = 0;
+  std::int64_t height = 0, width = 0;
+  std::int64_t band_pixels() const { return height * width; }
+  std::int64_t pixels() const { return band_pixels() * bands; }
+};
+
+/// Parameters of rescale (see ops.hpp); `fill` is the value written for invalid pixels.
+struct RescaleParams {
+  double in_min, in_max, out_min, out_max, fill;
+};
+
+// clang-format off
+/// The backend entry points. `in`/`out` are host pointers for the host backend and device
+/// pointers (primary context) for the cuda backend. Device calls are ordered on the legacy
+/// default stream; statistics and histograms return after the results reached the host.
+#define VSR_OPS_BACKEND_DECLARATIONS                                                            \
+  void statistics(const void* in, DType dtype, Layout layout, NodataSpec nodata,               \
+                  BandStatistics* out);                                                        \
+  void rescale(const void* in, DType dtype, void* out, DType out_dtype, std::int64_t n,        \
+               NodataSpec nodata, RescaleParams params);                                       \
+  void clip(const void* in, DType dtype, void* out, std::int64_t n, NodataSpec nodata,         \
+            double lower, double upper);                                                       \
+  void fill_nodata(const void* in, DType dtype, void* out, std::int64_t n, NodataSpec nodata,  \
+                   double value);                                                              \
+  void normalized_difference(const void* a, const void* b, DType dtype, void* out,             \
+                             std::int64_t n, NodataSpec nodata_a, NodataSpec nodata_b);        \
+  void histogram(const void* in, DType dtype, Layout layout, NodataSpec nodata, int bins,      \
+                 double lower, double upper, std::int64_t* counts);                            \
+  void focal_mean_3x3(const void* in, DType dtype, void* out, Layout layout, NodataSpec nodata,\
+                      EdgeMode edge);
+// clang-format on
+
+namespace host {
+VSR_OPS_BACKEND_DECLARATIONS
+}  // namespace host
+
+namespace device {
+VSR_OPS_BACKEND_DECLARATIONS
+
+/// GPU self-test hook (tests/ops/gpu): runs thrust::sequence on pool memory (device_allocate)
+/// and a thrust::sort whose temporaries come from the pool allocator, on the legacy default
+/// stream. Returns the number of temporary allocations the allocator served (>= 1) and writes
+/// whether the sorted pool buffer read back as expected to `ok`.
+std::size_t pool_thrust_probe(std::int64_t n, bool& ok);
+}  // namespace device
+
+}  // namespace vibespatial::raster::detail::ops

@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// The host backend of the band operations: the functors of band_ops.hpp run through Thrust's
+// OpenMP device system (g++ -fopenmp, CCCL headers from the CUDA toolkit; no CUDA runtime).
+#ifndef THRUST_DEVICE_SYSTEM
+#define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_OMP
+#endif
+
+#include "ops/band_ops.hpp"
+
+#include <thrust/execution_policy.h>
+#include <thrust/transform_reduce.h>
+
+#include <cstdint>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace vibespatial::raster::detail::ops::host {
+
+namespace {
+const auto& policy() {
+  return thrust::device;
+}
+}  // namespace
+
+void statistics(const void* in, DType dtype, Layout layout, NodataSpec nodata,
+                BandStatistics* out) {
+  visit_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    const T* data = static_cast<const T*>(in);
+    const std::int64_t hw = layout.band_pixels();
+    for (int b = 0; b < layout.bands; ++b) {
+      const Stats s =
+          thrust::transform_reduce(policy(), data + b * hw, data + (b + 1) * hw,
+                                   ToStats<T>{Valid<T>(nodata)}, empty_stats(), MergeStats{});
+      out[b] = finish_stats(s);
+    }
+  });
+}
+
+void rescale(const void* in, DType dtype, void* out, DType out_dtype, std::int64_t n,
+             NodataSpec nodata, RescaleParams params) {
+  run_rescale(policy(), in, dtype, out, out_dtype, n, nodata, params);
+}
+
+void clip(const void* in, DType dtype, void* out, std::int64_t n, NodataSpec nodata, double lower,
+          double upper) {
+  run_clip(policy(), in, dtype, out, n, nodata, lower, upper);
+}
+
+void fill_nodata(const void* in, DType dtype, void* out, std::int64_t n, NodataSpec nodata,
+                 double value) {
+  run_fill(policy(), in, dtype, out, n, nodata, value);
+}
+
+void normalized_difference(const void* a, const void* b, DType dtype, void* out, std::int64_t n,
+                           NodataSpec nodata_a, NodataSpec nodata_b) {
+  run_normalized_difference(policy(), a, b, dtype, out, n, nodata_a, nodata_b);
+}
+
+void histogram(const void* in, DType dtype, Layout layout, NodataSpec nodata, int bins,
+               double lower, double upper, std::int64_t* counts) {
+  // Thrust has no histogram: the same BinIdOp in an OpenMP loop with per-thread counters.
+  visit_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    const BinIdOp<T> op = make_bin_op<T>(in, layout, nodata, bins, lower, upper);
+    const std::int64_t total_bins = static_cast<std::int64_t>(layout.bands) * bins;
+    const std::int64_t n = layout.pixels();
+    for (std::int64_t k = 0; k < total_bins; ++k) counts[k] = 0;
+#pragma omp parallel
+    {
+      std::vector<std::int64_t> local(static_cast<std::size_t>(total_bins), 0);
+#pragma omp for schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const int id = op(i);
+        if (id >= 0) ++local[static_cast<std::size_t>(id)];
+      }
+#pragma omp critical
+      for (std::int64_t k = 0; k < total_bins; ++k) counts[k] += local[static_cast<std::size_t>(k)];
+    }
+  });
+}
+
+void focal_mean_3x3(const void* in, DType dtype, void* out, Layout layout, NodataSpec nodata,
+                    EdgeMode edge) {
+  run_focal_mean(policy(), in, dtype, out, layout, nodata, edge);
+}
+
+}  // namespace vibespatial::raster::detail::ops::host

@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+// GPU check of the band operations (suite 'gpu'): the device backend equals the host backend
+// for every op and dtype. Exact: integer outputs, elementwise float outputs (the .cu is built
+// with -fmad=false), counts, min and max. Tolerance: statistics' mean and std, relative 1e-9
+// (scaled by the value range for the mean), since the reduction order differs.
+// Exits 77 with the reason when there is no real device (or the driver is the emulator).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "driver/cuda_driver.hpp"
+#include "ops/ops_backend.hpp"
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/memory.hpp>
+#include <vibespatial/raster/ops.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+using namespace vibespatial::raster;
+
+namespace {
+
+const DType kAll[] = {DType::uint8, DType::int8,   DType::uint16, DType::int16,   DType::uint32,
+                      DType::int32, DType::uint64, DType::int64,  DType::float32, DType::float64};
+
+/// Random bytes as pixels, then nodata (7) every 13th pixel and NaN every 17th for floats;
+/// floats get finite random values in +-1e6.
+OwnedRasterArray make(DType dt, int bands, std::int64_t h, std::int64_t w, unsigned seed) {
+  const std::size_t n = static_cast<std::size_t>(bands * h * w), sz = itemsize(dt);
+  std::vector<unsigned char> bytes(n * sz);
+  std::mt19937_64 rng(seed);
+  for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+  for (std::size_t i = 0; i < n; ++i) {
+    unsigned char* p = bytes.data() + i * sz;
+    if (dt == DType::float32) {
+      float f = static_cast<float>(std::uniform_real_distribution<double>(-1e6, 1e6)(rng));
+      if (i % 17 == 3) f = NAN;
+      if (i % 13 == 5) f = 7;
+      std::memcpy(p, &f, 4);
+    } else if (dt == DType::float64) {
+      double f = std::uniform_real_distribution<double>(-1e6, 1e6)(rng);
+      if (i % 17 == 3) f = NAN;
+      if (i % 13 == 5) f = 7;
+      std::memcpy(p, &f, 8);
+    } else if (i % 13 == 5) {
+      std::memset(p, 0, sz);
+      p[0] = 7;  // little-endian 7
+    }
+  }
+  return OwnedRasterArray::from_host(bytes.data(), dt, bands, h, w, 7.0);
+}
+
+OwnedRasterArray on_device(const OwnedRasterArray& r) {
+  std::vector<unsigned char> bytes(r.byte_size());
+  r.copy_to_host(bytes.data());
+  auto out = OwnedRasterArray::from_host(bytes.data(), r.dtype(), r.band_count(), r.height(),
+                                         r.width(), r.nodata(), r.affine(), r.crs());
+  out.move_to(Residency::device);
+  return out;
+}
+
+/// Byte-equal, except that any NaN equals any NaN (float outputs).
+bool same_pixels(const OwnedRasterArray& a, const OwnedRasterArray& b, int& mismatches) {
+  REQUIRE(a.dtype() == b.dtype());
+  REQUIRE(a.byte_size() == b.byte_size());
+  std::vector<unsigned char> x(a.byte_size()), y(b.byte_size());
+  a.copy_to_host(x.data());
+  b.copy_to_host(y.data());
+  mismatches = 0;
+  const std::size_t sz = itemsize(a.dtype()), n = x.size() / sz;
+  for (std::size_t i = 0; i < n; ++i) {
+    const unsigned char* p = x.data() + i * sz;
+    const unsigned char* q = y.data() + i * sz;
+    if (std::memcmp(p, q, sz) == 0) continue;
+    if (a.dtype() == DType::float32) {
+      float u, v;
+      std::memcpy(&u, p, 4), std::memcpy(&v, q, 4);
+      if (std::isnan(u) && std::isnan(v)) continue;
+    } else if (a.dtype() == DType::float64) {
+      double u, v;
+      std::memcpy(&u, p, 8), std::memcpy(&v, q, 8);
+      if (std::isnan(u) && std::isnan(v)) continue;
+    }
+    ++mismatches;
+  }
+  return mismatches == 0;
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+  TEST_CASE("every op and dtype: device == host") {
+    const int bands = 3;
+    const std::int64_t h = 211, w = 307;
+    for (DType dt : kAll) {
+      CAPTURE(to_string(dt));
+      const auto host = make(dt, bands, h, w, 1234);
+      const auto dev = on_device(host);
+      REQUIRE(dev.residency() == Residency::device);
+      int bad = 0;
+
+      const auto sh = band_statistics(host), sd = band_statistics(dev);
+      for (int b = 0; b < bands; ++b) {
+        const auto &x = sh[static_cast<std::size_t>(b)], &y = sd[static_cast<std::size_t>(b)];
+        CHECK(x.count == y.count);
+        CHECK(x.min == y.min);
+        CHECK(x.max == y.max);
+        CHECK(y.mean == doctest::Approx(x.mean).epsilon(1e-9).scale(x.max - x.min));
+        CHECK(y.std == doctest::Approx(x.std).epsilon(1e-9));
+      }
+
+      for (DType out : {DType::uint8, DType::int16, DType::float32, DType::float64}) {
+        const auto a = rescale(host, -1000, 1000, 0, 255, out);
+        const auto b = rescale(dev, -1000, 1000, 0, 255, out);
+        CHECK(b.residency() == Residency::device);
+        CHECK_MESSAGE(same_pixels(a, b, bad), "rescale to ", to_string(out), ": ", bad);
+      }
+      CHECK_MESSAGE(same_pixels(clip(host, -500.5, 20000), clip(dev, -500.5, 20000), bad),
+                    "clip: ", bad);
+      CHECK_MESSAGE(same_pixels(fill_nodata(host, 3), fill_nodata(dev, 3), bad), "fill: ", bad);
+      const auto host2 = make(dt, bands, h, w, 999);
+      const auto dev2 = on_device(host2);
+      CHECK_MESSAGE(
+          same_pixels(normalized_difference(host, host2), normalized_difference(dev, dev2), bad),
+          "normalized_difference: ", bad);
+      for (EdgeMode e : {EdgeMode::nearest, EdgeMode::reflect, EdgeMode::constant_nodata})
+        CHECK_MESSAGE(same_pixels(focal_mean_3x3(host, e), focal_mean_3x3(dev, e), bad),
+                      "focal mode ", static_cast<int>(e), ": ", bad);
+      CHECK(histogram(host, 64, -1e5, 1e5) == histogram(dev, 64, -1e5, 1e5));
+      CHECK(histogram(host, 256, 0, 256) == histogram(dev, 256, 0, 256));
+      CHECK(histogram(host, 256, -128, 128) == histogram(dev, 256, -128, 128));
+    }
+  }
+
+  TEST_CASE("a pool pointer is used by a Thrust kernel; the pool counts the temporaries") {
+    const auto before = memory_pool_stats();
+    bool ok = false;
+    const std::size_t temps = detail::ops::device::pool_thrust_probe(1 << 20, ok);
+    CHECK(ok);
+    CHECK(temps >= 1);
+    const auto after = memory_pool_stats();
+    REQUIRE(before.total_count.has_value() == after.total_count.has_value());
+    if (after.total_count) CHECK(*after.total_count >= *before.total_count + 1 + temps);
+    // Statistics on a device raster allocate the CUB temporaries and the result from the pool.
+    const auto dev = on_device(make(DType::float32, 4, 512, 512, 5));
+    const auto s0 = memory_pool_stats();
+    (void)band_statistics(dev);
+    const auto s1 = memory_pool_stats();
+    if (s1.total_count) CHECK(*s1.total_count >= *s0.total_count + 2);
+  }
+}
+
+int main(int argc, char** argv) {
+  const auto& st = vibespatial::raster::detail::driver_state();
+  if (!st.available) {
+    std::fprintf(stderr, "test-ops-gpu: skipped: no usable CUDA driver: %s\n", st.reason.c_str());
+    return 77;
+  }
+  if (st.emulated) {
+    std::fprintf(stderr, "test-ops-gpu: skipped: the driver is the host emulator (%s)\n",
+                 st.library.c_str());
+    return 77;
+  }
+  if (!vibespatial::raster::ops_built_with_cuda()) {
+    std::fprintf(stderr, "test-ops-gpu: skipped: built without CUDA\n");
+    return 77;
+  }
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}
