@@ -1,0 +1,353 @@
+// SPDX-License-Identifier: Apache-2.0
+// The C ABI (c_api.h) over the C++ API: argument checks, struct conversion and exception to
+// status translation. No exception leaves this file.
+#include "capi/vsr_version.h"
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/c_api.h>
+#include <vibespatial/raster/dispatch.hpp>
+#include <vibespatial/raster/errors.hpp>
+#include <vibespatial/raster/memory.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace vsr = vibespatial::raster;
+
+namespace {
+
+// The first published sizes: a caller's struct_size must be at least these.
+constexpr std::size_t kPoolStatsV1Size = sizeof(vsr_pool_stats);
+constexpr std::size_t kPlanOptionsV1Size = sizeof(vsr_plan_options);
+constexpr std::size_t kRasterPlanV1Size = sizeof(vsr_raster_plan);
+
+static_assert(sizeof(vsr_pool_stats) == 200, "vsr_pool_stats layout is ABI");
+static_assert(sizeof(vsr_plan_options) == 48, "vsr_plan_options layout is ABI");
+static_assert(sizeof(vsr_raster_plan) == 64, "vsr_raster_plan layout is ABI");
+static_assert(VSR_DTYPE_FLOAT64 == static_cast<int>(vsr::DType::float64));
+static_assert(VSR_DTYPE_UINT8 == static_cast<int>(vsr::DType::uint8));
+static_assert(VSR_TILING_TILED == static_cast<int>(vsr::TilingStrategy::tiled));
+static_assert(VSR_TILING_BAND_BATCHES == static_cast<int>(vsr::TilingStrategy::band_batches));
+
+// Per-thread error state. `fallback` is used when the message itself cannot be stored.
+struct ErrorState {
+  std::string message;
+  const char* fallback = nullptr;
+  int cuda_error = 0;
+};
+thread_local ErrorState t_error;
+
+void clear_error() noexcept {
+  t_error.message.clear();
+  t_error.fallback = nullptr;
+  t_error.cuda_error = 0;
+}
+
+vsr_status fail(vsr_status status, const char* function, const char* what,
+                int cuda_error = 0) noexcept {
+  t_error.cuda_error = cuda_error;
+  t_error.fallback = nullptr;
+  try {
+    t_error.message.assign(function);
+    t_error.message.append(": ");
+    t_error.message.append((what != nullptr && what[0] != '\0') ? what : "unspecified error");
+  } catch (...) {
+    t_error.message.clear();
+    t_error.fallback = "vsr: out of host memory while recording an error message";
+  }
+  return status;
+}
+
+vsr_status fail(vsr_status status, const char* function, const std::string& what) noexcept {
+  return fail(status, function, what.c_str());
+}
+
+// Runs `body` (which returns nothing) and translates any exception into a status.
+template <class Body>
+vsr_status guarded(const char* function, Body&& body) noexcept {
+  clear_error();
+  try {
+    body();
+    return VSR_OK;
+  } catch (const vsr::DriverUnavailableError& e) {
+    return fail(VSR_ERROR_NO_DRIVER, function, e.what(), e.code());
+  } catch (const vsr::CudaError& e) {
+    return fail(VSR_ERROR_CUDA, function, e.what(), e.code());
+  } catch (const vsr::OutOfMemoryError& e) {
+    return fail(VSR_ERROR_OUT_OF_MEMORY, function, e.what());
+  } catch (const std::bad_alloc& e) {
+    return fail(VSR_ERROR_OUT_OF_MEMORY, function,
+                std::string("host memory allocation failed (") + e.what() + ")");
+  } catch (const std::invalid_argument& e) {
+    return fail(VSR_ERROR_INVALID_ARGUMENT, function, e.what());
+  } catch (const std::out_of_range& e) {
+    return fail(VSR_ERROR_OUT_OF_RANGE, function, e.what());
+  } catch (const std::overflow_error& e) {
+    return fail(VSR_ERROR_OVERFLOW, function, e.what());
+  } catch (const std::exception& e) {
+    return fail(VSR_ERROR_INTERNAL, function, e.what());
+  } catch (...) {
+    return fail(VSR_ERROR_INTERNAL, function, "unknown exception");
+  }
+}
+
+vsr::DType to_dtype(int dtype) {
+  if (dtype < VSR_DTYPE_UINT8 || dtype > VSR_DTYPE_FLOAT64) {
+    throw std::invalid_argument(
+        "dtype " + std::to_string(dtype) +
+        " is not a vsr_dtype (0 = VSR_DTYPE_UINT8 ... 9 = VSR_DTYPE_FLOAT64)");
+  }
+  return static_cast<vsr::DType>(dtype);
+}
+
+void require(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+
+std::uint64_t value_of(const std::optional<std::size_t>& v, std::int32_t& has) {
+  has = v.has_value() ? 1 : 0;
+  return v.value_or(0);
+}
+
+vsr_pool_stats to_c(const vsr::MemoryPoolStats& s) {
+  vsr_pool_stats c{};
+  c.struct_size = sizeof(vsr_pool_stats);
+  const std::size_t n = std::min(s.tier.size(), sizeof(c.tier) - 1);
+  std::memcpy(c.tier, s.tier.data(), n);
+  c.tier[n] = '\0';
+  c.configured = s.configured ? 1 : 0;
+  c.device = s.device;
+  c.current_bytes = value_of(s.current_bytes, c.has_current_bytes);
+  c.current_count = value_of(s.current_count, c.has_current_count);
+  c.peak_bytes = value_of(s.peak_bytes, c.has_peak_bytes);
+  c.peak_count = value_of(s.peak_count, c.has_peak_count);
+  c.total_bytes = value_of(s.total_bytes, c.has_total_bytes);
+  c.total_count = value_of(s.total_count, c.has_total_count);
+  c.pool_size = value_of(s.pool_size, c.has_pool_size);
+  c.used_bytes = value_of(s.used_bytes, c.has_used_bytes);
+  c.free_bytes = value_of(s.free_bytes, c.has_free_bytes);
+  c.mapped_bytes = s.mapped_bytes;
+  c.reserved_bytes = s.reserved_bytes;
+  c.pool_free_bytes = s.pool_free_bytes;
+  c.largest_free_block = s.largest_free_block;
+  c.oom_recoveries = s.oom_recoveries;
+  c.granularity = s.granularity;
+  c.small_block_limit = s.small_block_limit;
+  return c;
+}
+
+// Copies a filled struct into the caller's, no byte past its struct_size; struct_size is set to
+// the bytes filled.
+template <class T>
+void copy_out(const T& full, T* out) {
+  const std::size_t n = std::min(out->struct_size, sizeof(T));
+  std::memcpy(static_cast<void*>(out), &full, n);
+  out->struct_size = n;
+}
+
+void stats_into(const vsr::MemoryPoolStats& s, vsr_pool_stats* out) {
+  require(out != nullptr, "out is NULL");
+  if (out->struct_size < kPoolStatsV1Size) {
+    throw std::invalid_argument("out->struct_size is " + std::to_string(out->struct_size) +
+                                ", expected sizeof(vsr_pool_stats) (at least " +
+                                std::to_string(kPoolStatsV1Size) + ")");
+  }
+  copy_out(to_c(s), out);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* vsr_version(void) {
+  return VSR_VERSION_STRING;
+}
+
+const char* vsr_last_error_message(void) {
+  return t_error.fallback != nullptr ? t_error.fallback : t_error.message.c_str();
+}
+
+int vsr_last_cuda_error(void) {
+  return t_error.cuda_error;
+}
+
+vsr_status vsr_configure_memory_pool(char* tier_out, size_t tier_capacity) {
+  return guarded(__func__, [&] {
+    const std::string tier = vsr::configure_memory_pool();
+    if (tier_out == nullptr) return;
+    if (tier_capacity > 0) {
+      const std::size_t n = std::min(tier.size(), tier_capacity - 1);
+      std::memcpy(tier_out, tier.data(), n);
+      tier_out[n] = '\0';
+    }
+    if (tier_capacity < tier.size() + 1) {
+      throw std::out_of_range("tier_capacity " + std::to_string(tier_capacity) +
+                              " cannot hold the tier \"" + tier + "\" and its NUL (" +
+                              std::to_string(tier.size() + 1) + " bytes)");
+    }
+  });
+}
+
+vsr_status vsr_free_pool_memory(void) {
+  return guarded(__func__, [] { vsr::free_pool_memory(); });
+}
+
+vsr_status vsr_memory_pool_stats(vsr_pool_stats* out) {
+  return guarded(__func__, [&] { stats_into(vsr::memory_pool_stats(), out); });
+}
+
+vsr_status vsr_memory_pool_stats_device(int device, vsr_pool_stats* out) {
+  return guarded(__func__, [&] { stats_into(vsr::memory_pool_stats(device), out); });
+}
+
+vsr_status vsr_device_allocate(size_t bytes, void* stream, void** out) {
+  if (out != nullptr) *out = nullptr;
+  return guarded(__func__, [&] {
+    require(out != nullptr, "out is NULL");
+    *out = vsr::device_allocate(bytes, static_cast<CUstream>(stream));
+  });
+}
+
+vsr_status vsr_device_deallocate(void* ptr, size_t bytes, void* stream) {
+  return guarded(__func__,
+                 [&] { vsr::device_deallocate(ptr, bytes, static_cast<CUstream>(stream)); });
+}
+
+vsr_status vsr_add_oom_handler(vsr_oom_handler handler, void* user_data, uint64_t* id_out) {
+  return guarded(__func__, [&] {
+    require(handler != nullptr, "handler is NULL");
+    require(id_out != nullptr, "id_out is NULL");
+    *id_out = vsr::add_oom_handler(
+        [handler, user_data](std::size_t requested) { return handler(requested, user_data) != 0; });
+  });
+}
+
+vsr_status vsr_remove_oom_handler(uint64_t id) {
+  return guarded(__func__, [&] { vsr::remove_oom_handler(id); });
+}
+
+vsr_status vsr_available_vram_bytes(uint64_t* out) {
+  return guarded(__func__, [&] {
+    require(out != nullptr, "out is NULL");
+    *out = vsr::available_vram_bytes();
+  });
+}
+
+vsr_status vsr_max_bands_for_budget(int64_t height, int64_t width, int dtype, int buffers_per_band,
+                                    uint64_t scratch_bytes, int has_vram_budget,
+                                    uint64_t vram_budget, int* out) {
+  return guarded(__func__, [&] {
+    require(out != nullptr, "out is NULL");
+    const vsr::DType d = to_dtype(dtype);
+    std::optional<std::uint64_t> budget;
+    if (has_vram_budget != 0) budget = vram_budget;
+    *out = vsr::max_bands_for_budget(height, width, d, buffers_per_band, scratch_bytes, budget);
+  });
+}
+
+vsr_status vsr_plan_options_init(vsr_plan_options* opts) {
+  return guarded(__func__, [&] {
+    require(opts != nullptr, "opts is NULL");
+    const vsr::PlanOptions defaults;
+    *opts = vsr_plan_options{};
+    opts->struct_size = sizeof(vsr_plan_options);
+    opts->band_count = defaults.band_count;
+    opts->buffers_per_band = defaults.buffers_per_band;
+    opts->scratch_bytes = defaults.scratch_bytes;
+    opts->halo = defaults.halo;
+    opts->per_band = defaults.per_band ? 1 : 0;
+  });
+}
+
+vsr_status vsr_analyze_raster_plan(int64_t height, int64_t width, int dtype,
+                                   const vsr_plan_options* opts, vsr_raster_plan* out) {
+  return guarded(__func__, [&] {
+    require(out != nullptr, "out is NULL");
+    if (out->struct_size < kRasterPlanV1Size) {
+      throw std::invalid_argument("out->struct_size is " + std::to_string(out->struct_size) +
+                                  ", expected sizeof(vsr_raster_plan) (at least " +
+                                  std::to_string(kRasterPlanV1Size) + ")");
+    }
+    const vsr::DType d = to_dtype(dtype);
+    vsr::PlanOptions options;
+    if (opts != nullptr) {
+      if (opts->struct_size < kPlanOptionsV1Size) {
+        throw std::invalid_argument("opts->struct_size is " + std::to_string(opts->struct_size) +
+                                    ", expected sizeof(vsr_plan_options) (at least " +
+                                    std::to_string(kPlanOptionsV1Size) +
+                                    "): fill it with vsr_plan_options_init");
+      }
+      options.band_count = opts->band_count;
+      options.buffers_per_band = opts->buffers_per_band;
+      options.scratch_bytes = opts->scratch_bytes;
+      options.halo = opts->halo;
+      options.per_band = opts->per_band != 0;
+      if (opts->has_vram_budget != 0) options.vram_budget = opts->vram_budget;
+    }
+    const vsr::RasterPlan plan = vsr::analyze_raster_plan(height, width, d, options);
+    vsr_raster_plan c{};
+    c.struct_size = sizeof(vsr_raster_plan);
+    c.strategy = static_cast<std::int32_t>(plan.strategy);
+    c.halo = plan.halo;
+    c.has_tile_shape = plan.tile_shape.has_value() ? 1 : 0;
+    c.bands_per_pass = plan.bands_per_pass;
+    if (plan.tile_shape) {
+      c.tile_height = plan.tile_shape->first;
+      c.tile_width = plan.tile_shape->second;
+    }
+    c.n_tiles = plan.n_tiles;
+    c.estimated_vram_per_tile = plan.estimated_vram_per_tile;
+    c.fits_budget = plan.fits_budget ? 1 : 0;
+    copy_out(c, out);
+  });
+}
+
+vsr_status vsr_dtype_from_name(const char* name, int* out) {
+  return guarded(__func__, [&] {
+    require(name != nullptr, "name is NULL");
+    require(out != nullptr, "out is NULL");
+    const std::optional<vsr::DType> d = vsr::dtype_from_string(name);
+    if (!d) {
+      throw std::invalid_argument(std::string("\"") + name +
+                                  "\" is not a dtype name (uint8, int8, uint16, int16, uint32, "
+                                  "int32, uint64, int64, float32, float64)");
+    }
+    *out = static_cast<int>(*d);
+  });
+}
+
+vsr_status vsr_dtype_name(int dtype, const char** out) {
+  return guarded(__func__, [&] {
+    require(out != nullptr, "out is NULL");
+    // to_string returns a view of a NUL-terminated literal.
+    *out = vsr::to_string(to_dtype(dtype)).data();
+  });
+}
+
+vsr_status vsr_dtype_itemsize(int dtype, size_t* out) {
+  return guarded(__func__, [&] {
+    require(out != nullptr, "out is NULL");
+    *out = vsr::itemsize(to_dtype(dtype));
+  });
+}
+
+vsr_status vsr_tiling_strategy_name(int strategy, const char** out) {
+  return guarded(__func__, [&] {
+    require(out != nullptr, "out is NULL");
+    if (strategy < VSR_TILING_WHOLE || strategy > VSR_TILING_TILED) {
+      throw std::invalid_argument("strategy " + std::to_string(strategy) +
+                                  " is not a vsr_tiling_strategy");
+    }
+    *out = vsr::to_string(static_cast<vsr::TilingStrategy>(strategy)).data();
+  });
+}
+
+}  // extern "C"
