@@ -5,15 +5,18 @@
 //
 //   vsr-bench alloc [--quick] [--json] [--seed N] [--sections malloc,driver,threads,frag]
 //                                                    the device memory pool (issue 3)
-//   vsr-bench dispatch                               not yet implemented (exit 2)
+//   vsr-bench dispatch [--quick] [--json] [--sections cpu,gpu,pipeline,focal]
+//                                                    op throughput vs copy bandwidth (issue 5)
 //
 // Exit status: 0 when every section ran (goals missed or not), 1 when one failed (the others still
-// run and the summary names the failure), 2 on bad arguments
-// or an unimplemented subcommand, 77 when there is no usable driver or device.
+// run and the summary names the failure), 2 on bad arguments, 77 when there is no usable driver
+// or device (alloc only: dispatch runs its CPU rows without one and marks the GPU rows n/a).
 #include "driver/cuda_driver.hpp"
 
+#include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/driver.hpp>
 #include <vibespatial/raster/memory.hpp>
+#include <vibespatial/raster/ops.hpp>
 
 #include <algorithm>
 #include <barrier>
@@ -28,11 +31,16 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 namespace vsr = vibespatial::raster;
 namespace detail = vibespatial::raster::detail;
@@ -723,6 +731,33 @@ void fit_to_device(Report& rep, Sizes& z) {
   }
 }
 
+// Notes, sections and summary of a --json report, and its closing brace.
+void print_json_tail(const Report& rep) {
+  std::string notes;
+  for (const auto& n : rep.notes) notes += (notes.empty() ? "" : ", ") + json_escape(n);
+  std::printf("  \"notes\": [%s],\n", notes.c_str());
+  std::printf("  \"sections\": [\n    %s\n  ],\n", rep.sections_json.c_str());
+  std::printf("  \"summary\": [\n");
+  for (std::size_t i = 0; i < rep.summary.size(); ++i) {
+    const auto& r = rep.summary[i];
+    std::printf("    {\"metric\": %s, \"value\": %s, \"goal\": %s, \"met\": %s, \"note\": %s}%s\n",
+                json_escape(r.metric).c_str(), json_num(r.value).c_str(),
+                json_escape(r.goal).c_str(), json_escape(r.met).c_str(),
+                json_escape(r.note).c_str(), i + 1 < rep.summary.size() ? "," : "");
+  }
+  std::printf("  ]\n}\n");
+}
+
+void print_summary(const Report& rep, const std::string& title) {
+  Table sum({"metric", "value", "goal", "met?"});
+  for (const auto& r : rep.summary) {
+    sum.add({r.metric + (r.note.empty() ? "" : " (" + r.note + ")"),
+             std::isfinite(r.value) ? fmt("%.3f", r.value) : "-", r.goal.empty() ? "-" : r.goal,
+             r.met});
+  }
+  sum.print(title);
+}
+
 void print_machine(const Report& rep, const Options& o, const Sizes& z) {
   const Machine& m = rep.machine;
   std::printf("vsr-bench alloc%s: seed %llu\n", o.quick ? " --quick" : "",
@@ -753,19 +788,7 @@ void print_json(const Report& rep, const Options& o) {
       m.emulated ? "true" : "false", m.driver_version, json_escape(m.device).c_str(), m.cc_major,
       m.cc_minor, m.free_bytes, m.total_bytes, json_escape(m.tier).c_str(), m.granularity,
       m.small_limit);
-  std::string notes;
-  for (const auto& n : rep.notes) notes += (notes.empty() ? "" : ", ") + json_escape(n);
-  std::printf("  \"notes\": [%s],\n", notes.c_str());
-  std::printf("  \"sections\": [\n    %s\n  ],\n", rep.sections_json.c_str());
-  std::printf("  \"summary\": [\n");
-  for (std::size_t i = 0; i < rep.summary.size(); ++i) {
-    const auto& r = rep.summary[i];
-    std::printf("    {\"metric\": %s, \"value\": %s, \"goal\": %s, \"met\": %s, \"note\": %s}%s\n",
-                json_escape(r.metric).c_str(), json_num(r.value).c_str(),
-                json_escape(r.goal).c_str(), json_escape(r.met).c_str(),
-                json_escape(r.note).c_str(), i + 1 < rep.summary.size() ? "," : "");
-  }
-  std::printf("  ]\n}\n");
+  print_json_tail(rep);
 }
 
 int run_alloc(const Options& o) {
@@ -825,14 +848,562 @@ int run_alloc(const Options& o) {
     print_json(rep, o);
     return status;
   }
-  Table sum({"metric", "value", "goal", "met?"});
-  for (const auto& r : rep.summary) {
-    sum.add({r.metric + (r.note.empty() ? "" : " (" + r.note + ")"),
-             std::isfinite(r.value) ? fmt("%.3f", r.value) : "-", r.goal.empty() ? "-" : r.goal,
-             r.met});
+  print_summary(rep, "== Summary" +
+                         std::string(rep.machine.emulated ? " (CPU + host emulator)" : "") + ", " +
+                         fmt("%.1f", secs) + " s ==");
+  return status;
+}
+
+// ---- the dispatch benchmark ---------------------------------------------------------------------
+//
+// Bandwidth figures count every byte an op reads plus every byte it writes (rescale float32 ->
+// float32: 8 bytes per pixel), and the same for its baseline copy, so a ratio is baseline time
+// over op time per round. Host clocks time everything: the driver table has no
+// cuEventElapsedTime, so GPU rounds end with cuCtxSynchronize.
+
+struct DispatchSizes {
+  std::int64_t cpu_h = 4096, cpu_w = 8192;      // float32: 128 MiB in, 128 MiB out
+  std::int64_t focal_h = 4096, focal_w = 4096;  // 16 Mpx
+  std::int64_t gpu_h = 16384, gpu_w = 16384;    // 1 GiB in, 1 GiB out, 1 GiB copy target
+  int gpu_reps = 10;                            // ops per timed GPU round (each ~1 ms)
+  int pipe_bands = 8;
+  std::int64_t pipe_h = 8192, pipe_w = 4096;  // 128 MiB per band, 1 GiB in all
+  int rounds = 7;
+};
+
+struct DispatchOptions {
+  bool json = false;
+  bool quick = false;
+  std::string sections;  // comma-separated subset of cpu,gpu,pipeline,focal; empty: all
+};
+
+// Sets the OpenMP team size of the host backend's parallel regions started from this thread.
+// Returns false without OpenMP (the host backend then runs Thrust's serial backend).
+bool set_host_threads(int n) {
+#if defined(_OPENMP)
+  omp_set_num_threads(n);
+  return true;
+#else
+  (void)n;
+  return n == 1;
+#endif
+}
+
+int host_max_threads() {
+#if defined(_OPENMP)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// Thread counts of the host rows: 1 and 2 (the goals), and all cores as information when the
+// machine has more. 1 only without OpenMP.
+std::vector<int> host_thread_counts(unsigned cpus) {
+#if defined(_OPENMP)
+  std::vector<int> t{1, 2};
+  if (cpus > 2) t.push_back(static_cast<int>(cpus));
+  return t;
+#else
+  (void)cpus;
+  return {1};
+#endif
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// memcpy split into `threads` contiguous page-aligned chunks, one std::thread each.
+void parallel_memcpy(void* dst, const void* src, std::size_t bytes, int threads) {
+  if (threads <= 1) {
+    std::memcpy(dst, src, bytes);
+    return;
   }
-  sum.print("== Summary" + std::string(rep.machine.emulated ? " (CPU + host emulator)" : "") +
-            ", " + fmt("%.1f", secs) + " s ==");
+  const std::size_t chunk =
+      ((bytes + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads) + 4095) /
+      4096 * 4096;
+  std::vector<std::thread> ts;
+  for (int i = 0; i < threads; ++i) {
+    const std::size_t off = chunk * static_cast<std::size_t>(i);
+    if (off >= bytes) break;
+    const std::size_t n = std::min(chunk, bytes - off);
+    ts.emplace_back([=] {
+      std::memcpy(static_cast<unsigned char*>(dst) + off,
+                  static_cast<const unsigned char*>(src) + off, n);
+    });
+  }
+  for (auto& t : ts) t.join();
+}
+
+// A float32 host raster with values in [0, 1000) and no nodata.
+vsr::OwnedRasterArray host_raster(int bands, std::int64_t h, std::int64_t w) {
+  auto r = vsr::OwnedRasterArray::allocate(vsr::Residency::host, vsr::DType::float32, bands, h, w);
+  auto* p = static_cast<float*>(r.mutable_host_data());
+  const std::size_t n = static_cast<std::size_t>(bands) * static_cast<std::size_t>(h * w);
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<float>((i * 2654435761u) % 1000u);
+  return r;
+}
+
+vsr::OwnedRasterArray rescale_op(const vsr::OwnedRasterArray& r) {
+  return vsr::rescale(r, 0.0, 1000.0, 0.0, 1.0, vsr::DType::float32);
+}
+
+struct TimedContender {
+  std::string name;
+  std::function<double()> round;  // seconds
+};
+
+// samples[c][r]: seconds of contender c in round r; one untimed warm-up round each first.
+std::vector<std::vector<double>> interleave_timed(const std::string& label, int rounds,
+                                                  std::vector<TimedContender>& cs) {
+  progress("%s: warm-up", label.c_str());
+  for (auto& c : cs) c.round();
+  std::vector<std::vector<double>> samples(cs.size());
+  for (int r = 0; r < rounds; ++r) {
+    progress("%s: round %d/%d", label.c_str(), r + 1, rounds);
+    for (std::size_t c = 0; c < cs.size(); ++c) samples[c].push_back(cs[c].round());
+  }
+  return samples;
+}
+
+double gbps(double bytes, double secs) {
+  return bytes / secs / 1e9;
+}
+
+// Why the GPU rows are not measured, or empty when they are.
+std::string gpu_skip_reason(const vsr::DriverInfo& info) {
+  if (!info.available || info.devices.empty()) return "n/a: no GPU";
+  if (info.emulated) return "emulator: not measured";
+  if (!vsr::ops_built_with_cuda()) return "n/a: built without CUDA";
+  return "";
+}
+
+void skipped_row(Report& rep, const std::string& metric, const std::string& goal,
+                 const std::string& why) {
+  rep.summary.push_back({metric, NAN, goal, why, ""});
+}
+
+void section_cpu_elementwise(Report& rep, const DispatchSizes& z, bool quiet) {
+  const std::string goal = ">= 0.70";
+  const std::size_t bytes =
+      static_cast<std::size_t>(z.cpu_h * z.cpu_w) * sizeof(float);  // one side
+  const double moved = 2.0 * static_cast<double>(bytes);
+  const vsr::OwnedRasterArray in = host_raster(1, z.cpu_h, z.cpu_w);
+  const void* src = in.host_data();
+  auto dst = std::make_unique_for_overwrite<unsigned char[]>(bytes);
+  std::memset(dst.get(), 0, bytes);  // pre-faulted: the baseline is pure copy bandwidth
+  Table tab({"threads", "size", "rounds", "rescale GB/s", "memcpy GB/s", "rescale/memcpy", "goal",
+             "met", "memcpy fresh dst GB/s"});
+  for (int t : host_thread_counts(rep.machine.cpus)) {
+    const bool scored = t <= 2;
+    const std::string label = "1/4 cpu elementwise, " + std::to_string(t) + " thread(s)";
+    std::vector<TimedContender> cs{
+        {"rescale",
+         [&] {
+           set_host_threads(t);
+           const auto t0 = Clock::now();
+           const vsr::OwnedRasterArray out = rescale_op(in);
+           const double s = seconds_since(t0);
+           return s;
+         }},
+        {"memcpy",
+         [&] {
+           const auto t0 = Clock::now();
+           parallel_memcpy(dst.get(), src, bytes, t);
+           return seconds_since(t0);
+         }},
+        {"memcpy fresh",
+         [&] {
+           // As the op: a new output buffer each call (its page faults included).
+           const auto t0 = Clock::now();
+           auto fresh = std::make_unique_for_overwrite<unsigned char[]>(bytes);
+           parallel_memcpy(fresh.get(), src, bytes, t);
+           fresh.reset();
+           return seconds_since(t0);
+         }},
+    };
+    const auto s = interleave_timed(label, z.rounds, cs);
+    const double ratio = paired_ratio(s[1], s[0]);
+    const std::string g = scored ? goal : "";
+    const std::string met = met_str(ratio, g);
+    tab.add({std::to_string(t), bytes_str(bytes), std::to_string(z.rounds),
+             fmt("%.2f", gbps(moved, median(s[0]))), fmt("%.2f", gbps(moved, median(s[1]))),
+             fmt("%.3f", ratio), scored ? goal : "(info)", met,
+             fmt("%.2f", gbps(moved, median(s[2])))});
+    rep.summary.push_back(
+        {"CPU rescale / memcpy GB/s, " + std::to_string(t) + " thread(s)", ratio, g, met,
+         fmt("%.2f", gbps(moved, median(s[0]))) + " vs " + fmt("%.2f", gbps(moved, median(s[1]))) +
+             " GB/s; memcpy into a fresh buffer " + fmt("%.2f", gbps(moved, median(s[2]))) +
+             " GB/s"});
+    rep.section_json("{\"section\": \"cpu_elementwise\", \"threads\": " + std::to_string(t) +
+                     ", \"bytes_per_side\": " + std::to_string(bytes) +
+                     ", \"rounds\": " + std::to_string(z.rounds) +
+                     ", \"rescale_gbps\": " + json_num(gbps(moved, median(s[0]))) +
+                     ", \"memcpy_gbps\": " + json_num(gbps(moved, median(s[1]))) +
+                     ", \"memcpy_fresh_dst_gbps\": " + json_num(gbps(moved, median(s[2]))) +
+                     ", \"ratio\": " + json_num(ratio) + ", \"goal\": " + json_escape(g) +
+                     ", \"met\": " + json_escape(met) + "}");
+  }
+  set_host_threads(host_max_threads());
+  if (!quiet) {
+    tab.print(
+        "== 1. CPU elementwise: rescale float32 -> float32 on a host raster (host backend, OpenMP "
+        "threads) vs memcpy of the same bytes (std::threads, pre-faulted destination); GB/s = "
+        "(read + written) / s, median of interleaved rounds; ratio = median of per-round ratios. "
+        "rescale allocates its output each call: 'memcpy fresh dst' pays the same page faults ==");
+  }
+}
+
+// Runs `reps` calls of f back to back and waits for the device; seconds.
+double gpu_round(int reps, const std::function<void()>& f) {
+  const auto& api = detail::driver();
+  VSR_CU_TRY(api.cuCtxSynchronize());
+  const auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i) f();
+  VSR_CU_TRY(api.cuCtxSynchronize());
+  return seconds_since(t0);
+}
+
+void section_gpu_elementwise(Report& rep, const DispatchSizes& z, const std::string& skip,
+                             bool quiet) {
+  const std::string goal = ">= 0.85";
+  const std::string metric = "GPU rescale / cuMemcpyDtoD GB/s";
+  Table tab(
+      {"size", "rounds", "ops/round", "rescale GB/s", "DtoD GB/s", "rescale/DtoD", "goal", "met"});
+  if (!skip.empty()) {
+    skipped_row(rep, metric, goal, skip);
+    rep.section_json("{\"section\": \"gpu_elementwise\", \"skipped\": " + json_escape(skip) + "}");
+    if (!quiet) std::printf("\n== 2. GPU elementwise: %s ==\n", skip.c_str());
+    return;
+  }
+  const auto& api = detail::driver();
+  detail::bind_current_device();
+  const std::size_t bytes = static_cast<std::size_t>(z.gpu_h * z.gpu_w) * sizeof(float);
+  const double moved = 2.0 * static_cast<double>(bytes);
+  vsr::OwnedRasterArray in = host_raster(1, z.gpu_h, z.gpu_w);
+  in.move_to(vsr::Residency::device);
+  const CUdeviceptr src = detail::to_device_ptr(in.device_pointer());
+  void* dst = vsr::device_allocate(bytes);
+  std::vector<TimedContender> cs{
+      {"rescale", [&] { return gpu_round(z.gpu_reps, [&] { (void)rescale_op(in); }); }},
+      {"DtoD",
+       [&] {
+         return gpu_round(z.gpu_reps, [&] {
+           VSR_CU_TRY(api.cuMemcpyDtoDAsync(detail::to_device_ptr(dst), src, bytes, nullptr));
+         });
+       }},
+  };
+  std::vector<std::vector<double>> s;
+  try {
+    s = interleave_timed("2/4 gpu elementwise", z.rounds, cs);
+  } catch (...) {
+    vsr::device_deallocate(dst, bytes);
+    throw;
+  }
+  vsr::device_deallocate(dst, bytes);
+  const double per = moved * z.gpu_reps;
+  const double ratio = paired_ratio(s[1], s[0]);
+  const std::string met = met_str(ratio, goal);
+  tab.add({bytes_str(bytes), std::to_string(z.rounds), std::to_string(z.gpu_reps),
+           fmt("%.1f", gbps(per, median(s[0]))), fmt("%.1f", gbps(per, median(s[1]))),
+           fmt("%.3f", ratio), goal, met});
+  rep.summary.push_back({metric, ratio, goal, met,
+                         fmt("%.1f", gbps(per, median(s[0]))) + " vs " +
+                             fmt("%.1f", gbps(per, median(s[1]))) + " GB/s"});
+  rep.section_json(
+      "{\"section\": \"gpu_elementwise\", \"bytes_per_side\": " + std::to_string(bytes) +
+      ", \"rounds\": " + std::to_string(z.rounds) + ", \"ops_per_round\": " +
+      std::to_string(z.gpu_reps) + ", \"rescale_gbps\": " + json_num(gbps(per, median(s[0]))) +
+      ", \"dtod_gbps\": " + json_num(gbps(per, median(s[1]))) + ", \"ratio\": " + json_num(ratio) +
+      ", \"goal\": " + json_escape(goal) + ", \"met\": " + json_escape(met) + "}");
+  if (!quiet) {
+    tab.print(
+        "== 2. GPU elementwise: rescale float32 -> float32 on a device raster (output from the "
+        "pool) vs cuMemcpyDtoDAsync of the same bytes; GB/s = (read + written) / s ==");
+  }
+}
+
+void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& skip, bool quiet) {
+  const std::string goal = ">= 0.80";
+  const std::string metric = "pipelined per-band GPU dispatch / pinned H2D GB/s";
+  Table tab({"bands x size", "plan", "rounds", "dispatch GB/s", "pinned H2D GB/s",
+             "dispatch/pinned H2D", "goal", "met", "pageable H2D GB/s"});
+  if (!skip.empty()) {
+    skipped_row(rep, metric, goal, skip);
+    rep.section_json("{\"section\": \"pipeline\", \"skipped\": " + json_escape(skip) + "}");
+    if (!quiet) std::printf("\n== 3. Pipelined per-band GPU dispatch: %s ==\n", skip.c_str());
+    return;
+  }
+  const auto& api = detail::driver();
+  detail::bind_current_device();
+  const vsr::OwnedRasterArray in = host_raster(z.pipe_bands, z.pipe_h, z.pipe_w);
+  const std::size_t bytes = in.byte_size();
+  const double moved = static_cast<double>(bytes);  // host -> device bytes
+  vsr::PlanOptions po;
+  po.band_count = z.pipe_bands;
+  po.per_band = true;
+  const vsr::RasterPlan plan =
+      vsr::analyze_raster_plan(z.pipe_h, z.pipe_w, vsr::DType::float32, po);
+  const std::string plan_str = std::string(vsr::to_string(plan.strategy)) + ", " +
+                               std::to_string(plan.bands_per_pass) + " band(s)/pass";
+
+  void* pinned = nullptr;
+  VSR_CU_TRY(api.cuMemHostAlloc(&pinned, bytes, 0));
+  void* dst = nullptr;
+  CUstream stream = nullptr;
+  const auto release = [&] {
+    if (dst != nullptr) vsr::device_deallocate(dst, bytes);
+    if (stream != nullptr) (void)api.cuStreamDestroy(stream);
+    (void)api.cuMemFreeHost(pinned);
+  };
+  std::vector<std::vector<double>> s;
+  try {
+    std::memcpy(pinned, in.host_data(), bytes);
+    dst = vsr::device_allocate(bytes);
+    VSR_CU_TRY(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    std::vector<TimedContender> cs{
+        {"dispatch",
+         [&] {
+           VSR_CU_TRY(api.cuCtxSynchronize());
+           const auto t0 = Clock::now();
+           const vsr::OwnedRasterArray out = vsr::dispatch_per_band_gpu(in, rescale_op);
+           VSR_CU_TRY(api.cuCtxSynchronize());
+           return seconds_since(t0);
+         }},
+        {"pinned H2D",
+         [&] {
+           const auto t0 = Clock::now();
+           VSR_CU_TRY(api.cuMemcpyHtoDAsync(detail::to_device_ptr(dst), pinned, bytes, stream));
+           VSR_CU_TRY(api.cuStreamSynchronize(stream));
+           return seconds_since(t0);
+         }},
+        {"pageable H2D",
+         [&] {
+           const auto t0 = Clock::now();
+           VSR_CU_TRY(api.cuMemcpyHtoD(detail::to_device_ptr(dst), in.host_data(), bytes));
+           return seconds_since(t0);
+         }},
+    };
+    s = interleave_timed("3/4 pipelined dispatch", z.rounds, cs);
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
+  const double ratio = paired_ratio(s[1], s[0]);
+  const std::string met = met_str(ratio, goal);
+  tab.add({std::to_string(z.pipe_bands) + " x " +
+               bytes_str(bytes / static_cast<std::size_t>(z.pipe_bands)),
+           plan_str, std::to_string(z.rounds), fmt("%.1f", gbps(moved, median(s[0]))),
+           fmt("%.1f", gbps(moved, median(s[1]))), fmt("%.3f", ratio), goal, met,
+           fmt("%.1f", gbps(moved, median(s[2])))});
+  rep.summary.push_back({metric, ratio, goal, met,
+                         fmt("%.1f", gbps(moved, median(s[0]))) + " vs " +
+                             fmt("%.1f", gbps(moved, median(s[1]))) + " GB/s, plan " + plan_str});
+  rep.section_json("{\"section\": \"pipeline\", \"bands\": " + std::to_string(z.pipe_bands) +
+                   ", \"bytes\": " + std::to_string(bytes) + ", \"plan\": " +
+                   json_escape(plan_str) + ", \"rounds\": " + std::to_string(z.rounds) +
+                   ", \"dispatch_gbps\": " + json_num(gbps(moved, median(s[0]))) +
+                   ", \"pinned_h2d_gbps\": " + json_num(gbps(moved, median(s[1]))) +
+                   ", \"pageable_h2d_gbps\": " + json_num(gbps(moved, median(s[2]))) +
+                   ", \"ratio\": " + json_num(ratio) + ", \"goal\": " + json_escape(goal) +
+                   ", \"met\": " + json_escape(met) + "}");
+  if (!quiet) {
+    tab.print(
+        "== 3. Pipelined per-band GPU dispatch: dispatch_per_band_gpu(rescale) over a host raster, "
+        "end to end (its pinned staging and output included), vs one cuMemcpyHtoDAsync of the "
+        "same bytes from a pinned buffer allocated beforehand; GB/s = host bytes / s ==");
+  }
+}
+
+void section_focal(Report& rep, const DispatchSizes& z, const std::string& skip, bool quiet) {
+  Table tab({"where", "threads", "raster", "rounds", "Mpx/s"});
+  const double host_px = static_cast<double>(z.focal_h * z.focal_w);
+  {
+    const vsr::OwnedRasterArray in = host_raster(1, z.focal_h, z.focal_w);
+    const std::vector<int> threads = host_thread_counts(rep.machine.cpus);
+    std::vector<TimedContender> cs;
+    for (int t : threads) {
+      cs.push_back({std::to_string(t), [&in, t] {
+                      set_host_threads(t);
+                      const auto t0 = Clock::now();
+                      const vsr::OwnedRasterArray out = vsr::focal_mean_3x3(in);
+                      return seconds_since(t0);
+                    }});
+    }
+    const auto s = interleave_timed("4/4 focal mean, host", z.rounds, cs);
+    set_host_threads(host_max_threads());
+    for (std::size_t i = 0; i < threads.size(); ++i) {
+      const double mpx = host_px / median(s[i]) / 1e6;
+      const std::string shape = std::to_string(z.focal_h) + " x " + std::to_string(z.focal_w);
+      tab.add(
+          {"host", std::to_string(threads[i]), shape, std::to_string(z.rounds), fmt("%.1f", mpx)});
+      rep.summary.push_back(
+          {"focal_mean_3x3 Mpx/s, host, " + std::to_string(threads[i]) + " thread(s)", mpx, "",
+           "n/a", ""});
+      rep.section_json("{\"section\": \"focal_mean\", \"where\": \"host\", \"threads\": " +
+                       std::to_string(threads[i]) + ", \"height\": " + std::to_string(z.focal_h) +
+                       ", \"width\": " + std::to_string(z.focal_w) + ", \"rounds\": " +
+                       std::to_string(z.rounds) + ", \"mpx_per_s\": " + json_num(mpx) + "}");
+    }
+  }
+  if (!skip.empty()) {
+    tab.add({"GPU", "-", "-", "-", skip});
+    skipped_row(rep, "focal_mean_3x3 Mpx/s, GPU", "", skip);
+    rep.section_json("{\"section\": \"focal_mean\", \"where\": \"gpu\", \"skipped\": " +
+                     json_escape(skip) + "}");
+  } else {
+    detail::bind_current_device();
+    vsr::OwnedRasterArray in = host_raster(1, z.gpu_h, z.gpu_w);
+    in.move_to(vsr::Residency::device);
+    std::vector<TimedContender> cs{
+        {"gpu", [&] { return gpu_round(z.gpu_reps, [&] { (void)vsr::focal_mean_3x3(in); }); }}};
+    const auto s = interleave_timed("4/4 focal mean, GPU", z.rounds, cs);
+    const double mpx = static_cast<double>(z.gpu_h * z.gpu_w) * z.gpu_reps / median(s[0]) / 1e6;
+    tab.add({"GPU", "-", std::to_string(z.gpu_h) + " x " + std::to_string(z.gpu_w),
+             std::to_string(z.rounds), fmt("%.1f", mpx)});
+    rep.summary.push_back({"focal_mean_3x3 Mpx/s, GPU", mpx, "", "n/a", ""});
+    rep.section_json(
+        "{\"section\": \"focal_mean\", \"where\": \"gpu\", \"height\": " + std::to_string(z.gpu_h) +
+        ", \"width\": " + std::to_string(z.gpu_w) + ", \"rounds\": " + std::to_string(z.rounds) +
+        ", \"ops_per_round\": " + std::to_string(z.gpu_reps) + ", \"mpx_per_s\": " + json_num(mpx) +
+        "}");
+  }
+  if (!quiet) {
+    tab.print(
+        "== 4. focal_mean_3x3 (float32, edge nearest, no nodata), megapixels per second, median "
+        "of rounds (information: no goal) ==");
+  }
+}
+
+int run_dispatch(const DispatchOptions& o) {
+  Report rep;
+  rep.machine.cpus = std::thread::hardware_concurrency();
+  rep.machine.cpu_model = cpu_model();
+  const vsr::DriverInfo info = vsr::driver_info();
+  rep.machine.library = info.library;
+  rep.machine.emulated = info.emulated;
+  rep.machine.driver_version = info.driver_version;
+  if (info.available && !info.devices.empty()) {
+    const auto& d = info.devices.front();
+    rep.machine.device = d.name;
+    rep.machine.cc_major = d.compute_capability_major;
+    rep.machine.cc_minor = d.compute_capability_minor;
+  }
+  const std::string skip = gpu_skip_reason(info);
+  const int omp_threads = host_max_threads();
+#if !defined(_OPENMP)
+  rep.notes.push_back("built without OpenMP: host rows run 1 thread only");
+#endif
+  if (!vsr::ops_built_with_cuda()) rep.notes.push_back("library built without CUDA");
+
+  DispatchSizes z;
+  if (o.quick) {
+    z.cpu_h = 1024;
+    z.cpu_w = 2048;  // 8 MiB
+    z.focal_h = 512;
+    z.focal_w = 1024;
+    z.gpu_h = 4096;
+    z.gpu_w = 4096;  // 64 MiB
+    z.gpu_reps = 5;
+    z.pipe_bands = 4;
+    z.pipe_h = 2048;
+    z.pipe_w = 2048;  // 16 MiB per band
+    z.rounds = 3;
+  }
+  if (skip.empty()) {
+    detail::bind_current_device();
+    VSR_CU_TRY(detail::driver().cuMemGetInfo(&rep.machine.free_bytes, &rep.machine.total_bytes));
+    // Each GPU section holds at most ~3.3x its raster (input, output, copy target, staging):
+    // keep that under a third of free memory.
+    while (z.gpu_h > 1024 &&
+           static_cast<double>(z.gpu_h * z.gpu_w) * 4 * 3.3 > rep.machine.free_bytes / 3.0) {
+      z.gpu_h /= 2;
+    }
+    while (z.pipe_bands > 2 && static_cast<double>(z.pipe_bands * z.pipe_h * z.pipe_w) * 4 * 3.3 >
+                                   rep.machine.free_bytes / 3.0) {
+      z.pipe_bands /= 2;
+    }
+  }
+
+  if (!o.json) {
+    std::printf("vsr-bench dispatch%s\n", o.quick ? " --quick" : "");
+    std::printf("machine: %u CPUs (%s), OpenMP %s\n", rep.machine.cpus,
+                rep.machine.cpu_model.c_str(),
+#if defined(_OPENMP)
+                ("max " + std::to_string(omp_threads) + " threads").c_str()
+#else
+                "not available"
+#endif
+    );
+    if (info.available) {
+      std::printf("driver:  %s%s, version %d.%d; ops built %s CUDA\n", info.library.c_str(),
+                  info.emulated ? " [HOST EMULATOR: GPU rows not measured]" : "",
+                  info.driver_version / 1000, (info.driver_version % 1000) / 10,
+                  vsr::ops_built_with_cuda() ? "with" : "without");
+      std::printf("device:  %s (cc %d.%d)", rep.machine.device.c_str(), rep.machine.cc_major,
+                  rep.machine.cc_minor);
+      if (skip.empty()) {
+        std::printf(", %s free of %s", bytes_str(rep.machine.free_bytes).c_str(),
+                    bytes_str(rep.machine.total_bytes).c_str());
+      }
+      std::printf("\n");
+    } else {
+      std::printf("driver:  none (%s); GPU rows not measured\n", info.reason.c_str());
+    }
+    std::printf("rounds:  %d; median of interleaved rounds\n", z.rounds);
+    for (const auto& n : rep.notes) std::printf("note:    %s\n", n.c_str());
+  }
+
+  const auto t0 = Clock::now();
+  const auto guarded = [&](const char* name, const std::function<void()>& section) {
+    if (!o.sections.empty() &&
+        ("," + o.sections + ",").find("," + std::string(name) + ",") == std::string::npos) {
+      return;
+    }
+    try {
+      section();
+    } catch (const std::exception& e) {
+      case_error(rep, name, e);
+    }
+    // Give the pool's cached pages back, so one section's device memory never adds to the next.
+    if (skip.empty()) {
+      try {
+        vsr::free_pool_memory();
+      } catch (const std::exception& e) {
+        case_error(rep, std::string(name) + " (free_pool_memory)", e);
+      }
+    }
+  };
+  guarded("cpu", [&] { section_cpu_elementwise(rep, z, o.json); });
+  guarded("gpu", [&] { section_gpu_elementwise(rep, z, skip, o.json); });
+  guarded("pipeline", [&] { section_pipeline(rep, z, skip, o.json); });
+  guarded("focal", [&] { section_focal(rep, z, skip, o.json); });
+  const int status = g_errors > 0 ? 1 : 0;
+  const double secs = seconds_since(t0);
+  progress("done in %.1f s", secs);
+
+  if (o.json) {
+    const Machine& m = rep.machine;
+    std::printf("{\n  \"benchmark\": \"dispatch\",\n  \"quick\": %s,\n",
+                o.quick ? "true" : "false");
+    std::printf(
+        "  \"machine\": {\"cpus\": %u, \"cpu_model\": %s, \"openmp_max_threads\": %d, "
+        "\"driver_available\": %s, \"driver_library\": %s, \"emulated\": %s, "
+        "\"driver_version\": %d, \"device\": %s, \"compute_capability\": \"%d.%d\", "
+        "\"free_bytes\": %zu, \"total_bytes\": %zu, \"ops_built_with_cuda\": %s, "
+        "\"gpu_rows\": %s},\n",
+        m.cpus, json_escape(m.cpu_model).c_str(), omp_threads, info.available ? "true" : "false",
+        json_escape(m.library).c_str(), m.emulated ? "true" : "false", m.driver_version,
+        json_escape(m.device).c_str(), m.cc_major, m.cc_minor, m.free_bytes, m.total_bytes,
+        vsr::ops_built_with_cuda() ? "true" : "false",
+        json_escape(skip.empty() ? "measured" : skip).c_str());
+    print_json_tail(rep);
+    return status;
+  }
+  print_summary(rep, "== Summary" + std::string(skip.empty() ? "" : " (GPU rows: " + skip + ")") +
+                         ", " + fmt("%.1f", secs) + " s ==");
   return status;
 }
 
@@ -840,7 +1411,8 @@ int usage(FILE* to) {
   std::fprintf(to,
                "usage: vsr-bench alloc [--quick] [--json] [--seed N] [--sections LIST]\n"
                "       LIST: comma-separated subset of malloc,driver,threads,frag\n"
-               "       vsr-bench dispatch   (not yet implemented)\n");
+               "       vsr-bench dispatch [--quick] [--json] [--sections LIST]\n"
+               "       LIST: comma-separated subset of cpu,gpu,pipeline,focal\n");
   return 2;
 }
 
@@ -854,8 +1426,24 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "dispatch") {
-    std::fprintf(stderr, "vsr-bench dispatch: not yet implemented\n");
-    return 2;
+    DispatchOptions d;
+    for (int i = 2; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--json") == 0) {
+        d.json = true;
+      } else if (std::strcmp(argv[i], "--quick") == 0) {
+        d.quick = true;
+      } else if (std::strcmp(argv[i], "--sections") == 0 && i + 1 < argc) {
+        d.sections = argv[++i];
+      } else {
+        return usage(stderr);
+      }
+    }
+    try {
+      return run_dispatch(d);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "vsr-bench: %s\n", e.what());
+      return 1;
+    }
   }
   if (cmd != "alloc") return usage(stderr);
   Options o;
