@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// Raster files through GDAL: metadata, windowed reads of band subsets, writes, and a streamed
+// tile-by-tile processing path that follows a RasterPlan with only one tile in memory.
+//
+// GDAL is an optional build feature (meson option 'gdal'). The declarations are always present;
+// in a build without GDAL every function throws std::runtime_error("... built without GDAL")
+// (io_available() says which build this is).
+//
+// Conventions
+// - Georeferencing: GDAL's geotransform is converted with Affine::from_gdal / Affine::to_gdal.
+//   A file with no geotransform reads as GDAL's default {0, 1, 0, 0, 0, 1}.
+// - CRS: the WKT of GetProjectionRef (empty when the file has none); written back as given
+//   (WKT, "EPSG:n" or anything OGRSpatialReference::SetFromUserInput accepts).
+// - Nodata: GDAL keeps one per band, this library one per raster. Reading takes band 1's and
+//   rejects (std::runtime_error) a file whose selected bands disagree (NaN equals NaN); writing
+//   sets it on every band.
+// - dtypes: all ten. int8 needs GDAL >= 3.7 (GDT_Int8); with older GDAL an int8 raster is
+//   written as Byte with PIXELTYPE=SIGNEDBYTE (GTiff) and read back as int8. uint64/int64 need
+//   GDAL >= 3.5.
+// - Thread-safety: every call opens its own dataset, so concurrent calls on distinct files are
+//   safe; concurrent writes to the same file are not.
+#pragma once
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/dispatch.hpp>
+#include <vibespatial/raster/export.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace vibespatial::raster {
+
+/// Whether this build reads and writes files through GDAL. Never throws.
+VSR_EXPORT bool io_available() noexcept;
+
+/// A pixel window of a raster: columns [col_off, col_off + width), rows [row_off, row_off +
+/// height). Must lie inside the raster with width and height > 0.
+struct RasterWindow {
+  std::int64_t col_off = 0, row_off = 0, width = 0, height = 0;
+
+  friend bool operator==(const RasterWindow&, const RasterWindow&) = default;
+};
+
+/// How write_raster creates a file.
+struct WriteOptions {
+  std::string driver = "GTiff";      ///< a GDAL driver with Create() support
+  std::string compress = "DEFLATE";  ///< GTiff COMPRESS; empty or "NONE": uncompressed
+  bool tiled = true;                 ///< GTiff TILED=YES with block x block tiles
+  int block = 256;                   ///< tile side (a multiple of 16 for GTiff)
+};
+
+/**
+ * @brief The header of the raster file @p path: shape, band count, dtype, nodata (band 1's),
+ * affine, CRS (WKT) and driver short name.
+ * @throws std::invalid_argument if the file cannot be opened (GDAL's message included);
+ *         std::runtime_error for a data type this library does not have (e.g. complex), bands
+ *         of differing data types or nodata values, or a build without GDAL.
+ */
+VSR_EXPORT RasterMetadata read_raster_metadata(const std::string& path);
+
+/**
+ * @brief Reads @p window (default: the whole raster) of the 1-based @p bands (default: all, in
+ * order; a band may be repeated) of @p path into a new host raster. The affine is shifted to the
+ * window's origin; nodata and CRS as read_raster_metadata (nodata checked over the selected
+ * bands only).
+ * @throws std::invalid_argument for a file that cannot be opened, a window outside the raster or
+ *         of non-positive size, a band index outside [1, band count];
+ *         std::runtime_error as read_raster_metadata or when GDAL fails to read.
+ */
+VSR_EXPORT OwnedRasterArray read_raster(const std::string& path,
+                                        std::optional<RasterWindow> window = {},
+                                        std::vector<int> bands = {});
+
+/**
+ * @brief Writes @p raster (host or device resident; a device raster is copied to the host, not
+ * moved) to @p path, replacing any existing file: its dtype, every band, affine, CRS and nodata
+ * (on every band).
+ * @throws std::invalid_argument for an unknown driver or a CRS GDAL does not understand;
+ *         std::runtime_error when GDAL cannot create or write the file (its message included).
+ */
+VSR_EXPORT void write_raster(const std::string& path, const OwnedRasterArray& raster,
+                             const WriteOptions& options = {});
+
+/**
+ * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out.
+ *
+ * Tiles are row-major over plan.tile_shape (a whole or band_batches plan is one tile: the whole
+ * raster). Each tile is read with plan.halo extra pixels per side, clamped at the raster edges
+ * (no padding), with every band and the affine shifted to the read window's origin; @p op
+ * returns a raster of its input's height and width, whose interior (the effective tile) is
+ * written. With plan.halo >= the op's radius the file equals the whole-raster result.
+ *
+ * The output file is created on the first tile's result, with that result's dtype, band count
+ * and nodata (the op's, not the input's: an op may change the dtype) and the input's full shape,
+ * affine and CRS. Only one tile is live at a time. @p progress, if set, is called after each
+ * tile with (tiles done, total tiles).
+ * @throws std::invalid_argument for an empty @p op, a negative halo, a tiled plan without a
+ *         positive tile_shape, or a tile result of the wrong shape or of a dtype, band count or
+ *         nodata differing from the first tile's; what read_raster / write_raster throw;
+ *         whatever @p op throws. On error a partly written @p out may remain.
+ */
+VSR_EXPORT void process_raster_streamed(
+    const std::string& in, const std::string& out, const BandOp& op, const RasterPlan& plan,
+    const WriteOptions& options = {},
+    std::function<void(std::int64_t done, std::int64_t total)> progress = {});
+
+}  // namespace vibespatial::raster

@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// io.hpp in a build without GDAL: the API links and every call says why it cannot work.
+#include <vibespatial/raster/io.hpp>
+
+#include <stdexcept>
+#include <string>
+
+namespace vibespatial::raster {
+
+namespace {
+
+[[noreturn]] void unavailable(const char* what) {
+  throw std::runtime_error(std::string(what) +
+                           ": vibespatial-raster was built without GDAL (install libgdal-dev "
+                           "and reconfigure with -Dgdal=enabled)");
+}
+
+}  // namespace
+
+bool io_available() noexcept {
+  return false;
+}
+
+RasterMetadata read_raster_metadata(const std::string& /*path*/) {
+  unavailable("read_raster_metadata");
+}
+
+OwnedRasterArray read_raster(const std::string& /*path*/, std::optional<RasterWindow> /*window*/,
+                             std::vector<int> /*bands*/) {
+  unavailable("read_raster");
+}
+
+void write_raster(const std::string& /*path*/, const OwnedRasterArray& /*raster*/,
+                  const WriteOptions& /*options*/) {
+  unavailable("write_raster");
+}
+
+void process_raster_streamed(const std::string& /*in*/, const std::string& /*out*/,
+                             const BandOp& /*op*/, const RasterPlan& /*plan*/,
+                             const WriteOptions& /*options*/,
+                             std::function<void(std::int64_t, std::int64_t)> /*progress*/) {
+  unavailable("process_raster_streamed");
+}
+
+}  // namespace vibespatial::raster

@@ -1,0 +1,391 @@
+// SPDX-License-Identifier: Apache-2.0
+// GDAL raster I/O: round trips of all ten dtypes, georeferencing, nodata, windows, band subsets,
+// errors, and the streamed tile-by-tile path. Input files are made with GDAL's own C API.
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/dispatch.hpp>
+#include <vibespatial/raster/io.hpp>
+#include <vibespatial/raster/ops.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cpl_error.h>
+#include <gdal.h>
+#include <gdal_version.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace vibespatial::raster;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A fresh directory removed at the end of the test case.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() /
+           ("vsr-io-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+/// Writes a float32 raster with GDAL directly (not through the library under test): a GeoTIFF,
+/// or with @p driver "HFA" an Erdas Imagine file, which (unlike GTiff) keeps a nodata per band.
+void make_tiff_f32(const std::string& path, int width, int height, int bands,
+                   const std::array<double, 6>& gt,
+                   const std::vector<std::optional<double>>& nodata,
+                   const std::vector<float>& pixels, const char* wkt = nullptr,
+                   const char* driver = "GTiff") {
+  GDALAllRegister();
+  GDALDriverH drv = GDALGetDriverByName(driver);
+  REQUIRE(drv != nullptr);
+  GDALDatasetH ds = GDALCreate(drv, path.c_str(), width, height, bands, GDT_Float32, nullptr);
+  REQUIRE(ds != nullptr);
+  std::array<double, 6> g = gt;
+  REQUIRE(GDALSetGeoTransform(ds, g.data()) == CE_None);
+  if (wkt != nullptr) REQUIRE(GDALSetProjection(ds, wkt) == CE_None);
+  for (int b = 0; b < bands; ++b) {
+    GDALRasterBandH band = GDALGetRasterBand(ds, b + 1);
+    if (nodata[static_cast<std::size_t>(b)]) {
+      REQUIRE(GDALSetRasterNoDataValue(band, *nodata[static_cast<std::size_t>(b)]) == CE_None);
+    }
+    REQUIRE(GDALRasterIO(band, GF_Write, 0, 0, width, height,
+                         const_cast<float*>(pixels.data()) +
+                             static_cast<std::size_t>(b) * static_cast<std::size_t>(width * height),
+                         width, height, GDT_Float32, 0, 0) == CE_None);
+  }
+  GDALClose(ds);
+}
+
+std::vector<float> ramp(int bands, int height, int width) {
+  std::vector<float> v(static_cast<std::size_t>(bands) * static_cast<std::size_t>(height * width));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 37) % 1001) * 0.5F;
+  return v;
+}
+
+template <class T>
+std::vector<T> as_vector(const OwnedRasterArray& r) {
+  std::vector<T> v(r.byte_size() / sizeof(T));
+  r.copy_to_host(v.data());
+  return v;
+}
+
+std::vector<std::byte> bytes_of(const OwnedRasterArray& r) {
+  std::vector<std::byte> v(r.byte_size());
+  r.copy_to_host(v.data());
+  return v;
+}
+
+/// Bytes of a raster with a deterministic pattern (every byte varies) for any dtype.
+OwnedRasterArray pattern_raster(DType dtype, int bands, std::int64_t h, std::int64_t w,
+                                std::optional<double> nodata) {
+  const std::size_t n = static_cast<std::size_t>(bands * h * w) * itemsize(dtype);
+  std::vector<unsigned char> raw(n);
+  for (std::size_t i = 0; i < n; ++i) raw[i] = static_cast<unsigned char>((i * 131 + 7) % 251);
+  if (dtype == DType::float32) {
+    auto* f = reinterpret_cast<float*>(raw.data());
+    for (std::size_t i = 0; i < n / 4; ++i) f[i] = static_cast<float>(i) * 0.25F - 3.0F;
+  } else if (dtype == DType::float64) {
+    auto* f = reinterpret_cast<double*>(raw.data());
+    for (std::size_t i = 0; i < n / 8; ++i) f[i] = static_cast<double>(i) * 1e-3 - 1.0;
+  }
+  return OwnedRasterArray::from_host(raw.data(), dtype, bands, h, w, nodata,
+                                     Affine{0.5, 0, 1000, 0, -0.5, 2000}, "EPSG:32633");
+}
+
+}  // namespace
+
+TEST_CASE("io_available is true in a GDAL build") {
+  CHECK(io_available());
+}
+
+TEST_CASE("all ten dtypes round-trip with nodata, affine and CRS") {
+  TempDir dir;
+  const struct {
+    DType dtype;
+    std::optional<double> nodata;
+  } cases[] = {
+      {DType::uint8, 255},
+      {DType::int8, -128},
+      {DType::uint16, 65535},
+      {DType::int16, -9999},
+      {DType::uint32, 4294967295.0},
+      {DType::int32, -2147483648.0},
+      {DType::uint64, 18446744073709549568.0},  // exactly representable in double
+      {DType::int64, -9223372036854775808.0},
+      {DType::float32, std::numeric_limits<double>::quiet_NaN()},
+      {DType::float64, -1e300},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(to_string(c.dtype));
+    const OwnedRasterArray src = pattern_raster(c.dtype, 3, 37, 53, c.nodata);
+    const std::string path = dir.file(std::string(to_string(c.dtype)) + ".tif");
+    write_raster(path, src);
+    const RasterMetadata meta = read_raster_metadata(path);
+    CHECK(meta.dtype == c.dtype);
+    CHECK(meta.band_count == 3);
+    CHECK(meta.height == 37);
+    CHECK(meta.width == 53);
+    CHECK(meta.driver == "GTiff");
+    CHECK(same_nodata(meta.nodata, c.nodata));
+    CHECK(meta.affine == src.affine());
+    CHECK(meta.crs.find("32633") != std::string::npos);
+    const OwnedRasterArray back = read_raster(path);
+    CHECK(back.dtype() == c.dtype);
+    CHECK(same_nodata(back.nodata(), c.nodata));
+    CHECK(bytes_of(back) == bytes_of(src));
+  }
+}
+
+TEST_CASE("int8 is stored as GDAL Int8, or as Byte with PIXELTYPE=SIGNEDBYTE before GDAL 3.7") {
+  TempDir dir;
+  const std::int8_t px[4] = {-128, -1, 0, 127};
+  const OwnedRasterArray src = OwnedRasterArray::from_host(px, DType::int8, 1, 2, 2, -1.0);
+  const std::string path = dir.file("i8.tif");
+  write_raster(path, src);
+  GDALDatasetH ds = GDALOpen(path.c_str(), GA_ReadOnly);
+  REQUIRE(ds != nullptr);
+  GDALRasterBandH band = GDALGetRasterBand(ds, 1);
+#if GDAL_VERSION_NUM >= GDAL_COMPUTE_VERSION(3, 7, 0)
+  CHECK(GDALGetRasterDataType(band) == GDT_Int8);
+#else
+  CHECK(GDALGetRasterDataType(band) == GDT_Byte);
+  const char* pt = GDALGetMetadataItem(band, "PIXELTYPE", "IMAGE_STRUCTURE");
+  REQUIRE(pt != nullptr);
+  CHECK(std::string(pt) == "SIGNEDBYTE");
+  // Other drivers have no signed-byte marker: int8 is rejected with a clear message.
+  CHECK_THROWS_WITH_AS(write_raster(dir.file("i8.img"), src, WriteOptions{.driver = "HFA"}),
+                       doctest::Contains("int8 needs GDAL >= 3.7"), std::invalid_argument);
+#endif
+  GDALClose(ds);
+  const OwnedRasterArray back = read_raster(path);
+  CHECK(back.dtype() == DType::int8);
+  CHECK(back.nodata() == std::optional<double>(-1.0));
+  CHECK(as_vector<std::int8_t>(back) == std::vector<std::int8_t>(px, px + 4));
+}
+
+TEST_CASE("geotransform <-> affine is exact, rotation terms included") {
+  TempDir dir;
+  const std::array<double, 6> gt = {100.5, 0.25, 0.0125, 200.75, -0.03125, -0.5};
+  const std::string path = dir.file("gt.tif");
+  make_tiff_f32(path, 8, 6, 1, gt, {std::nullopt}, ramp(1, 6, 8));
+  const RasterMetadata meta = read_raster_metadata(path);
+  CHECK(meta.affine == Affine{0.25, 0.0125, 100.5, -0.03125, -0.5, 200.75});
+  CHECK(!meta.nodata.has_value());
+  CHECK(meta.crs.empty());
+
+  const std::string copy = dir.file("gt2.tif");
+  write_raster(copy, read_raster(path));
+  GDALDatasetH ds = GDALOpen(copy.c_str(), GA_ReadOnly);
+  REQUIRE(ds != nullptr);
+  std::array<double, 6> back{};
+  REQUIRE(GDALGetGeoTransform(ds, back.data()) == CE_None);
+  GDALClose(ds);
+  CHECK(back == gt);
+}
+
+TEST_CASE("nodata: NaN on multi-band float32, integer, absent, and disagreeing bands") {
+  TempDir dir;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::array<double, 6> gt = {0, 1, 0, 0, 0, -1};
+  const std::string p_nan = dir.file("nan.tif");
+  make_tiff_f32(p_nan, 4, 3, 3, gt, {nan, nan, nan}, ramp(3, 3, 4));
+  // The reference failed here (float32 NaN sentinels compared with ==).
+  const OwnedRasterArray r = read_raster(p_nan);
+  REQUIRE(r.nodata().has_value());
+  CHECK(std::isnan(*r.nodata()));
+  const OwnedRasterArray stacked = OwnedRasterArray::from_band_stack({r.band(0), r.band(2)}, r);
+  CHECK(stacked.band_count() == 2);
+
+  const std::string p_int = dir.file("int.tif");
+  make_tiff_f32(p_int, 4, 3, 2, gt, {-9999.0, -9999.0}, ramp(2, 3, 4));
+  CHECK(read_raster_metadata(p_int).nodata == std::optional<double>(-9999.0));
+
+  const std::string p_mixed = dir.file("mixed.img");
+  make_tiff_f32(p_mixed, 4, 3, 3, gt, {-1.0, -1.0, -2.0}, ramp(3, 3, 4), nullptr, "HFA");
+  CHECK_THROWS_WITH_AS(read_raster_metadata(p_mixed), doctest::Contains("different nodata value"),
+                       std::runtime_error);
+  CHECK_THROWS_AS(read_raster(p_mixed), std::runtime_error);
+  // Bands that agree can still be read on their own.
+  CHECK(read_raster(p_mixed, {}, {1, 2}).nodata() == std::optional<double>(-1.0));
+  CHECK(read_raster(p_mixed, {}, {3}).nodata() == std::optional<double>(-2.0));
+}
+
+TEST_CASE("windows and band subsets") {
+  TempDir dir;
+  const int H = 20, W = 30, B = 3;
+  const std::vector<float> px = ramp(B, H, W);
+  const std::string path = dir.file("win.tif");
+  make_tiff_f32(path, W, H, B, {10, 2, 0, 50, 0, -3}, {std::nullopt, std::nullopt, std::nullopt},
+                px);
+  const OwnedRasterArray r = read_raster(path, RasterWindow{5, 7, 11, 4}, {3, 1, 3});
+  CHECK(r.band_count() == 3);
+  CHECK(r.height() == 4);
+  CHECK(r.width() == 11);
+  CHECK(r.affine() == Affine{2, 0, 20, 0, -3, 29});
+  const std::vector<float> got = as_vector<float>(r);
+  const int band_of[3] = {2, 0, 2};
+  for (int b = 0; b < 3; ++b) {
+    for (int y = 0; y < 4; ++y) {
+      for (int x = 0; x < 11; ++x) {
+        CHECK(got[static_cast<std::size_t>((b * 4 + y) * 11 + x)] ==
+              px[static_cast<std::size_t>((band_of[b] * H + 7 + y) * W + 5 + x)]);
+      }
+    }
+  }
+  const OwnedRasterArray full_last_row = read_raster(path, RasterWindow{0, H - 1, W, 1});
+  CHECK(full_last_row.band_count() == B);
+}
+
+TEST_CASE("errors carry clear messages") {
+  TempDir dir;
+  const std::string path = dir.file("e.tif");
+  make_tiff_f32(path, 8, 6, 2, {0, 1, 0, 0, 0, -1}, {std::nullopt, std::nullopt}, ramp(2, 6, 8));
+  CHECK_THROWS_WITH_AS(read_raster_metadata(dir.file("missing.tif")),
+                       doctest::Contains("missing.tif"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(read_raster(dir.file("missing.tif")), doctest::Contains("No such file"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(read_raster(path, RasterWindow{4, 0, 5, 6}),
+                       doctest::Contains("is not inside"), std::invalid_argument);
+  CHECK_THROWS_AS(read_raster(path, RasterWindow{0, 0, 0, 6}), std::invalid_argument);
+  CHECK_THROWS_AS(read_raster(path, RasterWindow{-1, 0, 2, 2}), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(read_raster(path, {}, {0}), doctest::Contains("band index 0"),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(read_raster(path, {}, {1, 3}), std::invalid_argument);
+  const OwnedRasterArray r = read_raster(path);
+  CHECK_THROWS_WITH_AS(write_raster(dir.file("x.tif"), r, WriteOptions{.driver = "NoSuch"}),
+                       doctest::Contains("unknown GDAL driver"), std::invalid_argument);
+  const OwnedRasterArray bad_crs = OwnedRasterArray::from_host(r.host_data(), r.dtype(), 2, 6, 8,
+                                                               std::nullopt, Affine{}, "not a crs");
+  CHECK_THROWS_WITH_AS(write_raster(dir.file("x.tif"), bad_crs),
+                       doctest::Contains("does not understand CRS"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(write_raster(dir.file("no/such/dir/x.tif"), r),
+                       doctest::Contains("cannot create"), std::runtime_error);
+}
+
+TEST_CASE("streamed focal mean with halo equals the whole-raster result, tile by tile") {
+  TempDir dir;
+  const int H = 600, W = 700, B = 3;
+  std::vector<float> px = ramp(B, H, W);
+  for (std::size_t i = 0; i < px.size(); i += 97) px[i] = -1.0F;  // nodata pixels
+  const std::string in = dir.file("in.tif");
+  make_tiff_f32(in, W, H, B, {0, 1, 0, 0, 0, -1}, {-1.0, -1.0, -1.0}, px);
+
+  PlanOptions opts;
+  opts.band_count = B;
+  opts.halo = 1;
+  opts.vram_budget = 4u << 20;  // small enough to force 256 x 256 tiles
+  const RasterPlan plan = plan_from_metadata(read_raster_metadata(in), opts);
+  REQUIRE(plan.strategy == TilingStrategy::tiled);
+  REQUIRE(plan.n_tiles > 1);
+
+  const BandOp focal = [](const OwnedRasterArray& t) { return focal_mean_3x3(t); };
+  std::int64_t calls = 0, last_total = 0;
+  const std::string out = dir.file("out.tif");
+  process_raster_streamed(in, out, focal, plan, {}, [&](std::int64_t done, std::int64_t total) {
+    ++calls;
+    CHECK(done == calls);
+    last_total = total;
+  });
+  CHECK(calls == plan.n_tiles);
+  CHECK(last_total == plan.n_tiles);
+
+  const OwnedRasterArray whole = focal_mean_3x3(read_raster(in));
+  const OwnedRasterArray got = read_raster(out);
+  CHECK(got.dtype() == DType::float32);
+  REQUIRE(got.nodata().has_value());
+  CHECK(std::isnan(*got.nodata()));
+  CHECK(got.affine() == whole.affine());
+  CHECK(bytes_of(got) == bytes_of(whole));
+
+  // Without a halo the tile seams differ: the halo is what makes the result exact.
+  RasterPlan no_halo = plan;
+  no_halo.halo = 0;
+  process_raster_streamed(in, dir.file("seams.tif"), focal, no_halo);
+  CHECK(bytes_of(read_raster(dir.file("seams.tif"))) != bytes_of(whole));
+}
+
+TEST_CASE("streamed output dtype is the op's: uint16 in, float32 out") {
+  TempDir dir;
+  const int H = 300, W = 280;
+  std::vector<std::uint16_t> px(static_cast<std::size_t>(H * W));
+  for (std::size_t i = 0; i < px.size(); ++i) px[i] = static_cast<std::uint16_t>((i * 7) % 4000);
+  const OwnedRasterArray src =
+      OwnedRasterArray::from_host(px.data(), DType::uint16, 1, H, W, 0.0, Affine{}, "EPSG:4326");
+  const std::string in = dir.file("u16.tif");
+  write_raster(in, src);
+
+  const BandOp to_float = [](const OwnedRasterArray& t) {
+    return rescale(t, 0, 4000, 0, 1, DType::float32);
+  };
+  RasterPlan plan;
+  plan.strategy = TilingStrategy::tiled;
+  plan.tile_shape = std::pair<std::int64_t, std::int64_t>{128, 100};
+  plan.n_tiles = 3 * 3;
+  const std::string out = dir.file("f32.tif");
+  process_raster_streamed(in, out, to_float, plan);
+  const RasterMetadata meta = read_raster_metadata(out);
+  CHECK(meta.dtype == DType::float32);
+  CHECK(meta.crs.find("4326") != std::string::npos);
+  CHECK(bytes_of(read_raster(out)) == bytes_of(to_float(src)));
+
+  // A whole plan is one tile.
+  std::int64_t calls = 0;
+  process_raster_streamed(in, dir.file("whole.tif"), to_float, RasterPlan{}, {},
+                          [&](std::int64_t, std::int64_t total) {
+                            ++calls;
+                            CHECK(total == 1);
+                          });
+  CHECK(calls == 1);
+  CHECK(bytes_of(read_raster(dir.file("whole.tif"))) == bytes_of(to_float(src)));
+}
+
+TEST_CASE("streamed: bad arguments and ops that break the contract") {
+  TempDir dir;
+  const std::string in = dir.file("in.tif");
+  make_tiff_f32(in, 64, 64, 1, {0, 1, 0, 0, 0, -1}, {std::nullopt}, ramp(1, 64, 64));
+  RasterPlan plan;
+  plan.strategy = TilingStrategy::tiled;
+  plan.tile_shape = std::pair<std::int64_t, std::int64_t>{32, 32};
+  const BandOp identity = [](const OwnedRasterArray& t) { return t; };
+  CHECK_THROWS_AS(process_raster_streamed(in, dir.file("o.tif"), BandOp{}, plan),
+                  std::invalid_argument);
+  RasterPlan neg = plan;
+  neg.halo = -1;
+  CHECK_THROWS_AS(process_raster_streamed(in, dir.file("o.tif"), identity, neg),
+                  std::invalid_argument);
+  RasterPlan no_shape = plan;
+  no_shape.tile_shape.reset();
+  CHECK_THROWS_AS(process_raster_streamed(in, dir.file("o.tif"), identity, no_shape),
+                  std::invalid_argument);
+  const BandOp shrink = [](const OwnedRasterArray& t) {
+    return OwnedRasterArray::allocate(Residency::host, t.dtype(), 1, 1, 1);
+  };
+  CHECK_THROWS_WITH_AS(process_raster_streamed(in, dir.file("o.tif"), shrink, plan),
+                       doctest::Contains("op returned 1 x 1"), std::invalid_argument);
+  int n = 0;
+  const BandOp changes_dtype = [&n](const OwnedRasterArray& t) {
+    return ++n == 1 ? t : rescale(t, 0, 1, 0, 1, DType::float64);
+  };
+  CHECK_THROWS_WITH_AS(process_raster_streamed(in, dir.file("o.tif"), changes_dtype, plan),
+                       doctest::Contains("differs from the first tile"), std::invalid_argument);
+  CHECK_THROWS_AS(
+      process_raster_streamed(dir.file("missing.tif"), dir.file("o.tif"), identity, plan),
+      std::invalid_argument);
+}
