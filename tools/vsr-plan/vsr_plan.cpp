@@ -2,6 +2,8 @@
 // vsr-plan: prints the plan analyze_raster_plan makes for a raster shape and a VRAM budget.
 //
 // Exit status: 0 on success, 2 for bad arguments (message on stderr), 1 for any other error.
+#include "../common/cli.hpp"
+
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/dispatch.hpp>
 
@@ -48,10 +50,7 @@ BYTES takes a suffix: K, M, G, T (powers of 1000; KB, MB, GB, TB too) or KiB, Mi
 (powers of 1024), e.g. 80M = 80000000, 2GiB = 2147483648.
 )";
 
-/// A bad command line; main prints it and exits 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using vsr_cli::UsageError;
 
 struct Arguments {
   std::optional<std::int64_t> height, width;
@@ -61,60 +60,8 @@ struct Arguments {
   bool help = false;
 };
 
-template <typename Int>
-Int parse_integer(std::string_view option, std::string_view text) {
-  Int value{};
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error == std::errc::result_out_of_range) {
-    throw UsageError(std::string(option) + ": '" + std::string(text) + "' is out of range");
-  }
-  if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
-    throw UsageError(std::string(option) + ": '" + std::string(text) + "' is not an integer");
-  }
-  return value;
-}
-
-std::uint64_t parse_size(std::string_view option, std::string_view text) {
-  std::size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])) != 0) {
-    ++digits;
-  }
-  if (digits == 0) {
-    throw UsageError(std::string(option) + ": '" + std::string(text) +
-                     "' is not a byte size (e.g. 1000000, 80M, 2GiB)");
-  }
-  const auto number = parse_integer<std::uint64_t>(option, text.substr(0, digits));
-  std::string suffix(text.substr(digits));
-  for (char& ch : suffix) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  static const std::vector<std::pair<std::string_view, std::uint64_t>> units{
-      {"", 1},
-      {"b", 1},
-      {"k", 1000},
-      {"kb", 1000},
-      {"m", 1000 * 1000},
-      {"mb", 1000 * 1000},
-      {"g", 1000ull * 1000 * 1000},
-      {"gb", 1000ull * 1000 * 1000},
-      {"t", 1000ull * 1000 * 1000 * 1000},
-      {"tb", 1000ull * 1000 * 1000 * 1000},
-      {"kib", 1ull << 10},
-      {"mib", 1ull << 20},
-      {"gib", 1ull << 30},
-      {"tib", 1ull << 40},
-  };
-  for (const auto& [name, scale] : units) {
-    if (suffix == name) {
-      std::uint64_t bytes = 0;
-      if (__builtin_mul_overflow(number, scale, &bytes)) {
-        throw UsageError(std::string(option) + ": '" + std::string(text) +
-                         "' does not fit in 64 bits");
-      }
-      return bytes;
-    }
-  }
-  throw UsageError(std::string(option) + ": unknown size suffix in '" + std::string(text) +
-                   "' (use K, M, G, T, KiB, MiB, GiB or TiB)");
-}
+using vsr_cli::parse_integer;
+using vsr_cli::parse_size;
 
 Arguments parse_arguments(int argc, char** argv) {
   Arguments args;
