@@ -39,6 +39,25 @@ constexpr int kCentralScan = 32;
 
 std::atomic<std::uint64_t> g_next_epoch{1};
 
+// Per-slot records in whole cache lines of their own: slabs are shared between threads, and a
+// record array must not share a line with anything another thread writes.
+class SlotRecords {
+ public:
+  void reset(std::size_t slots) {
+    lines_ = std::make_unique<Line[]>((slots + kPerLine - 1) / kPerLine);
+  }
+  std::atomic<std::uint32_t>& operator[](std::size_t slot) noexcept {
+    return lines_[slot / kPerLine].record[slot % kPerLine];
+  }
+
+ private:
+  static constexpr std::size_t kPerLine = 16;
+  struct alignas(64) Line {
+    std::atomic<std::uint32_t> record[kPerLine];
+  };
+  std::unique_ptr<Line[]> lines_;
+};
+
 struct Slab {
   // Read on the fast path; fixed once the slab exists.
   CUdeviceptr base = 0;
@@ -52,7 +71,7 @@ struct Slab {
   // Requested size of each slot's live block (small blocks are at most 1 MiB); 0 when free. The
   // free path's compare-exchange on it is what detects double frees and wrong sizes without a
   // lock. 32 bits keep this hot, randomly accessed array small.
-  std::unique_ptr<std::atomic<std::uint32_t>[]> requested;
+  SlotRecords requested;
 
   /// The slot that `p` (inside this slab) falls in. Exact for offsets below 2^32.
   std::size_t slot_of(CUdeviceptr p) const noexcept {
@@ -111,7 +130,8 @@ struct Bin {
 class VmmPool;
 
 /// A thread's cache of freed small blocks and its unshared statistics, for one device's pool.
-struct ThreadCache {
+// Cache-line aligned, so that one thread's writes never share a line with another thread's cache.
+struct alignas(64) ThreadCache {
   VmmPool* pool = nullptr;
   std::uint64_t epoch = 0;
   std::array<Bin, kMaxSizeClasses> bins;
@@ -737,7 +757,7 @@ Slab* VmmPool::new_slab(int size_class) {
   slab->region = ri;
   slab->page = page;
   slab->handle = handle[0];
-  slab->requested = std::make_unique<std::atomic<std::uint32_t>[]>(slab->slot_count);
+  slab->requested.reset(slab->slot_count);
   Slab* raw = slab.release();
   classes_[static_cast<std::size_t>(size_class)].slabs.push_back(raw);
   region.slabs[page].store(raw, std::memory_order_release);
