@@ -81,6 +81,7 @@ struct Slab {
   // Written under the pool's mutex, on a cache line of their own so that those writes do not
   // bounce the line the fast path reads between threads.
   alignas(64) std::uint32_t carved = 0;  // slots handed out at least once (a bump index)
+  bool carving = false;    // a thread carves new slots from it: not reclaimable meanwhile
   std::uint32_t used = 0;  // carved slots not in the central free list (live or thread-cached)
 };
 
@@ -135,6 +136,9 @@ struct alignas(64) ThreadCache {
   VmmPool* pool = nullptr;
   std::uint64_t epoch = 0;
   std::array<Bin, kMaxSizeClasses> bins;
+  // The slab each class carves new slots from, per thread, so that threads do not share slabs
+  // (and the cache lines of their slot records) until blocks migrate through the shared list.
+  std::array<Slab*, kMaxSizeClasses> carving{};
   // Written only by the owning thread; read by memory_pool_stats() from any thread.
   std::atomic<std::int64_t> bytes{0}, count{0}, peak_bytes{0}, peak_count{0};
   std::atomic<std::uint64_t> total_bytes{0}, total_count{0};
@@ -194,7 +198,14 @@ class VmmPool final : public DevicePool {
   const MarkRef& covering_mark(const CentralEntry& e);
   // Whether a shared slot may be used on `stream` now. Mutex held.
   bool central_ready(const CentralEntry& e, CUstream stream);
-  void fold_cache_stats(ThreadCache& cache) noexcept;  // owner thread; atomics only
+  void fold_cache_stats(ThreadCache& cache) noexcept;
+  // Gives up the thread's carving slabs, so that empty ones can be reclaimed. Mutex held.
+  static void release_carving(ThreadCache& cache) noexcept {
+    for (Slab*& slab : cache.carving) {
+      if (slab != nullptr) slab->carving = false;
+      slab = nullptr;
+    }
+  }  // owner thread; atomics only
   Slab* slab_of(CUdeviceptr p) const noexcept;
   Slab* new_slab(int size_class);                        // mutex held
   void release_slab_page(Slab* slab, bool keep_handle);  // mutex held
@@ -235,7 +246,6 @@ class VmmPool final : public DevicePool {
   struct ClassState {
     std::vector<CentralEntry> central;
     std::vector<Slab*> slabs;
-    Slab* carving = nullptr;
   };
   std::array<ClassState, kMaxSizeClasses> classes_;
   std::vector<ThreadCache*> caches_;
@@ -708,13 +718,17 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
     state.central.pop_back();
     hand_out(e.ptr, e.slab);
   }
-  while (result == nullptr || (bin.count < want && state.carving != nullptr &&
-                               state.carving->carved < state.carving->slot_count)) {
-    if (state.carving == nullptr || state.carving->carved == state.carving->slot_count) {
+  Slab*& carving = cache.carving[static_cast<std::size_t>(size_class)];
+  while (result == nullptr ||
+         (bin.count < want && carving != nullptr && carving->carved < carving->slot_count)) {
+    if (carving == nullptr || carving->carved == carving->slot_count) {
       if (result != nullptr) break;
-      state.carving = new_slab(size_class);  // may throw DeviceFull: nothing handed out yet
+      Slab* fresh = new_slab(size_class);  // may throw DeviceFull: nothing handed out yet
+      if (carving != nullptr) carving->carving = false;
+      carving = fresh;
+      carving->carving = true;
     }
-    Slab* s = state.carving;
+    Slab* s = carving;
     hand_out(reinterpret_cast<void*>(s->base + s->carved * s->slot_size), s);
     ++s->carved;
   }
@@ -775,7 +789,6 @@ void VmmPool::release_slab_page(Slab* slab, bool keep_handle) {
   ClassState& state = classes_[static_cast<std::size_t>(slab->size_class)];
   std::erase_if(state.central, [&](const CentralEntry& e) { return e.slab == slab; });
   std::erase(state.slabs, slab);
-  if (state.carving == slab) state.carving = nullptr;
   --slab_count_;
   const CUmemGenericAllocationHandle h = slab->handle;
   delete slab;
@@ -794,7 +807,7 @@ std::size_t VmmPool::reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandl
   for (ClassState& state : classes_) {
     for (std::size_t i = 0; i < state.slabs.size() && reclaimed < want;) {
       Slab* slab = state.slabs[i];
-      if (slab->used != 0) {
+      if (slab->used != 0 || slab->carving) {
         ++i;
         continue;
       }
@@ -869,6 +882,7 @@ void VmmPool::retire_cache(ThreadCache& cache) noexcept {
     fold_cache_stats(cache);
     ScopedDeviceContext scope(device_);
     for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
+    release_carving(cache);
     std::erase(caches_, &cache);
   } catch (...) {
     // Shutdown or a failing driver: the cached slots stay unavailable; nothing else is lost.
@@ -930,6 +944,7 @@ void VmmPool::trim() {
   ScopedDeviceContext scope(device_);
   fold_cache_stats(cache);
   for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
+  release_carving(cache);
   std::optional<CudaError> first_error;
   // Free large ranges: wait for the streams that freed them, then unmap (§7 #2).
   for (auto it = free_by_addr_.begin(); it != free_by_addr_.end();) {
@@ -1045,7 +1060,6 @@ void VmmPool::teardown() noexcept {
         delete slab;
       }
       state.slabs.clear();
-      state.carving = nullptr;
     }
     free_by_addr_.clear();
     free_by_size_.clear();
