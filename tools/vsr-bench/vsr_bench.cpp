@@ -368,6 +368,21 @@ void case_error(Report& rep, const std::string& name, const std::exception& e) {
   ++g_errors;
 }
 
+// Runs one section unless --sections leaves it out; a failing section is reported and the others
+// still run.
+void run_section(Report& rep, const std::string& selected, const char* name,
+                 const std::function<void()>& section) {
+  if (!selected.empty() &&
+      ("," + selected + ",").find("," + std::string(name) + ",") == std::string::npos) {
+    return;
+  }
+  try {
+    section();
+  } catch (const std::exception& e) {
+    case_error(rep, name, e);
+  }
+}
+
 void section_malloc(Report& rep, const Trace& small, const Trace& large, const Sizes& z,
                     bool quiet) {
   const std::string label = "1/4 pool vs malloc";
@@ -824,17 +839,8 @@ int run_alloc(const Options& o) {
                                  std::max(z.large_steps, z.drv_large_steps), o.seed + 1);
 
   const auto t0 = Clock::now();
-  // A failing section is reported and the others still run.
   const auto guarded = [&](const char* name, const std::function<void()>& section) {
-    if (!o.sections.empty() &&
-        ("," + o.sections + ",").find("," + std::string(name) + ",") == std::string::npos) {
-      return;
-    }
-    try {
-      section();
-    } catch (const std::exception& e) {
-      case_error(rep, name, e);
-    }
+    run_section(rep, o.sections, name, section);
   };
   guarded("malloc", [&] { section_malloc(rep, small, large, z, o.json); });
   guarded("driver", [&] { section_driver(rep, small, large, z, o.json); });
@@ -1358,15 +1364,7 @@ int run_dispatch(const DispatchOptions& o) {
 
   const auto t0 = Clock::now();
   const auto guarded = [&](const char* name, const std::function<void()>& section) {
-    if (!o.sections.empty() &&
-        ("," + o.sections + ",").find("," + std::string(name) + ",") == std::string::npos) {
-      return;
-    }
-    try {
-      section();
-    } catch (const std::exception& e) {
-      case_error(rep, name, e);
-    }
+    run_section(rep, o.sections, name, section);
     // Give the pool's cached pages back, so one section's device memory never adds to the next.
     if (skip.empty()) {
       try {
