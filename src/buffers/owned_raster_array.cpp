@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // OwnedRasterArray: band-major pixels in shared storage, resident on the host or on the device.
+#include "common/checked_math.hpp"
 #include "driver/cuda_driver.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
@@ -16,6 +17,8 @@
 #include <utility>
 
 namespace vibespatial::raster {
+
+using detail::checked_mul;
 
 namespace detail {
 
@@ -59,14 +62,6 @@ bool is_integer(DType dtype) {
   return dtype != DType::float32 && dtype != DType::float64;
 }
 
-std::size_t checked_mul(std::size_t a, std::size_t b, const char* what) {
-  std::size_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r)) {
-    throw std::overflow_error(std::string(what) + ": byte size does not fit in 64 bits");
-  }
-  return r;
-}
-
 std::shared_ptr<detail::RasterStorage> make_storage(const char* who, DType dtype, int bands,
                                                     std::int64_t height, std::int64_t width,
                                                     const std::optional<double>& nodata) {
@@ -88,10 +83,11 @@ std::shared_ptr<detail::RasterStorage> make_storage(const char* who, DType dtype
   s->bands = bands;
   s->height = height;
   s->width = width;
+  const std::string what = std::string(who) + ": the raster's byte size";
   s->band_bytes = checked_mul(
-      checked_mul(static_cast<std::size_t>(height), static_cast<std::size_t>(width), who), item,
-      who);
-  s->total_bytes = checked_mul(s->band_bytes, static_cast<std::size_t>(bands), who);
+      checked_mul(static_cast<std::size_t>(height), static_cast<std::size_t>(width), what.c_str()),
+      item, what.c_str());
+  s->total_bytes = checked_mul(s->band_bytes, static_cast<std::size_t>(bands), what.c_str());
   return s;
 }
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-band executors: host bands on a small thread pool, device bands in budgeted batches.
+#include "common/checked_math.hpp"
 #include "driver/cuda_driver.hpp"
 
 #include <vibespatial/raster/dispatch.hpp>
@@ -20,15 +21,9 @@
 
 namespace vibespatial::raster {
 
-namespace {
+using detail::checked_mul;
 
-std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b) {
-  std::uint64_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r)) {
-    throw std::overflow_error("dispatch_per_band_gpu: byte count does not fit in 64 bits");
-  }
-  return r;
-}
+namespace {
 
 // Everything one dispatch_per_band_gpu call holds on the driver. The destructor waits for the
 // stream before freeing anything, so an in-flight prefetch never writes into released memory.
@@ -146,9 +141,10 @@ OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const Ban
   options.scratch_bytes = scratch_bytes;
   options.vram_budget = budget;
   options.per_band = true;
-  const std::uint64_t band_bytes = checked_mul(
-      checked_mul(static_cast<std::uint64_t>(height), static_cast<std::uint64_t>(width)),
-      itemsize(raster.dtype()));
+  const std::uint64_t band_bytes =
+      checked_mul(checked_mul(static_cast<std::uint64_t>(height), static_cast<std::uint64_t>(width),
+                              "dispatch_per_band_gpu: band byte count"),
+                  itemsize(raster.dtype()), "dispatch_per_band_gpu: band byte count");
   if (budget == 0) {
     throw OutOfMemoryError(band_bytes,
                            "dispatch_per_band_gpu: the device has no memory available (VRAM "
@@ -222,10 +218,11 @@ OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const Ban
       out_dtype = result.dtype();
       out_nodata = result.nodata();
       out_band_bytes = checked_mul(
-          checked_mul(static_cast<std::uint64_t>(height), static_cast<std::uint64_t>(width)),
-          itemsize(result.dtype()));
-      const std::uint64_t out_total =
-          checked_mul(out_band_bytes, static_cast<std::uint64_t>(bands));
+          checked_mul(static_cast<std::uint64_t>(height), static_cast<std::uint64_t>(width),
+                      "dispatch_per_band_gpu: output byte count"),
+          itemsize(result.dtype()), "dispatch_per_band_gpu: output byte count");
+      const std::uint64_t out_total = checked_mul(out_band_bytes, static_cast<std::uint64_t>(bands),
+                                                  "dispatch_per_band_gpu: output byte count");
       // The stack stays on the device only if it fits beside a pass (and a prefetched batch).
       const std::uint64_t beside = pass_bytes + (prefetched_next ? in_bytes : 0);
       const bool keep = beside <= budget && out_total <= budget - beside;

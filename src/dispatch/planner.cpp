@@ -4,6 +4,8 @@
 // analyze_raster_plan with per_band == false is the reference's algorithm
 // (vibespatial/raster/dispatch.py, analyze_raster_plan) step for step; the constants and the
 // order of the tests below are part of its observable results.
+#include "common/checked_math.hpp"
+
 #include <vibespatial/raster/dispatch.hpp>
 
 #include <algorithm>
@@ -13,6 +15,9 @@
 #include <string>
 
 namespace vibespatial::raster {
+
+using detail::checked_add;
+using detail::checked_mul;
 
 namespace {
 
@@ -24,22 +29,6 @@ constexpr std::int64_t min_tile_dim = tile_alignment;
 [[noreturn]] void throw_invalid(const char* name, long long value, const char* requirement) {
   throw std::invalid_argument(std::string(name) + " must be " + requirement + ", got " +
                               std::to_string(value));
-}
-
-std::uint64_t checked_mul(std::uint64_t x, std::uint64_t y, const char* what) {
-  std::uint64_t product = 0;
-  if (__builtin_mul_overflow(x, y, &product)) {
-    throw std::overflow_error(std::string(what) + " does not fit in 64 bits");
-  }
-  return product;
-}
-
-std::uint64_t checked_add(std::uint64_t x, std::uint64_t y, const char* what) {
-  std::uint64_t sum = 0;
-  if (__builtin_add_overflow(x, y, &sum)) {
-    throw std::overflow_error(std::string(what) + " does not fit in 64 bits");
-  }
-  return sum;
 }
 
 void validate_dims(std::int64_t height, std::int64_t width, DType dtype, int buffers_per_band) {
