@@ -13,15 +13,20 @@
 // pins one page at most.
 //
 // Locking: the small-block fast path uses a per-thread cache (no lock, no driver call); every
-// other path takes the pool's mutex. Driver rules followed (reference/cuda-vmm-semantics.md):
-// map whole handles at offset 0 (§3.4.6), set access once per contiguous newly mapped run
-// (§3.4.8, §7 #3), unmap only whole mappings inside one reservation (§3.4.7), release handles
-// exactly once (§7 #5), and unmap only memory whose freeing stream work has completed (§7 #2).
+// other path takes the pool's mutex. A slab belongs to one thread at a time (Slab::owner): the
+// thread refills its cache from its own slabs' freed slots, then claims a slab nobody owns, then
+// carves; only a full device lets a thread take slots from another thread's slab. Threads thus
+// write disjoint cache lines of the per-slot records even after blocks went back to the pool.
+// Driver rules followed (reference/cuda-vmm-semantics.md): map whole handles at offset 0 (§3.4.6),
+// set access once per contiguous newly mapped run (§3.4.8, §7 #3), unmap only whole mappings inside
+// one reservation (§3.4.7), release handles exactly once (§7 #5), and unmap only memory whose
+// freeing stream work has completed (§7 #2).
 #include "memory/device_pool.hpp"
 #include "memory/size_classes.hpp"
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -35,7 +40,9 @@ constexpr int kMaxDevices = 64;
 constexpr int kBinCapacity = 64;
 constexpr int kStatFlushOps = 64;
 constexpr std::int64_t kStatFlushBytes = std::int64_t{4} << 20;
-constexpr int kCentralScan = 32;
+constexpr int kRefillScan = 64;  // shared free slots a refill examines at most
+
+class ThreadCache;
 
 std::atomic<std::uint64_t> g_next_epoch{1};
 
@@ -56,6 +63,16 @@ class SlotRecords {
     std::atomic<std::uint32_t> record[kPerLine];
   };
   std::unique_ptr<Line[]> lines_;
+};
+
+// A slot in a slab's shared free list. It may be reused on `stream` at once; on another stream
+// once a mark recorded on `stream` at or after its flush (sequence number `seq`) has completed.
+// Marks are recorded lazily, when another stream first wants such a slot, so single-stream use
+// never records an event.
+struct SharedSlot {
+  void* ptr;
+  CUstream stream;
+  std::uint64_t seq;
 };
 
 struct Slab {
@@ -82,7 +99,14 @@ struct Slab {
   // bounce the line the fast path reads between threads.
   alignas(64) std::uint32_t carved = 0;  // slots handed out at least once (a bump index)
   bool carving = false;    // a thread carves new slots from it: not reclaimable meanwhile
-  std::uint32_t used = 0;  // carved slots not in the central free list (live or thread-cached)
+  std::uint32_t used = 0;  // carved slots not in `shared` (live or thread-cached)
+  // The thread whose refills take this slab's shared slots (null: the next thread that needs
+  // its class claims it). Threads thereby keep to slabs of their own, so two threads' blocks do
+  // not share the cache lines of `requested`, which every allocation and free writes: with
+  // blocks interleaved, two threads ran slower than one. A slab is disowned when it empties.
+  ThreadCache* owner = nullptr;
+  bool listed = false;             // in owner->with_shared[class], or the class's `unowned`
+  std::vector<SharedSlot> shared;  // freed slots flushed from thread caches
 };
 
 struct Region {
@@ -106,17 +130,6 @@ struct FreeRange {
   std::vector<MarkRef> marks;  // the frees this range is still waiting for
 };
 
-// A free slot in the shared list. It may be reused on `stream` at once; on another stream once a
-// mark recorded on `stream` at or after its flush (sequence number `seq`) has completed. Marks are
-// recorded lazily, when another stream first wants such a slot, so single-stream use never
-// records an event.
-struct CentralEntry {
-  void* ptr;
-  Slab* slab;
-  CUstream stream;
-  std::uint64_t seq;
-};
-
 struct CacheEntry {
   void* ptr;
   CUstream stream;
@@ -132,13 +145,16 @@ class VmmPool;
 
 /// A thread's cache of freed small blocks and its unshared statistics, for one device's pool.
 // Cache-line aligned, so that one thread's writes never share a line with another thread's cache.
-struct alignas(64) ThreadCache {
+class alignas(64) ThreadCache {
+ public:
   VmmPool* pool = nullptr;
   std::uint64_t epoch = 0;
   std::array<Bin, kMaxSizeClasses> bins;
   // The slab each class carves new slots from, per thread, so that threads do not share slabs
   // (and the cache lines of their slot records) until blocks migrate through the shared list.
   std::array<Slab*, kMaxSizeClasses> carving{};
+  // The slabs this thread owns that have shared slots, per class (under the pool's mutex).
+  std::array<std::vector<Slab*>, kMaxSizeClasses> with_shared;
   // Written only by the owning thread; read by memory_pool_stats() from any thread.
   std::atomic<std::int64_t> bytes{0}, count{0}, peak_bytes{0}, peak_count{0};
   std::atomic<std::uint64_t> total_bytes{0}, total_count{0};
@@ -195,9 +211,18 @@ class VmmPool final : public DevicePool {
   void* refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes, CUstream stream);
   void flush_bin(ThreadCache& cache, int size_class, int keep) noexcept;  // mutex held
   // A mark on e.stream recorded at or after e's flush, recording one if needed. Mutex held.
-  const MarkRef& covering_mark(const CentralEntry& e);
+  const MarkRef& covering_mark(const SharedSlot& e);
   // Whether a shared slot may be used on `stream` now. Mutex held.
-  bool central_ready(const CentralEntry& e, CUstream stream);
+  bool shared_ready(const SharedSlot& e, CUstream stream);
+  // Slab ownership and the lists of slabs with shared slots. Mutex held.
+  std::vector<Slab*>& list_of(Slab* slab);
+  void unlist(Slab* slab);
+  void disown(Slab* slab);
+  void claim(ThreadCache& cache, Slab* slab);
+  // Moves up to `budget` examined shared slots of `slab` that are ready on `stream` to `take`,
+  // while `want` says more are wanted; unlists the slab once it has none left. Mutex held.
+  template <typename Take, typename Want>
+  void take_shared(Slab* slab, CUstream stream, int& budget, Take&& take, Want&& want);
   void fold_cache_stats(ThreadCache& cache) noexcept;
   // Gives up the thread's carving slabs, so that empty ones can be reclaimed. Mutex held.
   static void release_carving(ThreadCache& cache) noexcept {
@@ -207,7 +232,7 @@ class VmmPool final : public DevicePool {
     }
   }  // owner thread; atomics only
   Slab* slab_of(CUdeviceptr p) const noexcept;
-  Slab* new_slab(int size_class);                        // mutex held
+  Slab* new_slab(int size_class, ThreadCache* owner);    // mutex held
   void release_slab_page(Slab* slab, bool keep_handle);  // mutex held
   std::size_t reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandle>* into, std::size_t want,
                                   bool wait);  // mutex held
@@ -244,8 +269,8 @@ class VmmPool final : public DevicePool {
   std::vector<CUmemGenericAllocationHandle> spare_;
 
   struct ClassState {
-    std::vector<CentralEntry> central;
     std::vector<Slab*> slabs;
+    std::vector<Slab*> unowned;  // slabs with shared slots and no owner
   };
   std::array<ClassState, kMaxSizeClasses> classes_;
   std::vector<ThreadCache*> caches_;
@@ -709,21 +734,38 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
       bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
     }
   };
-  int scanned = 0;
-  for (std::size_t i = state.central.size(); i-- > 0 && scanned < kCentralScan && bin.count < want;
-       ++scanned) {
-    if (!central_ready(state.central[i], stream)) continue;
-    CentralEntry e = std::move(state.central[i]);
-    state.central[i] = std::move(state.central.back());
-    state.central.pop_back();
-    hand_out(e.ptr, e.slab);
+  auto wanted = [&] { return result == nullptr || bin.count < want; };
+  int budget = kRefillScan;
+  // 1. Shared slots of the thread's own slabs, then 2. slabs nobody owns, claimed.
+  std::vector<Slab*>& own = cache.with_shared[static_cast<std::size_t>(size_class)];
+  for (std::size_t k = own.size(); k-- > 0 && budget > 0 && wanted();) {
+    take_shared(own[k], stream, budget, hand_out, wanted);
   }
+  while (budget > 0 && wanted() && !state.unowned.empty()) {
+    Slab* slab = state.unowned.back();
+    claim(cache, slab);
+    take_shared(slab, stream, budget, hand_out, wanted);
+  }
+  // 3. New slots carved from the thread's own slab, or a new slab.
   Slab*& carving = cache.carving[static_cast<std::size_t>(size_class)];
   while (result == nullptr ||
          (bin.count < want && carving != nullptr && carving->carved < carving->slot_count)) {
     if (carving == nullptr || carving->carved == carving->slot_count) {
       if (result != nullptr) break;
-      Slab* fresh = new_slab(size_class);  // may throw DeviceFull: nothing handed out yet
+      Slab* fresh = nullptr;
+      try {
+        fresh = new_slab(size_class, &cache);
+      } catch (const DeviceFull&) {
+        // 4. The device is full: shared slots of other threads' slabs before giving up.
+        int unlimited = std::numeric_limits<int>::max();
+        for (std::size_t k = state.slabs.size(); k-- > 0 && result == nullptr;) {
+          if (!state.slabs[k]->shared.empty()) {
+            take_shared(state.slabs[k], stream, unlimited, hand_out, wanted);
+          }
+        }
+        if (result == nullptr) throw;  // nothing handed out
+        break;
+      }
       if (carving != nullptr) carving->carving = false;
       carving = fresh;
       carving->carving = true;
@@ -738,7 +780,7 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
   return result;
 }
 
-Slab* VmmPool::new_slab(int size_class) {
+Slab* VmmPool::new_slab(int size_class, ThreadCache* owner) {
   ScopedDeviceContext scope(device_);
   int ri = -1;
   const int n = region_count_.load(std::memory_order_relaxed);
@@ -772,6 +814,7 @@ Slab* VmmPool::new_slab(int size_class) {
   slab->page = page;
   slab->handle = handle[0];
   slab->requested.reset(slab->slot_count);
+  slab->owner = owner;
   Slab* raw = slab.release();
   classes_[static_cast<std::size_t>(size_class)].slabs.push_back(raw);
   region.slabs[page].store(raw, std::memory_order_release);
@@ -787,7 +830,7 @@ void VmmPool::release_slab_page(Slab* slab, bool keep_handle) {
   region.slabs[slab->page].store(nullptr, std::memory_order_release);
   region.vacant.push_back(slab->page);
   ClassState& state = classes_[static_cast<std::size_t>(slab->size_class)];
-  std::erase_if(state.central, [&](const CentralEntry& e) { return e.slab == slab; });
+  unlist(slab);
   std::erase(state.slabs, slab);
   --slab_count_;
   const CUmemGenericAllocationHandle h = slab->handle;
@@ -812,8 +855,7 @@ std::size_t VmmPool::reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandl
         continue;
       }
       bool idle = true;
-      for (const CentralEntry& e : state.central) {
-        if (e.slab != slab) continue;
+      for (const SharedSlot& e : slab->shared) {
         if (wait) {
           marks_.wait(covering_mark(e));
         } else if (!marks_.completed(covering_mark(e))) {
@@ -846,18 +888,23 @@ void VmmPool::flush_bin(ThreadCache& cache, int size_class, int keep) noexcept {
   Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
   const int move = bin.count - keep;
   if (move <= 0) return;
-  ClassState& state = classes_[static_cast<std::size_t>(size_class)];
   const std::uint64_t seq = ++flush_seq_;
   for (int i = 0; i < move; ++i) {
     const CacheEntry& e = bin.entries[static_cast<std::size_t>(i)];
-    state.central.push_back(CentralEntry{e.ptr, e.slab, e.stream, seq});
-    --e.slab->used;
+    Slab* slab = e.slab;
+    slab->shared.push_back(SharedSlot{e.ptr, e.stream, seq});
+    if (!slab->listed) {
+      list_of(slab).push_back(slab);
+      slab->listed = true;
+    }
+    // An emptied slab holds none of its owner's blocks: any thread may claim it now.
+    if (--slab->used == 0 && !slab->carving && slab->owner != nullptr) disown(slab);
   }
   std::copy(bin.entries.begin() + move, bin.entries.begin() + bin.count, bin.entries.begin());
   bin.count = keep;
 }
 
-const MarkRef& VmmPool::covering_mark(const CentralEntry& e) {
+const MarkRef& VmmPool::covering_mark(const SharedSlot& e) {
   auto it = std::find_if(stream_marks_.begin(), stream_marks_.end(),
                          [&](const StreamMarkEntry& m) { return m.stream == e.stream; });
   if (it == stream_marks_.end()) {
@@ -872,8 +919,57 @@ const MarkRef& VmmPool::covering_mark(const CentralEntry& e) {
   return it->mark;
 }
 
-bool VmmPool::central_ready(const CentralEntry& e, CUstream stream) {
+bool VmmPool::shared_ready(const SharedSlot& e, CUstream stream) {
   return e.stream == stream || marks_.completed(covering_mark(e));
+}
+
+std::vector<Slab*>& VmmPool::list_of(Slab* slab) {
+  const auto c = static_cast<std::size_t>(slab->size_class);
+  return slab->owner != nullptr ? slab->owner->with_shared[c] : classes_[c].unowned;
+}
+
+void VmmPool::unlist(Slab* slab) {
+  if (!slab->listed) return;
+  std::vector<Slab*>& list = list_of(slab);
+  if (!list.empty() && list.back() == slab) {
+    list.pop_back();  // the common case: lists are taken from the back
+  } else {
+    std::erase(list, slab);
+  }
+  slab->listed = false;
+}
+
+void VmmPool::disown(Slab* slab) {
+  const bool listed = slab->listed;
+  unlist(slab);
+  slab->owner = nullptr;
+  if (listed) {
+    classes_[static_cast<std::size_t>(slab->size_class)].unowned.push_back(slab);
+    slab->listed = true;
+  }
+}
+
+void VmmPool::claim(ThreadCache& cache, Slab* slab) {
+  const bool listed = slab->listed;
+  unlist(slab);
+  slab->owner = &cache;
+  if (listed) {
+    cache.with_shared[static_cast<std::size_t>(slab->size_class)].push_back(slab);
+    slab->listed = true;
+  }
+}
+
+template <typename Take, typename Want>
+void VmmPool::take_shared(Slab* slab, CUstream stream, int& budget, Take&& take, Want&& want) {
+  std::vector<SharedSlot>& shared = slab->shared;
+  for (std::size_t i = shared.size(); i-- > 0 && budget > 0 && want(); --budget) {
+    if (!shared_ready(shared[i], stream)) continue;
+    void* ptr = shared[i].ptr;
+    shared[i] = shared.back();
+    shared.pop_back();
+    take(ptr, slab);
+  }
+  if (shared.empty()) unlist(slab);
 }
 
 void VmmPool::retire_cache(ThreadCache& cache) noexcept {
@@ -883,10 +979,20 @@ void VmmPool::retire_cache(ThreadCache& cache) noexcept {
     ScopedDeviceContext scope(device_);
     for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
     release_carving(cache);
+    for (ClassState& state : classes_) {
+      for (Slab* slab : state.slabs) {
+        if (slab->owner == &cache) disown(slab);
+      }
+    }
     std::erase(caches_, &cache);
   } catch (...) {
     // Shutdown or a failing driver: the cached slots stay unavailable; nothing else is lost.
     std::lock_guard lock(mutex_);
+    for (ClassState& state : classes_) {
+      for (Slab* slab : state.slabs) {
+        if (slab->owner == &cache) disown(slab);
+      }
+    }
     std::erase(caches_, &cache);
   }
 }
@@ -1053,7 +1159,7 @@ void VmmPool::teardown() noexcept {
       }
     }
     for (ClassState& state : classes_) {
-      state.central.clear();
+      state.unowned.clear();
       for (Slab* slab : state.slabs) {
         if (api.cuMemUnmap(slab->base, page_) == CUDA_SUCCESS) --pages_mapped_;
         api.cuMemRelease(slab->handle);

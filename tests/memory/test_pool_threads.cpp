@@ -2,8 +2,11 @@
 // Many threads and streams allocate, write a pattern, verify it and free.
 #include "pool_fixture.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -80,6 +83,99 @@ TEST_SUITE("pool") {
         device_deallocate(p, 2000);
       }
     }).join();
+    free_pool_memory();
+    CHECK(*memory_pool_stats().pool_size == 0);
+  }
+  TEST_CASE("concurrent threads take their small blocks from slabs of their own") {
+    // Two threads' blocks in one slab share the cache lines of its per-slot records, which every
+    // allocation and free writes: the pool keeps threads on distinct slabs, even when both
+    // refill from slots that a thread which has exited left behind.
+    FreshPool fresh;
+    constexpr std::size_t kSize = 64 << 10;
+    constexpr int kBlocks = 100;
+    std::thread([] {
+      std::vector<void*> ps;
+      for (int i = 0; i < kBlocks; ++i) ps.push_back(device_allocate(kSize));
+      std::shuffle(ps.begin(), ps.end(), std::mt19937(42));  // slots return in random order
+      for (void* p : ps) device_deallocate(p, kSize);
+    }).join();
+    const std::size_t page = memory_pool_stats().granularity;
+    REQUIRE(page > 0);
+    std::barrier sync(2);
+    std::vector<void*> got[2];
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 2; ++t) {
+      ts.emplace_back([&, t] {
+        for (int i = 0; i < kBlocks; ++i) {  // in lockstep: both refill while the other does
+          sync.arrive_and_wait();
+          got[t].push_back(device_allocate(kSize));
+        }
+        sync.arrive_and_wait();  // both live sets complete before either frees
+        for (void* p : got[t]) device_deallocate(p, kSize);
+      });
+    }
+    for (auto& th : ts) th.join();
+    std::set<std::uintptr_t> pages[2];
+    for (int t = 0; t < 2; ++t) {
+      REQUIRE(got[t].size() == kBlocks);
+      for (void* p : got[t]) pages[t].insert(reinterpret_cast<std::uintptr_t>(p) / page);
+    }
+    for (std::uintptr_t pg : pages[0]) CHECK_MESSAGE(pages[1].count(pg) == 0, "page shared");
+    CHECK(*memory_pool_stats().current_count == 0);
+  }
+
+  TEST_CASE("a full device: a thread reuses slots freed into another live thread's slabs") {
+    // Slabs a thread owns are still everyone's memory: when no page is left, another thread
+    // takes their free slots instead of failing.
+    FreshPool fresh(nullptr, 8 * MiB);
+    constexpr std::size_t kSize = 16 << 10;
+    std::barrier sync(2);
+    std::size_t held = 0, kept = 0;
+    int b_failures = 0;
+    std::thread a([&] {
+      std::vector<void*> ps;
+      try {
+        for (;;) ps.push_back(device_allocate(kSize));
+      } catch (const OutOfMemoryError&) {
+      }
+      held = ps.size();
+      const std::size_t page = memory_pool_stats().granularity;
+      std::set<std::uintptr_t> seen;
+      std::vector<void*> keep;
+      for (void* p : ps) {  // one live block per page keeps every slab owned and busy
+        if (seen.insert(reinterpret_cast<std::uintptr_t>(p) / page).second) {
+          keep.push_back(p);
+        } else {
+          device_deallocate(p, kSize);
+        }
+      }
+      kept = keep.size();
+      sync.arrive_and_wait();  // B runs while A lives
+      sync.arrive_and_wait();
+      for (void* p : keep) device_deallocate(p, kSize);
+    });
+    std::thread b([&] {
+      sync.arrive_and_wait();
+      // All but A's live blocks and what A's thread cache may hold (a bin of 64 at most).
+      const std::size_t want = held - kept - 64;
+      std::vector<void*> ps;
+      for (std::size_t i = 0; i < want; ++i) {
+        try {
+          ps.push_back(device_allocate(kSize));
+        } catch (const OutOfMemoryError&) {
+          ++b_failures;
+          break;
+        }
+      }
+      for (void* p : ps) device_deallocate(p, kSize);
+      sync.arrive_and_wait();
+    });
+    a.join();
+    b.join();
+    CHECK(held >= 256);  // 8 MiB of 16 KiB blocks, less nothing
+    CHECK(kept >= 1);
+    CHECK(b_failures == 0);
+    CHECK(*memory_pool_stats().current_count == 0);
     free_pool_memory();
     CHECK(*memory_pool_stats().pool_size == 0);
   }

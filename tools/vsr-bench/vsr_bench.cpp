@@ -352,7 +352,7 @@ struct Sizes {
   std::size_t small_live = 10000, small_steps = 200000;
   std::size_t large_live = 256, large_steps = 5000;
   std::size_t drv_small_steps = 5000, drv_large_steps = 500;
-  std::size_t thread_steps = 100000;
+  std::size_t thread_steps = 500000;
   std::size_t frag_allocs = 20000;
   std::size_t frag_cap = 4 * kGiB;
   int rounds = 7, drv_rounds = 5, thread_rounds = 5;
@@ -826,7 +826,7 @@ int run_alloc(const Options& o) {
     z.large_steps = 300;
     z.drv_small_steps = 1000;
     z.drv_large_steps = 100;
-    z.thread_steps = 10000;
+    z.thread_steps = 100000;  // a few ms per round: shorter is mostly thread start-up
     z.frag_allocs = 500;
     z.frag_cap = 1 * kGiB;
     z.rounds = z.drv_rounds = z.thread_rounds = 3;
