@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The band operations' facade: argument checks, the backend chosen by residency, output rasters.
 // Plain C++ (no Thrust): the work happens in ops_host.cpp or ops_cuda.cu.
+#include "buffers/raster_access.hpp"
 #include "ops/ops_backend.hpp"
 
 #include <vibespatial/raster/ops.hpp>
@@ -111,6 +112,33 @@ void require_finite(double v, const char* what) {
     throw std::invalid_argument(std::string("vibespatial: ") + what + " must be finite");
 }
 
+/// Checks an output-into target: shape, residency and dtype as the result, and no overlap with
+/// @p input other than the same pixels when @p in_place_ok.
+void check_out(const OwnedRasterArray& input, const OwnedRasterArray& out, DType dtype,
+               const char* op, bool in_place_ok) {
+  const std::string where = std::string("vibespatial: ") + op + ": ";
+  if (out.band_count() != input.band_count() || out.height() != input.height() ||
+      out.width() != input.width())
+    throw std::invalid_argument(where + "out has another shape than the input");
+  if (out.residency() != input.residency())
+    throw std::invalid_argument(where + "out has another residency than the input");
+  if (out.dtype() != dtype)
+    throw std::invalid_argument(where + "out is " + std::string(to_string(out.dtype())) +
+                                ", the result is " + std::string(to_string(dtype)));
+  const auto* a = static_cast<const unsigned char*>(pixels(input));
+  const auto* b = static_cast<const unsigned char*>(pixels(out));
+  const bool overlap = a < b + out.byte_size() && b < a + input.byte_size();
+  if (overlap && !(in_place_ok && a == b))
+    throw std::invalid_argument(where + (in_place_ok ? "out partly overlaps the input"
+                                                     : "out overlaps the input (it reads "
+                                                       "neighbours: use another raster)"));
+}
+
+/// Gives @p out the result's georeferencing.
+void label(OwnedRasterArray& out, const OwnedRasterArray& source, std::optional<double> nodata) {
+  detail::RasterAccess::set_georeferencing(out, nodata, source.affine(), source.crs());
+}
+
 // Calls backend::fn(args...) on the backend of the residency.
 #if defined(VSR_OPS_HAVE_CUDA)
 #define VSR_OPS_CALL(on_dev, fn, ...) \
@@ -155,36 +183,64 @@ std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster) {
   return out;
 }
 
-OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double in_max,
-                         double out_min, double out_max, DType out_dtype) {
+namespace {
+
+struct RescaleSetup {
+  std::optional<double> out_nodata;
+  be::RescaleParams params;
+};
+
+RescaleSetup rescale_setup(const OwnedRasterArray& raster, double in_min, double in_max,
+                           double out_min, double out_max, DType out_dtype) {
   require_finite(in_min, "rescale: in_min");
   require_finite(in_max, "rescale: in_max");
   require_finite(out_min, "rescale: out_min");
   require_finite(out_max, "rescale: out_max");
   if (in_min == in_max) throw std::invalid_argument("vibespatial: rescale: in_min == in_max");
   (void)itemsize(out_dtype);  // throws std::invalid_argument for a bad dtype
-  const bool dev = on_device(raster);
-  std::optional<double> out_nodata;
-  double fill = 0;
+  RescaleSetup r{{}, be::RescaleParams{in_min, in_max, out_min, out_max, 0}};
   if (const auto nd = raster.nodata();
       nd && representable(*nd, out_dtype) && !(std::isnan(*nd) && !is_float(out_dtype))) {
-    out_nodata = *nd;
-    fill = *nd;
+    r.out_nodata = *nd;
+    r.params.fill = *nd;
   } else if (is_float(out_dtype)) {
-    fill = std::numeric_limits<double>::quiet_NaN();
-    if (nd) out_nodata = fill;  // the source had a (non-representable) nodata: mark with NaN
+    r.params.fill = std::numeric_limits<double>::quiet_NaN();
+    if (nd) r.out_nodata = r.params.fill;  // the source had a (non-representable) nodata
   }
-  OwnedRasterArray out = like(raster, out_dtype, out_nodata);
-  VSR_OPS_CALL(dev, rescale, pixels(raster), raster.dtype(), mutable_pixels(out), out_dtype,
-               layout_of(raster).pixels(), nodata_spec(raster),
-               be::RescaleParams{in_min, in_max, out_min, out_max, fill});
+  return r;
+}
+
+void run_rescale(const OwnedRasterArray& raster, const RescaleSetup& r, OwnedRasterArray& out) {
+  const bool dev = on_device(raster);
+  VSR_OPS_CALL(dev, rescale, pixels(raster), raster.dtype(), mutable_pixels(out), out.dtype(),
+               layout_of(raster).pixels(), nodata_spec(raster), r.params);
+}
+
+}  // namespace
+
+OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double in_max,
+                         double out_min, double out_max, DType out_dtype) {
+  const RescaleSetup r = rescale_setup(raster, in_min, in_max, out_min, out_max, out_dtype);
+  (void)on_device(raster);  // a device raster in a build without CUDA fails before allocating
+  OwnedRasterArray out = like(raster, out_dtype, r.out_nodata);
+  run_rescale(raster, r, out);
   return out;
 }
 
-OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper) {
+void rescale_into(const OwnedRasterArray& raster, double in_min, double in_max, double out_min,
+                  double out_max, OwnedRasterArray& out) {
+  const RescaleSetup r = rescale_setup(raster, in_min, in_max, out_min, out_max, out.dtype());
+  check_out(raster, out, out.dtype(), "rescale_into", true);
+  run_rescale(raster, r, out);
+  label(out, raster, r.out_nodata);
+}
+
+namespace {
+
+/// Checks clip's bounds and rounds them to @p d (see ops.hpp).
+void clip_bounds(DType d, double& lower, double& upper) {
   if (std::isnan(lower) || std::isnan(upper))
     throw std::invalid_argument("vibespatial: clip: a bound is NaN");
-  const DType d = raster.dtype();
   if (!is_float(d)) {
     double lo = 0, hi = 0;
     int_range(d, lo, hi);
@@ -199,35 +255,97 @@ OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper
     upper = std::min(upper, static_cast<double>(std::numeric_limits<float>::max()));
   }
   if (lower > upper) throw std::invalid_argument("vibespatial: clip: lower > upper");
+}
+
+void run_clip(const OwnedRasterArray& raster, double lower, double upper, OwnedRasterArray& out) {
   const bool dev = on_device(raster);
-  OwnedRasterArray out = like(raster, d, raster.nodata());
-  VSR_OPS_CALL(dev, clip, pixels(raster), d, mutable_pixels(out), layout_of(raster).pixels(),
-               nodata_spec(raster), lower, upper);
+  VSR_OPS_CALL(dev, clip, pixels(raster), raster.dtype(), mutable_pixels(out),
+               layout_of(raster).pixels(), nodata_spec(raster), lower, upper);
+}
+
+}  // namespace
+
+OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper) {
+  clip_bounds(raster.dtype(), lower, upper);
+  (void)on_device(raster);
+  OwnedRasterArray out = like(raster, raster.dtype(), raster.nodata());
+  run_clip(raster, lower, upper, out);
   return out;
 }
 
-OwnedRasterArray fill_nodata(const OwnedRasterArray& raster, double value) {
+void clip_into(const OwnedRasterArray& raster, double lower, double upper, OwnedRasterArray& out) {
+  clip_bounds(raster.dtype(), lower, upper);
+  check_out(raster, out, raster.dtype(), "clip_into", true);
+  run_clip(raster, lower, upper, out);
+  label(out, raster, raster.nodata());
+}
+
+namespace {
+
+void check_fill_value(const OwnedRasterArray& raster, double value) {
   if (std::isnan(value) || !representable(value, raster.dtype()))
     throw std::invalid_argument("vibespatial: fill_nodata: " + std::to_string(value) +
                                 " is not a value of " + std::string(to_string(raster.dtype())));
+}
+
+void run_fill(const OwnedRasterArray& raster, double value, OwnedRasterArray& out) {
   const bool dev = on_device(raster);
-  OwnedRasterArray out = like(raster, raster.dtype(), std::nullopt);
   VSR_OPS_CALL(dev, fill_nodata, pixels(raster), raster.dtype(), mutable_pixels(out),
                layout_of(raster).pixels(), nodata_spec(raster), value);
+}
+
+}  // namespace
+
+OwnedRasterArray fill_nodata(const OwnedRasterArray& raster, double value) {
+  check_fill_value(raster, value);
+  (void)on_device(raster);
+  OwnedRasterArray out = like(raster, raster.dtype(), std::nullopt);
+  run_fill(raster, value, out);
   return out;
 }
 
-OwnedRasterArray normalized_difference(const OwnedRasterArray& a, const OwnedRasterArray& b) {
+void fill_nodata_into(const OwnedRasterArray& raster, double value, OwnedRasterArray& out) {
+  check_fill_value(raster, value);
+  check_out(raster, out, raster.dtype(), "fill_nodata_into", true);
+  run_fill(raster, value, out);
+  label(out, raster, std::nullopt);
+}
+
+namespace {
+
+void check_pair(const OwnedRasterArray& a, const OwnedRasterArray& b) {
   if (a.dtype() != b.dtype() || a.band_count() != b.band_count() || a.height() != b.height() ||
       a.width() != b.width() || a.residency() != b.residency())
     throw std::invalid_argument(
         "vibespatial: normalized_difference: a and b differ in dtype, shape or residency");
+}
+
+void run_normalized_difference(const OwnedRasterArray& a, const OwnedRasterArray& b,
+                               OwnedRasterArray& out) {
   const bool dev = on_device(a);
-  const DType out_dtype = compute_dtype(a.dtype());
-  OwnedRasterArray out = like(a, out_dtype, std::numeric_limits<double>::quiet_NaN());
   VSR_OPS_CALL(dev, normalized_difference, pixels(a), pixels(b), a.dtype(), mutable_pixels(out),
                layout_of(a).pixels(), nodata_spec(a), nodata_spec(b));
+}
+
+}  // namespace
+
+OwnedRasterArray normalized_difference(const OwnedRasterArray& a, const OwnedRasterArray& b) {
+  check_pair(a, b);
+  (void)on_device(a);
+  OwnedRasterArray out =
+      like(a, compute_dtype(a.dtype()), std::numeric_limits<double>::quiet_NaN());
+  run_normalized_difference(a, b, out);
   return out;
+}
+
+void normalized_difference_into(const OwnedRasterArray& a, const OwnedRasterArray& b,
+                                OwnedRasterArray& out) {
+  check_pair(a, b);
+  const DType out_dtype = compute_dtype(a.dtype());
+  check_out(a, out, out_dtype, "normalized_difference_into", true);
+  check_out(b, out, out_dtype, "normalized_difference_into", true);
+  run_normalized_difference(a, b, out);
+  label(out, a, std::numeric_limits<double>::quiet_NaN());
 }
 
 std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster, int bins,
@@ -251,15 +369,35 @@ std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster,
   return out;
 }
 
-OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster, EdgeMode edge) {
+namespace {
+
+void check_edge(EdgeMode edge) {
   if (edge != EdgeMode::nearest && edge != EdgeMode::reflect && edge != EdgeMode::constant_nodata)
     throw std::invalid_argument("vibespatial: focal_mean_3x3: unknown edge mode");
+}
+
+void run_focal(const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out) {
   const bool dev = on_device(raster);
-  const DType out_dtype = compute_dtype(raster.dtype());
-  OwnedRasterArray out = like(raster, out_dtype, std::numeric_limits<double>::quiet_NaN());
   VSR_OPS_CALL(dev, focal_mean_3x3, pixels(raster), raster.dtype(), mutable_pixels(out),
                layout_of(raster), nodata_spec(raster), edge);
+}
+
+}  // namespace
+
+OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster, EdgeMode edge) {
+  check_edge(edge);
+  (void)on_device(raster);
+  OwnedRasterArray out =
+      like(raster, compute_dtype(raster.dtype()), std::numeric_limits<double>::quiet_NaN());
+  run_focal(raster, edge, out);
   return out;
+}
+
+void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out) {
+  check_edge(edge);
+  check_out(raster, out, compute_dtype(raster.dtype()), "focal_mean_3x3_into", false);
+  run_focal(raster, edge, out);
+  label(out, raster, std::numeric_limits<double>::quiet_NaN());
 }
 
 }  // namespace vibespatial::raster

@@ -407,6 +407,114 @@ TEST_SUITE("ops") {
     }
   }
 
+  TEST_CASE_TEMPLATE("output-into forms equal the allocating forms, in place too", T, ALL_DTYPES) {
+    const int bands = 2;
+    const long long h = 13, w = 21;
+    const auto d = gen_pixels<T>(static_cast<std::size_t>(bands * h * w), 88);
+    const Affine geo{10, 0, 500000, 0, -10, 4200000};
+    const auto r = OwnedRasterArray::from_host(d.data(), dtype_of<T>(), bands, h, w, kNodata, geo,
+                                               "EPSG:32633");
+    const auto d2 = gen_pixels<T>(d.size(), 99);
+    const auto r2 = OwnedRasterArray::from_host(d2.data(), dtype_of<T>(), bands, h, w, kNodata);
+    auto bytes = [](const OwnedRasterArray& x) {
+      std::vector<unsigned char> b(x.byte_size());
+      x.copy_to_host(b.data());
+      return b;
+    };
+    // An output raster with other metadata, reused across every call.
+    auto target = [&](DType dt) {
+      return OwnedRasterArray::allocate(Residency::host, dt, bands, h, w, 123.0, Affine{}, "junk");
+    };
+    auto same_result = [&](const OwnedRasterArray& into, const OwnedRasterArray& want) {
+      CHECK(bytes(into) == bytes(want));
+      CHECK(into.dtype() == want.dtype());
+      CHECK(same_nodata(into.nodata(), want.nodata()));
+      CHECK(into.affine() == want.affine());
+      CHECK(into.crs() == want.crs());
+    };
+    const double lo = -100, hi = 100;
+    for (DType od : {DType::uint8, DType::int16, DType::float32, DType::float64}) {
+      auto out = target(od);
+      rescale_into(r, lo, hi, 0, 255, out);
+      same_result(out, rescale(r, lo, hi, 0, 255, od));
+    }
+    auto out = target(dtype_of<T>());
+    clip_into(r, 3, 90, out);
+    same_result(out, clip(r, 3, 90));
+    fill_nodata_into(r, 1, out);
+    same_result(out, fill_nodata(r, 1));
+    auto outc = target(compute_dtype(dtype_of<T>()));
+    normalized_difference_into(r, r2, outc);
+    same_result(outc, normalized_difference(r, r2));
+    for (EdgeMode e : {EdgeMode::nearest, EdgeMode::reflect, EdgeMode::constant_nodata}) {
+      focal_mean_3x3_into(r, e, outc);
+      same_result(outc, focal_mean_3x3(r, e));
+    }
+    // In place: the elementwise forms may write over their input.
+    {
+      auto copy = OwnedRasterArray::from_host(d.data(), dtype_of<T>(), bands, h, w, kNodata);
+      clip_into(copy, 3, 90, copy);
+      CHECK(bytes(copy) == bytes(clip(r, 3, 90)));
+      auto view = copy.band(1);  // another handle of the same pixels
+      fill_nodata_into(copy.band(1), 1, view);
+      CHECK(bytes(view) == bytes(fill_nodata(clip(r, 3, 90), 1).band(1)));
+      const auto state = bytes(copy);
+      const auto snapshot =
+          OwnedRasterArray::from_host(state.data(), dtype_of<T>(), bands, h, w, kNodata);
+      rescale_into(copy, lo, hi, 0, 1, copy);
+      CHECK(bytes(copy) == bytes(rescale(snapshot, lo, hi, 0, 1, dtype_of<T>())));
+    }
+    // Bad targets change nothing.
+    auto wrong_dtype = target(dtype_of<T>() == DType::uint8 ? DType::int8 : DType::uint8);
+    const auto before = bytes(wrong_dtype);
+    CHECK_THROWS_AS(clip_into(r, 3, 90, wrong_dtype), std::invalid_argument);
+    CHECK_THROWS_AS(fill_nodata_into(r, 1, wrong_dtype), std::invalid_argument);
+    CHECK(bytes(wrong_dtype) == before);
+    CHECK(wrong_dtype.crs() == "junk");
+    auto wrong_shape = OwnedRasterArray::allocate(Residency::host, dtype_of<T>(), bands, h, w + 1);
+    CHECK_THROWS_AS(clip_into(r, 3, 90, wrong_shape), std::invalid_argument);
+    auto one_band = OwnedRasterArray::allocate(Residency::host, dtype_of<T>(), 1, h, w);
+    CHECK_THROWS_AS(clip_into(r, 3, 90, one_band), std::invalid_argument);
+    auto wrong_compute =
+        target(compute_dtype(dtype_of<T>()) == DType::float32 ? DType::float64 : DType::float32);
+    CHECK_THROWS_AS(normalized_difference_into(r, r2, wrong_compute), std::invalid_argument);
+    CHECK_THROWS_AS(focal_mean_3x3_into(r, EdgeMode::nearest, wrong_compute),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(rescale_into(r, 1, 1, 0, 1, out), std::invalid_argument);
+  }
+
+  TEST_CASE("output-into forms: values in place, focal overlap, residency") {
+    std::vector<float> v{1, 2, NAN, 4, 5, 6};
+    auto r = OwnedRasterArray::from_host(v.data(), DType::float32, 1, 2, 3);
+    rescale_into(r, 0, 4, 0, 100, r);  // float32 -> float32 in place
+    const auto got = read<float>(r);
+    CHECK(got[0] == 25);
+    CHECK(got[3] == 100);
+    CHECK(std::isnan(got[2]));
+    CHECK(r.nodata() == std::nullopt);
+    // The focal mean reads neighbours: in place would read its own output.
+    CHECK_THROWS_WITH_AS(focal_mean_3x3_into(r, EdgeMode::nearest, r),
+                         doctest::Contains("overlaps"), std::invalid_argument);
+    auto view = r.band(0);
+    CHECK_THROWS_AS(focal_mean_3x3_into(r, EdgeMode::nearest, view), std::invalid_argument);
+    // normalized_difference_into may write over either input.
+    std::vector<float> a{3, 1, 2, 2, 0, 5}, b{1, 1, 2, 0, 0, 5};
+    auto ra = OwnedRasterArray::from_host(a.data(), DType::float32, 1, 2, 3);
+    const auto rb = OwnedRasterArray::from_host(b.data(), DType::float32, 1, 2, 3);
+    normalized_difference_into(ra, rb, ra);
+    const auto nd = read<float>(ra);
+    CHECK(nd[0] == 0.5f);
+    CHECK(nd[1] == 0.0f);
+    CHECK(nd[3] == 1.0f);
+    CHECK(std::isnan(nd[4]));  // a + b == 0
+    CHECK(ra.nodata().has_value());
+    CHECK(std::isnan(*ra.nodata()));
+    // Another residency is rejected (the emulator's device).
+    auto dev = OwnedRasterArray::allocate(Residency::device, DType::float32, 1, 2, 3);
+    CHECK_THROWS_WITH_AS(clip_into(rb, 0, 1, dev), doctest::Contains("residency"),
+                         std::invalid_argument);
+  }
+
   TEST_CASE("compute types, bad arguments and residency") {
     CHECK(compute_dtype(DType::uint8) == DType::float32);
     CHECK(compute_dtype(DType::int16) == DType::float32);

@@ -999,19 +999,23 @@ void section_cpu_elementwise(Report& rep, const DispatchSizes& z, bool quiet) {
   const void* src = in.host_data();
   auto dst = std::make_unique_for_overwrite<unsigned char[]>(bytes);
   std::memset(dst.get(), 0, bytes);  // pre-faulted: the baseline is pure copy bandwidth
-  Table tab({"threads", "size", "rounds", "rescale GB/s", "memcpy GB/s", "rescale/memcpy", "goal",
-             "met", "memcpy fresh dst GB/s"});
+  // The scored op writes into one output raster reused every round, as a pipeline that keeps
+  // its buffers does; the allocating form is shown beside memcpy into a fresh buffer.
+  vsr::OwnedRasterArray reused = vsr::OwnedRasterArray::allocate(
+      vsr::Residency::host, vsr::DType::float32, 1, z.cpu_h, z.cpu_w);
+  std::memset(reused.mutable_host_data(), 0, bytes);
+  Table tab({"threads", "size", "rounds", "rescale_into GB/s", "memcpy GB/s", "ratio", "goal",
+             "met", "rescale (new output) GB/s", "memcpy fresh dst GB/s"});
   for (int t : host_thread_counts(rep.machine.cpus)) {
     const bool scored = t <= 2;
     const std::string label = "1/4 cpu elementwise, " + std::to_string(t) + " thread(s)";
     std::vector<TimedContender> cs{
-        {"rescale",
+        {"rescale_into",
          [&] {
            set_host_threads(t);
            const auto t0 = Clock::now();
-           const vsr::OwnedRasterArray out = rescale_op(in);
-           const double s = seconds_since(t0);
-           return s;
+           vsr::rescale_into(in, 0.0, 1000.0, 0.0, 1.0, reused);
+           return seconds_since(t0);
          }},
         {"memcpy",
          [&] {
@@ -1028,6 +1032,13 @@ void section_cpu_elementwise(Report& rep, const DispatchSizes& z, bool quiet) {
            fresh.reset();
            return seconds_since(t0);
          }},
+        {"rescale",
+         [&] {
+           set_host_threads(t);
+           const auto t0 = Clock::now();
+           const vsr::OwnedRasterArray out = rescale_op(in);
+           return seconds_since(t0);
+         }},
     };
     const auto s = interleave_timed(label, z.rounds, cs);
     const double ratio = paired_ratio(s[1], s[0]);
@@ -1036,16 +1047,17 @@ void section_cpu_elementwise(Report& rep, const DispatchSizes& z, bool quiet) {
     tab.add({std::to_string(t), bytes_str(bytes), std::to_string(z.rounds),
              fmt("%.2f", gbps(moved, median(s[0]))), fmt("%.2f", gbps(moved, median(s[1]))),
              fmt("%.3f", ratio), scored ? goal : "(info)", met,
-             fmt("%.2f", gbps(moved, median(s[2])))});
+             fmt("%.2f", gbps(moved, median(s[3]))), fmt("%.2f", gbps(moved, median(s[2])))});
     rep.summary.push_back(
-        {"CPU rescale / memcpy GB/s, " + std::to_string(t) + " thread(s)", ratio, g, met,
+        {"CPU rescale_into / memcpy GB/s, " + std::to_string(t) + " thread(s)", ratio, g, met,
          fmt("%.2f", gbps(moved, median(s[0]))) + " vs " + fmt("%.2f", gbps(moved, median(s[1]))) +
-             " GB/s; memcpy into a fresh buffer " + fmt("%.2f", gbps(moved, median(s[2]))) +
-             " GB/s"});
+             " GB/s; with a new output each call " + fmt("%.2f", gbps(moved, median(s[3]))) +
+             " vs memcpy into a fresh buffer " + fmt("%.2f", gbps(moved, median(s[2]))) + " GB/s"});
     rep.section_json("{\"section\": \"cpu_elementwise\", \"threads\": " + std::to_string(t) +
                      ", \"bytes_per_side\": " + std::to_string(bytes) +
                      ", \"rounds\": " + std::to_string(z.rounds) +
-                     ", \"rescale_gbps\": " + json_num(gbps(moved, median(s[0]))) +
+                     ", \"rescale_into_gbps\": " + json_num(gbps(moved, median(s[0]))) +
+                     ", \"rescale_new_output_gbps\": " + json_num(gbps(moved, median(s[3]))) +
                      ", \"memcpy_gbps\": " + json_num(gbps(moved, median(s[1]))) +
                      ", \"memcpy_fresh_dst_gbps\": " + json_num(gbps(moved, median(s[2]))) +
                      ", \"ratio\": " + json_num(ratio) + ", \"goal\": " + json_escape(g) +
@@ -1054,10 +1066,11 @@ void section_cpu_elementwise(Report& rep, const DispatchSizes& z, bool quiet) {
   set_host_threads(host_max_threads());
   if (!quiet) {
     tab.print(
-        "== 1. CPU elementwise: rescale float32 -> float32 on a host raster (host backend, OpenMP "
-        "threads) vs memcpy of the same bytes (std::threads, pre-faulted destination); GB/s = "
-        "(read + written) / s, median of interleaved rounds; ratio = median of per-round ratios. "
-        "rescale allocates its output each call: 'memcpy fresh dst' pays the same page faults ==");
+        "== 1. CPU elementwise: rescale_into float32 -> float32 on a host raster into a reused "
+        "output (host backend, OpenMP threads) vs memcpy of the same bytes (std::threads, "
+        "pre-faulted destination); GB/s = (read + written) / s, median of interleaved rounds; "
+        "ratio = median of per-round ratios. The allocating rescale pays a page fault per 4 KiB "
+        "of its new output, as 'memcpy fresh dst' does ==");
   }
 }
 

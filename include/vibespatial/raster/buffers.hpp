@@ -162,6 +162,7 @@ enum class Residency { host, device };
 
 namespace detail {
 struct RasterStorage;
+struct RasterAccess;  // the library's own access to a handle's georeferencing
 }  // namespace detail
 
 /**
@@ -275,6 +276,7 @@ class VSR_EXPORT OwnedRasterArray {
   std::size_t byte_size() const;
 
  private:
+  friend struct detail::RasterAccess;
   OwnedRasterArray(std::shared_ptr<detail::RasterStorage> storage, int first_band, int band_count);
 
   std::shared_ptr<detail::RasterStorage> storage_;

@@ -132,4 +132,32 @@ VSR_EXPORT std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArr
 VSR_EXPORT OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster,
                                            EdgeMode edge = EdgeMode::nearest);
 
+/// @name Output-into forms
+/// The elementwise operations and the focal mean, writing into a raster the caller owns, so that
+/// a pipeline reuses one output raster instead of allocating a new one per call (on the host a
+/// fresh output also costs a page fault per 4 KiB, which bounds an allocating op well below
+/// memory bandwidth). Results are exactly those of the allocating forms.
+///
+/// @p out must have the input's band count, height, width and residency, and the result's dtype
+/// (for rescale_into, out.dtype() is the output dtype). Its pixels are overwritten and this
+/// handle's nodata, affine and CRS become the result's (other handles sharing its storage keep
+/// theirs). Elementwise forms may write in place (@p out the input itself, or a handle of the
+/// same pixels); any other overlap of @p out with an input is rejected, and focal_mean_3x3_into
+/// rejects every overlap because it reads neighbours.
+/// @throws std::invalid_argument as the allocating form, or when @p out differs in shape,
+///         residency or dtype, or overlaps an input as described; std::runtime_error as
+///         band_statistics. After an argument error @p out is unchanged.
+/// @{
+VSR_EXPORT void rescale_into(const OwnedRasterArray& raster, double in_min, double in_max,
+                             double out_min, double out_max, OwnedRasterArray& out);
+VSR_EXPORT void clip_into(const OwnedRasterArray& raster, double lower, double upper,
+                          OwnedRasterArray& out);
+VSR_EXPORT void fill_nodata_into(const OwnedRasterArray& raster, double value,
+                                 OwnedRasterArray& out);
+VSR_EXPORT void normalized_difference_into(const OwnedRasterArray& a, const OwnedRasterArray& b,
+                                           OwnedRasterArray& out);
+VSR_EXPORT void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge,
+                                    OwnedRasterArray& out);
+/// @}
+
 }  // namespace vibespatial::raster
