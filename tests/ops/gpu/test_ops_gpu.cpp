@@ -137,6 +137,27 @@ TEST_SUITE("gpu") {
     }
   }
 
+  TEST_CASE("output-into forms on the device equal the host, in place too") {
+    for (DType dt : {DType::uint8, DType::int16, DType::float32, DType::float64}) {
+      CAPTURE(to_string(dt));
+      const auto host = make(dt, 2, 97, 131, 77);
+      const auto dev = on_device(host);
+      int bad = 0;
+      auto out = OwnedRasterArray::allocate(Residency::device, DType::float32, 2, 97, 131);
+      rescale_into(dev, -1000, 1000, 0, 1, out);
+      CHECK_MESSAGE(same_pixels(rescale(host, -1000, 1000, 0, 1, DType::float32), out, bad),
+                    "rescale_into: ", bad);
+      auto outc = OwnedRasterArray::allocate(Residency::device, compute_dtype(dt), 2, 97, 131);
+      focal_mean_3x3_into(dev, EdgeMode::reflect, outc);
+      CHECK_MESSAGE(same_pixels(focal_mean_3x3(host, EdgeMode::reflect), outc, bad),
+                    "focal_mean_3x3_into: ", bad);
+      auto inplace = on_device(host);
+      clip_into(inplace, -500.5, 20000, inplace);
+      CHECK(inplace.residency() == Residency::device);
+      CHECK_MESSAGE(same_pixels(clip(host, -500.5, 20000), inplace, bad), "clip_into: ", bad);
+    }
+  }
+
   TEST_CASE("a pool pointer is used by a Thrust kernel; the pool counts the temporaries") {
     const auto before = memory_pool_stats();
     bool ok = false;
