@@ -823,7 +823,7 @@ int run_alloc(const Options& o) {
   Sizes z;
   if (o.quick) {
     z.small_steps = 20000;
-    z.large_steps = 300;
+    z.large_steps = 2000;  // fewer and the first steps after the fill, which remap pages, dominate
     z.drv_small_steps = 1000;
     z.drv_large_steps = 100;
     z.thread_steps = 100000;  // a few ms per round: shorter is mostly thread start-up
