@@ -259,12 +259,26 @@ struct FocalMeanOp {
   EdgeMode edge;
   VSR_HD C operator()(long long i) const {
     const long long hw = height * width;
-    const long long band = i / hw, p = i % hw;
-    const long long y = p / width, x = p % width;
+    const long long band = i / hw, p = i - band * hw;
+    const long long y = p / width, x = p - y * width;
     const T* base = data + band * hw;
     if (!valid(base[p])) return quiet_nan<C>();
     C sum = C(0);
     int count = 0;
+    if (y > 0 && y < height - 1 && x > 0 && x < width - 1) {
+      // Interior: no edge rule applies. Same order as below; adding 0 for an invalid neighbour
+      // leaves the sum exact (it starts at +0, so it is never -0).
+      const T* c = base + p;
+      for (int dy = -1; dy <= 1; ++dy) {
+        for (int dx = -1; dx <= 1; ++dx) {
+          const T v = c[dy * width + dx];
+          const bool ok = valid(v);
+          sum += ok ? static_cast<C>(v) : C(0);
+          count += ok ? 1 : 0;
+        }
+      }
+      return count == 0 ? quiet_nan<C>() : sum / static_cast<C>(count);
+    }
     for (int dy = -1; dy <= 1; ++dy) {
       const long long yy = edge_index(y + dy, height, edge);
       if (yy < 0) continue;
