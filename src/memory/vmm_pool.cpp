@@ -105,8 +105,9 @@ struct Slab {
   // not share the cache lines of `requested`, which every allocation and free writes: with
   // blocks interleaved, two threads ran slower than one. A slab is disowned when it empties.
   ThreadCache* owner = nullptr;
-  bool listed = false;             // in owner->with_shared[class], or the class's `unowned`
-  std::vector<SharedSlot> shared;  // freed slots flushed from thread caches
+  // Freed slots flushed from thread caches. A slab is in its owner's `with_shared` list (or its
+  // class's `unowned` list) exactly while this is not empty.
+  std::vector<SharedSlot> shared;
 };
 
 struct Region {
@@ -216,11 +217,12 @@ class VmmPool final : public DevicePool {
   bool shared_ready(const SharedSlot& e, CUstream stream);
   // Slab ownership and the lists of slabs with shared slots. Mutex held.
   std::vector<Slab*>& list_of(Slab* slab);
-  void unlist(Slab* slab);
-  void disown(Slab* slab);
-  void claim(ThreadCache& cache, Slab* slab);
+  void unlist(Slab* slab);                         // takes a slab with shared slots off its list
+  void set_owner(Slab* slab, ThreadCache* owner);  // moves it to the new owner's list
+  void disown_all(ThreadCache& cache);
   // Moves up to `budget` examined shared slots of `slab` that are ready on `stream` to `take`,
-  // while `want` says more are wanted; unlists the slab once it has none left. Mutex held.
+  // while `want` says more are wanted; unlists the slab once it has none left. `slab` must have
+  // shared slots (be listed). Mutex held.
   template <typename Take, typename Want>
   void take_shared(Slab* slab, CUstream stream, int& budget, Take&& take, Want&& want);
   void fold_cache_stats(ThreadCache& cache) noexcept;
@@ -743,7 +745,7 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
   }
   while (budget > 0 && wanted() && !state.unowned.empty()) {
     Slab* slab = state.unowned.back();
-    claim(cache, slab);
+    set_owner(slab, &cache);
     take_shared(slab, stream, budget, hand_out, wanted);
   }
   // 3. New slots carved from the thread's own slab, or a new slab.
@@ -830,7 +832,7 @@ void VmmPool::release_slab_page(Slab* slab, bool keep_handle) {
   region.slabs[slab->page].store(nullptr, std::memory_order_release);
   region.vacant.push_back(slab->page);
   ClassState& state = classes_[static_cast<std::size_t>(slab->size_class)];
-  unlist(slab);
+  if (!slab->shared.empty()) unlist(slab);
   std::erase(state.slabs, slab);
   --slab_count_;
   const CUmemGenericAllocationHandle h = slab->handle;
@@ -892,13 +894,10 @@ void VmmPool::flush_bin(ThreadCache& cache, int size_class, int keep) noexcept {
   for (int i = 0; i < move; ++i) {
     const CacheEntry& e = bin.entries[static_cast<std::size_t>(i)];
     Slab* slab = e.slab;
+    if (slab->shared.empty()) list_of(slab).push_back(slab);
     slab->shared.push_back(SharedSlot{e.ptr, e.stream, seq});
-    if (!slab->listed) {
-      list_of(slab).push_back(slab);
-      slab->listed = true;
-    }
     // An emptied slab holds none of its owner's blocks: any thread may claim it now.
-    if (--slab->used == 0 && !slab->carving && slab->owner != nullptr) disown(slab);
+    if (--slab->used == 0 && !slab->carving && slab->owner != nullptr) set_owner(slab, nullptr);
   }
   std::copy(bin.entries.begin() + move, bin.entries.begin() + bin.count, bin.entries.begin());
   bin.count = keep;
@@ -929,33 +928,26 @@ std::vector<Slab*>& VmmPool::list_of(Slab* slab) {
 }
 
 void VmmPool::unlist(Slab* slab) {
-  if (!slab->listed) return;
   std::vector<Slab*>& list = list_of(slab);
-  if (!list.empty() && list.back() == slab) {
+  if (list.back() == slab) {
     list.pop_back();  // the common case: lists are taken from the back
   } else {
     std::erase(list, slab);
   }
-  slab->listed = false;
 }
 
-void VmmPool::disown(Slab* slab) {
-  const bool listed = slab->listed;
-  unlist(slab);
-  slab->owner = nullptr;
-  if (listed) {
-    classes_[static_cast<std::size_t>(slab->size_class)].unowned.push_back(slab);
-    slab->listed = true;
-  }
+void VmmPool::set_owner(Slab* slab, ThreadCache* owner) {
+  const bool listed = !slab->shared.empty();
+  if (listed) unlist(slab);
+  slab->owner = owner;
+  if (listed) list_of(slab).push_back(slab);
 }
 
-void VmmPool::claim(ThreadCache& cache, Slab* slab) {
-  const bool listed = slab->listed;
-  unlist(slab);
-  slab->owner = &cache;
-  if (listed) {
-    cache.with_shared[static_cast<std::size_t>(slab->size_class)].push_back(slab);
-    slab->listed = true;
+void VmmPool::disown_all(ThreadCache& cache) {
+  for (ClassState& state : classes_) {
+    for (Slab* slab : state.slabs) {
+      if (slab->owner == &cache) set_owner(slab, nullptr);
+    }
   }
 }
 
@@ -979,20 +971,12 @@ void VmmPool::retire_cache(ThreadCache& cache) noexcept {
     ScopedDeviceContext scope(device_);
     for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
     release_carving(cache);
-    for (ClassState& state : classes_) {
-      for (Slab* slab : state.slabs) {
-        if (slab->owner == &cache) disown(slab);
-      }
-    }
+    disown_all(cache);
     std::erase(caches_, &cache);
   } catch (...) {
     // Shutdown or a failing driver: the cached slots stay unavailable; nothing else is lost.
     std::lock_guard lock(mutex_);
-    for (ClassState& state : classes_) {
-      for (Slab* slab : state.slabs) {
-        if (slab->owner == &cache) disown(slab);
-      }
-    }
+    disown_all(cache);
     std::erase(caches_, &cache);
   }
 }

@@ -210,8 +210,8 @@ RescaleSetup rescale_setup(const OwnedRasterArray& raster, double in_min, double
   return r;
 }
 
-void run_rescale(const OwnedRasterArray& raster, const RescaleSetup& r, OwnedRasterArray& out) {
-  const bool dev = on_device(raster);
+void run_rescale(bool dev, const OwnedRasterArray& raster, const RescaleSetup& r,
+                 OwnedRasterArray& out) {
   VSR_OPS_CALL(dev, rescale, pixels(raster), raster.dtype(), mutable_pixels(out), out.dtype(),
                layout_of(raster).pixels(), nodata_spec(raster), r.params);
 }
@@ -221,9 +221,9 @@ void run_rescale(const OwnedRasterArray& raster, const RescaleSetup& r, OwnedRas
 OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double in_max,
                          double out_min, double out_max, DType out_dtype) {
   const RescaleSetup r = rescale_setup(raster, in_min, in_max, out_min, out_max, out_dtype);
-  (void)on_device(raster);  // a device raster in a build without CUDA fails before allocating
+  const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
   OwnedRasterArray out = like(raster, out_dtype, r.out_nodata);
-  run_rescale(raster, r, out);
+  run_rescale(dev, raster, r, out);
   return out;
 }
 
@@ -231,7 +231,7 @@ void rescale_into(const OwnedRasterArray& raster, double in_min, double in_max, 
                   double out_max, OwnedRasterArray& out) {
   const RescaleSetup r = rescale_setup(raster, in_min, in_max, out_min, out_max, out.dtype());
   check_out(raster, out, out.dtype(), "rescale_into", true);
-  run_rescale(raster, r, out);
+  run_rescale(on_device(raster), raster, r, out);
   label(out, raster, r.out_nodata);
 }
 
@@ -257,8 +257,8 @@ void clip_bounds(DType d, double& lower, double& upper) {
   if (lower > upper) throw std::invalid_argument("vibespatial: clip: lower > upper");
 }
 
-void run_clip(const OwnedRasterArray& raster, double lower, double upper, OwnedRasterArray& out) {
-  const bool dev = on_device(raster);
+void run_clip(bool dev, const OwnedRasterArray& raster, double lower, double upper,
+              OwnedRasterArray& out) {
   VSR_OPS_CALL(dev, clip, pixels(raster), raster.dtype(), mutable_pixels(out),
                layout_of(raster).pixels(), nodata_spec(raster), lower, upper);
 }
@@ -267,16 +267,16 @@ void run_clip(const OwnedRasterArray& raster, double lower, double upper, OwnedR
 
 OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper) {
   clip_bounds(raster.dtype(), lower, upper);
-  (void)on_device(raster);
+  const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
   OwnedRasterArray out = like(raster, raster.dtype(), raster.nodata());
-  run_clip(raster, lower, upper, out);
+  run_clip(dev, raster, lower, upper, out);
   return out;
 }
 
 void clip_into(const OwnedRasterArray& raster, double lower, double upper, OwnedRasterArray& out) {
   clip_bounds(raster.dtype(), lower, upper);
   check_out(raster, out, raster.dtype(), "clip_into", true);
-  run_clip(raster, lower, upper, out);
+  run_clip(on_device(raster), raster, lower, upper, out);
   label(out, raster, raster.nodata());
 }
 
@@ -288,8 +288,7 @@ void check_fill_value(const OwnedRasterArray& raster, double value) {
                                 " is not a value of " + std::string(to_string(raster.dtype())));
 }
 
-void run_fill(const OwnedRasterArray& raster, double value, OwnedRasterArray& out) {
-  const bool dev = on_device(raster);
+void run_fill(bool dev, const OwnedRasterArray& raster, double value, OwnedRasterArray& out) {
   VSR_OPS_CALL(dev, fill_nodata, pixels(raster), raster.dtype(), mutable_pixels(out),
                layout_of(raster).pixels(), nodata_spec(raster), value);
 }
@@ -298,16 +297,16 @@ void run_fill(const OwnedRasterArray& raster, double value, OwnedRasterArray& ou
 
 OwnedRasterArray fill_nodata(const OwnedRasterArray& raster, double value) {
   check_fill_value(raster, value);
-  (void)on_device(raster);
+  const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
   OwnedRasterArray out = like(raster, raster.dtype(), std::nullopt);
-  run_fill(raster, value, out);
+  run_fill(dev, raster, value, out);
   return out;
 }
 
 void fill_nodata_into(const OwnedRasterArray& raster, double value, OwnedRasterArray& out) {
   check_fill_value(raster, value);
   check_out(raster, out, raster.dtype(), "fill_nodata_into", true);
-  run_fill(raster, value, out);
+  run_fill(on_device(raster), raster, value, out);
   label(out, raster, std::nullopt);
 }
 
@@ -320,9 +319,8 @@ void check_pair(const OwnedRasterArray& a, const OwnedRasterArray& b) {
         "vibespatial: normalized_difference: a and b differ in dtype, shape or residency");
 }
 
-void run_normalized_difference(const OwnedRasterArray& a, const OwnedRasterArray& b,
+void run_normalized_difference(bool dev, const OwnedRasterArray& a, const OwnedRasterArray& b,
                                OwnedRasterArray& out) {
-  const bool dev = on_device(a);
   VSR_OPS_CALL(dev, normalized_difference, pixels(a), pixels(b), a.dtype(), mutable_pixels(out),
                layout_of(a).pixels(), nodata_spec(a), nodata_spec(b));
 }
@@ -331,10 +329,10 @@ void run_normalized_difference(const OwnedRasterArray& a, const OwnedRasterArray
 
 OwnedRasterArray normalized_difference(const OwnedRasterArray& a, const OwnedRasterArray& b) {
   check_pair(a, b);
-  (void)on_device(a);
+  const bool dev = on_device(a);  // before allocating: fails at once without CUDA
   OwnedRasterArray out =
       like(a, compute_dtype(a.dtype()), std::numeric_limits<double>::quiet_NaN());
-  run_normalized_difference(a, b, out);
+  run_normalized_difference(dev, a, b, out);
   return out;
 }
 
@@ -344,7 +342,7 @@ void normalized_difference_into(const OwnedRasterArray& a, const OwnedRasterArra
   const DType out_dtype = compute_dtype(a.dtype());
   check_out(a, out, out_dtype, "normalized_difference_into", true);
   check_out(b, out, out_dtype, "normalized_difference_into", true);
-  run_normalized_difference(a, b, out);
+  run_normalized_difference(on_device(a), a, b, out);
   label(out, a, std::numeric_limits<double>::quiet_NaN());
 }
 
@@ -376,8 +374,7 @@ void check_edge(EdgeMode edge) {
     throw std::invalid_argument("vibespatial: focal_mean_3x3: unknown edge mode");
 }
 
-void run_focal(const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out) {
-  const bool dev = on_device(raster);
+void run_focal(bool dev, const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out) {
   VSR_OPS_CALL(dev, focal_mean_3x3, pixels(raster), raster.dtype(), mutable_pixels(out),
                layout_of(raster), nodata_spec(raster), edge);
 }
@@ -386,17 +383,17 @@ void run_focal(const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& 
 
 OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster, EdgeMode edge) {
   check_edge(edge);
-  (void)on_device(raster);
+  const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
   OwnedRasterArray out =
       like(raster, compute_dtype(raster.dtype()), std::numeric_limits<double>::quiet_NaN());
-  run_focal(raster, edge, out);
+  run_focal(dev, raster, edge, out);
   return out;
 }
 
 void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out) {
   check_edge(edge);
   check_out(raster, out, compute_dtype(raster.dtype()), "focal_mean_3x3_into", false);
-  run_focal(raster, edge, out);
+  run_focal(on_device(raster), raster, edge, out);
   label(out, raster, std::numeric_limits<double>::quiet_NaN());
 }
 
