@@ -76,6 +76,9 @@ vsr_status guarded(const char* function, Body&& body) noexcept {
   clear_error();
   try {
     body();
+    // Cleared again: an OOM handler run inside `body` may have made a failing vsr_ call on this
+    // thread, and a successful call leaves no message (c_api.h).
+    clear_error();
     return VSR_OK;
   } catch (const vsr::DriverUnavailableError& e) {
     return fail(VSR_ERROR_NO_DRIVER, function, e.what(), e.code());

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 namespace vibespatial::raster::detail {
 namespace {
@@ -91,6 +92,44 @@ bool resolve_all(PFN_cuGetProcAddress_v12000 gp, DriverApi& a, std::string& miss
   return ok;
 }
 
+// `text` with bytes outside printable ASCII written as \xHH, so a message stays valid UTF-8 and
+// cannot carry terminal escapes.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f && c != '\\') {
+      out += c;
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    }
+  }
+  return out;
+}
+
+// The name of `result` through `api` when it can say, else from the few codes the seam itself
+// reports. Takes the entry points explicitly: load() runs inside driver_state()'s initialiser and
+// must not reach driver_state() again (a recursive static initialisation aborts the process).
+std::string result_name(const DriverApi& api, CUresult result) {
+  if (api.cuGetErrorName != nullptr) {
+    const char* name = nullptr;
+    if (api.cuGetErrorName(result, &name) == CUDA_SUCCESS && name != nullptr) return name;
+  }
+  switch (result) {
+    case CUDA_SUCCESS:
+      return "CUDA_SUCCESS";
+    case CUDA_ERROR_NO_DEVICE:
+      return "CUDA_ERROR_NO_DEVICE";
+    case CUDA_ERROR_NOT_FOUND:
+      return "CUDA_ERROR_NOT_FOUND";
+    default:
+      return "CUresult(" + std::to_string(static_cast<int>(result)) + ")";
+  }
+}
+
 void load(DriverState& s) {
   const char* env = std::getenv("VIBESPATIAL_CUDA_DRIVER");
   s.library = (env != nullptr && env[0] != '\0') ? env : kDefaultDriver;
@@ -125,14 +164,19 @@ void load(DriverState& s) {
   const CUresult init = s.api.cuInit(0);
   if (init != CUDA_SUCCESS) {
     s.result = init;
-    s.reason = "cuInit failed with " + cu_result_name(init) +
+    s.reason = "cuInit failed with " + result_name(s.api, init) +
                (init == CUDA_ERROR_NO_DEVICE ? ": no CUDA-capable device is present" : "");
+    if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible != nullptr) {
+      s.reason += " (CUDA_VISIBLE_DEVICES is set to \"" + std::string(visible) +
+                  "\", which may hide every device)";
+    }
     return;
   }
   const CUresult count = s.api.cuDeviceGetCount(&s.device_count);
   if (count != CUDA_SUCCESS || s.device_count <= 0) {
     s.result = count != CUDA_SUCCESS ? count : CUDA_ERROR_NO_DEVICE;
-    s.reason = "the driver reports no CUDA device";
+    s.reason = count != CUDA_SUCCESS ? "cuDeviceGetCount failed with " + result_name(s.api, count)
+                                     : std::string("the driver reports no CUDA device");
     s.device_count = 0;
     return;
   }
@@ -153,6 +197,8 @@ const DriverState& driver_state() noexcept {
     auto* s = new DriverState();
     try {
       load(*s);
+      // The reason quotes a path and the environment: keep it printable, valid UTF-8.
+      s->reason = printable(s->reason);
     } catch (...) {
       s->available = false;
       s->reason = "unexpected failure while loading the CUDA driver";
@@ -172,21 +218,7 @@ const DriverApi& driver() {
 }
 
 std::string cu_result_name(CUresult result) {
-  const DriverState& s = driver_state();
-  if (s.api.cuGetErrorName != nullptr) {
-    const char* name = nullptr;
-    if (s.api.cuGetErrorName(result, &name) == CUDA_SUCCESS && name != nullptr) return name;
-  }
-  switch (result) {  // the codes the seam itself reports before a driver is loaded
-    case CUDA_SUCCESS:
-      return "CUDA_SUCCESS";
-    case CUDA_ERROR_NO_DEVICE:
-      return "CUDA_ERROR_NO_DEVICE";
-    case CUDA_ERROR_NOT_FOUND:
-      return "CUDA_ERROR_NOT_FOUND";
-    default:
-      return "CUresult(" + std::to_string(static_cast<int>(result)) + ")";
-  }
+  return result_name(driver_state().api, result);
 }
 
 void throw_cuda_error(CUresult result, const char* expression, const char* file, int line) {

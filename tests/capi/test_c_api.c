@@ -3,7 +3,9 @@
  * success, 1 with a message on the first failure.
  *
  *   test_c_api              VIBESPATIAL_CUDA_DRIVER = the emulator, VSR_EMU_DEVICE_MEMORY = 64 MiB
- *   test_c_api --no-driver  VIBESPATIAL_CUDA_DRIVER = a library that does not exist */
+ *   test_c_api --no-driver  VIBESPATIAL_CUDA_DRIVER = a library that does not exist
+ *   test_c_api --no-device  the emulator with no device (cuInit fails): the same answers as with
+ *                           no driver, never an abort */
 #define _GNU_SOURCE 1
 
 #include <vibespatial/raster/c_api.h>
@@ -348,6 +350,15 @@ static int free_cache(size_t requested_bytes, void* user_data) {
   return 1;
 }
 
+/* Like free_cache, then a vsr_ call of its own that fails: the outer call that then succeeds
+ * must not keep that inner error (vsr_last_error_message is "" after any successful call). */
+static int free_cache_then_fail(size_t requested_bytes, void* user_data) {
+  int d = 0;
+  const int freed = free_cache(requested_bytes, user_data);
+  if (vsr_dtype_from_name("not-a-dtype", &d) != VSR_ERROR_INVALID_ARGUMENT) return 0;
+  return freed;
+}
+
 static int count_only(size_t requested_bytes, void* user_data) {
   (void)requested_bytes;
   ++*(int*)user_data;
@@ -361,6 +372,7 @@ static void test_oom_handlers(void) {
   uint64_t counter_id = 0;
   uint64_t recoveries = 0;
   void* p = (void*)&p;
+  void* q = NULL;
   vsr_pool_stats s;
 
   CHECK_FAILS(vsr_add_oom_handler(NULL, &c, &id), VSR_ERROR_INVALID_ARGUMENT,
@@ -411,6 +423,15 @@ static void test_oom_handlers(void) {
   CHECK_OK(vsr_remove_oom_handler(id));              /* unknown ids are ignored */
   CHECK_OK(vsr_remove_oom_handler(UINT64_C(12345))); /* never registered */
   CHECK_OK(vsr_device_deallocate(p, 32 * MIB, NULL));
+
+  /* A handler whose own vsr_ call fails, then frees: the outer call succeeds with no error. */
+  CHECK_OK(vsr_add_oom_handler(free_cache_then_fail, &c, &id));
+  c.calls = 0;
+  CHECK_OK(vsr_device_allocate(c.bytes, NULL, &c.ptr));
+  CHECK_OK(vsr_device_allocate(32 * MIB, NULL, &q)); /* CHECK_OK: message "", CUresult 0 */
+  CHECK(c.calls == 1 && c.ptr == NULL);
+  CHECK_OK(vsr_device_deallocate(q, 32 * MIB, NULL));
+  CHECK_OK(vsr_remove_oom_handler(id));
   CHECK_OK(vsr_free_pool_memory());
 }
 
@@ -471,9 +492,10 @@ static void test_thread_local_errors(void) {
   CHECK(strstr(vsr_last_error_message(), "complex64") != NULL); /* untouched by the thread */
 }
 
-/* ---- no driver ---- */
+/* ---- no driver, or a driver whose cuInit fails ---- */
 
-static int run_without_driver(void) {
+/* `reason` is a part of the message every failing call must quote. */
+static int run_without_driver(const char* mode, const char* reason) {
   char tier[VSR_TIER_CAPACITY] = "unchanged";
   void* p = (void*)&p;
   uint64_t available = 1;
@@ -484,7 +506,7 @@ static int run_without_driver(void) {
   CHECK_FAILS(vsr_configure_memory_pool(tier, sizeof tier), VSR_ERROR_NO_DRIVER,
               "vsr_configure_memory_pool");
   CHECK(vsr_last_cuda_error() != 0);
-  CHECK(strstr(vsr_last_error_message(), "VIBESPATIAL_CUDA_DRIVER") != NULL);
+  CHECK(strstr(vsr_last_error_message(), reason) != NULL);
   CHECK(strcmp(tier, "unchanged") == 0);
   CHECK_FAILS(vsr_configure_memory_pool(tier, sizeof tier), VSR_ERROR_NO_DRIVER,
               "vsr_configure_memory_pool"); /* not cached as success */
@@ -504,14 +526,19 @@ static int run_without_driver(void) {
   o.vram_budget = 1000000;
   CHECK_OK(vsr_analyze_raster_plan(5000, 5000, VSR_DTYPE_FLOAT64, &o, &plan));
   CHECK(plan.strategy == VSR_TILING_TILED);
-  printf("c-api (no driver): %d checks passed\n", g_checks);
+  printf("c-api (%s): %d checks passed\n", mode, g_checks);
   return 0;
 }
 
 int main(int argc, char** argv) {
-  if (argc > 1 && strcmp(argv[1], "--no-driver") == 0) return run_without_driver();
+  if (argc > 1 && strcmp(argv[1], "--no-driver") == 0) {
+    return run_without_driver("no driver", "VIBESPATIAL_CUDA_DRIVER");
+  }
+  if (argc > 1 && strcmp(argv[1], "--no-device") == 0) {
+    return run_without_driver("no device", "cuInit failed");
+  }
   if (argc > 1) {
-    fprintf(stderr, "usage: %s [--no-driver]\n", argv[0]);
+    fprintf(stderr, "usage: %s [--no-driver | --no-device]\n", argv[0]);
     return 2;
   }
   test_version_and_names();

@@ -4,6 +4,7 @@
 
 #include <vibespatial/raster/driver.hpp>
 #include <vibespatial/raster/errors.hpp>
+#include <vibespatial/raster/memory.hpp>
 
 #include <doctest/doctest.h>
 
@@ -109,5 +110,35 @@ TEST_SUITE("driver-absent" * doctest::skip()) {
     CHECK_FALSE(info.available);
     CHECK(info.devices.empty());
     CHECK_FALSE(info.reason.empty());
+  }
+}
+
+// Run with a driver whose cuInit fails (the emulator with no device, or a cuInit fault): loading
+// once aborted the process (a recursive static initialisation while naming the error).
+TEST_SUITE("driver-no-device" * doctest::skip()) {
+  TEST_CASE("a failing cuInit is a typed 'no usable device' error, never an abort") {
+    const detail::DriverState& s = detail::driver_state();
+    CHECK_FALSE(s.available);
+    CHECK(s.result != CUDA_SUCCESS);
+    CHECK(s.reason.find("cuInit failed with CUDA_ERROR_") != std::string::npos);
+    CHECK(s.device_count == 0);
+    try {
+      detail::driver();
+      FAIL("expected DriverUnavailableError");
+    } catch (const DriverUnavailableError& e) {
+      CHECK(e.code() == s.result);
+      CHECK(e.name().rfind("CUDA_ERROR_", 0) == 0);
+      CHECK(std::string(e.what()).find("cuInit failed") != std::string::npos);
+    }
+    CHECK_THROWS_AS(detail::bind_current_device(), DriverUnavailableError);
+    CHECK_THROWS_AS(configure_memory_pool(), DriverUnavailableError);
+    CHECK_THROWS_AS(device_allocate(1024), DriverUnavailableError);
+    CHECK_NOTHROW(free_pool_memory());
+    CHECK_FALSE(memory_pool_stats().configured);
+    const DriverInfo info = driver_info();
+    CHECK_FALSE(info.available);
+    CHECK(info.emulated);
+    CHECK(info.devices.empty());
+    CHECK(info.reason == s.reason);
   }
 }
