@@ -30,65 +30,16 @@ bool resolve(PFN_cuGetProcAddress_v12000 get_proc, const char* symbol, int versi
   return true;
 }
 
+// Resolves every VSR_DRIVER_ENTRIES row; false (naming each) when a required one is missing.
 bool resolve_all(PFN_cuGetProcAddress_v12000 gp, DriverApi& a, std::string& missing) {
   bool ok = true;
-  auto req = [&](const char* name, int version, auto& slot) {
-    if (!resolve(gp, name, version, slot)) {
-      ok = false;
-      if (!missing.empty()) missing += ", ";
-      missing += name;
-    }
-  };
-  req("cuInit", 2000, a.cuInit);
-  req("cuDriverGetVersion", 2020, a.cuDriverGetVersion);
-  req("cuDeviceGet", 2000, a.cuDeviceGet);
-  req("cuDeviceGetCount", 2000, a.cuDeviceGetCount);
-  req("cuDeviceGetAttribute", 2000, a.cuDeviceGetAttribute);
-  req("cuDeviceGetName", 2000, a.cuDeviceGetName);
-  req("cuDevicePrimaryCtxRetain", 7000, a.cuDevicePrimaryCtxRetain);
-  req("cuDevicePrimaryCtxRelease", 11000, a.cuDevicePrimaryCtxRelease);
-  req("cuCtxSetCurrent", 4000, a.cuCtxSetCurrent);
-  req("cuCtxGetCurrent", 4000, a.cuCtxGetCurrent);
-  req("cuCtxGetDevice", 2000, a.cuCtxGetDevice);
-  req("cuCtxSynchronize", 2000, a.cuCtxSynchronize);
-  req("cuMemGetInfo", 3020, a.cuMemGetInfo);
-  req("cuMemAlloc", 3020, a.cuMemAlloc);
-  req("cuMemFree", 3020, a.cuMemFree);
-  req("cuMemHostAlloc", 2020, a.cuMemHostAlloc);
-  req("cuMemFreeHost", 2000, a.cuMemFreeHost);
-  req("cuMemcpyHtoD", 3020, a.cuMemcpyHtoD);
-  req("cuMemcpyDtoH", 3020, a.cuMemcpyDtoH);
-  req("cuMemcpyDtoD", 3020, a.cuMemcpyDtoD);
-  req("cuMemcpyHtoDAsync", 3020, a.cuMemcpyHtoDAsync);
-  req("cuMemcpyDtoHAsync", 3020, a.cuMemcpyDtoHAsync);
-  req("cuMemcpyDtoDAsync", 3020, a.cuMemcpyDtoDAsync);
-  req("cuMemsetD8", 3020, a.cuMemsetD8);
-  req("cuMemsetD8Async", 3020, a.cuMemsetD8Async);
-  req("cuStreamCreate", 2000, a.cuStreamCreate);
-  req("cuStreamSynchronize", 2000, a.cuStreamSynchronize);
-  req("cuStreamQuery", 2000, a.cuStreamQuery);
-  req("cuStreamDestroy", 4000, a.cuStreamDestroy);
-  req("cuStreamWaitEvent", 3020, a.cuStreamWaitEvent);
-  req("cuEventCreate", 2000, a.cuEventCreate);
-  req("cuEventRecord", 2000, a.cuEventRecord);
-  req("cuEventQuery", 2000, a.cuEventQuery);
-  req("cuEventSynchronize", 2000, a.cuEventSynchronize);
-  req("cuEventDestroy", 4000, a.cuEventDestroy);
-  req("cuGetErrorName", 6000, a.cuGetErrorName);
-  req("cuGetErrorString", 6000, a.cuGetErrorString);
-
-  resolve(gp, "cuMemGetAllocationGranularity", 10020, a.cuMemGetAllocationGranularity);
-  resolve(gp, "cuMemAddressReserve", 10020, a.cuMemAddressReserve);
-  resolve(gp, "cuMemAddressFree", 10020, a.cuMemAddressFree);
-  resolve(gp, "cuMemCreate", 10020, a.cuMemCreate);
-  resolve(gp, "cuMemRelease", 10020, a.cuMemRelease);
-  resolve(gp, "cuMemMap", 10020, a.cuMemMap);
-  resolve(gp, "cuMemUnmap", 10020, a.cuMemUnmap);
-  resolve(gp, "cuMemSetAccess", 10020, a.cuMemSetAccess);
-  resolve(gp, "cuMemRetainAllocationHandle", 11000, a.cuMemRetainAllocationHandle);
-  resolve(gp, "cuMemAllocManaged", 6000, a.cuMemAllocManaged);
-  resolve(gp, "cuMemAllocAsync", 11020, a.cuMemAllocAsync);
-  resolve(gp, "cuMemFreeAsync", 11020, a.cuMemFreeAsync);
+#define VSR_DRIVER_RESOLVE(name, version, kind)                                         \
+  if (!resolve(gp, #name, version, a.name) && EntryKind::kind == EntryKind::required) { \
+    ok = false;                                                                         \
+    missing += missing.empty() ? #name : ", " #name;                                    \
+  }
+  VSR_DRIVER_ENTRIES(VSR_DRIVER_RESOLVE)
+#undef VSR_DRIVER_RESOLVE
   return ok;
 }
 
@@ -187,8 +138,12 @@ void load(DriverState& s) {
 }  // namespace
 
 bool DriverApi::has_vmm() const noexcept {
-  return cuMemGetAllocationGranularity && cuMemAddressReserve && cuMemAddressFree && cuMemCreate &&
-         cuMemRelease && cuMemMap && cuMemUnmap && cuMemSetAccess;
+  bool all = true;
+#define VSR_DRIVER_VMM(name, version, kind) \
+  all = all && (EntryKind::kind != EntryKind::vmm || name != nullptr);
+  VSR_DRIVER_ENTRIES(VSR_DRIVER_VMM)
+#undef VSR_DRIVER_VMM
+  return all;
 }
 
 const DriverState& driver_state() noexcept {

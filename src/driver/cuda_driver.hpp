@@ -21,61 +21,74 @@
 
 namespace vibespatial::raster::detail {
 
-/// Entry points, each resolved at the ABI version in its name. Optional ones are null when the
-/// driver lacks them (the features that need them are then reported unsupported).
+/// What the library needs an entry point for, which decides what its absence means.
+enum class EntryKind {
+  required,  ///< the library cannot work without it: a driver lacking it is not loaded
+  vmm,       ///< virtual memory management (tiers A/B): absent means "no VMM" (has_vmm())
+  optional,  ///< a feature that checks for it (tier C, stream-ordered allocation) or only the
+             ///< tests and benchmarks use it; null when the driver lacks it
+};
+
+// Every entry point the library resolves, once: X(name, pinned ABI version, kind). The PFN type
+// is PFN_<name>_v<version> from cudaTypedefs.h, and cuGetProcAddress_v2 returns the newest ABI
+// introduced at or before that version (docs/cuda-driver-rules.md §2.2).
+#define VSR_DRIVER_ENTRIES(X)                     \
+  X(cuInit, 2000, required)                       \
+  X(cuDriverGetVersion, 2020, required)           \
+  X(cuDeviceGet, 2000, required)                  \
+  X(cuDeviceGetCount, 2000, required)             \
+  X(cuDeviceGetAttribute, 2000, required)         \
+  X(cuDeviceGetName, 2000, required)              \
+  X(cuDevicePrimaryCtxRetain, 7000, required)     \
+  X(cuDevicePrimaryCtxRelease, 11000, required)   \
+  X(cuCtxSetCurrent, 4000, required)              \
+  X(cuCtxGetCurrent, 4000, required)              \
+  X(cuCtxGetDevice, 2000, required)               \
+  X(cuCtxSynchronize, 2000, required)             \
+  X(cuMemGetInfo, 3020, required)                 \
+  X(cuMemAlloc, 3020, required)                   \
+  X(cuMemFree, 3020, required)                    \
+  X(cuMemHostAlloc, 2020, required)               \
+  X(cuMemFreeHost, 2000, required)                \
+  X(cuMemcpyHtoD, 3020, required)                 \
+  X(cuMemcpyDtoH, 3020, required)                 \
+  X(cuMemcpyDtoD, 3020, required)                 \
+  X(cuMemcpyHtoDAsync, 3020, required)            \
+  X(cuMemcpyDtoHAsync, 3020, required)            \
+  X(cuMemcpyDtoDAsync, 3020, required)            \
+  X(cuStreamCreate, 2000, required)               \
+  X(cuStreamSynchronize, 2000, required)          \
+  X(cuStreamQuery, 2000, required)                \
+  X(cuStreamDestroy, 4000, required)              \
+  X(cuStreamWaitEvent, 3020, required)            \
+  X(cuEventCreate, 2000, required)                \
+  X(cuEventRecord, 2000, required)                \
+  X(cuEventQuery, 2000, required)                 \
+  X(cuEventSynchronize, 2000, required)           \
+  X(cuEventDestroy, 4000, required)               \
+  X(cuGetErrorName, 6000, required)               \
+  X(cuGetErrorString, 6000, required)             \
+  X(cuMemGetAllocationGranularity, 10020, vmm)    \
+  X(cuMemAddressReserve, 10020, vmm)              \
+  X(cuMemAddressFree, 10020, vmm)                 \
+  X(cuMemCreate, 10020, vmm)                      \
+  X(cuMemRelease, 10020, vmm)                     \
+  X(cuMemMap, 10020, vmm)                         \
+  X(cuMemUnmap, 10020, vmm)                       \
+  X(cuMemSetAccess, 10020, vmm)                   \
+  X(cuMemRetainAllocationHandle, 11000, optional) \
+  X(cuMemAllocManaged, 6000, optional)            \
+  X(cuMemAllocAsync, 11020, optional)             \
+  X(cuMemFreeAsync, 11020, optional)              \
+  X(cuMemsetD8, 3020, optional)                   \
+  X(cuMemsetD8Async, 3020, optional)
+
+/// The resolved entry points, one member per VSR_DRIVER_ENTRIES row, named as the driver names
+/// them. Optional and VMM entries are null when the driver lacks them.
 struct DriverApi {
-  // Required.
-  PFN_cuInit_v2000 cuInit = nullptr;
-  PFN_cuDriverGetVersion_v2020 cuDriverGetVersion = nullptr;
-  PFN_cuDeviceGet_v2000 cuDeviceGet = nullptr;
-  PFN_cuDeviceGetCount_v2000 cuDeviceGetCount = nullptr;
-  PFN_cuDeviceGetAttribute_v2000 cuDeviceGetAttribute = nullptr;
-  PFN_cuDeviceGetName_v2000 cuDeviceGetName = nullptr;
-  PFN_cuDevicePrimaryCtxRetain_v7000 cuDevicePrimaryCtxRetain = nullptr;
-  PFN_cuDevicePrimaryCtxRelease_v11000 cuDevicePrimaryCtxRelease = nullptr;
-  PFN_cuCtxSetCurrent_v4000 cuCtxSetCurrent = nullptr;
-  PFN_cuCtxGetCurrent_v4000 cuCtxGetCurrent = nullptr;
-  PFN_cuCtxGetDevice_v2000 cuCtxGetDevice = nullptr;
-  PFN_cuCtxSynchronize_v2000 cuCtxSynchronize = nullptr;
-  PFN_cuMemGetInfo_v3020 cuMemGetInfo = nullptr;
-  PFN_cuMemAlloc_v3020 cuMemAlloc = nullptr;
-  PFN_cuMemFree_v3020 cuMemFree = nullptr;
-  PFN_cuMemHostAlloc_v2020 cuMemHostAlloc = nullptr;
-  PFN_cuMemFreeHost_v2000 cuMemFreeHost = nullptr;
-  PFN_cuMemcpyHtoD_v3020 cuMemcpyHtoD = nullptr;
-  PFN_cuMemcpyDtoH_v3020 cuMemcpyDtoH = nullptr;
-  PFN_cuMemcpyDtoD_v3020 cuMemcpyDtoD = nullptr;
-  PFN_cuMemcpyHtoDAsync_v3020 cuMemcpyHtoDAsync = nullptr;
-  PFN_cuMemcpyDtoHAsync_v3020 cuMemcpyDtoHAsync = nullptr;
-  PFN_cuMemcpyDtoDAsync_v3020 cuMemcpyDtoDAsync = nullptr;
-  PFN_cuMemsetD8_v3020 cuMemsetD8 = nullptr;
-  PFN_cuMemsetD8Async_v3020 cuMemsetD8Async = nullptr;
-  PFN_cuStreamCreate_v2000 cuStreamCreate = nullptr;
-  PFN_cuStreamSynchronize_v2000 cuStreamSynchronize = nullptr;
-  PFN_cuStreamQuery_v2000 cuStreamQuery = nullptr;
-  PFN_cuStreamDestroy_v4000 cuStreamDestroy = nullptr;
-  PFN_cuStreamWaitEvent_v3020 cuStreamWaitEvent = nullptr;
-  PFN_cuEventCreate_v2000 cuEventCreate = nullptr;
-  PFN_cuEventRecord_v2000 cuEventRecord = nullptr;
-  PFN_cuEventQuery_v2000 cuEventQuery = nullptr;
-  PFN_cuEventSynchronize_v2000 cuEventSynchronize = nullptr;
-  PFN_cuEventDestroy_v4000 cuEventDestroy = nullptr;
-  PFN_cuGetErrorName_v6000 cuGetErrorName = nullptr;
-  PFN_cuGetErrorString_v6000 cuGetErrorString = nullptr;
-  // Optional: virtual memory management (tiers A/B).
-  PFN_cuMemGetAllocationGranularity_v10020 cuMemGetAllocationGranularity = nullptr;
-  PFN_cuMemAddressReserve_v10020 cuMemAddressReserve = nullptr;
-  PFN_cuMemAddressFree_v10020 cuMemAddressFree = nullptr;
-  PFN_cuMemCreate_v10020 cuMemCreate = nullptr;
-  PFN_cuMemRelease_v10020 cuMemRelease = nullptr;
-  PFN_cuMemMap_v10020 cuMemMap = nullptr;
-  PFN_cuMemUnmap_v10020 cuMemUnmap = nullptr;
-  PFN_cuMemSetAccess_v10020 cuMemSetAccess = nullptr;
-  PFN_cuMemRetainAllocationHandle_v11000 cuMemRetainAllocationHandle = nullptr;
-  // Optional: managed memory (tier C) and stream-ordered allocation (benchmarks).
-  PFN_cuMemAllocManaged_v6000 cuMemAllocManaged = nullptr;
-  PFN_cuMemAllocAsync_v11020 cuMemAllocAsync = nullptr;
-  PFN_cuMemFreeAsync_v11020 cuMemFreeAsync = nullptr;
+#define VSR_DRIVER_MEMBER(name, version, kind) PFN_##name##_v##version name = nullptr;
+  VSR_DRIVER_ENTRIES(VSR_DRIVER_MEMBER)
+#undef VSR_DRIVER_MEMBER
 
   /// True when every VMM entry point resolved.
   bool has_vmm() const noexcept;

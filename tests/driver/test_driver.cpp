@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 using namespace vibespatial::raster;
@@ -140,5 +142,35 @@ TEST_SUITE("driver-no-device" * doctest::skip()) {
     CHECK(info.emulated);
     CHECK(info.devices.empty());
     CHECK(info.reason == s.reason);
+  }
+}
+
+// Run against tests/driver/hiding_driver.c, which hides the entry points named in
+// VSR_HIDING_DRIVER_HIDE; VSR_TEST_EXPECT says what the seam must make of it.
+TEST_SUITE("driver-hidden-entries" * doctest::skip()) {
+  TEST_CASE("required entries refuse the driver by name; VMM and optional ones do not") {
+    const detail::DriverState& s = detail::driver_state();
+    const std::string expect = std::getenv("VSR_TEST_EXPECT");
+    if (expect == "refused") {
+      CHECK_FALSE(s.available);
+      CHECK(s.result == CUDA_ERROR_NOT_FOUND);
+      CHECK(s.reason.find("lacks required entry points: cuStreamWaitEvent") != std::string::npos);
+      CHECK_THROWS_AS(configure_memory_pool(), DriverUnavailableError);
+    } else if (expect == "no-vmm") {
+      REQUIRE_MESSAGE(s.available, s.reason);
+      CHECK_FALSE(s.api.has_vmm());
+      CHECK_FALSE(static_cast<bool>(s.api.cuMemMap));
+      CHECK(configure_memory_pool() == "fallback");
+      void* p = device_allocate(1 << 20);
+      CHECK(p != nullptr);
+      device_deallocate(p, 1 << 20);
+    } else {
+      REQUIRE(expect == "optional");
+      REQUIRE_MESSAGE(s.available, s.reason);
+      CHECK(s.api.has_vmm());
+      CHECK_FALSE(static_cast<bool>(s.api.cuMemsetD8));
+      CHECK_FALSE(static_cast<bool>(s.api.cuMemAllocAsync));
+      CHECK(configure_memory_pool() == "B");
+    }
   }
 }
