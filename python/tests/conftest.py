@@ -63,3 +63,21 @@ def pool_baseline():
 
     gc.collect()
     assert memory.memory_pool_stats()["current_bytes"] == before
+
+
+@pytest.fixture
+def created_stream(emu):
+    """A non-blocking stream (CU_STREAM_NON_BLOCKING: the legacy default stream does not wait
+    for it) created on the emulator, so it can be paused; destroyed after the test."""
+    import ctypes
+
+    from vibespatial_raster import _core
+
+    _core.stream_synchronize(0)  # initializes the driver and binds the primary context here
+    lib = ctypes.CDLL(testing.emulator_path())
+    stream = ctypes.c_void_p()
+    assert lib.cuStreamCreate(ctypes.byref(stream), 1) == 0
+    yield stream
+    emu.vsr_emu_stream_pause(stream, 0)
+    assert lib.cuStreamSynchronize(stream) == 0
+    assert lib.cuStreamDestroy_v2(stream) == 0
