@@ -20,7 +20,9 @@ from vibespatial_raster import testing
 # 512 MiB: room for the raster tests, small enough for the OOM tests to fill quickly.
 EMULATED_DEVICE_MEMORY = 512 << 20
 
-if os.environ.get("VSR_PYTEST_REAL_DRIVER") != "1":
+# VSR_PYTEST_REAL_DRIVER=1 (tools/gpu-check's Python step) runs on the real driver instead.
+REAL_DRIVER = os.environ.get("VSR_PYTEST_REAL_DRIVER") == "1"
+if not REAL_DRIVER:
     testing.use_emulator(device_memory=EMULATED_DEVICE_MEMORY)
 
 
@@ -29,8 +31,9 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 12
     otherwise); returns its stdout, and fails the test with its output if it exits nonzero.
     The timeout only guards against a hang (a deadlock would otherwise stop the suite)."""
     full_env = dict(os.environ)
-    full_env["VIBESPATIAL_CUDA_DRIVER"] = testing.emulator_path()
-    full_env["VSR_EMU_DEVICE_MEMORY"] = str(EMULATED_DEVICE_MEMORY)
+    if not REAL_DRIVER:
+        full_env["VIBESPATIAL_CUDA_DRIVER"] = testing.emulator_path()
+        full_env["VSR_EMU_DEVICE_MEMORY"] = str(EMULATED_DEVICE_MEMORY)
     for key in ("VIBESPATIAL_GPU_POOL_ONLY", "VIBESPATIAL_GPU_MANAGED_MEMORY"):
         full_env.pop(key, None)
     if env:
