@@ -95,9 +95,12 @@ def _numba_device_pointer(ptr: int) -> Any:
     ctypes integer with Numba's own ctypes binding."""
     from numba.cuda.cudadrv import driver as numba_driver
 
-    if getattr(numba_driver, "USE_NV_BINDING", False):
-        return numba_driver.binding.CUdeviceptr(int(ptr))
-    return ctypes.c_uint64(int(ptr))
+    if not getattr(numba_driver, "USE_NV_BINDING", False):
+        return ctypes.c_uint64(int(ptr))
+    binding = getattr(numba_driver, "binding", None)
+    if binding is None:  # numba-cuda versions that import the binding elsewhere
+        from cuda.bindings import driver as binding
+    return binding.CUdeviceptr(int(ptr))
 
 
 def _make_numba_plugin() -> type:
