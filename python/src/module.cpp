@@ -37,6 +37,7 @@
 #include <sys/types.h>
 
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
@@ -345,20 +346,21 @@ class DeviceBuffer {
     }
   }
 
+  /// Frees the memory now; later calls do nothing. Safe from several threads at once (close()
+  /// runs without the GIL): exactly one of them frees.
   void close() {
-    if (ptr_ == nullptr) return;
-    void* p = ptr_;
-    ptr_ = nullptr;
+    void* p = ptr_.exchange(nullptr);
+    if (p == nullptr) return;
     vsr::device_deallocate(p, size_, stream_of(stream_));
   }
 
-  std::uintptr_t ptr() const { return reinterpret_cast<std::uintptr_t>(ptr_); }
+  std::uintptr_t ptr() const { return reinterpret_cast<std::uintptr_t>(ptr_.load()); }
   std::size_t size() const { return size_; }
   std::uintptr_t stream() const { return stream_; }
-  bool closed() const { return ptr_ == nullptr && size_ != 0; }
+  bool closed() const { return ptr_.load() == nullptr && size_ != 0; }
 
  private:
-  void* ptr_ = nullptr;
+  std::atomic<void*> ptr_{nullptr};
   std::size_t size_ = 0;
   std::uintptr_t stream_ = 0;
 };

@@ -171,3 +171,25 @@ def test_many_python_threads(pool_baseline):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_concurrent_close_frees_once(pool_baseline):
+    # close() runs without the GIL; from many threads at once exactly one frees the block.
+    for _ in range(20):
+        buf = DeviceBuffer(1 << 20)
+        barrier = threading.Barrier(6)
+        errors = []
+
+        def close():
+            try:
+                barrier.wait()
+                buf.close()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=close) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and buf.closed
