@@ -21,6 +21,7 @@ The frameworks are imported only when these functions are called.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import threading
 from typing import Any
 
@@ -97,10 +98,10 @@ def _numba_device_pointer(ptr: int) -> Any:
 
     if not getattr(numba_driver, "USE_NV_BINDING", False):
         return ctypes.c_uint64(int(ptr))
-    binding = getattr(numba_driver, "binding", None)
-    if binding is None:  # numba-cuda versions that import the binding elsewhere
-        from cuda.bindings import driver as binding
-    return binding.CUdeviceptr(int(ptr))
+    nv_binding: Any = getattr(numba_driver, "binding", None)
+    if nv_binding is None:  # numba-cuda versions that import the binding elsewhere
+        nv_binding = importlib.import_module("cuda.bindings.driver")
+    return nv_binding.CUdeviceptr(int(ptr))
 
 
 def _make_numba_plugin() -> type:

@@ -107,7 +107,7 @@ class RasterPlan:
             bool(fits),
         )
 
-    def _core_args(self) -> tuple:
+    def _core_args(self) -> tuple[str, tuple[int, int] | None, int, int, int, int, bool]:
         return (
             str(TilingStrategy(self.strategy)),
             None if self.tile_shape is None else (int(self.tile_shape[0]), int(self.tile_shape[1])),
@@ -330,6 +330,12 @@ class _External:
     """Device memory of another library, used in place (from_device)."""
 
     __slots__ = ("device_id", "device_type", "owner", "ptr", "readonly", "stream")
+    ptr: int
+    owner: Any
+    stream: int | None
+    device_id: int
+    device_type: int
+    readonly: bool
 
     def __init__(self, ptr: int, owner: Any, stream: int | None, device_id: int,
                  device_type: int, readonly: bool) -> None:
@@ -363,6 +369,15 @@ class OwnedRasterArray:
 
     __slots__ = ("__weakref__", "_cai_exported", "_crs_obj", "_device_id", "_ext", "_ext_geo",
                  "_ext_shape", "_native", "_retired", "_two_d")
+    _native: Any  # _core.Raster: the library's storage, or None for external device memory
+    _ext: Any  # _External: another library's device memory (from_device), or None
+    _ext_shape: Any  # (bands, height, width, dtype) of _ext
+    _ext_geo: Any  # (nodata, affine, crs string) of _ext
+    _crs_obj: Any  # the CRS object given by the user (returned as is), or _UNSET / None
+    _two_d: bool
+    _retired: list[Any]  # storages exported through the CUDA array interface, kept alive
+    _cai_exported: bool
+    _device_id: int
 
     # ---- construction ----
 

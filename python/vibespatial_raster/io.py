@@ -75,14 +75,14 @@ def read_raster(path: str | os.PathLike, *, window: RasterWindow | Sequence[int]
         ValueError: a file that cannot be opened, a window outside the raster or empty, a band
         outside [1, band count]; RuntimeError as :func:`read_raster_metadata`.
     """
-    w = None
+    w: tuple[int, ...] | None = None
     if window is not None:
         if isinstance(window, RasterWindow):
             w = (window.col_off, window.row_off, window.width, window.height)
         else:
             w = tuple(int(v) for v in window)
-            if len(w) != 4:
-                raise ValueError("window must be (col_off, row_off, width, height)")
+        if len(w) != 4:
+            raise ValueError("window must be (col_off, row_off, width, height)")
     native = _core.read_raster(_path(path), w, [int(b) for b in (bands or [])])
     return OwnedRasterArray._wrap(native)
 

@@ -164,7 +164,7 @@ def histogram(raster: OwnedRasterArray, bins: int, lower: float, upper: float) -
         ValueError: bins < 1, a bound is not finite, lower >= upper.
     """
     r = _raster("raster", raster)
-    return _core.histogram(r._as_native(), bins, lower, upper)
+    return np.asarray(_core.histogram(r._as_native(), bins, lower, upper))
 
 
 def focal_mean_3x3(raster: OwnedRasterArray, edge: str = "nearest", *,
