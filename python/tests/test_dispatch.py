@@ -383,3 +383,11 @@ def test_tiled_halo_dispatch_equals_the_whole_result():
     raster.move_to("device")
     with pytest.raises(ValueError):
         tiling.dispatch_tiled(raster, focal, plan)
+
+
+def test_usable_budget_is_seventy_percent_as_in_the_original():
+    assert dispatch.usable_vram_budget(MB80) == int(MB80 * 0.7) == 56_000_000
+    assert dispatch.usable_vram_budget(0) == 0 and dispatch.usable_vram_budget(-3) == 0
+    assert dispatch.usable_vram_budget(10) == 7
+    with pytest.raises(TypeError):
+        dispatch.usable_vram_budget(1.5)

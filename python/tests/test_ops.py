@@ -115,3 +115,19 @@ def test_bad_arguments():
         ops.fill_nodata(raster(np.zeros((2, 2), np.uint8)), 300)
     with pytest.raises(TypeError):
         ops.rescale(raster(DATA), 0, 1, 0, 1, "complex64")
+
+
+def test_more_out_forms():
+    a = raster(np.array([[3.0, 1.0]], np.float32))
+    b = raster(np.array([[1.0, 1.0]], np.float32))
+    out = raster(np.zeros((1, 2), np.float32))
+    assert ops.normalized_difference(a, b, out=out) is out
+    assert np.array_equal(out.to_numpy(), np.array([[0.5, 0.0]], np.float32))
+    r = raster(np.array([[1, -9]], np.int16), nodata=-9)
+    filled = raster(np.zeros((1, 2), np.int16))
+    ops.fill_nodata(r, 7, out=filled)
+    assert filled.to_numpy().tolist() == [[1, 7]] and filled.nodata is None
+    focal = raster(np.zeros((1, 2), np.float32))
+    ops.focal_mean_3x3(a, out=focal)
+    assert np.allclose(focal.to_numpy(), [[(3 + 3 + 1) / 3, (3 + 1 + 1) / 3]])
+    assert r.nbytes == 4 and a.nbytes == 8
