@@ -2,6 +2,7 @@
 // The C ABI (c_api.h) over the C++ API: argument checks, struct conversion and exception to
 // status translation. No exception leaves this file.
 #include "capi/vsr_version.h"
+#include "driver/cuda_driver.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/c_api.h>
@@ -350,6 +351,40 @@ vsr_status vsr_tiling_strategy_name(int strategy, const char** out) {
                                   " is not a vsr_tiling_strategy");
     }
     *out = vsr::to_string(static_cast<vsr::TilingStrategy>(strategy)).data();
+  });
+}
+
+vsr_status vsr_memcpy(void* dst, const void* src, size_t bytes, int kind, void* stream) {
+  return guarded(__func__, [&] {
+    require(kind >= VSR_COPY_HOST_TO_DEVICE && kind <= VSR_COPY_DEVICE_TO_DEVICE,
+            "kind is not a vsr_copy_kind (0 = host to device, 1 = device to host, 2 = device "
+            "to device)");
+    if (bytes == 0) return;
+    require(dst != nullptr && src != nullptr, "dst or src is NULL");
+    const vsr::detail::DriverApi& api = vsr::detail::driver();
+    vsr::detail::bind_current_device();
+    const auto s = static_cast<CUstream>(stream);
+    using vsr::detail::to_device_ptr;
+    switch (kind) {
+      case VSR_COPY_HOST_TO_DEVICE:
+        VSR_CU_TRY(api.cuMemcpyHtoDAsync(to_device_ptr(dst), src, bytes, s));
+        break;
+      case VSR_COPY_DEVICE_TO_HOST:
+        VSR_CU_TRY(api.cuMemcpyDtoHAsync(dst, to_device_ptr(src), bytes, s));
+        break;
+      default:
+        VSR_CU_TRY(api.cuMemcpyDtoDAsync(to_device_ptr(dst), to_device_ptr(src), bytes, s));
+        break;
+    }
+    VSR_CU_TRY(api.cuStreamSynchronize(s));
+  });
+}
+
+vsr_status vsr_stream_synchronize(void* stream) {
+  return guarded(__func__, [&] {
+    const vsr::detail::DriverApi& api = vsr::detail::driver();
+    vsr::detail::bind_current_device();
+    VSR_CU_TRY(api.cuStreamSynchronize(static_cast<CUstream>(stream)));
   });
 }
 

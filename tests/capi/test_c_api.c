@@ -465,6 +465,38 @@ static void test_cuda_errors(void) {
   dlclose(emulator);
 }
 
+/* ---- copies: vsr_memcpy, vsr_stream_synchronize ---- */
+
+static void test_memcpy(void) {
+  unsigned char host[4096];
+  unsigned char back[4096];
+  void* a = NULL;
+  void* b = NULL;
+  size_t i;
+  for (i = 0; i < sizeof host; ++i) host[i] = (unsigned char)(i * 7 + 3);
+  memset(back, 0, sizeof back);
+  CHECK_OK(vsr_device_allocate(sizeof host, NULL, &a));
+  CHECK_OK(vsr_device_allocate(sizeof host, NULL, &b));
+  CHECK_OK(vsr_memcpy(a, host, sizeof host, VSR_COPY_HOST_TO_DEVICE, NULL));
+  CHECK_OK(vsr_memcpy(b, a, sizeof host, VSR_COPY_DEVICE_TO_DEVICE, NULL));
+  CHECK_OK(vsr_memcpy(back, b, sizeof host, VSR_COPY_DEVICE_TO_HOST, NULL));
+  CHECK(memcmp(host, back, sizeof host) == 0);
+  /* A part, from an offset inside the block. */
+  memset(back, 0, sizeof back);
+  CHECK_OK(vsr_memcpy(back, (unsigned char*)b + 100, 50, VSR_COPY_DEVICE_TO_HOST, NULL));
+  CHECK(memcmp(back, host + 100, 50) == 0 && back[50] == 0);
+  CHECK_OK(vsr_memcpy(NULL, NULL, 0, VSR_COPY_DEVICE_TO_HOST, NULL)); /* nothing to copy */
+  CHECK_FAILS(vsr_memcpy(back, b, 16, 3, NULL), VSR_ERROR_INVALID_ARGUMENT, "vsr_memcpy");
+  CHECK_FAILS(vsr_memcpy(back, b, 16, -1, NULL), VSR_ERROR_INVALID_ARGUMENT, "vsr_memcpy");
+  CHECK_FAILS(vsr_memcpy(NULL, b, 16, VSR_COPY_DEVICE_TO_HOST, NULL), VSR_ERROR_INVALID_ARGUMENT,
+              "vsr_memcpy");
+  CHECK_FAILS(vsr_memcpy(a, NULL, 16, VSR_COPY_HOST_TO_DEVICE, NULL), VSR_ERROR_INVALID_ARGUMENT,
+              "vsr_memcpy");
+  CHECK_OK(vsr_stream_synchronize(NULL));
+  CHECK_OK(vsr_device_deallocate(a, sizeof host, NULL));
+  CHECK_OK(vsr_device_deallocate(b, sizeof host, NULL));
+}
+
 /* ---- the error state is per thread ---- */
 
 static void* thread_body(void* arg) {
@@ -517,6 +549,9 @@ static int run_without_driver(const char* mode, const char* reason) {
   s = stats();
   CHECK(s.tier[0] == '\0' && s.configured == 0);
   CHECK_OK(vsr_free_pool_memory());
+  CHECK_FAILS(vsr_memcpy(&available, &s, 8, VSR_COPY_DEVICE_TO_HOST, NULL), VSR_ERROR_NO_DRIVER,
+              "vsr_memcpy");
+  CHECK_FAILS(vsr_stream_synchronize(NULL), VSR_ERROR_NO_DRIVER, "vsr_stream_synchronize");
   /* Planning needs no driver: budget 0 means whole. */
   plan.struct_size = sizeof plan;
   CHECK_OK(vsr_analyze_raster_plan(5000, 5000, VSR_DTYPE_FLOAT64, NULL, &plan));
@@ -548,6 +583,7 @@ int main(int argc, char** argv) {
   test_allocate_and_free();
   test_oom_handlers();
   test_cuda_errors();
+  test_memcpy();
   test_thread_local_errors();
   CHECK(stats().current_bytes == 0);
   printf("c-api: %d checks passed (vibespatial-raster %s)\n", g_checks, vsr_version());

@@ -247,6 +247,30 @@ VSR_EXPORT vsr_status vsr_dtype_itemsize(int dtype, size_t* out);
  * string) to *out. Errors: VSR_ERROR_INVALID_ARGUMENT for a bad value or a NULL out. */
 VSR_EXPORT vsr_status vsr_tiling_strategy_name(int strategy, const char** out);
 
+/** Directions of vsr_memcpy. */
+enum vsr_copy_kind {
+  VSR_COPY_HOST_TO_DEVICE = 0,  /**< dst is device memory, src host memory */
+  VSR_COPY_DEVICE_TO_HOST = 1,  /**< dst is host memory, src device memory */
+  VSR_COPY_DEVICE_TO_DEVICE = 2 /**< both are device memory */
+};
+
+/** Copies `bytes` bytes from `src` to `dst` in the direction `kind` (a vsr_copy_kind) and returns
+ * once the copy has completed. The copy is queued on `stream` (a CUstream; NULL: the legacy
+ * default stream), so it runs after the work already queued there: pass the stream a producer
+ * wrote the source on. Device addresses are those of the calling thread's current context (device
+ * 0's primary context is bound when the thread has none): pool blocks and any other device memory
+ * the driver knows there (cuMemAlloc, managed memory, other libraries' allocations in the
+ * primary context). Host memory may be pageable. bytes == 0 is a no-op. Thread-safe.
+ * Errors: VSR_ERROR_INVALID_ARGUMENT (a bad kind; a NULL dst or src with bytes > 0),
+ * VSR_ERROR_NO_DRIVER, VSR_ERROR_CUDA (e.g. an address the driver does not know). */
+VSR_EXPORT vsr_status vsr_memcpy(void* dst, const void* src, size_t bytes, int kind,
+                                 void* stream);
+
+/** Waits until the work queued on `stream` (a CUstream; NULL: the legacy default stream) has
+ * completed. Binds device 0's primary context when the calling thread has no current context.
+ * Thread-safe. Errors: VSR_ERROR_NO_DRIVER, VSR_ERROR_CUDA. */
+VSR_EXPORT vsr_status vsr_stream_synchronize(void* stream);
+
 #ifdef __cplusplus
 }
 #endif

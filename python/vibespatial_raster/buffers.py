@@ -1,0 +1,863 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Raster types: the seed's ``vibespatial.raster.buffers`` on the native runtime.
+
+- :class:`TilingStrategy`, :class:`Residency`: string enums.
+- :class:`RasterPlan`, :class:`RasterMetadata`, :class:`RasterWindow`: frozen dataclasses.
+- :class:`OwnedRasterArray`: a band-major ``(bands, height, width)`` raster with its
+  georeferencing, on the host or on the device, backed by the C++ library's storage (device
+  memory from the pool) or, after :meth:`OwnedRasterArray.from_device`, by another library's
+  device array, used in place.
+- :class:`DeviceArray`: a zero-copy device view speaking ``__cuda_array_interface__`` (v3) and
+  DLPack, which CuPy, PyTorch, Numba and JAX import without a copy.
+
+Memory safety: a NumPy view (:meth:`OwnedRasterArray.to_numpy` of a host raster) or a device
+view keeps the storage it shows alive, and no call frees or moves a storage in place:
+:meth:`~OwnedRasterArray.move_to` copies into new storage. A view therefore never dangles; after
+a move it shows the pixels as they were.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._dtypes import raster_dtype
+
+__all__ = [
+    "DeviceArray",
+    "OwnedRasterArray",
+    "RasterMetadata",
+    "RasterPlan",
+    "RasterWindow",
+    "Residency",
+    "TilingStrategy",
+]
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, enum.Enum):
+        """``enum.StrEnum`` of Python 3.11 for 3.10."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+class TilingStrategy(StrEnum):
+    """How a plan moves a raster through the device.
+
+    ``WHOLE``: all bands at once; ``TILED``: spatial tiles of ``tile_shape``; ``BAND_BATCHES``
+    (ours): whole bands, ``bands_per_pass`` at a time (per-band work only).
+    """
+
+    WHOLE = "whole"
+    TILED = "tiled"
+    BAND_BATCHES = "band_batches"
+
+
+class Residency(StrEnum):
+    """Where a raster's authoritative pixels live."""
+
+    HOST = "host"
+    DEVICE = "device"
+
+
+@dataclass(frozen=True)
+class RasterPlan:
+    """The planner's decision for one raster and one operation.
+
+    Attributes:
+        strategy: whole, tiled or band_batches.
+        tile_shape: effective (output) tile (height, width), halo excluded; None unless tiled.
+        halo: overlap pixels on each side of a tile.
+        n_tiles: ceil(H/th) * ceil(W/tw); 0 unless tiled.
+        estimated_vram_per_tile: bytes one pass needs on the device (0 with no GPU).
+        bands_per_pass: bands in one pass (ours; band_count for whole and non-per-band tiles).
+        fits_budget: False when even the smallest pass exceeds the usable budget (ours; the
+            Python original returned such a plan silently).
+    """
+
+    strategy: TilingStrategy
+    tile_shape: tuple[int, int] | None
+    halo: int
+    n_tiles: int
+    estimated_vram_per_tile: int
+    bands_per_pass: int = 1
+    fits_budget: bool = True
+
+    @classmethod
+    def _from_core(cls, t: tuple) -> RasterPlan:
+        strategy, tile, halo, n_tiles, estimate, bands_per_pass, fits = t
+        return cls(
+            TilingStrategy(strategy),
+            None if tile is None else (int(tile[0]), int(tile[1])),
+            int(halo),
+            int(n_tiles),
+            int(estimate),
+            int(bands_per_pass),
+            bool(fits),
+        )
+
+    def _core_args(self) -> tuple[str, tuple[int, int] | None, int, int, int, int, bool]:
+        return (
+            str(TilingStrategy(self.strategy)),
+            None if self.tile_shape is None else (int(self.tile_shape[0]), int(self.tile_shape[1])),
+            int(self.halo),
+            int(self.n_tiles),
+            int(self.estimated_vram_per_tile),
+            int(self.bands_per_pass),
+            bool(self.fits_budget),
+        )
+
+
+def _affine_tuple(affine: Any) -> tuple[float, float, float, float, float, float]:
+    """(a, b, c, d, e, f) in rasterio order from a 6-sequence or an ``affine.Affine``."""
+    if all(hasattr(affine, k) for k in "abcdef"):
+        values = [affine.a, affine.b, affine.c, affine.d, affine.e, affine.f]
+    else:
+        try:
+            values = list(affine)
+        except TypeError:
+            raise TypeError(f"affine must be 6 numbers (a, b, c, d, e, f), not {affine!r}") from None
+    if len(values) != 6:
+        raise ValueError(f"affine must have 6 numbers (a, b, c, d, e, f), not {len(values)}")
+    try:
+        return tuple(float(v) for v in values)  # type: ignore[return-value]
+    except (TypeError, ValueError):
+        raise TypeError(f"affine must be 6 numbers (a, b, c, d, e, f), not {affine!r}") from None
+
+
+def _crs_string(crs: Any) -> str:
+    """The CRS as the library keeps it: WKT, "EPSG:n", or "" for none."""
+    if crs is None:
+        return ""
+    if isinstance(crs, str):
+        return crs
+    to_wkt = getattr(crs, "to_wkt", None)  # pyproj.CRS, rasterio.crs.CRS
+    if callable(to_wkt):
+        return str(to_wkt())
+    return str(crs)
+
+
+def _nodata_value(nodata: Any) -> float | None:
+    if nodata is None:
+        return None
+    if isinstance(nodata, (bool, np.bool_)) or not isinstance(nodata, (int, float, np.number)):
+        raise TypeError(f"nodata must be a number or None, not {nodata!r}")
+    return float(nodata)
+
+
+def _nodata_for(dtype: np.dtype, value: float | None) -> float | int | None:
+    """nodata as the seed shows it: an int for integer rasters when it is one."""
+    if value is None:
+        return None
+    if dtype.kind in "iu" and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return float(value)
+
+
+@dataclass(frozen=True)
+class RasterMetadata:
+    """What a raster header says, without the pixels.
+
+    ``affine`` is in rasterio order (a, b, c, d, e, f): x = a*col + b*row + c,
+    y = d*col + e*row + f. ``crs`` is what the raster carries (a string, or the object given).
+    """
+
+    height: int
+    width: int
+    band_count: int
+    dtype: np.dtype
+    nodata: float | int | None
+    affine: tuple[float, float, float, float, float, float]
+    crs: Any
+    driver: str = ""
+
+    @property
+    def pixel_count(self) -> int:
+        """height * width (pixels of one band)."""
+        return int(self.height) * int(self.width)
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        """(left, bottom, right, top): min/max of the affine image of the four corners."""
+        return _core.metadata_bounds(int(self.height), int(self.width), _affine_tuple(self.affine))
+
+    @classmethod
+    def _from_core(cls, t: tuple, crs: Any = None) -> RasterMetadata:
+        height, width, bands, dtype, nodata, affine, crs_str, driver = t
+        d = np.dtype(dtype)
+        return cls(
+            int(height),
+            int(width),
+            int(bands),
+            d,
+            _nodata_for(d, nodata),
+            tuple(affine),
+            crs if crs is not None else (crs_str or None),
+            driver,
+        )
+
+
+@dataclass(frozen=True)
+class RasterWindow:
+    """A pixel window: columns [col_off, col_off + width), rows [row_off, row_off + height)."""
+
+    col_off: int
+    row_off: int
+    width: int
+    height: int
+
+
+def _cupy_if_imported() -> Any:
+    return sys.modules.get("cupy")
+
+
+class DeviceArray:
+    """A zero-copy view of device memory, for other libraries to import.
+
+    Speaks ``__cuda_array_interface__`` version 3 (with the stream the data is ready on) and
+    DLPack (``__dlpack__`` / ``__dlpack_device__``), so ``cupy.asarray(a)``,
+    ``torch.from_dlpack(a)``, ``numba.cuda.as_cuda_array(a)`` and ``jax.dlpack`` share the memory.
+    The view keeps its storage alive. :meth:`copy_to_host` copies it into a NumPy array.
+    """
+
+    __slots__ = ("_device_id", "_device_type", "_owner", "_ptr", "_readonly", "_stream", "dtype",
+                 "shape")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, *, owner: Any,
+                 stream: int | None = 1, device_id: int = 0, device_type: int = 2,
+                 readonly: bool = False) -> None:
+        self._ptr = int(ptr)
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self._owner = owner
+        self._stream = stream
+        self._device_id = int(device_id)
+        self._device_type = int(device_type)
+        self._readonly = bool(readonly)
+
+    @property
+    def ptr(self) -> int:
+        """The device address of the first element."""
+        return self._ptr
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self._ptr, self._readonly),
+            "version": 3,
+            "strides": None,
+            "stream": self._stream,
+        }
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (self._device_type, self._device_id)
+
+    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        _order_for_consumer(self._stream, stream)
+        view = _core.array_view(self._ptr, list(self.shape), self.dtype.name, self._device_type,
+                                self._device_id, self._owner, not self._readonly)
+        return _forward_dlpack(view, max_version, dl_device, copy)
+
+    def copy_to_host(self) -> np.ndarray:
+        """A NumPy copy of the data (a device-to-host copy ordered after the data's stream)."""
+        out = np.empty(self.shape, dtype=self.dtype)
+        _core.memcpy(out.ctypes.data, self._ptr, out.nbytes, _core.COPY_DEVICE_TO_HOST,
+                     _stream_handle(self._stream))
+        return out
+
+    def __repr__(self) -> str:
+        return (f"DeviceArray(ptr=0x{self._ptr:x}, shape={self.shape}, dtype={self.dtype}, "
+                f"device={self._device_id})")
+
+
+def _stream_handle(stream: int | None) -> int:
+    """A CUDA array interface stream value as a CUstream: None and 1 are the legacy default
+    stream (0 here), 2 the per-thread default stream (CU_STREAM_PER_THREAD), others handles."""
+    if stream is None or stream == 1:
+        return 0
+    return int(stream)
+
+
+def _order_for_consumer(ready_on: int | None, consumer: int | None) -> None:
+    """Makes data that is ready on stream ``ready_on`` (CAI convention; None: complete) safe to
+    use on the DLPack consumer's stream ``consumer`` (None: the legacy default stream; -1: the
+    consumer orders it itself)."""
+    if consumer == 0:
+        raise ValueError("__dlpack__: stream 0 is ambiguous for CUDA; pass 1 (legacy default "
+                         "stream), 2 (per-thread default stream) or a stream handle")
+    if ready_on is None or consumer == -1:
+        return
+    consumer_stream = 1 if consumer is None else int(consumer)
+    if consumer_stream == ready_on:
+        return
+    # The legacy and per-thread default streams order each other; any other stream may be
+    # non-blocking, so the data must be complete before it is handed over.
+    if {consumer_stream, ready_on} <= {1, 2}:
+        return
+    _core.stream_synchronize(_stream_handle(ready_on))
+
+
+def _forward_dlpack(view: Any, max_version: Any, dl_device: Any, copy: Any) -> Any:
+    kwargs = {}
+    if max_version is not None:
+        kwargs["max_version"] = max_version
+    if dl_device is not None:
+        kwargs["dl_device"] = dl_device
+    if copy is not None:
+        kwargs["copy"] = copy
+    return view.__dlpack__(**kwargs)
+
+
+class _External:
+    """Device memory of another library, used in place (from_device)."""
+
+    __slots__ = ("device_id", "device_type", "owner", "ptr", "readonly", "stream")
+    ptr: int
+    owner: Any
+    stream: int | None
+    device_id: int
+    device_type: int
+    readonly: bool
+
+    def __init__(self, ptr: int, owner: Any, stream: int | None, device_id: int,
+                 device_type: int, readonly: bool) -> None:
+        self.ptr = ptr
+        self.owner = owner
+        self.stream = stream
+        self.device_id = device_id
+        self.device_type = device_type
+        self.readonly = readonly
+
+
+_DLPACK_CPU = 1
+_DLPACK_CUDA = 2
+_DLPACK_CUDA_HOST = 3
+_DLPACK_CUDA_MANAGED = 13
+
+_UNSET: Any = object()
+
+
+class OwnedRasterArray:
+    """A band-major raster with its georeferencing, on the host or the device.
+
+    Build one with :meth:`from_numpy` (copies into the runtime's storage), :meth:`from_device`
+    (uses another library's device array in place) or :meth:`from_band_stack`; operations and
+    dispatchers return them too. ``shape`` is ``(height, width)`` for a raster made from a 2D
+    array and for band views, else ``(bands, height, width)``.
+
+    Thread-safety: distinct rasters may be used from distinct threads; one raster may be read
+    from several threads, but :meth:`move_to` must not run concurrently with other calls on it.
+    """
+
+    __slots__ = ("__weakref__", "_cai_exported", "_crs_obj", "_device_id", "_ext", "_ext_geo",
+                 "_ext_shape", "_native", "_retired", "_two_d")
+    _native: Any  # _core.Raster: the library's storage, or None for external device memory
+    _ext: Any  # _External: another library's device memory (from_device), or None
+    _ext_shape: Any  # (bands, height, width, dtype) of _ext
+    _ext_geo: Any  # (nodata, affine, crs string) of _ext
+    _crs_obj: Any  # the CRS object given by the user (returned as is), or _UNSET / None
+    _two_d: bool
+    _retired: list[Any]  # storages exported through the CUDA array interface, kept alive
+    _cai_exported: bool
+    _device_id: int
+
+    # ---- construction ----
+
+    def __init__(self) -> None:
+        raise TypeError("use OwnedRasterArray.from_numpy, from_device or from_band_stack")
+
+    @classmethod
+    def _wrap(cls, native: Any, *, crs: Any = _UNSET, two_d: bool = False,
+              device_id: int = 0) -> OwnedRasterArray:
+        self = object.__new__(cls)
+        self._native = native
+        self._ext = None
+        self._ext_geo = None
+        self._ext_shape = None
+        self._crs_obj = crs
+        self._two_d = bool(two_d) and native.band_count == 1
+        self._retired = []
+        self._cai_exported = False
+        self._device_id = device_id
+        return self
+
+    @classmethod
+    def from_numpy(cls, data: Any, *, nodata: float | int | None = None,
+                   affine: Any = (1.0, 0.0, 0.0, 0.0, -1.0, 0.0), crs: Any = None,
+                   residency: Residency | str = Residency.HOST) -> OwnedRasterArray:
+        """A raster holding a copy of ``data`` ((bands, height, width) or (height, width)).
+
+        The copy goes into the runtime's own storage once; :meth:`to_numpy` then shares it with
+        NumPy without a copy. ``residency=DEVICE`` puts it on the device (pool memory).
+
+        Raises:
+            ValueError: ``data`` is not 2D or 3D, is empty, or a NaN ``nodata`` is given for an
+                integer dtype; TypeError: an unsupported dtype, or a ``nodata`` that is not a
+                number.
+        """
+        arr = np.asarray(data)
+        if arr.ndim not in (2, 3):
+            raise ValueError(f"from_numpy: data must be 2D (height, width) or 3D (bands, height, "
+                             f"width), not {arr.ndim}D")
+        dtype = raster_dtype(arr.dtype)
+        shape3 = arr.shape if arr.ndim == 3 else (1, *arr.shape)
+        if min(shape3) <= 0:
+            raise ValueError(f"from_numpy: empty raster of shape {arr.shape}")
+        value = _nodata_value(nodata)
+        if value is not None and math.isnan(value) and dtype.kind in "iu":
+            raise ValueError(f"from_numpy: a NaN nodata cannot mark pixels of dtype {dtype}")
+        where = Residency(residency)
+        contiguous = np.ascontiguousarray(arr, dtype=dtype)
+        native = _core.Raster.from_host(contiguous, dtype.name, int(shape3[0]), int(shape3[1]),
+                                        int(shape3[2]), value, _affine_tuple(affine),
+                                        _crs_string(crs))
+        out = cls._wrap(native, crs=crs, two_d=arr.ndim == 2)
+        if where is Residency.DEVICE:
+            out.move_to(Residency.DEVICE)
+        return out
+
+    @classmethod
+    def from_device(cls, device_arr: Any, *, nodata: float | int | None = None,
+                    affine: Any = (1.0, 0.0, 0.0, 0.0, -1.0, 0.0),
+                    crs: Any = None) -> OwnedRasterArray:
+        """A device-resident raster over another library's device array, without a copy.
+
+        ``device_arr`` is any object with ``__cuda_array_interface__`` (CuPy, Numba, PyTorch) or
+        ``__dlpack__`` (PyTorch, JAX, CuPy): 2D or 3D, C-contiguous, of a raster dtype. The
+        raster keeps it alive and reads it in place; work on it is ordered after the stream the
+        producer names (CAI ``stream``; for DLPack the producer is asked for the legacy default
+        stream). Operations that need the library's own storage (ops, dispatch) copy it.
+
+        Raises:
+            TypeError: no such interface, host memory (use from_numpy), or an unsupported dtype;
+            ValueError: not 2D/3D, empty, not C-contiguous, masked.
+        """
+        if hasattr(device_arr, "__cuda_array_interface__"):
+            ext, shape, dtype = _import_cai(device_arr)
+        elif hasattr(device_arr, "__dlpack__"):
+            ext, shape, dtype = _import_dlpack(device_arr)
+        else:
+            raise TypeError(f"from_device: {type(device_arr).__name__} has neither "
+                            "__cuda_array_interface__ nor __dlpack__")
+        if len(shape) not in (2, 3):
+            raise ValueError(f"from_device: the array must be 2D or 3D, not {len(shape)}D")
+        shape3 = tuple(shape) if len(shape) == 3 else (1, *shape)
+        if min(shape3) <= 0:
+            raise ValueError(f"from_device: empty array of shape {tuple(shape)}")
+        value = _nodata_value(nodata)
+        if value is not None and math.isnan(value) and dtype.kind in "iu":
+            raise ValueError(f"from_device: a NaN nodata cannot mark pixels of dtype {dtype}")
+        self = object.__new__(cls)
+        self._native = None
+        self._ext = ext
+        self._ext_shape = (int(shape3[0]), int(shape3[1]), int(shape3[2]), dtype)
+        self._ext_geo = (value, _affine_tuple(affine), _crs_string(crs))
+        self._crs_obj = crs
+        self._two_d = len(shape) == 2
+        self._retired = []
+        self._cai_exported = False
+        self._device_id = ext.device_id
+        return self
+
+    @classmethod
+    def from_band_stack(cls, band_results: Sequence[OwnedRasterArray], *,
+                        source: OwnedRasterArray) -> OwnedRasterArray:
+        """Stack per-band results into one raster with ``source``'s affine, CRS and nodata.
+
+        One result comes back sharing its pixels, with ``source``'s georeferencing (the Python
+        original overwrote the result's in place; this does not). Several are copied band after
+        band into new storage, on the device if any result is there.
+
+        Raises:
+            ValueError: an empty list; results whose dtype, nodata (NaN equals NaN, whatever
+                the scalar type) or shape differ from the first (the message names the band).
+            TypeError: a result that is not an OwnedRasterArray.
+        """
+        results = list(band_results)
+        if not results:
+            raise ValueError("from_band_stack: no band results")
+        for i, r in enumerate(results):
+            if not isinstance(r, OwnedRasterArray):
+                raise TypeError(f"from_band_stack: band {i} is a {type(r).__name__}, not an "
+                                "OwnedRasterArray")
+        if not isinstance(source, OwnedRasterArray):
+            raise TypeError("from_band_stack: source must be an OwnedRasterArray")
+        if source._native is not None:
+            src = source._native
+        else:
+            nodata, affine, crs = source._ext_geo
+            src = _core.Raster.from_host(np.zeros((1, 1), np.float64), "float64", 1, 1, 1, nodata,
+                                         affine, crs)
+        native = _core.Raster.from_band_stack([r._as_native() for r in results], src)
+        two_d = results[0]._two_d if len(results) == 1 else False
+        return cls._wrap(native, crs=source._crs_obj, two_d=two_d,
+                         device_id=results[0]._device_id)
+
+    # ---- shape and georeferencing ----
+
+    @property
+    def band_count(self) -> int:
+        return self._native.band_count if self._native is not None else self._ext_shape[0]
+
+    @property
+    def height(self) -> int:
+        return self._native.height if self._native is not None else self._ext_shape[1]
+
+    @property
+    def width(self) -> int:
+        return self._native.width if self._native is not None else self._ext_shape[2]
+
+    @property
+    def pixel_count(self) -> int:
+        """height * width."""
+        return self.height * self.width
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self._two_d:
+            return (self.height, self.width)
+        return (self.band_count, self.height, self.width)
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self._native is not None:
+            return np.dtype(self._native.dtype)
+        return self._ext_shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        return self.band_count * self.pixel_count * self.dtype.itemsize
+
+    @property
+    def nodata(self) -> float | int | None:
+        """The nodata value of every band (NaN is a valid value), or None."""
+        value = self._native.nodata if self._native is not None else self._ext_geo[0]
+        return _nodata_for(self.dtype, value)
+
+    @property
+    def affine(self) -> tuple[float, float, float, float, float, float]:
+        """The pixel -> world transform (a, b, c, d, e, f), rasterio order."""
+        if self._native is not None:
+            return tuple(self._native.affine)  # type: ignore[return-value]
+        return self._ext_geo[1]
+
+    @property
+    def crs(self) -> Any:
+        """The CRS: the object given at construction, else the library's string (WKT or
+        "EPSG:n"), or None."""
+        if self._crs_obj is not _UNSET and self._crs_obj is not None:
+            return self._crs_obj
+        s = self._native.crs if self._native is not None else self._ext_geo[2]
+        return s or None
+
+    @property
+    def residency(self) -> Residency:
+        if self._native is not None:
+            return Residency(self._native.residency)
+        return Residency.DEVICE
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        """(left, bottom, right, top): min/max of the affine image of the four corners."""
+        return _core.metadata_bounds(self.height, self.width, self.affine)
+
+    @property
+    def metadata(self) -> RasterMetadata:
+        return RasterMetadata(self.height, self.width, self.band_count, self.dtype, self.nodata,
+                              self.affine, self.crs, "")
+
+    def with_georeferencing(self, *, nodata: Any = _UNSET, affine: Any = _UNSET,
+                            crs: Any = _UNSET) -> OwnedRasterArray:
+        """A raster sharing these pixels with other nodata, affine or CRS (the rest kept)."""
+        new_nodata = self.nodata if nodata is _UNSET else nodata
+        new_affine = self.affine if affine is _UNSET else affine
+        new_crs = self.crs if crs is _UNSET else crs
+        value = _nodata_value(new_nodata)
+        native = _core.Raster.with_georeferencing(self._as_native(), value,
+                                                  _affine_tuple(new_affine), _crs_string(new_crs))
+        return type(self)._wrap(native, crs=new_crs, two_d=self._two_d, device_id=self._device_id)
+
+    # ---- masks ----
+
+    @property
+    def nodata_mask(self) -> np.ndarray:
+        """Host boolean mask, True where a pixel is nodata (NaN pixels of a NaN nodata)."""
+        data = self.to_numpy()
+        nodata = self.nodata
+        if nodata is None:
+            return np.zeros(data.shape, dtype=bool)
+        if isinstance(nodata, float) and math.isnan(nodata):
+            if data.dtype.kind != "f":
+                warnings.warn("NaN nodata on an integer raster marks nothing", stacklevel=2)
+                return np.zeros(data.shape, dtype=bool)
+            return np.isnan(data)
+        return data == nodata
+
+    @property
+    def valid_mask(self) -> np.ndarray:
+        """Host boolean mask, True where a pixel is not nodata."""
+        return ~self.nodata_mask
+
+    # ---- pixels ----
+
+    def to_numpy(self) -> np.ndarray:
+        """The pixels as a NumPy array of :attr:`shape`.
+
+        Host-resident: a writable view of the raster's storage, no copy (it keeps the storage
+        alive). Device-resident: a copy (device to host).
+        """
+        dtype = self.dtype
+        shape3 = (self.band_count, self.height, self.width)
+        if self._native is not None and self._native.residency == "host":
+            view = _core.array_view(self._native.host_pointer, list(shape3), dtype.name,
+                                    _DLPACK_CPU, 0, self._native, True)
+            out = np.asarray(view)
+        elif self._native is not None:
+            out = np.empty(shape3, dtype=dtype)
+            self._native.copy_to_host_buffer(out)
+        else:
+            out = np.empty(shape3, dtype=dtype)
+            _core.memcpy(out.ctypes.data, self._ext.ptr, out.nbytes, _core.COPY_DEVICE_TO_HOST,
+                         _stream_handle(self._ext.stream))
+        return out.reshape(self.shape)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        out = self.to_numpy()
+        if dtype is not None:
+            out = out.astype(dtype, copy=False)
+        if copy:
+            out = out.copy()
+        return out
+
+    def move_to(self, target: Residency | str, trigger: Any = None,
+                reason: Any = None) -> OwnedRasterArray:
+        """Make ``target`` ("host" or "device") the raster's residency; returns ``self``.
+
+        The pixels are copied into new storage there (device memory from the pool); views of
+        the old storage stay valid and keep its pixels. A no-op if already there.
+        ``trigger`` and ``reason`` are accepted for the Python original's signature.
+
+        Raises:
+            ValueError: an unknown target; OutOfMemoryError / CudaError /
+            DriverUnavailableError from the device.
+        """
+        del trigger, reason
+        where = Residency(target)
+        if where is self.residency:
+            return self
+        if self._native is not None:
+            new = self._native.copy_to(where.value)
+            if self._cai_exported:
+                self._retired.append(self._native)
+            self._native = new
+            if where is Residency.DEVICE:
+                self._device_id = _core.memory_pool_stats()["device"]
+        else:
+            b, h, w, dtype = self._ext_shape
+            nodata, affine, crs = self._ext_geo
+            new = _core.Raster.allocate("host", dtype.name, b, h, w, nodata, affine, crs)
+            _core.memcpy(new.host_pointer, self._ext.ptr, new.byte_size,
+                         _core.COPY_DEVICE_TO_HOST, _stream_handle(self._ext.stream))
+            if self._cai_exported:
+                self._retired.append(self._ext)
+            self._native = new
+            self._ext = None
+            self._ext_geo = None
+            self._ext_shape = None
+        self._cai_exported = False
+        return self
+
+    def band(self, i: int) -> OwnedRasterArray:
+        """A zero-copy single-band view of band ``i``, on the same residency.
+
+        Raises:
+            IndexError: ``i`` is not in [0, band_count).
+        """
+        i = self._band_index(i)
+        if self._native is not None:
+            return type(self)._wrap(self._native.band(i), crs=self._crs_obj, two_d=True,
+                                    device_id=self._device_id)
+        b, h, w, dtype = self._ext_shape
+        ext = self._ext
+        view = object.__new__(type(self))
+        view._native = None
+        view._ext = _External(ext.ptr + i * h * w * dtype.itemsize, ext.owner, ext.stream,
+                              ext.device_id, ext.device_type, ext.readonly)
+        view._ext_shape = (1, h, w, dtype)
+        view._ext_geo = self._ext_geo
+        view._crs_obj = self._crs_obj
+        view._two_d = True
+        view._retired = []
+        view._cai_exported = False
+        view._device_id = self._device_id
+        return view
+
+    def _band_index(self, i: int) -> int:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"band index must be an integer, not {type(i).__name__}")
+        if not 0 <= int(i) < self.band_count:
+            raise IndexError(f"band {i} out of range: the raster has {self.band_count} band(s)")
+        return int(i)
+
+    def device_data(self) -> Any:
+        """The pixels on the device (moving the raster there first), zero-copy.
+
+        Returns a ``cupy.ndarray`` when CuPy has been imported (as the Python original did),
+        else a :class:`DeviceArray`, which CuPy, PyTorch, Numba and JAX import without a copy.
+        """
+        self.move_to(Residency.DEVICE)
+        return self._device_view(0, self.band_count, self.shape)
+
+    def device_band(self, i: int) -> Any:
+        """Band ``i`` on the device as a zero-copy 2D view (moving the raster there first);
+        CuPy or :class:`DeviceArray` as :meth:`device_data`.
+
+        Raises:
+            IndexError: ``i`` is not in [0, band_count).
+        """
+        i = self._band_index(i)
+        self.move_to(Residency.DEVICE)
+        return self._device_view(i, 1, (self.height, self.width))
+
+    def device_array(self) -> DeviceArray:
+        """The pixels on the device as a :class:`DeviceArray` (moving the raster there first)."""
+        self.move_to(Residency.DEVICE)
+        return self._device_array(0, self.band_count, self.shape)
+
+    def _device_array(self, first: int, count: int, shape: tuple[int, ...]) -> DeviceArray:
+        band_bytes = self.pixel_count * self.dtype.itemsize
+        if self._native is not None:
+            return DeviceArray(self._native.device_pointer + first * band_bytes, shape, self.dtype,
+                               owner=self._native, stream=1, device_id=self._device_id)
+        ext = self._ext
+        return DeviceArray(ext.ptr + first * band_bytes, shape, self.dtype, owner=ext.owner,
+                           stream=ext.stream, device_id=ext.device_id,
+                           device_type=ext.device_type, readonly=ext.readonly)
+
+    def _device_view(self, first: int, count: int, shape: tuple[int, ...]) -> Any:
+        view = self._device_array(first, count, shape)
+        cupy = _cupy_if_imported()
+        if cupy is not None:
+            return cupy.asarray(view)
+        return view
+
+    def _as_native(self) -> Any:
+        """The library's raster for this one: itself, or a device copy of external memory."""
+        if self._native is not None:
+            return self._native
+        b, h, w, dtype = self._ext_shape
+        nodata, affine, crs = self._ext_geo
+        return _core.Raster.from_device_memory(self._ext.ptr, dtype.name, b, h, w, nodata, affine,
+                                               crs, _stream_handle(self._ext.stream))
+
+    # ---- interop protocols ----
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """CUDA array interface v3 of a device-resident raster (AttributeError on the host, so
+        that consumers look for another protocol). ``stream`` is where the data is ready: 1, the
+        legacy default stream, for the library's storage; the producer's for external arrays."""
+        if self.residency is not Residency.DEVICE:
+            raise AttributeError("__cuda_array_interface__: the raster is on the host "
+                                 "(move_to('device') first, or use to_numpy())")
+        self._cai_exported = True
+        return self._device_array(0, self.band_count, self.shape).__cuda_array_interface__
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        if self.residency is Residency.HOST:
+            return (_DLPACK_CPU, 0)
+        if self._ext is not None:
+            return (self._ext.device_type, self._ext.device_id)
+        return (_DLPACK_CUDA, self._device_id)
+
+    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """DLPack export, zero-copy: host rasters as CPU tensors (``numpy.from_dlpack``), device
+        rasters as CUDA tensors ordered for the consumer's ``stream``."""
+        if self.residency is Residency.HOST:
+            view = _core.array_view(self._native.host_pointer,
+                                    [self.band_count, self.height, self.width][-len(self.shape):],
+                                    self.dtype.name, _DLPACK_CPU, 0, self._native, True)
+            return _forward_dlpack(view, max_version, dl_device, copy)
+        return self._device_array(0, self.band_count, self.shape).__dlpack__(
+            stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __repr__(self) -> str:
+        return (f"OwnedRasterArray(shape={self.shape}, dtype={self.dtype}, "
+                f"residency={self.residency.value}, nodata={self.nodata!r}, "
+                f"affine={self.affine}, crs={self.crs!r})")
+
+
+def _import_cai(obj: Any) -> tuple[_External, tuple[int, ...], np.dtype]:
+    cai = obj.__cuda_array_interface__
+    shape = tuple(int(s) for s in cai["shape"])
+    dtype = raster_dtype(np.dtype(cai["typestr"]))
+    if cai.get("mask") is not None:
+        raise ValueError("from_device: masked arrays (CUDA array interface 'mask') are not "
+                         "supported")
+    strides = cai.get("strides")
+    if strides is not None:
+        expected = []
+        step = dtype.itemsize
+        for n in reversed(shape):
+            expected.append(step)
+            step *= n
+        if tuple(int(s) for s in strides) != tuple(reversed(expected)) and len(shape) > 0:
+            raise ValueError("from_device: the array is not C-contiguous (copy it first, e.g. "
+                             "cupy.ascontiguousarray)")
+    ptr, readonly = cai["data"]
+    stream = cai.get("stream") if int(cai.get("version", 0)) >= 3 else None
+    if stream == 0:
+        raise ValueError("from_device: CUDA array interface stream 0 is not allowed (v3)")
+    device_id = _pointer_device(obj)
+    return _External(int(ptr), obj, None if stream is None else int(stream), device_id,
+                     _DLPACK_CUDA, bool(readonly)), shape, dtype
+
+
+def _pointer_device(obj: Any) -> int:
+    device = getattr(obj, "device", None)
+    for attr in ("id", "index"):
+        value = getattr(device, attr, None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def _import_dlpack(obj: Any) -> tuple[_External, tuple[int, ...], np.dtype]:
+    device_type, _device_id = obj.__dlpack_device__()
+    if device_type in (_DLPACK_CPU, _DLPACK_CUDA_HOST):
+        raise TypeError("from_device: this DLPack array is in host memory; use from_numpy")
+    if device_type not in (_DLPACK_CUDA, _DLPACK_CUDA_MANAGED):
+        raise TypeError(f"from_device: DLPack device type {device_type} is not CUDA")
+    try:
+        capsule = obj.__dlpack__(stream=1)  # we consume on the legacy default stream
+    except TypeError:
+        capsule = obj.__dlpack__()
+    owner, ptr, shape, strides, dtype, dev_type, dev_id = _core.import_dlpack(capsule)
+    expected = []
+    step = 1
+    for n in reversed(shape):
+        expected.append(step)
+        step *= n
+    if any(n > 1 and s != e for n, s, e in zip(shape, strides, reversed(expected))):
+        raise ValueError("from_device: the array is not C-contiguous (make it contiguous first)")
+    return _External(int(ptr), owner, 1, int(dev_id), int(dev_type), False), tuple(shape), \
+        raster_dtype(dtype)

@@ -1,0 +1,133 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Raster files through GDAL (when the library was built with it; :func:`io_available`).
+
+- :func:`read_raster_metadata`: the header only, for planning before any pixel is read.
+- :func:`read_raster`: a window and a band subset into a host raster.
+- :func:`write_raster`: a raster to a file (GeoTIFF by default).
+- :func:`process_raster_streamed`: read, process and write a file tile by tile following a
+  plan (with halo), with only one tile in memory; the output takes the op's dtype.
+
+GDAL's geotransform is converted to the rasterio-order affine; the CRS comes back as WKT. In a
+build without GDAL every call raises RuntimeError ("built without GDAL").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from . import _core
+from .buffers import OwnedRasterArray, RasterMetadata, RasterPlan, RasterWindow
+from .dispatch import BandOp, _adapter, _check_raster
+
+__all__ = [
+    "io_available",
+    "process_raster_streamed",
+    "read_raster",
+    "read_raster_metadata",
+    "write_raster",
+]
+
+
+def io_available() -> bool:
+    """Whether this build reads and writes files through GDAL."""
+    return _core.io_available()
+
+
+def _path(p: Any) -> str:
+    try:
+        return os.fspath(p)
+    except TypeError:
+        raise TypeError(f"expected a path, not {type(p).__name__}") from None
+
+
+def _compress(compress: str | None) -> str:
+    return "NONE" if compress is None else str(compress).upper()
+
+
+def _block(blockxsize: int, blockysize: int) -> int:
+    if int(blockxsize) != int(blockysize):
+        raise ValueError(f"blockxsize and blockysize must be equal (GTiff tiles are square "
+                         f"here), not {blockxsize} and {blockysize}")
+    return int(blockxsize)
+
+
+def read_raster_metadata(path: str | os.PathLike) -> RasterMetadata:
+    """The header of the raster file at ``path``: shape, band count, dtype, nodata (band 1's),
+    affine, CRS (WKT) and driver.
+
+    Raises:
+        ValueError: the file cannot be opened; RuntimeError: an unsupported data type, bands of
+        differing types or nodata, or a build without GDAL.
+    """
+    return RasterMetadata._from_core(_core.read_raster_metadata(_path(path)))
+
+
+def read_raster(path: str | os.PathLike, *, window: RasterWindow | Sequence[int] | None = None,
+                bands: Sequence[int] | None = None) -> OwnedRasterArray:
+    """Read ``window`` (default: all; a RasterWindow or (col_off, row_off, width, height)) of
+    the 1-based ``bands`` (default: all) into a new host raster; its affine is shifted to the
+    window's origin.
+
+    Raises:
+        ValueError: a file that cannot be opened, a window outside the raster or empty, a band
+        outside [1, band count]; RuntimeError as :func:`read_raster_metadata`.
+    """
+    w: tuple[int, ...] | None = None
+    if window is not None:
+        if isinstance(window, RasterWindow):
+            w = (window.col_off, window.row_off, window.width, window.height)
+        else:
+            w = tuple(int(v) for v in window)
+        if len(w) != 4:
+            raise ValueError("window must be (col_off, row_off, width, height)")
+    native = _core.read_raster(_path(path), w, [int(b) for b in (bands or [])])
+    return OwnedRasterArray._wrap(native)
+
+
+def write_raster(path: str | os.PathLike, raster: OwnedRasterArray, *, driver: str = "GTiff",
+                 compress: str | None = "deflate", tiled: bool = True, blockxsize: int = 256,
+                 blockysize: int = 256) -> None:
+    """Write ``raster`` (a device raster is copied, not moved) to ``path``, replacing any file:
+    its dtype, every band, affine, CRS and nodata.
+
+    Raises:
+        ValueError: an unknown driver or a CRS GDAL does not understand; RuntimeError: GDAL
+        cannot create or write the file.
+    """
+    _check_raster(raster)
+    _core.write_raster(_path(path), raster._as_native(), str(driver), _compress(compress),
+                       bool(tiled), _block(blockxsize, blockysize))
+
+
+def process_raster_streamed(in_path: str | os.PathLike, out_path: str | os.PathLike,
+                            op_fn: BandOp, plan: RasterPlan, *, halo: int | None = None,
+                            compress: str | None = "deflate", tiled: bool = True,
+                            blockxsize: int = 256, blockysize: int = 256, driver: str = "GTiff",
+                            progress: Callable[[int, int], Any] | None = None) -> None:
+    """Process the file ``in_path`` tile by tile following ``plan`` and write ``out_path``.
+
+    Each tile is read with ``halo`` (default: ``plan.halo``) extra pixels per side, clamped at
+    the raster's edges, and handed to ``op_fn`` as a host raster; its interior is written. The
+    output takes the first tile result's dtype, band count and nodata (ops may change the dtype:
+    unlike the Python original, nothing is cast back to the source dtype) and the input's shape,
+    affine and CRS. Only one tile is live at a time. ``progress(done, total)`` is called after
+    each tile.
+
+    Raises:
+        ValueError: a negative halo, a tiled plan without a tile shape, a tile result of the
+        wrong shape or of a dtype, band count or nodata differing from the first tile's;
+        whatever :func:`read_raster` / :func:`write_raster` or ``op_fn`` raise.
+    """
+    if not isinstance(plan, RasterPlan):
+        raise TypeError(f"plan must be a RasterPlan, not {type(plan).__name__}")
+    if halo is not None:
+        plan = replace(plan, halo=int(halo))
+    if progress is not None and not callable(progress):
+        raise TypeError("progress must be callable")
+    _core.process_raster_streamed(_path(in_path), _path(out_path),
+                                  _adapter(op_fn, crs=None, two_d=False), *plan._core_args(),
+                                  str(driver), _compress(compress), bool(tiled),
+                                  _block(blockxsize, blockysize), progress)

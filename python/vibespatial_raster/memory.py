@@ -1,0 +1,133 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The device memory pool: the seed's ``vibespatial.raster.memory`` on the native runtime.
+
+The pool is the C++ library's (tiers A/B/C/fallback on the CUDA driver's virtual memory API);
+see the project README for the tiers. Everything here is thread-safe.
+
+Tier selection, first match wins (seed order):
+
+======== ================================= =========================================
+tier     when                              behaviour
+======== ================================= =========================================
+C        ``VIBESPATIAL_GPU_MANAGED_MEMORY=1`` bare managed memory per request
+A        ``VIBESPATIAL_GPU_POOL_ONLY=1``      the pool, no OOM recovery
+B        default, device supports VMM      the pool with the OOM recovery chain
+fallback device without VMM                a caching pool over ``cuMemAlloc``
+======== ================================= =========================================
+
+Unlike the Python original, :func:`free_pool_memory` is safe with live allocations, and the
+pool serves CuPy, PyTorch and Numba too (:mod:`vibespatial_raster.allocators`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Callable
+
+from . import _core
+
+__all__ = [
+    "DeviceBuffer",
+    "add_oom_handler",
+    "configure_memory_pool",
+    "free_pool_memory",
+    "memory_pool_stats",
+    "remove_oom_handler",
+]
+
+#: Device memory from the pool: ``DeviceBuffer(size, stream=0)`` allocates ``size`` bytes
+#: stream-ordered on ``stream`` (a CUstream value; 0 is the legacy default stream); ``ptr``,
+#: ``size``, ``stream``; ``close()`` (or garbage collection) frees it on that stream.
+DeviceBuffer = _core.DeviceBuffer
+
+
+def configure_memory_pool() -> str:
+    """Configure the GPU memory pool. Returns the tier name ("A", "B", "C" or "fallback").
+
+    Idempotent: later calls return the tier chosen first. Called lazily by the first device
+    allocation, so calling it is optional.
+
+    Raises:
+        DriverUnavailableError: no usable CUDA driver or device (nothing is cached: a later call
+            tries again).
+        CudaError: the requested tier is impossible, e.g. ``VIBESPATIAL_GPU_MANAGED_MEMORY=1`` on
+            a device without managed memory (``CUDA_ERROR_NOT_SUPPORTED``).
+    """
+    return _core.configure_memory_pool()
+
+
+def free_pool_memory() -> None:
+    """Release unused memory back to the driver.
+
+    Gives every free physical page of every device's pool back (after the stream work that
+    freed it completes). Live allocations stay where they are, with their contents, so unlike
+    the Python original this is safe to call at any time. Tier C: no-op. Fallback: frees the
+    cached blocks. No-op before the pool is configured.
+
+    Raises:
+        CudaError: the driver failed; the pool stays consistent and usable.
+    """
+    _core.free_pool_memory()
+
+
+def memory_pool_stats(device: int | None = None) -> dict:
+    """Return current pool statistics (of the current device, or of ``device``).
+
+    Keys always present: ``tier`` ("A", "B", "C", "fallback", or "" if not yet configured) and
+    ``configured``. Tiers A/B/C: ``current_bytes``, ``current_count``, ``peak_bytes``,
+    ``peak_count``, ``total_bytes``, ``total_count``, and ``pool_size`` (A/B only). Fallback:
+    ``used_bytes``, ``free_bytes``, ``total_bytes`` (used + free). Byte counts of live memory are
+    the sizes requested.
+
+    Additions, always present: ``device``, ``mapped_bytes``, ``reserved_bytes``,
+    ``pool_free_bytes`` (what :func:`free_pool_memory` would give back), ``largest_free_block``,
+    ``oom_recoveries``, ``granularity``, ``small_block_limit``.
+
+    Never raises; works before configuration and without a driver.
+    """
+    return _core.memory_pool_stats(device)
+
+
+_handlers_lock = threading.Lock()
+_handler_ids: set[int] = set()
+
+
+def add_oom_handler(handler: Callable[[int], object]) -> int:
+    """Register ``handler`` to run when the device is full (tier B's recovery chain).
+
+    It is called as ``handler(requested_bytes)`` from whichever thread allocates, and returns a
+    true value if it freed something (for instance ``lambda n: gc.collect() > 0``, the Python
+    original's recovery). The pool holds none of its locks while handlers run, so a handler may
+    free device memory. An exception in a handler is reported through ``sys.unraisablehook`` and
+    counts as having freed nothing.
+
+    Returns:
+        the handler's id, for :func:`remove_oom_handler` (never 0).
+    Raises:
+        TypeError: ``handler`` is not callable.
+    """
+    if not callable(handler):
+        raise TypeError(f"add_oom_handler: {handler!r} is not callable")
+    handler_id = _core.add_oom_handler(handler)
+    with _handlers_lock:
+        _handler_ids.add(handler_id)
+    return handler_id
+
+
+def remove_oom_handler(handler_id: int) -> None:
+    """Unregister the handler with id ``handler_id``; unknown ids are ignored. A call of the
+    handler already running on another thread may complete."""
+    _core.remove_oom_handler(handler_id)
+    with _handlers_lock:
+        _handler_ids.discard(handler_id)
+
+
+@atexit.register
+def _remove_handlers_at_exit() -> None:
+    # The pool outlives the interpreter: drop the Python callables while Python still runs.
+    with _handlers_lock:
+        ids = list(_handler_ids)
+        _handler_ids.clear()
+    for handler_id in ids:
+        _core.remove_oom_handler(handler_id)
