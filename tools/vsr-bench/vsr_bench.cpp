@@ -6,7 +6,9 @@
 //   vsr-bench alloc [--quick] [--json] [--seed N] [--sections malloc,driver,threads,frag]
 //                                                    the device memory pool (issue 3)
 //   vsr-bench dispatch [--quick] [--json] [--sections cpu,gpu,pipeline,focal]
-//                                                    op throughput vs copy bandwidth (issue 5)
+//                                                    op throughput vs copy bandwidth (issue 5);
+//                                                    the pipeline section also runs on the
+//                                                    emulator, with a stand-in op (issue 12)
 //
 // Exit status: 0 when every section ran (goals missed or not), 1 when one failed (the others still
 // run and the summary names the failure), 2 on bad arguments, 77 when there is no usable driver
