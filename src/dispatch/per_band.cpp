@@ -161,9 +161,10 @@ void GpuDispatch::plan() {
   if (full.strategy == TilingStrategy::tiled) fail_tiled(full);
   plan_ = full;
   depth_ = 1;
-  if (o_.pipeline_depth == 2 && !input_on_device_) {
-    // Double buffering holds two passes at once (the batch computing and the one being copied):
-    // each pass is planned with half the budget, so both fit within the planner's usable share.
+  if (o_.pipeline_depth == 2) {
+    // Double buffering holds two passes at once (the batch computing and the one being copied,
+    // or for a device-resident input the one whose results are being drained): each pass is
+    // planned with half the budget, so both fit within the planner's usable share.
     options.vram_budget = budget_ / 2;
     const RasterPlan half = analyze_raster_plan(height_, width_, raster_.dtype(), options);
     if (half.strategy != TilingStrategy::tiled && half.bands_per_pass < bands_) {
@@ -387,9 +388,9 @@ OwnedRasterArray GpuDispatch::run(GpuDispatchReport* report) {
     compute(k);
     if (depth_ == 2) {
       // Batch k is queued: release batch k-1 and start copying batch k+1 into its slot, so the
-      // copy runs while batch k computes.
+      // copy (and the host's draining of k-1) runs while batch k computes.
       if (k >= 1) drain(k - 1);
-      if (k + 1 < n_batches_) stage(k + 1);
+      if (k + 1 < n_batches_ && !input_on_device_) stage(k + 1);
     } else {
       drain(k);
       if (k + 1 < n_batches_ && !input_on_device_) stage(k + 1);

@@ -172,7 +172,8 @@ struct GpuDispatchReport {
  * with half the budget, analyze_raster_plan(per_band = true, buffers_per_band, scratch_bytes,
  * budget / 2), so that both fit; when half the budget cannot hold one band, or all bands fit in
  * it (one batch), the plan is made with the whole budget and batches go one at a time.
- * A device-resident raster is used in place, batch by batch, without copies.
+ * A device-resident raster is used in place, batch by batch, without copies (double-buffered
+ * the same way: batch k computes while the host releases batch k-1's results).
  *
  * Results go straight into the output stack, one pool allocation on the device when it fits
  * the budget beside the passes in flight, else a host raster (device results reach it through
