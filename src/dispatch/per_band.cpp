@@ -298,7 +298,7 @@ void GpuDispatch::take_result(const OwnedRasterArray& result, int band, int slot
       for (int s = 0; s < depth_; ++s) {
         staging_out_[static_cast<std::size_t>(s)] =
             detail::DispatchResources::get().pinned(static_cast<std::size_t>(slot_bytes));
-        pinned_bytes_ += slot_bytes;
+        pinned_bytes_ += staging_out_[static_cast<std::size_t>(s)].size();
       }
     }
   } else {
@@ -371,7 +371,7 @@ OwnedRasterArray GpuDispatch::run(GpuDispatchReport* report) {
                                      width_, raster_.nodata(), raster_.affine(), raster_.crs());
       staging_in_[static_cast<std::size_t>(s)] =
           detail::DispatchResources::get().pinned(static_cast<std::size_t>(in_bytes_));
-      pinned_bytes_ += in_bytes_;
+      pinned_bytes_ += staging_in_[static_cast<std::size_t>(s)].size();
     }
   }
   pipeline_.emplace(detail::DispatchResources::get().pipeline());
