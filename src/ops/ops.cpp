@@ -4,6 +4,7 @@
 #include "buffers/raster_access.hpp"
 #include "ops/ops_backend.hpp"
 
+#include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/ops.hpp>
 
 #include <cmath>
@@ -147,6 +148,34 @@ void label(OwnedRasterArray& out, const OwnedRasterArray& source, std::optional<
 #define VSR_OPS_CALL(on_dev, fn, ...) ((on_dev) ? no_cuda() : be::host::fn(__VA_ARGS__))
 #endif
 
+/// "vibespatial: <op> on the device: <what>", without repeating a "vibespatial: " prefix.
+std::string on_device_message(const char* op, const char* what) {
+  std::string w(what);
+  const std::string prefix = "vibespatial: ";
+  if (w.rfind(prefix, 0) == 0) w.erase(0, prefix.size());
+  return prefix + op + " on the device: " + w;
+}
+
+/// Runs @p f, the device path of operation @p op (its output allocation included): every error
+/// of the device, the driver or the pool leaves as the same type, its message naming @p op. A
+/// host path runs as is.
+template <class F>
+decltype(auto) guarded(bool dev, const char* op, F&& f) {
+  if (!dev) return f();
+  try {
+    return f();
+  } catch (const DriverUnavailableError& e) {
+    throw DriverUnavailableError(e.code(), e.name(), on_device_message(op, e.what()));
+  } catch (const CudaError& e) {
+    if (e.runtime_code() != 0) {
+      throw CudaError(e.code(), e.name(), on_device_message(op, e.what()), e.runtime_code());
+    }
+    throw CudaError(e.code(), e.name(), on_device_message(op, e.what()));
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(e.requested_bytes(), on_device_message(op, e.what()));
+  }
+}
+
 }  // namespace
 
 DType compute_dtype(DType dtype) {
@@ -175,12 +204,18 @@ bool ops_built_with_cuda() noexcept {
 #endif
 }
 
-std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster) {
+std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster, CUstream stream) {
   const bool dev = on_device(raster);
   std::vector<BandStatistics> out(static_cast<std::size_t>(raster.band_count()));
-  VSR_OPS_CALL(dev, statistics, pixels(raster), raster.dtype(), layout_of(raster),
-               nodata_spec(raster), out.data());
+  guarded(dev, "statistics", [&] {
+    VSR_OPS_CALL(dev, statistics, pixels(raster), raster.dtype(), layout_of(raster),
+                 nodata_spec(raster), out.data(), stream);
+  });
   return out;
+}
+
+std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster) {
+  return band_statistics(raster, nullptr);
 }
 
 namespace {
@@ -211,28 +246,41 @@ RescaleSetup rescale_setup(const OwnedRasterArray& raster, double in_min, double
 }
 
 void run_rescale(bool dev, const OwnedRasterArray& raster, const RescaleSetup& r,
-                 OwnedRasterArray& out) {
+                 OwnedRasterArray& out, CUstream stream) {
   VSR_OPS_CALL(dev, rescale, pixels(raster), raster.dtype(), mutable_pixels(out), out.dtype(),
-               layout_of(raster).pixels(), nodata_spec(raster), r.params);
+               layout_of(raster).pixels(), nodata_spec(raster), r.params, stream);
 }
 
 }  // namespace
 
 OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double in_max,
-                         double out_min, double out_max, DType out_dtype) {
+                         double out_min, double out_max, DType out_dtype, CUstream stream) {
   const RescaleSetup r = rescale_setup(raster, in_min, in_max, out_min, out_max, out_dtype);
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
-  OwnedRasterArray out = like(raster, out_dtype, r.out_nodata);
-  run_rescale(dev, raster, r, out);
-  return out;
+  return guarded(dev, "rescale", [&] {
+    OwnedRasterArray out = like(raster, out_dtype, r.out_nodata);
+    run_rescale(dev, raster, r, out, stream);
+    return out;
+  });
+}
+
+OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double in_max,
+                         double out_min, double out_max, DType out_dtype) {
+  return rescale(raster, in_min, in_max, out_min, out_max, out_dtype, nullptr);
+}
+
+void rescale_into(const OwnedRasterArray& raster, double in_min, double in_max, double out_min,
+                  double out_max, OwnedRasterArray& out, CUstream stream) {
+  const RescaleSetup r = rescale_setup(raster, in_min, in_max, out_min, out_max, out.dtype());
+  check_out(raster, out, out.dtype(), "rescale_into", true);
+  const bool dev = on_device(raster);
+  guarded(dev, "rescale_into", [&] { run_rescale(dev, raster, r, out, stream); });
+  label(out, raster, r.out_nodata);
 }
 
 void rescale_into(const OwnedRasterArray& raster, double in_min, double in_max, double out_min,
                   double out_max, OwnedRasterArray& out) {
-  const RescaleSetup r = rescale_setup(raster, in_min, in_max, out_min, out_max, out.dtype());
-  check_out(raster, out, out.dtype(), "rescale_into", true);
-  run_rescale(on_device(raster), raster, r, out);
-  label(out, raster, r.out_nodata);
+  rescale_into(raster, in_min, in_max, out_min, out_max, out, nullptr);
 }
 
 namespace {
@@ -258,26 +306,38 @@ void clip_bounds(DType d, double& lower, double& upper) {
 }
 
 void run_clip(bool dev, const OwnedRasterArray& raster, double lower, double upper,
-              OwnedRasterArray& out) {
+              OwnedRasterArray& out, CUstream stream) {
   VSR_OPS_CALL(dev, clip, pixels(raster), raster.dtype(), mutable_pixels(out),
-               layout_of(raster).pixels(), nodata_spec(raster), lower, upper);
+               layout_of(raster).pixels(), nodata_spec(raster), lower, upper, stream);
 }
 
 }  // namespace
 
-OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper) {
+OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper, CUstream stream) {
   clip_bounds(raster.dtype(), lower, upper);
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
-  OwnedRasterArray out = like(raster, raster.dtype(), raster.nodata());
-  run_clip(dev, raster, lower, upper, out);
-  return out;
+  return guarded(dev, "clip", [&] {
+    OwnedRasterArray out = like(raster, raster.dtype(), raster.nodata());
+    run_clip(dev, raster, lower, upper, out, stream);
+    return out;
+  });
+}
+
+OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper) {
+  return clip(raster, lower, upper, nullptr);
+}
+
+void clip_into(const OwnedRasterArray& raster, double lower, double upper, OwnedRasterArray& out,
+               CUstream stream) {
+  clip_bounds(raster.dtype(), lower, upper);
+  check_out(raster, out, raster.dtype(), "clip_into", true);
+  const bool dev = on_device(raster);
+  guarded(dev, "clip_into", [&] { run_clip(dev, raster, lower, upper, out, stream); });
+  label(out, raster, raster.nodata());
 }
 
 void clip_into(const OwnedRasterArray& raster, double lower, double upper, OwnedRasterArray& out) {
-  clip_bounds(raster.dtype(), lower, upper);
-  check_out(raster, out, raster.dtype(), "clip_into", true);
-  run_clip(on_device(raster), raster, lower, upper, out);
-  label(out, raster, raster.nodata());
+  clip_into(raster, lower, upper, out, nullptr);
 }
 
 namespace {
@@ -288,26 +348,39 @@ void check_fill_value(const OwnedRasterArray& raster, double value) {
                                 " is not a value of " + std::string(to_string(raster.dtype())));
 }
 
-void run_fill(bool dev, const OwnedRasterArray& raster, double value, OwnedRasterArray& out) {
+void run_fill(bool dev, const OwnedRasterArray& raster, double value, OwnedRasterArray& out,
+              CUstream stream) {
   VSR_OPS_CALL(dev, fill_nodata, pixels(raster), raster.dtype(), mutable_pixels(out),
-               layout_of(raster).pixels(), nodata_spec(raster), value);
+               layout_of(raster).pixels(), nodata_spec(raster), value, stream);
 }
 
 }  // namespace
 
-OwnedRasterArray fill_nodata(const OwnedRasterArray& raster, double value) {
+OwnedRasterArray fill_nodata(const OwnedRasterArray& raster, double value, CUstream stream) {
   check_fill_value(raster, value);
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
-  OwnedRasterArray out = like(raster, raster.dtype(), std::nullopt);
-  run_fill(dev, raster, value, out);
-  return out;
+  return guarded(dev, "fill_nodata", [&] {
+    OwnedRasterArray out = like(raster, raster.dtype(), std::nullopt);
+    run_fill(dev, raster, value, out, stream);
+    return out;
+  });
+}
+
+OwnedRasterArray fill_nodata(const OwnedRasterArray& raster, double value) {
+  return fill_nodata(raster, value, nullptr);
+}
+
+void fill_nodata_into(const OwnedRasterArray& raster, double value, OwnedRasterArray& out,
+                      CUstream stream) {
+  check_fill_value(raster, value);
+  check_out(raster, out, raster.dtype(), "fill_nodata_into", true);
+  const bool dev = on_device(raster);
+  guarded(dev, "fill_nodata_into", [&] { run_fill(dev, raster, value, out, stream); });
+  label(out, raster, std::nullopt);
 }
 
 void fill_nodata_into(const OwnedRasterArray& raster, double value, OwnedRasterArray& out) {
-  check_fill_value(raster, value);
-  check_out(raster, out, raster.dtype(), "fill_nodata_into", true);
-  run_fill(on_device(raster), raster, value, out);
-  label(out, raster, std::nullopt);
+  fill_nodata_into(raster, value, out, nullptr);
 }
 
 namespace {
@@ -320,51 +393,75 @@ void check_pair(const OwnedRasterArray& a, const OwnedRasterArray& b) {
 }
 
 void run_normalized_difference(bool dev, const OwnedRasterArray& a, const OwnedRasterArray& b,
-                               OwnedRasterArray& out) {
+                               OwnedRasterArray& out, CUstream stream) {
   VSR_OPS_CALL(dev, normalized_difference, pixels(a), pixels(b), a.dtype(), mutable_pixels(out),
-               layout_of(a).pixels(), nodata_spec(a), nodata_spec(b));
+               layout_of(a).pixels(), nodata_spec(a), nodata_spec(b), stream);
 }
 
 }  // namespace
 
-OwnedRasterArray normalized_difference(const OwnedRasterArray& a, const OwnedRasterArray& b) {
+OwnedRasterArray normalized_difference(const OwnedRasterArray& a, const OwnedRasterArray& b,
+                                       CUstream stream) {
   check_pair(a, b);
   const bool dev = on_device(a);  // before allocating: fails at once without CUDA
-  OwnedRasterArray out =
-      like(a, compute_dtype(a.dtype()), std::numeric_limits<double>::quiet_NaN());
-  run_normalized_difference(dev, a, b, out);
-  return out;
+  return guarded(dev, "normalized_difference", [&] {
+    OwnedRasterArray out =
+        like(a, compute_dtype(a.dtype()), std::numeric_limits<double>::quiet_NaN());
+    run_normalized_difference(dev, a, b, out, stream);
+    return out;
+  });
+}
+
+OwnedRasterArray normalized_difference(const OwnedRasterArray& a, const OwnedRasterArray& b) {
+  return normalized_difference(a, b, nullptr);
 }
 
 void normalized_difference_into(const OwnedRasterArray& a, const OwnedRasterArray& b,
-                                OwnedRasterArray& out) {
+                                OwnedRasterArray& out, CUstream stream) {
   check_pair(a, b);
   const DType out_dtype = compute_dtype(a.dtype());
   check_out(a, out, out_dtype, "normalized_difference_into", true);
   check_out(b, out, out_dtype, "normalized_difference_into", true);
-  run_normalized_difference(on_device(a), a, b, out);
+  const bool dev = on_device(a);
+  guarded(dev, "normalized_difference_into",
+          [&] { run_normalized_difference(dev, a, b, out, stream); });
   label(out, a, std::numeric_limits<double>::quiet_NaN());
 }
 
+void normalized_difference_into(const OwnedRasterArray& a, const OwnedRasterArray& b,
+                                OwnedRasterArray& out) {
+  normalized_difference_into(a, b, out, nullptr);
+}
+
 std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster, int bins,
-                                                 double lower, double upper) {
+                                                 double lower, double upper, CUstream stream) {
   if (bins < 1) throw std::invalid_argument("vibespatial: histogram: bins must be >= 1");
   require_finite(lower, "histogram: lower");
   require_finite(upper, "histogram: upper");
   if (!(lower < upper)) throw std::invalid_argument("vibespatial: histogram: lower >= upper");
-  if (static_cast<std::int64_t>(raster.band_count()) * bins >
+  // The device histogram counts bands * bins + 1 levels in an int: 2^31 - 2 bins at most.
+  if (static_cast<std::int64_t>(raster.band_count()) * bins >=
       std::numeric_limits<std::int32_t>::max())
-    throw std::invalid_argument("vibespatial: histogram: band_count * bins exceeds 2^31 - 1");
+    throw std::invalid_argument(
+        "vibespatial: histogram: band_count * bins must be below 2^31 - 1 (" +
+        std::to_string(raster.band_count()) + " bands x " + std::to_string(bins) + " bins)");
   const bool dev = on_device(raster);
   const int bands = raster.band_count();
   std::vector<std::int64_t> flat(static_cast<std::size_t>(bands) * static_cast<std::size_t>(bins));
-  VSR_OPS_CALL(dev, histogram, pixels(raster), raster.dtype(), layout_of(raster),
-               nodata_spec(raster), bins, lower, upper, flat.data());
+  guarded(dev, "histogram", [&] {
+    VSR_OPS_CALL(dev, histogram, pixels(raster), raster.dtype(), layout_of(raster),
+                 nodata_spec(raster), bins, lower, upper, flat.data(), stream);
+  });
   std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(bands));
   for (int b = 0; b < bands; ++b)
     out[static_cast<std::size_t>(b)].assign(flat.begin() + std::int64_t{b} * bins,
                                             flat.begin() + std::int64_t{b + 1} * bins);
   return out;
+}
+
+std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster, int bins,
+                                                 double lower, double upper) {
+  return histogram(raster, bins, lower, upper, nullptr);
 }
 
 namespace {
@@ -374,27 +471,40 @@ void check_edge(EdgeMode edge) {
     throw std::invalid_argument("vibespatial: focal_mean_3x3: unknown edge mode");
 }
 
-void run_focal(bool dev, const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out) {
+void run_focal(bool dev, const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out,
+               CUstream stream) {
   VSR_OPS_CALL(dev, focal_mean_3x3, pixels(raster), raster.dtype(), mutable_pixels(out),
-               layout_of(raster), nodata_spec(raster), edge);
+               layout_of(raster), nodata_spec(raster), edge, stream);
 }
 
 }  // namespace
 
-OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster, EdgeMode edge) {
+OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster, EdgeMode edge, CUstream stream) {
   check_edge(edge);
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
-  OwnedRasterArray out =
-      like(raster, compute_dtype(raster.dtype()), std::numeric_limits<double>::quiet_NaN());
-  run_focal(dev, raster, edge, out);
-  return out;
+  return guarded(dev, "focal_mean_3x3", [&] {
+    OwnedRasterArray out =
+        like(raster, compute_dtype(raster.dtype()), std::numeric_limits<double>::quiet_NaN());
+    run_focal(dev, raster, edge, out, stream);
+    return out;
+  });
+}
+
+OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster, EdgeMode edge) {
+  return focal_mean_3x3(raster, edge, nullptr);
+}
+
+void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out,
+                         CUstream stream) {
+  check_edge(edge);
+  check_out(raster, out, compute_dtype(raster.dtype()), "focal_mean_3x3_into", false);
+  const bool dev = on_device(raster);
+  guarded(dev, "focal_mean_3x3_into", [&] { run_focal(dev, raster, edge, out, stream); });
+  label(out, raster, std::numeric_limits<double>::quiet_NaN());
 }
 
 void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out) {
-  check_edge(edge);
-  check_out(raster, out, compute_dtype(raster.dtype()), "focal_mean_3x3_into", false);
-  run_focal(on_device(raster), raster, edge, out);
-  label(out, raster, std::numeric_limits<double>::quiet_NaN());
+  focal_mean_3x3_into(raster, edge, out, nullptr);
 }
 
 }  // namespace vibespatial::raster

@@ -34,23 +34,25 @@ struct RescaleParams {
 
 // clang-format off
 /// The backend entry points. `in`/`out` are host pointers for the host backend and device
-/// pointers (primary context) for the cuda backend. Device calls are ordered on the legacy
-/// default stream; statistics and histograms return after the results reached the host.
+/// pointers (primary context) for the cuda backend. Device calls are queued on `stream` (nullptr:
+/// the legacy default stream; the host backend ignores it); statistics and histograms return
+/// after the results reached the host.
 #define VSR_OPS_BACKEND_DECLARATIONS                                                            \
   void statistics(const void* in, DType dtype, Layout layout, NodataSpec nodata,               \
-                  BandStatistics* out);                                                        \
+                  BandStatistics* out, CUstream stream);                                       \
   void rescale(const void* in, DType dtype, void* out, DType out_dtype, std::int64_t n,        \
-               NodataSpec nodata, RescaleParams params);                                       \
+               NodataSpec nodata, RescaleParams params, CUstream stream);                      \
   void clip(const void* in, DType dtype, void* out, std::int64_t n, NodataSpec nodata,         \
-            double lower, double upper);                                                       \
+            double lower, double upper, CUstream stream);                                      \
   void fill_nodata(const void* in, DType dtype, void* out, std::int64_t n, NodataSpec nodata,  \
-                   double value);                                                              \
+                   double value, CUstream stream);                                             \
   void normalized_difference(const void* a, const void* b, DType dtype, void* out,             \
-                             std::int64_t n, NodataSpec nodata_a, NodataSpec nodata_b);        \
+                             std::int64_t n, NodataSpec nodata_a, NodataSpec nodata_b,         \
+                             CUstream stream);                                                 \
   void histogram(const void* in, DType dtype, Layout layout, NodataSpec nodata, int bins,      \
-                 double lower, double upper, std::int64_t* counts);                            \
+                 double lower, double upper, std::int64_t* counts, CUstream stream);           \
   void focal_mean_3x3(const void* in, DType dtype, void* out, Layout layout, NodataSpec nodata,\
-                      EdgeMode edge);
+                      EdgeMode edge, CUstream stream);
 // clang-format on
 
 namespace host {

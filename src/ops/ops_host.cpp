@@ -25,8 +25,8 @@ const auto& policy() {
 }
 }  // namespace
 
-void statistics(const void* in, DType dtype, Layout layout, NodataSpec nodata,
-                BandStatistics* out) {
+void statistics(const void* in, DType dtype, Layout layout, NodataSpec nodata, BandStatistics* out,
+                CUstream /*stream*/) {
   visit_dtype(dtype, [&](auto t) {
     using T = decltype(t);
     const T* data = static_cast<const T*>(in);
@@ -41,27 +41,27 @@ void statistics(const void* in, DType dtype, Layout layout, NodataSpec nodata,
 }
 
 void rescale(const void* in, DType dtype, void* out, DType out_dtype, std::int64_t n,
-             NodataSpec nodata, RescaleParams params) {
+             NodataSpec nodata, RescaleParams params, CUstream /*stream*/) {
   run_rescale(policy(), in, dtype, out, out_dtype, n, nodata, params);
 }
 
 void clip(const void* in, DType dtype, void* out, std::int64_t n, NodataSpec nodata, double lower,
-          double upper) {
+          double upper, CUstream /*stream*/) {
   run_clip(policy(), in, dtype, out, n, nodata, lower, upper);
 }
 
 void fill_nodata(const void* in, DType dtype, void* out, std::int64_t n, NodataSpec nodata,
-                 double value) {
+                 double value, CUstream /*stream*/) {
   run_fill(policy(), in, dtype, out, n, nodata, value);
 }
 
 void normalized_difference(const void* a, const void* b, DType dtype, void* out, std::int64_t n,
-                           NodataSpec nodata_a, NodataSpec nodata_b) {
+                           NodataSpec nodata_a, NodataSpec nodata_b, CUstream /*stream*/) {
   run_normalized_difference(policy(), a, b, dtype, out, n, nodata_a, nodata_b);
 }
 
 void histogram(const void* in, DType dtype, Layout layout, NodataSpec nodata, int bins,
-               double lower, double upper, std::int64_t* counts) {
+               double lower, double upper, std::int64_t* counts, CUstream /*stream*/) {
   // Thrust has no histogram: the same BinIdOp in an OpenMP loop with per-thread counters.
   visit_dtype(dtype, [&](auto t) {
     using T = decltype(t);
@@ -84,7 +84,7 @@ void histogram(const void* in, DType dtype, Layout layout, NodataSpec nodata, in
 }
 
 void focal_mean_3x3(const void* in, DType dtype, void* out, Layout layout, NodataSpec nodata,
-                    EdgeMode edge) {
+                    EdgeMode edge, CUstream /*stream*/) {
   run_focal_mean(policy(), in, dtype, out, layout, nodata, edge);
 }
 

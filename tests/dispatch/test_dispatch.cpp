@@ -229,6 +229,10 @@ TEST_SUITE("dispatch-gpu") {
     for (std::size_t i = 0; i < n; ++i) bad += v[i] != 2.0f * static_cast<float>(i % 65521) + 1.0f;
     CHECK(bad == 0);
     CHECK(pool_current() == 0);
+    // Pinned staging and the pipeline's streams are kept for the next call, until given back.
+    CHECK(emulator().outstanding().host_allocations == 2);
+    CHECK(emulator().outstanding().streams == 2);
+    free_dispatch_resources();
     CHECK(emulator().outstanding().host_allocations == 0);
     CHECK(emulator().outstanding().streams == 0);
     detail::reset_memory_pools();  // the pool's own stream-order events go with it
@@ -295,6 +299,7 @@ TEST_SUITE("dispatch-gpu") {
       };
       CHECK_THROWS_WITH_AS(dispatch_per_band_gpu(r, op), "op failed", std::runtime_error);
       CHECK(pool_current() == 0);
+      free_dispatch_resources();
       const vsr_emu_outstanding o = emulator().outstanding();
       CHECK(o.host_allocations == 0);
       CHECK(o.streams == 0);
@@ -322,6 +327,7 @@ TEST_SUITE("dispatch-gpu") {
                                                }),
                          doctest::Contains("band 1"), std::invalid_argument);
     CHECK(pool_current() == 0);
+    free_dispatch_resources();
     CHECK(emulator().outstanding().host_allocations == 0);
   }
 

@@ -13,6 +13,9 @@
 #include <functional>
 #include <optional>
 
+// CUstream, exactly as <cuda.h> declares it, so this header needs no CUDA headers.
+typedef struct CUstream_st* CUstream;  // NOLINT(modernize-use-using)
+
 namespace vibespatial::raster {
 
 /**
@@ -105,32 +108,108 @@ VSR_EXPORT OwnedRasterArray dispatch_per_band_cpu(const OwnedRasterArray& raster
  * @brief Applies @p op to each band of @p raster as device views and stacks the results with
  * the source's metadata. A single-band raster is passed through (one call, no driver needed).
  *
- * Several bands: the budget is available_vram_bytes() taken once, and the plan is
- * analyze_raster_plan(per_band = true, @p buffers_per_band, @p scratch_bytes, that budget).
- * Bands go to the device bands_per_pass at a time (all at once for a whole plan) through pinned
- * staging and an asynchronous copy on a stream owned by the call; the next batch is copied while
- * @p op runs on the current one when both fit the budget. A device-resident raster is used in
- * place. @p op gets each band as a single-band device-resident view (zero-copy, on the batch's
- * buffer), called serially in band order on the calling thread, and returns a single-band raster
- * of the same height and width on the host or the device; its device work must be complete, or
- * ordered before the legacy default stream, when it returns. The output is one pool allocation
- * on the device when it fits the budget beside a pass, else a host raster filled batch by batch;
- * its dtype is the results' (which must agree), its nodata, affine and CRS are the source's.
- * Device memory the call allocates, plus what @p op uses within its declared
- * @p buffers_per_band and @p scratch_bytes, stays within the budget.
- *
- * @throws DriverUnavailableError when there is no usable driver (several bands);
- *         std::runtime_error naming the plan when it is `tiled` (one band does not fit the
- *         budget): run such work through dispatch_tiled / dispatch_tiled_halo with that plan;
- *         std::invalid_argument for an empty @p op, a result of the wrong shape, or results
- *         whose dtype or nodata differ; OutOfMemoryError / CudaError from the pool and driver;
- *         whatever @p op throws. On any error every device buffer, pinned buffer, event and
- *         the stream of the call are released.
- * Thread-safety: concurrent calls on distinct rasters are safe.
+ * The StreamBandOp overload below with GpuDispatchOptions{@p buffers_per_band,
+ * @p scratch_bytes} (budget available_vram_bytes(), double buffering where it fits); everything
+ * said there holds (streams, batches, output, errors, resources), except:
+ * - @p op is called with no stream and its device work goes to the legacy default stream (as the
+ *   band operations' forms without a stream do); the call's copies and output copies are ordered
+ *   with it by events;
+ * - @p op is called once the batch's copy has completed (the host waits for it), so it may also
+ *   read the view synchronously;
+ * - its device work must be complete, or queued on the legacy default stream, when it returns.
  */
 VSR_EXPORT OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const BandOp& op,
                                                   int buffers_per_band = 2,
                                                   std::uint64_t scratch_bytes = 0);
+
+/**
+ * @brief A per-band operation that queues its device work on @p stream: takes one single-band
+ * device view, whose pixels are ready in @p stream's order (its copy may still be in flight when
+ * the op is called), and returns its result, a single-band raster of the same height and width,
+ * on the device (pixels written in @p stream's order) or on the host (complete). The band
+ * operations' stream forms (ops.hpp) are such ops: `[](const auto& b, CUstream s) { return
+ * rescale(b, 0, 1000, 0, 1, DType::float32, s); }`.
+ */
+using StreamBandOp = std::function<OwnedRasterArray(const OwnedRasterArray& band, CUstream stream)>;
+
+/** @brief How dispatch_per_band_gpu goes through the device. */
+struct GpuDispatchOptions {
+  int buffers_per_band = 2;         ///< device buffers the op needs per band (input included)
+  std::uint64_t scratch_bytes = 0;  ///< fixed scratch the op needs per pass, bytes
+  std::optional<std::uint64_t> vram_budget;  ///< bytes; empty: available_vram_bytes()
+  /// 2: double buffering (batch k+1 is copied while batch k computes) where two passes fit;
+  /// 1: one batch at a time (copy, compute, output). Other values are rejected.
+  int pipeline_depth = 2;
+  int staging_threads = 0;  ///< threads of each host staging copy; 0: by size (>= 16 MiB: up to 8)
+};
+
+/** @brief What one dispatch_per_band_gpu call did (for benchmarks and tests). */
+struct GpuDispatchReport {
+  RasterPlan plan;                     ///< the plan its batches followed
+  std::uint64_t vram_budget = 0;       ///< the budget, bytes
+  int passes = 0;                      ///< batches of bands
+  int pipeline_depth = 0;              ///< 2 when batches were double-buffered
+  bool input_copied = false;           ///< false for a device-resident input (used in place)
+  Residency output = Residency::host;  ///< where the stacked output is
+  int staging_threads = 0;             ///< the most threads one host staging copy used
+  std::uint64_t pinned_bytes = 0;      ///< pinned staging the call used, bytes
+};
+
+/**
+ * @brief Applies @p op to each band of @p raster as device views, its device work on a stream of
+ * the call, and stacks the results with the source's metadata. A single-band raster is passed
+ * through: one call `op(raster, nullptr)` (the legacy default stream), its result as is.
+ *
+ * Several bands: the budget is options.vram_budget, or available_vram_bytes() taken once. The
+ * bands go to the device in batches through pinned staging: each batch is copied by several
+ * threads (large batches) into a pinned buffer, then to the device by an asynchronous copy on a
+ * copy stream; @p op runs on each band of the batch with the call's compute stream. Both streams
+ * are CU_STREAM_NON_BLOCKING (so neither waits for, or holds up, the legacy default stream) and
+ * events order them: a batch computes after its copy, and a slot's buffer is copied over only
+ * after the compute that read it. With pipeline_depth 2 (the default) and more than one batch,
+ * two slots alternate (double buffering): batch k+1 is copied while batch k computes, the host
+ * never waiting for the compute of batch k before queuing that copy, and each pass is planned
+ * with half the budget, analyze_raster_plan(per_band = true, buffers_per_band, scratch_bytes,
+ * budget / 2), so that both fit; when half the budget cannot hold one band, or all bands fit in
+ * it (one batch), the plan is made with the whole budget and batches go one at a time.
+ * A device-resident raster is used in place, batch by batch, without copies (double-buffered
+ * the same way: batch k computes while the host releases batch k-1's results).
+ *
+ * Results go straight into the output stack, one pool allocation on the device when it fits
+ * the budget beside the passes in flight, else a host raster (device results reach it through
+ * pinned buffers, asynchronously on the compute stream); its dtype is the results' (which must
+ * agree), its nodata, affine and CRS are the source's. A batch's results are released once the
+ * host has seen its compute work complete. Device memory the call allocates, plus what @p op
+ * uses within its declared buffers_per_band and scratch_bytes, stays within the budget.
+ *
+ * Pinned buffers, streams and events are leased from a process-wide set that keeps them for the
+ * next call (idle pinned memory never exceeds what the last call used); free_dispatch_resources()
+ * gives them back. The output is complete (every stream of the call synchronised) on return.
+ *
+ * @p report, when not null, receives what the call did.
+ * @throws DriverUnavailableError when there is no usable driver (several bands);
+ *         std::runtime_error naming the plan when it is `tiled` (one band does not fit the
+ *         budget): run such work through dispatch_tiled / dispatch_tiled_halo with that plan;
+ *         std::invalid_argument for an empty @p op, pipeline_depth not 1 or 2, negative
+ *         staging_threads, a bad buffers_per_band, a result of the wrong shape, or results whose
+ *         dtype or nodata differ; OutOfMemoryError / CudaError from the pool and driver; whatever
+ *         @p op throws. On any error the call's streams are synchronised and every device
+ *         buffer, pinned buffer and stream it used is released or returned for reuse.
+ * Thread-safety: concurrent calls on distinct rasters are safe (each leases its own streams).
+ */
+VSR_EXPORT OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster,
+                                                  const StreamBandOp& op,
+                                                  const GpuDispatchOptions& options = {},
+                                                  GpuDispatchReport* report = nullptr);
+
+/**
+ * @brief Gives back what GPU dispatch keeps for reuse between calls: idle pinned staging
+ * buffers, streams and events, on every device. Calls in flight keep theirs (they return them
+ * when they end). A no-op without a driver.
+ * @throws CudaError when the driver fails to free something (everything is released regardless).
+ * Thread-safe.
+ */
+VSR_EXPORT void free_dispatch_resources();
 
 /**
  * @brief Runs a pointwise @p op over the non-overlapping tiles of @p plan (or once, for a whole

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The exception types of vibespatial-raster.
 //
-// - CudaError: a CUDA driver call failed. Carries the CUresult value and its name.
+// - CudaError: a CUDA driver call (or a runtime call of the device ops) failed. Carries the
+//   CUresult value and its name (and the cudaError_t of a failed runtime call).
 // - DriverUnavailableError: there is no usable driver (no library, no device, cuInit failed).
 // - OutOfMemoryError: the device (or the pool's budget) cannot satisfy a request even after the
 //   pool's recovery chain. Derives from std::bad_alloc so generic handlers catch it.
@@ -15,24 +16,38 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace vibespatial::raster {
 
-/// A CUDA driver call failed.
-/// `code()` is the CUresult value (compare it with the CUDA_ERROR_* enumerators of <cuda.h>),
-/// `name()` its enumerator name, e.g. "CUDA_ERROR_INVALID_VALUE". `what()` also names the call
-/// and the source location.
+/// A CUDA driver call, or a CUDA runtime call of the band operations' device backend, failed.
+/// `code()` is always a CUresult value (compare it with the CUDA_ERROR_* enumerators of
+/// <cuda.h>). For a failed runtime call (Thrust, CUB, a kernel launch) `runtime_code()` is the
+/// cudaError_t value, `code()` the CUresult meaning the same (CUDA_ERROR_UNKNOWN where none does)
+/// and `name()` the runtime's name ("cudaErrorInvalidConfiguration"); for a driver call
+/// `runtime_code()` is 0 and `name()` the CUresult's name. `what()` names the operation or call
+/// (and, for driver calls, the source location).
 class VSR_EXPORT CudaError : public std::runtime_error {
  public:
   CudaError(int code, std::string name, const std::string& what);
-  /// The CUresult value of the failed call.
+  /// A failed CUDA runtime call: @p code the corresponding CUresult, @p name the cudaError_t's
+  /// name, @p runtime_code the cudaError_t value (non-zero).
+  CudaError(int code, std::string name, const std::string& what, int runtime_code)
+      : CudaError(code, std::move(name), what) {
+    runtime_code_ = runtime_code;
+  }
+  /// The CUresult value of the failed call (for runtime errors: its CUresult translation).
   int code() const noexcept { return code_; }
-  /// The CUresult's enumerator name ("CUDA_ERROR_OUT_OF_MEMORY"), or "CUresult(<n>)".
+  /// The CUresult's enumerator name ("CUDA_ERROR_OUT_OF_MEMORY"), or "CUresult(<n>)"; for a
+  /// failed runtime call the cudaError_t's name ("cudaErrorLaunchFailure").
   const std::string& name() const noexcept { return name_; }
+  /// The cudaError_t value of a failed CUDA runtime call; 0 when a driver call failed.
+  int runtime_code() const noexcept { return runtime_code_; }
 
  private:
   int code_;
   std::string name_;
+  int runtime_code_ = 0;
 };
 
 /// There is no usable CUDA driver: the library named by VIBESPATIAL_CUDA_DRIVER (default

@@ -21,6 +21,14 @@
 // round exactly as on the host: integer results and counts are equal on both backends, floating
 // results of elementwise ops too; statistics differ only by summation order.
 //
+// Streams: the forms without a stream queue their device work on the legacy default stream; each
+// operation also has a form taking the CUstream to queue it on (see "Stream forms" below).
+//
+// Errors on the device: a failing driver or runtime call, a kernel launch error or a full device
+// reaches the caller as CudaError (code() a CUresult; runtime_code() the cudaError_t of a failed
+// runtime call) or OutOfMemoryError, whose message names the operation; a failure never leaves
+// the CUDA runtime's error state behind for the next operation.
+//
 // This header includes no Thrust, CUB or CUDA header.
 #pragma once
 
@@ -29,6 +37,9 @@
 
 #include <cstdint>
 #include <vector>
+
+// CUstream, exactly as <cuda.h> declares it, so this header needs no CUDA headers.
+typedef struct CUstream_st* CUstream;  // NOLINT(modernize-use-using)
 
 namespace vibespatial::raster {
 
@@ -60,8 +71,9 @@ VSR_EXPORT bool ops_built_with_cuda() noexcept;
 /**
  * @brief Per-band count, min, max, mean and population std (ddof = 0) of the valid pixels.
  * @return one entry per band, in band order.
+ * On the device each band is reduced across the whole device (one reduction per band).
  * @throws std::runtime_error for a device raster in a build without CUDA; CudaError /
- *         OutOfMemoryError from the device backend.
+ *         OutOfMemoryError from the device backend (the message names the operation).
  */
 VSR_EXPORT std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster);
 
@@ -114,7 +126,8 @@ VSR_EXPORT OwnedRasterArray normalized_difference(const OwnedRasterArray& a,
  * for v == upper; values outside [lower, upper] are not counted.
  * @return counts[band][bin].
  * @throws std::invalid_argument if @p bins < 1, a bound is not finite, @p lower >= @p upper, or
- *         band_count * bins exceeds 2^31 - 1; std::runtime_error as band_statistics.
+ *         band_count * bins exceeds 2^31 - 2 (the device counts band_count * bins + 1 levels in
+ *         an int); std::runtime_error as band_statistics.
  */
 VSR_EXPORT std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster,
                                                             int bins, double lower, double upper);
@@ -158,6 +171,50 @@ VSR_EXPORT void normalized_difference_into(const OwnedRasterArray& a, const Owne
                                            OwnedRasterArray& out);
 VSR_EXPORT void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge,
                                     OwnedRasterArray& out);
+/// @}
+
+/// @name Stream forms
+/// Each operation with the CUstream its device work is queued on (a stream of the device's
+/// primary context; nullptr is the legacy default stream, which the forms above use). Results
+/// are those of the forms above. For a device raster:
+/// - the input must be ready in @p stream's order (written earlier on @p stream, or ordered
+///   before it with an event);
+/// - a raster result is returned as soon as its work is queued: its pixels are valid in
+///   @p stream's order. band_statistics and histogram wait for @p stream and return results;
+/// - temporaries come from the pool and are freed in @p stream's order. Output rasters are
+///   allocated as every device raster is (OwnedRasterArray::allocate, pool memory for the legacy
+///   default stream), so on a non-blocking @p stream the caller orders @p stream after the work
+///   queued on the legacy default stream before the call (an event recorded there), and keeps
+///   an output alive until @p stream's work on it is done, as dispatch_per_band_gpu does.
+/// For a host raster @p stream is ignored. Throws as the forms above.
+/// @{
+VSR_EXPORT std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster,
+                                                       CUstream stream);
+VSR_EXPORT OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double in_max,
+                                    double out_min, double out_max, DType out_dtype,
+                                    CUstream stream);
+VSR_EXPORT OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper,
+                                 CUstream stream);
+VSR_EXPORT OwnedRasterArray fill_nodata(const OwnedRasterArray& raster, double value,
+                                        CUstream stream);
+VSR_EXPORT OwnedRasterArray normalized_difference(const OwnedRasterArray& a,
+                                                  const OwnedRasterArray& b, CUstream stream);
+VSR_EXPORT std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster,
+                                                            int bins, double lower, double upper,
+                                                            CUstream stream);
+VSR_EXPORT OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster, EdgeMode edge,
+                                           CUstream stream);
+VSR_EXPORT void rescale_into(const OwnedRasterArray& raster, double in_min, double in_max,
+                             double out_min, double out_max, OwnedRasterArray& out,
+                             CUstream stream);
+VSR_EXPORT void clip_into(const OwnedRasterArray& raster, double lower, double upper,
+                          OwnedRasterArray& out, CUstream stream);
+VSR_EXPORT void fill_nodata_into(const OwnedRasterArray& raster, double value,
+                                 OwnedRasterArray& out, CUstream stream);
+VSR_EXPORT void normalized_difference_into(const OwnedRasterArray& a, const OwnedRasterArray& b,
+                                           OwnedRasterArray& out, CUstream stream);
+VSR_EXPORT void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge,
+                                    OwnedRasterArray& out, CUstream stream);
 /// @}
 
 }  // namespace vibespatial::raster

@@ -158,6 +158,40 @@ TEST_SUITE("gpu") {
     }
   }
 
+  TEST_CASE("stream forms on a non-blocking stream equal the host") {
+    const auto& api = detail::driver();
+    detail::bind_current_device();
+    CUstream s = nullptr;
+    REQUIRE(api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    for (DType dt : {DType::uint8, DType::int16, DType::float32, DType::float64}) {
+      CAPTURE(to_string(dt));
+      const auto host = make(dt, 4, 509, 1021, 4321);
+      const auto dev = on_device(host);
+      REQUIRE(api.cuCtxSynchronize() == CUDA_SUCCESS);  // dev was written on the legacy stream
+      int bad = 0;
+      const auto r = rescale(dev, -1000, 1000, 0, 255, DType::float32, s);
+      const auto f = focal_mean_3x3(dev, EdgeMode::reflect, s);
+      auto into = OwnedRasterArray::allocate(Residency::device, dt, 4, 509, 1021);
+      REQUIRE(api.cuCtxSynchronize() == CUDA_SUCCESS);  // into comes from the legacy stream's pool
+      clip_into(dev, -500.5, 20000, into, s);
+      REQUIRE(api.cuStreamSynchronize(s) == CUDA_SUCCESS);
+      CHECK_MESSAGE(same_pixels(rescale(host, -1000, 1000, 0, 255, DType::float32), r, bad),
+                    "rescale: ", bad);
+      CHECK_MESSAGE(same_pixels(focal_mean_3x3(host, EdgeMode::reflect), f, bad), "focal: ", bad);
+      CHECK_MESSAGE(same_pixels(clip(host, -500.5, 20000), into, bad), "clip_into: ", bad);
+      const auto sh = band_statistics(host), sd = band_statistics(dev, s);
+      for (int b = 0; b < 4; ++b) {
+        const auto &x = sh[static_cast<std::size_t>(b)], &y = sd[static_cast<std::size_t>(b)];
+        CHECK(x.count == y.count);
+        CHECK(x.min == y.min);
+        CHECK(x.max == y.max);
+        CHECK(y.mean == doctest::Approx(x.mean).epsilon(1e-9).scale(x.max - x.min));
+      }
+      CHECK(histogram(host, 128, -1e5, 1e5) == histogram(dev, 128, -1e5, 1e5, s));
+    }
+    REQUIRE(api.cuStreamDestroy(s) == CUDA_SUCCESS);
+  }
+
   TEST_CASE("a pool pointer is used by a Thrust kernel; the pool counts the temporaries") {
     const auto before = memory_pool_stats();
     bool ok = false;

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+// How the band operations report errors: bad arguments the device path cannot take, and device
+// errors as typed errors that name the operation (on the host emulator: in a CUDA build the CUDA
+// runtime finds no driver here, a real, deterministic device error).
+#include "memory/pool_fixture.hpp"
+#include "ops/runtime_errors.hpp"
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/errors.hpp>
+#include <vibespatial/raster/ops.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace vibespatial::raster;
+using namespace vsr_test;
+
+namespace {
+
+OwnedRasterArray device_raster(int bands, std::int64_t h, std::int64_t w) {
+  std::vector<float> v(static_cast<std::size_t>(bands * h * w), 1.5f);
+  auto r = OwnedRasterArray::from_host(v.data(), DType::float32, bands, h, w);
+  r.move_to(Residency::device);
+  return r;
+}
+
+/// What @p f threw: "CudaError <runtime code>: <what>", "OutOfMemoryError: ...", or another type.
+std::string thrown(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const CudaError& e) {
+    return "CudaError " + std::to_string(e.runtime_code()) + ": " + e.what();
+  } catch (const OutOfMemoryError& e) {
+    return std::string("OutOfMemoryError: ") + e.what();
+  } catch (const std::exception& e) {
+    return std::string("other: ") + e.what();
+  }
+  return "nothing";
+}
+
+}  // namespace
+
+TEST_SUITE("ops-errors") {
+  TEST_CASE("histogram: bands * bins must leave room for one more level (2^31 - 2 at most)") {
+    const std::uint8_t px = 0;
+    const auto r = OwnedRasterArray::from_host(&px, DType::uint8, 1, 1, 1);
+    // 1 * (2^31 - 1) bins: the device histogram's bands * bins + 1 levels would overflow int.
+    CHECK_THROWS_WITH_AS(histogram(r, std::numeric_limits<std::int32_t>::max(), 0, 1),
+                         doctest::Contains("bins"), std::invalid_argument);
+    const auto r2 =
+        OwnedRasterArray::from_host(std::vector<std::uint8_t>(2).data(), DType::uint8, 2, 1, 1);
+    CHECK_THROWS_AS(histogram(r2, 1 << 30, 0, 1), std::invalid_argument);
+    CHECK(histogram(r, 4, 0, 1) == std::vector<std::vector<std::int64_t>>{{1, 0, 0, 0}});
+  }
+
+  TEST_CASE("a device error reaches the caller as a typed error naming the operation") {
+    if (!ops_built_with_cuda()) {
+      MESSAGE("built without CUDA: device rasters are refused before any device work");
+      return;
+    }
+    FreshPool fresh(nullptr, 64 * MiB);
+    const auto dev = device_raster(2, 16, 16);
+    const auto dev2 = device_raster(2, 16, 16);
+    // The CUDA runtime cannot run on the emulator (it looks for the real driver): every op fails
+    // on the device, each with a CudaError carrying the runtime's code and the op's name.
+    const std::vector<std::pair<std::string, std::function<void()>>> ops = {
+        {"statistics", [&] { (void)band_statistics(dev); }},
+        {"rescale", [&] { (void)rescale(dev, 0, 2, 0, 1, DType::float32); }},
+        {"clip", [&] { (void)clip(dev, 0, 1); }},
+        {"fill_nodata", [&] { (void)fill_nodata(dev, 0); }},
+        {"normalized_difference", [&] { (void)normalized_difference(dev, dev2); }},
+        {"histogram", [&] { (void)histogram(dev, 8, 0, 2); }},
+        {"focal_mean_3x3", [&] { (void)focal_mean_3x3(dev); }},
+    };
+    for (const auto& [name, op] : ops) {
+      CAPTURE(name);
+      const std::string what = thrown(op);
+      CAPTURE(what);
+      CHECK(what.rfind("CudaError ", 0) == 0);
+      CHECK(what.find("CudaError 0:") == std::string::npos);  // a runtime error, with its code
+      CHECK(what.find(name) != std::string::npos);
+    }
+    CHECK(memory_pool_stats().current_bytes.value_or(0) == 2 * dev.byte_size());
+  }
+
+  TEST_CASE("out of device memory in an op: OutOfMemoryError naming the operation") {
+    if (!ops_built_with_cuda()) return;
+    FreshPool fresh(nullptr, 16 * MiB);
+    const auto dev = device_raster(1, 1024, 2560);  // 10 MiB of 16: no room for the output
+    const std::string what = thrown([&] { (void)rescale(dev, 0, 2, 0, 1, DType::float32); });
+    CHECK(what.rfind("OutOfMemoryError: ", 0) == 0);
+    CHECK(what.find("rescale") != std::string::npos);
+    CHECK(memory_pool_stats().current_bytes.value_or(0) == dev.byte_size());
+  }
+}
+
+// ---- the CUDA runtime error policy (src/ops/runtime_errors.hpp), against a fake runtime -------
+
+namespace {
+
+/// A fake CUDA runtime: a failed call leaves its error as the "last error", as cudart does;
+/// get_last_error returns and clears it.
+int g_last_error = 0;
+int fake_get_last_error() {
+  const int e = g_last_error;
+  g_last_error = 0;
+  return e;
+}
+const char* fake_name(int code) {
+  switch (code) {
+    case 2:
+      return "cudaErrorMemoryAllocation";
+    case 9:
+      return "cudaErrorInvalidConfiguration";
+    case 35:
+      return "cudaErrorInsufficientDriver";
+    case 719:
+      return "cudaErrorLaunchFailure";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+const char* fake_string(int) {
+  return "fake runtime error";
+}
+constexpr detail::ops::RuntimeErrorApi kFake{&fake_get_last_error, &fake_name, &fake_string};
+
+/// A runtime call that fails with @p code, leaving it as the last error.
+int failing_call(int code) {
+  g_last_error = code;
+  return code;
+}
+
+}  // namespace
+
+TEST_SUITE("ops-errors") {
+  TEST_CASE("runtime errors: CudaError keeps CUresult in code() and the cudaError_t apart") {
+    CHECK(detail::ops::runtime_to_driver_result(0) == CUDA_SUCCESS);
+    CHECK(detail::ops::runtime_to_driver_result(2) == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(detail::ops::runtime_to_driver_result(100) == CUDA_ERROR_NO_DEVICE);
+    CHECK(detail::ops::runtime_to_driver_result(719) == CUDA_ERROR_LAUNCH_FAILED);
+    // Same number, other meaning, or no CUresult at all: never passed through as is.
+    CHECK(detail::ops::runtime_to_driver_result(35) == CUDA_ERROR_SYSTEM_DRIVER_MISMATCH);
+    CHECK(detail::ops::runtime_to_driver_result(98) == CUDA_ERROR_UNKNOWN);
+    CHECK(detail::ops::runtime_to_driver_result(12345) == CUDA_ERROR_UNKNOWN);
+
+    g_last_error = 0;
+    try {
+      detail::ops::check_runtime(kFake, failing_call(9), "rescale: a kernel launch");
+      FAIL("no exception");
+    } catch (const CudaError& e) {
+      CHECK(e.runtime_code() == 9);
+      CHECK(e.code() == CUDA_ERROR_INVALID_VALUE);
+      CHECK(e.name() == "cudaErrorInvalidConfiguration");
+      CHECK(std::string(e.what()).find("rescale: a kernel launch failed") != std::string::npos);
+    }
+    // The failed call's error was read back, so it is not reported again.
+    CHECK(g_last_error == 0);
+    CHECK_NOTHROW(detail::ops::check_launch(kFake, "clip"));
+  }
+
+  TEST_CASE("runtime errors: a launch error is reported once, by the op that queued it") {
+    g_last_error = 719;  // a kernel of the op just queued failed to launch
+    CHECK_THROWS_WITH_AS(detail::ops::check_launch(kFake, "focal_mean_3x3"),
+                         doctest::Contains("focal_mean_3x3"), CudaError);
+    // The next op's check sees a clean runtime (peeking would have thrown 719 again here).
+    CHECK_NOTHROW(detail::ops::check_launch(kFake, "rescale"));
+  }
+
+  TEST_CASE("runtime errors: cudaErrorMemoryAllocation is an OutOfMemoryError") {
+    g_last_error = 0;
+    CHECK_THROWS_WITH_AS(detail::ops::check_runtime(kFake, failing_call(2), "histogram: temp"),
+                         doctest::Contains("histogram"), OutOfMemoryError);
+    CHECK(g_last_error == 0);
+  }
+}
