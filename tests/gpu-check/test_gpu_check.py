@@ -136,6 +136,12 @@ STUBS = {
         case ",$STUB_FAIL," in *,bench-alloc,*) exit 1 ;; esac
         exit 0
         """,
+    "python": """\
+        #!/bin/sh
+        case ",$STUB_FAIL," in *,python,*) echo "5 passed, 1 failed, 0 skipped"; exit 1 ;; esac
+        echo "6 passed, 0 failed, 0 skipped"
+        exit 0
+        """,
 }
 
 failures = []
@@ -239,7 +245,7 @@ with tempfile.TemporaryDirectory() as tmp:
     if data:
         ids = [s["id"] for s in data["steps"]]
         check(ids == ["gpu", "configure", "build", "gpu-suite", "probe", "probe-sticky",
-                      "bench-dispatch", "bench-alloc"], f"pass: step ids {ids}")
+                      "bench-dispatch", "bench-alloc", "python"], f"pass: step ids {ids}")
         check(all(s["status"] == "PASS" for s in data["steps"]),
               f"pass: statuses {[s['status'] for s in data['steps']]}")
         check(data["machine"].get("gpu", "").startswith("NVIDIA H200"), "pass: machine.gpu")
@@ -255,7 +261,7 @@ with tempfile.TemporaryDirectory() as tmp:
               f"pass: dispatch key figure {fig!r}")
     row = table_row(summary, "meson test --suite gpu")
     check(row is not None and row[1] == "PASS", f"pass: table row {row}")
-    check(summary.splitlines()[-9].startswith("step "), "pass: the table's header")
+    check(summary.splitlines()[-10].startswith("step "), "pass: the table's header")
     check(r.stdout.strip().endswith(summary.strip().splitlines()[-1]),
           "pass: the table is the last thing printed")
     import tarfile
@@ -295,7 +301,7 @@ with tempfile.TemporaryDirectory() as tmp:
           f"record --flip-seen: {ct}")
 
     # 3. A failing step makes the exit status 1 (the flags were once set in a subshell and lost).
-    for step in ("probe", "gpu-suite", "bench-alloc", "build"):
+    for step in ("probe", "gpu-suite", "bench-alloc", "build", "python"):
         r, files, summary, data, _ = run_check(tmp, "fail-" + step, STUB_FAIL=step)
         check(r.returncode == 1, f"fail {step}: exit status {r.returncode}, expected 1")
         check(files == EXPECTED_FILES, f"fail {step}: files {files}")
@@ -340,7 +346,8 @@ with tempfile.TemporaryDirectory() as tmp:
     with open(header, "w") as f:
         f.write("// doctest stand-in\n")
     p = subprocess.run([os.path.join(repo8, "tools", "gpu-check"), "--prepare"],
-                       env=dict(os.environ, DOCTEST_HEADER=header), capture_output=True, text=True)
+                       env=dict(os.environ, DOCTEST_HEADER=header, GPU_CHECK_SKIP_WHEELS="1"),
+                       capture_output=True, text=True)
     check(p.returncode == 0, f"prepare: exit {p.returncode}: {p.stderr}")
     check(os.path.exists(os.path.join(repo8, ".carry", "doctest", "doctest", "doctest.h")),
           "prepare: header in .carry/doctest/doctest/")
