@@ -32,6 +32,7 @@ State& st() {
   static State* state = [] {
     auto* s = new State;
     read_env(s->config);
+    s->env_config = s->config;
     for (int i = 0; i < s->config.device_count; ++i) {
       auto d = std::make_unique<Device>();
       d->primary.device = i;

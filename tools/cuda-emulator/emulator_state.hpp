@@ -94,6 +94,7 @@ struct Config {
   double address_space_factor = 0;     // ... this multiple of all devices' memory when > 0
   bool abort_on_misuse = false;        // stale handle or unmap under queued work: abort
   std::map<std::string, std::chrono::nanoseconds> latency;  // per base entry name
+  std::string latency_spec;                                 // as given
 };
 
 bool parse_size(const char* text, size_t* out);
@@ -222,6 +223,7 @@ struct HandleSpace {
 struct State {
   std::mutex mutex;
   Config config;
+  Config env_config;  // as read from the environment (vsr_emu_set_option's "default")
   bool initialized = false;
   bool fail_env_read = false;
   std::vector<std::unique_ptr<Device>> devices;

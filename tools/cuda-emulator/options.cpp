@@ -180,6 +180,42 @@ void spend(std::chrono::nanoseconds d) {
   }
 }
 
+std::string format_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// The value option `name` had in the environment, in set_option's syntax ("" if unknown).
+std::string env_value(const Config& e, std::string_view name) {
+  auto flag = [](bool v) { return std::string(v ? "1" : "0"); };
+  if (name == "DEVICE_MEMORY") return std::to_string(e.device_memory);
+  if (name == "GRANULARITY") return std::to_string(e.granularity);
+  if (name == "RECOMMENDED_GRANULARITY") return std::to_string(e.recommended_granularity);
+  if (name == "CONTEXT_OVERHEAD") {
+    return e.context_overhead_fraction > 0 ? format_double(e.context_overhead_fraction * 100) + "%"
+                                           : std::to_string(e.context_overhead);
+  }
+  if (name == "VMM") return flag(e.vmm);
+  if (name == "MANAGED") return flag(e.managed);
+  if (name == "MEMORY_POOLS") return flag(e.memory_pools);
+  if (name == "SYNC") return flag(e.sync);
+  if (name == "STICKY") return flag(e.sticky);
+  if (name == "ASYNC_DEFAULT_STREAMS") return flag(e.async_default_streams);
+  if (name == "RECYCLE_HANDLES") return flag(e.recycle_handles);
+  if (name == "FREE_NO_SYNC") return flag(e.free_no_sync);
+  if (name == "REQUIRE_CONTEXT") return flag(e.require_context);
+  if (name == "STICKY_VMM") return flag(e.sticky_vmm);
+  if (name == "ABORT_ON_MISUSE") return flag(e.abort_on_misuse);
+  if (name == "MEMINFO_QUANTUM") return std::to_string(e.meminfo_quantum);
+  if (name == "ADDRESS_SPACE") {
+    return e.address_space_factor > 0 ? format_double(e.address_space_factor) + "x"
+                                      : std::to_string(e.address_space);
+  }
+  if (name == "LATENCY") return e.latency_spec;
+  return "";
+}
+
 }  // namespace
 
 size_t page_size() {
@@ -309,7 +345,11 @@ void read_env(Config& c) {
     }
   }
   if (const char* v = std::getenv("VSR_EMU_LATENCY"); v != nullptr) {
-    if (!parse_latency(v, &c.latency)) warn("VSR_EMU_LATENCY");
+    if (parse_latency(v, &c.latency)) {
+      c.latency_spec = v;
+    } else {
+      warn("VSR_EMU_LATENCY");
+    }
   }
 }
 
@@ -400,6 +440,28 @@ VSR_EMU_EXPORT int vsr_emu_set_option(const char* name, const char* value) {
   std::lock_guard lock(s.mutex);
   Config& c = s.config;
   std::string_view n(name);
+  // "default": the value the environment gave (for ADVERSARIAL: every mode it switches).
+  std::string from_env;
+  if (std::string_view(value) == "default") {
+    if (n == "ADVERSARIAL") {
+      const Config& e = s.env_config;
+      c.async_default_streams = e.async_default_streams;
+      c.recycle_handles = e.recycle_handles;
+      c.free_no_sync = e.free_no_sync;
+      c.require_context = e.require_context;
+      c.sticky_vmm = e.sticky_vmm;
+      c.meminfo_quantum = e.meminfo_quantum;
+      c.address_space = e.address_space;
+      c.address_space_factor = e.address_space_factor;
+      // The context overhead goes through the capacity check below.
+      from_env = env_value(e, "CONTEXT_OVERHEAD");
+      n = "CONTEXT_OVERHEAD";
+    } else {
+      from_env = env_value(s.env_config, n);
+      if (from_env.empty() && n != "LATENCY") return CUDA_ERROR_INVALID_VALUE;
+    }
+    value = from_env.c_str();
+  }
   size_t max_charged = 0;
   for (auto& d : s.devices) max_charged = std::max(max_charged, d->charged);
   bool has_linear_kind[3] = {false, false, false};
@@ -442,6 +504,7 @@ VSR_EMU_EXPORT int vsr_emu_set_option(const char* name, const char* value) {
     std::map<std::string, std::chrono::nanoseconds> plan;
     if (!parse_latency(value, &plan)) return CUDA_ERROR_INVALID_VALUE;
     c.latency = std::move(plan);
+    c.latency_spec = value;
     return CUDA_SUCCESS;
   }
   if (n == "ADDRESS_SPACE") {

@@ -111,7 +111,8 @@ unsigned long long vsr_emu_call_count(const char* entry);
  * MEMORY_POOLS, GRANULARITY, RECOMMENDED_GRANULARITY, CONTEXT_OVERHEAD, SYNC, STICKY,
  * ADVERSARIAL (1 turns every [A] mode on, 0 every one off), ASYNC_DEFAULT_STREAMS,
  * RECYCLE_HANDLES, FREE_NO_SYNC, REQUIRE_CONTEXT, STICKY_VMM, MEMINFO_QUANTUM, ADDRESS_SPACE,
- * ABORT_ON_MISUSE, LATENCY ("" clears). Values as for the variables. Returns 0, 1
+ * ABORT_ON_MISUSE, LATENCY ("" clears). Values as for the variables, or "default": the value the
+ * environment gave (ADVERSARIAL "default": every mode it switches). Returns 0, 1
  * (CUDA_ERROR_INVALID_VALUE: unknown name or bad value) or 800 (CUDA_ERROR_NOT_PERMITTED: the
  * change would break live objects, e.g. a capacity below what is charged, a new granularity
  * while VMM allocations exist, VMM off while VMM objects exist). SYNC applies to streams created
