@@ -376,10 +376,10 @@ void sticky_probe(int which) {
   // did their work anyway. Each handle is released once only, whatever the answer.
   CUmemGenericAllocationHandle h2 = 0;
   CUdeviceptr va2 = 0;
-  line("(o) after sticky: cuMemCreate", cu().cuMemCreate(&h2, G, &env().prop, 0), "handle=%llu",
-       static_cast<unsigned long long>(h2));
-  line("(o) after sticky: cuMemAddressReserve", cu().cuMemAddressReserve(&va2, G, 0, 0, 0),
-       "ptr!=0: %d", static_cast<int>(va2 != 0));
+  const CUresult rc = cu().cuMemCreate(&h2, G, &env().prop, 0);
+  line("(o) after sticky: cuMemCreate", rc, "handle=%llu", static_cast<unsigned long long>(h2));
+  const CUresult rr = cu().cuMemAddressReserve(&va2, G, 0, 0, 0);
+  line("(o) after sticky: cuMemAddressReserve", rr, "ptr!=0: %d", static_cast<int>(va2 != 0));
   if (h2 != 0 && va2 != 0) {
     const CUmemAccessDesc rw = access_desc();
     line("(o) after sticky: cuMemMap", cu().cuMemMap(va2, G, 0, h2, 0));
