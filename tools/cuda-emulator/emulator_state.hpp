@@ -83,16 +83,18 @@ struct Config {
   bool sticky = true;
   bool report = false;
   int driver_version = 13000;
-  // Adversarial modes (vsr_emulator.h); VSR_EMU_ADVERSARIAL turns on every one marked [A].
+  // Adversarial modes (vsr_emulator.h); VSR_EMU_ADVERSARIAL turns on every one marked [A] (and
+  // keeps the closed leniencies below on).
   bool async_default_streams = false;  // [A] legacy and per-thread default streams on workers
   bool recycle_handles = false;        // [A] destroyed handle values reused by the next create
   bool free_no_sync = false;           // [A] cuMemFree does not wait for queued work
-  bool require_context = false;        // [A] stream/event calls need a current context
-  bool sticky_vmm = false;             // [A] VMM calls report a pending sticky error
-  size_t meminfo_quantum = 0;          // [A] cuMemGetInfo's free rounded down to this multiple
-  size_t address_space = 0;            // [A] bytes of reservations allowed (0: unlimited), or ...
-  double address_space_factor = 0;     // ... this multiple of all devices' memory when > 0
-  bool abort_on_misuse = false;        // stale handle or unmap under queued work: abort
+  // Closed leniencies: on by default (vsr_emulator.h), and in adversarial mode.
+  bool require_context = true;        // stream/event calls need a current context
+  bool sticky_vmm = true;             // VMM calls report a pending sticky error
+  size_t meminfo_quantum = 2 * kMiB;  // cuMemGetInfo's free rounded down to this multiple
+  size_t address_space = 0;           // [A] bytes of reservations allowed (0: unlimited), or ...
+  double address_space_factor = 0;    // ... this multiple of all devices' memory when > 0
+  bool abort_on_misuse = false;       // stale handle or unmap under queued work: abort
   std::map<std::string, std::chrono::nanoseconds> latency;  // per base entry name
   std::string latency_spec;                                 // as given
 };

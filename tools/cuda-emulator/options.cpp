@@ -111,12 +111,13 @@ bool parse_latency(std::string_view spec, std::map<std::string, std::chrono::nan
 
 // What VSR_EMU_ADVERSARIAL switches (on: the harshest legal driver; off: the defaults).
 void apply_adversarial(Config& c, bool on) {
+  const Config defaults;
   c.async_default_streams = on;
   c.recycle_handles = on;
   c.free_no_sync = on;
-  c.require_context = on;
-  c.sticky_vmm = on;
-  c.meminfo_quantum = on ? 2 * kMiB : 0;
+  c.require_context = on || defaults.require_context;
+  c.sticky_vmm = on || defaults.sticky_vmm;
+  c.meminfo_quantum = std::max(on ? 2 * kMiB : 0, defaults.meminfo_quantum);
   c.address_space = 0;
   c.address_space_factor = on ? 1.5 : 0;
   // Real contexts take hundreds of MiB of an 80 GiB device; a fraction keeps small test devices

@@ -16,9 +16,22 @@
  *   (13000), VSR_EMU_FAIL (fault plan, see vsr_emu_set_fail), VSR_EMU_REPORT (1: print the
  *   outstanding objects to stderr at exit).
  *
+ * Closed leniencies: on by default (a strict choice where the driver's answer is unverified or
+ * where it may not be lenient); 0 reopens each.
+ *   VSR_EMU_REQUIRE_CONTEXT (1) calls on created streams and on events fail with
+ *       CUDA_ERROR_INVALID_CONTEXT on a thread with no current context.
+ *   VSR_EMU_STICKY_VMM (1) once a context holds a sticky error, the VMM calls (reserve, free,
+ *       create, release, map, unmap, set-access, retain) do their work and then return it
+ *       (cuda.h \notefnerr); retrying such a call repeats it.
+ *   VSR_EMU_MEMINFO_QUANTUM (2097152) cuMemGetInfo's free is rounded down to a multiple of this
+ *       many bytes (0: exact to the byte).
+ * Always strict: cuMemUnmap and cuMemSetAccess take only ranges of whole mappings with no gap
+ * inside one reservation; cuMemFree of cuMemAllocAsync memory does not wait for queued work.
+ *
  * Adversarial modes: where the driver's contract leaves a choice, these take the harshest one a
  * real driver may make. Each is off by default; VSR_EMU_ADVERSARIAL=1 turns on every mode marked
- * [A] at once (with the value given), and a mode's own variable, when set, overrides it.
+ * [A] at once (with the value given) and keeps the closed leniencies on; a mode's own variable,
+ * when set, overrides it.
  *   VSR_EMU_ASYNC_DEFAULT_STREAMS [A] the legacy NULL stream runs on one worker per context and
  *       CU_STREAM_PER_THREAD (and the _ptds/_ptsz entries' stream 0) on one worker per thread.
  *       A blocking stream's task waits for the legacy stream's earlier work and a legacy task for
@@ -29,15 +42,8 @@
  *   VSR_EMU_RECYCLE_HANDLES [A] a destroyed stream's (event's) handle value is handed to the
  *       next cuStreamCreate (cuEventCreate) at once, even while its work is still queued, as the
  *       real driver does (RMM #649). Off: values are not reused until 1 Mi handles were made.
- *   VSR_EMU_FREE_NO_SYNC [A] cuMemFree does not wait for queued work (cuMemAllocAsync memory
- *       never does, in any mode).
- *   VSR_EMU_REQUIRE_CONTEXT [A] calls on created streams and on events fail with
- *       CUDA_ERROR_INVALID_CONTEXT on a thread with no current context.
- *   VSR_EMU_STICKY_VMM [A] once a context holds a sticky error, the VMM calls (reserve, free,
- *       create, release, map, unmap, set-access, retain) do their work and then return it
- *       (cuda.h \notefnerr); retrying such a call repeats it.
- *   VSR_EMU_MEMINFO_QUANTUM [A: 2097152] cuMemGetInfo's free is rounded down to a multiple of
- *       this many bytes (0: exact).
+ *   VSR_EMU_FREE_NO_SYNC [A] cuMemFree does not wait for queued work (the driver only "may"
+ *       synchronise).
  *   VSR_EMU_ADDRESS_SPACE [A: 1.5x] cuMemAddressReserve returns CUDA_ERROR_OUT_OF_MEMORY once
  *       live reservations would exceed this many bytes, or "<f>x" times the memory of all
  *       devices (0: unlimited).
@@ -109,7 +115,8 @@ unsigned long long vsr_emu_call_count(const char* entry);
 
 /* Changes one option at run time; `name` without the VSR_EMU_ prefix: DEVICE_MEMORY, VMM, MANAGED,
  * MEMORY_POOLS, GRANULARITY, RECOMMENDED_GRANULARITY, CONTEXT_OVERHEAD, SYNC, STICKY,
- * ADVERSARIAL (1 turns every [A] mode on, 0 every one off), ASYNC_DEFAULT_STREAMS,
+ * ADVERSARIAL (1 turns every [A] mode on, 0 puts every mode back to its default),
+ * ASYNC_DEFAULT_STREAMS,
  * RECYCLE_HANDLES, FREE_NO_SYNC, REQUIRE_CONTEXT, STICKY_VMM, MEMINFO_QUANTUM, ADDRESS_SPACE,
  * ABORT_ON_MISUSE, LATENCY ("" clears). Values as for the variables, or "default": the value the
  * environment gave (ADVERSARIAL "default": every mode it switches). Returns 0, 1

@@ -730,3 +730,20 @@ TEST_CASE("modes: ADVERSARIAL switches every adversarial mode; 'default' restore
   CHECK((describe().find(all_on) != std::string::npos) == from_env);
   CHECK(d.set_option("ADVERSARIAL", "maybe") == CUDA_ERROR_INVALID_VALUE);
 }
+
+TEST_CASE("modes: the closed leniencies are on by default") {
+  use_device();
+  for (const char* var :
+       {"VSR_EMU_REQUIRE_CONTEXT", "VSR_EMU_STICKY_VMM", "VSR_EMU_MEMINFO_QUANTUM"}) {
+    if (std::getenv(var) != nullptr) {
+      MESSAGE(var << " is set: the defaults are not what this run sees");
+      return;
+    }
+  }
+  CHECK(describe().find("require_context=1 sticky_vmm=1 meminfo_quantum=2097152") !=
+        std::string::npos);
+  Options opt;
+  opt.set("ADVERSARIAL", "0");  // back to the defaults: still on
+  CHECK(describe().find("require_context=1 sticky_vmm=1 meminfo_quantum=2097152") !=
+        std::string::npos);
+}
