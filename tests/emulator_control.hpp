@@ -18,6 +18,9 @@ struct Emulator {
   decltype(&vsr_emu_call_count) call_count = nullptr;
   decltype(&vsr_emu_set_option) set_option = nullptr;
   decltype(&vsr_emu_stream_pause) stream_pause = nullptr;
+  /// Host threads blocked in the emulator until stream work completes (nullptr: an emulator
+  /// older than this API).
+  decltype(&vsr_emu_waiting_threads) waiting_threads = nullptr;
 
   /// Everything still outstanding on all devices.
   vsr_emu_outstanding outstanding() const {
@@ -40,6 +43,8 @@ inline const Emulator& emulator() {
     x.call_count = reinterpret_cast<decltype(x.call_count)>(dlsym(h, "vsr_emu_call_count"));
     x.set_option = reinterpret_cast<decltype(x.set_option)>(dlsym(h, "vsr_emu_set_option"));
     x.stream_pause = reinterpret_cast<decltype(x.stream_pause)>(dlsym(h, "vsr_emu_stream_pause"));
+    x.waiting_threads =
+        reinterpret_cast<decltype(x.waiting_threads)>(dlsym(h, "vsr_emu_waiting_threads"));
     if (!x.query_outstanding || !x.set_fail || !x.call_count || !x.set_option || !x.stream_pause) {
       throw std::runtime_error(std::string(path) + " is not the vibespatial-raster emulator");
     }

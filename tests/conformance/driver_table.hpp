@@ -58,6 +58,8 @@ namespace vsr_conf {
   X(cuStreamSynchronize, cuStreamSynchronize, 2000)                                        \
   X(cuStreamQuery, cuStreamQuery, 2000)                                                    \
   X(cuStreamDestroy, cuStreamDestroy_v2, 4000)                                             \
+  X(cuStreamWaitEvent, cuStreamWaitEvent, 3020)                                            \
+  X(cuLaunchHostFunc, cuLaunchHostFunc, 10000)                                             \
   X(cuEventCreate, cuEventCreate, 2000)                                                    \
   X(cuEventRecord, cuEventRecord, 2000)                                                    \
   X(cuEventQuery, cuEventQuery, 2000)                                                      \

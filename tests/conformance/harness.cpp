@@ -2,6 +2,7 @@
 #include "harness.hpp"
 
 #include <cstdlib>
+#include <set>
 
 namespace vsr_conf {
 
@@ -38,6 +39,48 @@ void check_free_delta(std::size_t before, std::size_t after, long long expected,
   const long long slack = 2 * static_cast<long long>(env().gran);
   INFO("step: " << step << ", free delta " << delta << " expected " << expected << " +- " << slack);
   CHECK(std::llabs(delta - expected) <= slack);
+}
+
+namespace {
+
+std::mutex g_cases_mutex;
+std::string g_current;
+std::set<std::string> g_not_applicable;
+
+}  // namespace
+
+void set_current_case(const std::string& name) {
+  std::lock_guard lock(g_cases_mutex);
+  g_current = name;
+}
+
+void mark_not_applicable() {
+  std::lock_guard lock(g_cases_mutex);
+  g_not_applicable.insert(g_current);
+}
+
+bool was_not_applicable(const std::string& name) {
+  std::lock_guard lock(g_cases_mutex);
+  return g_not_applicable.count(name) != 0;
+}
+
+Watchdog::Watchdog(std::chrono::seconds limit, std::function<void()> on_fire) {
+  thread_ = std::thread([this, limit, on_fire = std::move(on_fire)] {
+    std::unique_lock lock(mutex_);
+    if (cv_.wait_for(lock, limit, [this] { return done_; })) return;
+    fired_ = true;
+    lock.unlock();
+    on_fire();
+  });
+}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
 }
 
 }  // namespace vsr_conf

@@ -8,7 +8,12 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -68,7 +73,54 @@ void on_fresh_thread(F f) {
 // tables, and free memory is racy across processes (semantics §3.3, §9.1).
 void check_free_delta(std::size_t before, std::size_t after, long long expected, const char* step);
 
+// The doctest case now running (set by the table listener in main.cpp).
+void set_current_case(const std::string& name);
+// Marks the running case "not applicable": the table reports it as SKIP, never PASS.
+void mark_not_applicable();
+bool was_not_applicable(const std::string& name);
+
+// Fails a case that hangs instead of blocking the run: unless disarmed (destructor) within
+// `limit`, it calls `on_fire` once (which should release whatever holds the case) and fired()
+// turns true. The limit only bounds a hang; no assertion depends on timing.
+class Watchdog {
+ public:
+  Watchdog(std::chrono::seconds limit, std::function<void()> on_fire);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  bool fired() const { return fired_.load(); }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::atomic<bool> fired_{false};
+  std::thread thread_;
+};
+
+// A host function (cuLaunchHostFunc) that spins until released, holding its stream. It makes no
+// CUDA call (host functions may not).
+struct SpinHold {
+  std::atomic<bool> released{false};
+  std::atomic<bool> started{false};
+  std::thread::id ran_on;
+  static void CUDA_CB run(void* self) {
+    auto* h = static_cast<SpinHold*>(self);
+    h->ran_on = std::this_thread::get_id();
+    h->started = true;
+    while (!h->released.load()) std::this_thread::yield();
+  }
+};
+
 }  // namespace vsr_conf
+
+// Returns from the running case, which the table then reports as SKIP with the reason logged.
+#define VSR_CONF_NOT_APPLICABLE(why)           \
+  do {                                         \
+    ::vsr_conf::mark_not_applicable();         \
+    MESSAGE("not applicable (SKIP): " << why); \
+    return;                                    \
+  } while (false)
 
 #define VSR_CU_IS(expected, call) CHECK_EQ(::vsr_conf::error_name(call), std::string(#expected))
 #define VSR_CU_REQUIRE_OK(call) \

@@ -146,7 +146,7 @@ int start_driver() {
 
 bool selected(const CaseInfo& c, const Options& o, bool real_driver) {
   if ((c.kind == Kind::sticky) != o.sticky) return false;
-  if (!o.strict && !asserted_by_default(c.evidence)) return false;
+  if (!o.strict && !asserted_by_default(c)) return false;
   // Undefined behaviour on the real driver (semantics §9.3): never, even with --strict.
   if (c.kind == Kind::ub && real_driver) return false;
   return true;
@@ -169,12 +169,14 @@ struct TableListener : doctest::IReporter {
   void test_run_end(const doctest::TestRunStats&) override {}
   void test_case_start(const doctest::TestCaseData& tc) override {
     current_ = tc.m_name;
+    set_current_case(current_);
     if (find_case(current_) == nullptr) unlisted().push_back(current_);
   }
   void test_case_reenter(const doctest::TestCaseData&) override {}
   void test_case_end(const doctest::CurrentTestCaseStats& st) override {
     const bool pass = st.testCaseSuccess && st.numAssertsFailedCurrentTest == 0;
-    results()[current_] = pass ? "PASS" : "FAIL";
+    // A case that returned early as not applicable is a SKIP, never a PASS.
+    results()[current_] = !pass ? "FAIL" : was_not_applicable(current_) ? "SKIP" : "PASS";
   }
   void test_case_exception(const doctest::TestCaseException&) override {
     results()[current_] = "FAIL";
@@ -194,10 +196,11 @@ struct TableListener : doctest::IReporter {
 // The closing table; returns false when a selected case did not run or a test is unlisted.
 bool print_table(const Options& o, bool real_driver) {
   bool complete = true;
-  std::printf("\n%-46s %-8s %-8s %-11s %s\n", "case", "section", "evidence", "seen_on_gpu",
+  std::printf("\n%-46s %-8s %-11s %-11s %s\n", "case", "section", "evidence", "seen_on_gpu",
               "result");
   int pass = 0;
   int fail = 0;
+  int skip = 0;
   int not_selected = 0;
   for (const CaseInfo& c : all_cases()) {
     if (!selected(c, o, real_driver)) {
@@ -208,18 +211,22 @@ bool print_table(const Options& o, bool real_driver) {
     std::string result = it != results().end() ? it->second : "NOT RUN";
     if (result == "PASS") ++pass;
     if (result == "FAIL") ++fail;
+    if (result == "SKIP") ++skip;
     if (result == "NOT RUN" && !o.user_filter) complete = false;
-    std::printf("%-46.*s %-8.*s %-8.*s %-11s %s\n", static_cast<int>(c.name.size()), c.name.data(),
-                static_cast<int>(c.section.size()), c.section.data(),
-                static_cast<int>(evidence_name(c.evidence).size()),
-                evidence_name(c.evidence).data(), c.seen_on_gpu ? "yes" : "no", result.c_str());
+    const std::string evidence =
+        std::string(evidence_name(c.evidence)) + (c.strict_only ? " (s)" : "");
+    std::printf("%-46.*s %-8.*s %-11s %-11s %s\n", static_cast<int>(c.name.size()), c.name.data(),
+                static_cast<int>(c.section.size()), c.section.data(), evidence.c_str(),
+                c.seen_on_gpu ? "yes" : "no", result.c_str());
   }
   for (const std::string& u : unlisted()) {
-    std::printf("%-46s %-8s %-8s %-11s %s\n", u.c_str(), "?", "?", "?", "NOT IN case_table.cpp");
+    std::printf("%-46s %-8s %-11s %-11s %s\n", u.c_str(), "?", "?", "?", "NOT IN case_table.cpp");
     complete = false;
   }
-  std::printf("%d passed, %d failed, %d not selected in this mode (%s%s)\n", pass, fail,
-              not_selected, o.sticky ? "sticky" : "default", o.strict ? ", strict" : "");
+  std::printf(
+      "%d passed, %d failed, %d skipped (not applicable), %d not selected in this mode "
+      "(%s%s); (s) = strict-only\n",
+      pass, fail, skip, not_selected, o.sticky ? "sticky" : "default", o.strict ? ", strict" : "");
   return complete;
 }
 
@@ -242,6 +249,8 @@ int run_cases(const Options& o, const std::string& only, bool table) {
   int rc = ctx.run();
   if (ctx.shouldExit()) return rc;
   if (table && !print_table(o, env().real_driver)) rc = rc == 0 ? 1 : rc;
+  // A sticky child whose one case was not applicable reports SKIP to the parent.
+  if (!only.empty() && rc == 0 && was_not_applicable(only)) return kSkip;
   return rc;
 }
 
@@ -252,7 +261,7 @@ int run_sticky(const Options& o) {
   bool all_skipped = true;
   for (const CaseInfo& c : all_cases()) {
     if (c.kind != Kind::sticky) continue;
-    if (!o.strict && !asserted_by_default(c.evidence)) continue;
+    if (!o.strict && !asserted_by_default(c)) continue;
     std::fflush(nullptr);
     const pid_t pid = fork();
     if (pid < 0) {

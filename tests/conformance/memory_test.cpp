@@ -82,8 +82,7 @@ TEST_CASE("free.bad_pointers") {
 
 TEST_CASE("managed.alloc") {
   if (attribute(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY) != 1) {
-    MESSAGE("managed memory not supported on this device: case not applicable");
-    return;
+    VSR_CONF_NOT_APPLICABLE("managed memory not supported on this device");
   }
   CUdeviceptr p = 0;
   VSR_CU_REQUIRE_OK(cu().cuMemAllocManaged(&p, 1 << 20, CU_MEM_ATTACH_GLOBAL));
@@ -99,8 +98,7 @@ TEST_CASE("managed.alloc") {
 
 TEST_CASE("async.alloc_free") {
   if (attribute(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) != 1) {
-    MESSAGE("memory pools not supported on this device: case not applicable");
-    return;
+    VSR_CONF_NOT_APPLICABLE("memory pools not supported on this device");
   }
   CUstream s = nullptr;
   VSR_CU_REQUIRE_OK(cu().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));

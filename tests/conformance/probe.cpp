@@ -266,6 +266,73 @@ void probe_free_and_streams() {
   }
 }
 
+// Spans across the boundary of two adjacent reservations, each mapped at the seam (§4 invariant
+// 1; the emulator rejects them).
+void probe_spans() {
+  const std::size_t G = env().gran;
+  CUdeviceptr area = 0;
+  if (cu().cuMemAddressReserve(&area, 4 * G, 0, 0, 0) != CUDA_SUCCESS) return;
+  cu().cuMemAddressFree(area, 4 * G);
+  CUdeviceptr a = 0;
+  CUdeviceptr b = 0;
+  cu().cuMemAddressReserve(&a, 2 * G, 0, area, 0);
+  cu().cuMemAddressReserve(&b, 2 * G, 0, a + 2 * G, 0);
+  if (a == 0 || b != a + 2 * G) {
+    std::printf("(m) spans across reservations: hints not honoured, not probed\n");
+  } else {
+    CUmemGenericAllocationHandle ha = 0;
+    CUmemGenericAllocationHandle hb = 0;
+    cu().cuMemCreate(&ha, G, &env().prop, 0);
+    cu().cuMemCreate(&hb, G, &env().prop, 0);
+    const CUmemAccessDesc rw = access_desc();
+    cu().cuMemMap(a + G, G, 0, ha, 0);
+    cu().cuMemMap(b, G, 0, hb, 0);
+    line("(m) setaccess spanning adjacent reservations", cu().cuMemSetAccess(a + G, 2 * G, &rw, 1));
+    const CUresult r = cu().cuMemUnmap(a + G, 2 * G);
+    line("(m) unmap spanning adjacent reservations", r);
+    if (r != CUDA_SUCCESS) {
+      cu().cuMemUnmap(a + G, G);
+      cu().cuMemUnmap(b, G);
+    }
+    cu().cuMemRelease(ha);
+    cu().cuMemRelease(hb);
+  }
+  if (b != 0) cu().cuMemAddressFree(b, 2 * G);
+  if (a != 0) cu().cuMemAddressFree(a, 2 * G);
+}
+
+// Calls on a created stream and an event from a thread with no current context (§1.2; the
+// emulator's REQUIRE_CONTEXT mode says INVALID_CONTEXT).
+void probe_stream_no_context() {
+  CUstream s = nullptr;
+  CUevent e = nullptr;
+  if (cu().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return;
+  if (cu().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    cu().cuStreamDestroy(s);
+    return;
+  }
+  bool stream_gone = false;
+  bool event_gone = false;
+  std::thread t([&] {
+    line("(n) noctx cuStreamQuery(created)", cu().cuStreamQuery(s));
+    line("(n) noctx cuStreamSynchronize(created)", cu().cuStreamSynchronize(s));
+    line("(n) noctx cuEventRecord(e, created)", cu().cuEventRecord(e, s));
+    line("(n) noctx cuEventQuery", cu().cuEventQuery(e));
+    line("(n) noctx cuEventSynchronize", cu().cuEventSynchronize(e));
+    line("(n) noctx cuStreamWaitEvent(created, e)", cu().cuStreamWaitEvent(s, e, 0));
+    line("(n) noctx cuStreamSynchronize(NULL)", cu().cuStreamSynchronize(nullptr));
+    const CUresult re = cu().cuEventDestroy(e);
+    line("(n) noctx cuEventDestroy", re);
+    event_gone = re == CUDA_SUCCESS;
+    const CUresult rs = cu().cuStreamDestroy(s);
+    line("(n) noctx cuStreamDestroy", rs);
+    stream_gone = rs == CUDA_SUCCESS;
+  });
+  t.join();
+  if (!event_gone) cu().cuEventDestroy(e);
+  if (!stream_gone) cu().cuStreamDestroy(s);
+}
+
 // §10 h: one device access to unusable VA, then what the context says afterwards.
 void sticky_probe(int which) {
   const std::size_t G = env().gran;
@@ -290,6 +357,10 @@ void sticky_probe(int which) {
       label = "(h) HtoD into mapped-without-access";
       r = cu().cuMemcpyHtoD(va, buf, sizeof buf);
       break;
+    case 4:
+      label = "(o) memsetD8 into mapped-without-access, then VMM calls";
+      r = cu().cuMemsetD8(va, 0, 16);
+      break;
     default:
       label = "(h) memsetD8 into mapped-without-access";
       r = cu().cuMemsetD8(va, 0, 16);
@@ -300,6 +371,26 @@ void sticky_probe(int which) {
   CUdeviceptr p = 0;
   line("    then cuMemAlloc", cu().cuMemAlloc(&p, 1024));
   line("    then cuCtxSynchronize again", cu().cuCtxSynchronize());
+  if (which != 4) return;
+  // VMM calls after the sticky error (cuda.h \notefnerr): which report it, and whether they
+  // did their work anyway. Each handle is released once only, whatever the answer.
+  CUmemGenericAllocationHandle h2 = 0;
+  CUdeviceptr va2 = 0;
+  const CUresult rc = cu().cuMemCreate(&h2, G, &env().prop, 0);
+  line("(o) after sticky: cuMemCreate", rc, "handle=%llu", static_cast<unsigned long long>(h2));
+  const CUresult rr = cu().cuMemAddressReserve(&va2, G, 0, 0, 0);
+  line("(o) after sticky: cuMemAddressReserve", rr, "ptr!=0: %d", static_cast<int>(va2 != 0));
+  if (h2 != 0 && va2 != 0) {
+    const CUmemAccessDesc rw = access_desc();
+    line("(o) after sticky: cuMemMap", cu().cuMemMap(va2, G, 0, h2, 0));
+    line("(o) after sticky: cuMemSetAccess", cu().cuMemSetAccess(va2, G, &rw, 1));
+    line("(o) after sticky: cuMemUnmap", cu().cuMemUnmap(va2, G));
+    line("(o) after sticky: cuMemUnmap again (was it unmapped?)", cu().cuMemUnmap(va2, G));
+  }
+  if (h2 != 0) line("(o) after sticky: cuMemRelease", cu().cuMemRelease(h2));
+  if (va2 != 0) line("(o) after sticky: cuMemAddressFree", cu().cuMemAddressFree(va2, G));
+  line("(o) after sticky: cuMemUnmap of the mapping made before", cu().cuMemUnmap(va, G));
+  line("(o) after sticky: cuMemRelease of the handle made before", cu().cuMemRelease(h));
 }
 
 }  // namespace
@@ -313,13 +404,15 @@ int run_probe() {
   probe_granularity();
   probe_reserve();
   probe_free_and_streams();
+  probe_stream_no_context();
   probe_map_access_unmap();
+  probe_spans();
   return 0;
 }
 
 int run_probe_sticky(int (*start_driver)()) {
   int last = 0;
-  for (int which = 0; which < 4; ++which) {
+  for (int which = 0; which < 5; ++which) {
     std::fflush(nullptr);
     const pid_t pid = fork();
     if (pid < 0) return 1;

@@ -4,10 +4,12 @@
 
 namespace vsr_conf {
 
-// Safe probes (§10 a–g, i–k) in this process; the driver is already started.
+// Safe probes (§10 a–g, i–k; (m) spans across reservations, (n) stream and event calls with no
+// context) in this process; the driver is already started.
 int run_probe();
 
-// §10 h: one child process per sticky probe; start_driver runs in each child.
+// §10 h, and (o) VMM calls after a sticky error: one child process per sticky probe;
+// start_driver runs in each child.
 int run_probe_sticky(int (*start_driver)());
 
 }  // namespace vsr_conf

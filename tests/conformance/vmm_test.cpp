@@ -584,4 +584,95 @@ TEST_CASE("vmm.context_free") {
   });
 }
 
+TEST_CASE("reserve.pool_region_sizes") {
+  // The pool reserves max(2 x device memory, request) per large region and the device's size per
+  // small region (src/memory/vmm_pool.cpp, add_region), several at once; every granule of both
+  // must be mappable. Real drivers grant such reservations (semantics §3.4.2: PyTorch, llama.cpp).
+  std::size_t total = 0;
+  VSR_CU_REQUIRE_OK(cu().cuDeviceTotalMem(&total, env().dev));
+  const std::size_t G = env().gran;
+  const std::size_t large = (2 * total + G - 1) / G * G;
+  const std::size_t small = (total + G - 1) / G * G;
+  CUdeviceptr big = 0;
+  const CUresult r = cu().cuMemAddressReserve(&big, large, 0, 0, 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && !env().real_driver) {
+    VSR_CONF_NOT_APPLICABLE("the emulator's address space is limited (VSR_EMU_ADDRESS_SPACE)");
+  }
+  VSR_CU_REQUIRE_OK(r);
+  CUdeviceptr little = 0;
+  const CUresult r2 = cu().cuMemAddressReserve(&little, small, 0, 0, 0);
+  if (r2 == CUDA_ERROR_OUT_OF_MEMORY && !env().real_driver) {
+    VSR_CU_IS(CUDA_SUCCESS, cu().cuMemAddressFree(big, large));
+    VSR_CONF_NOT_APPLICABLE("the emulator's address space is limited (VSR_EMU_ADDRESS_SPACE)");
+  }
+  VSR_CU_REQUIRE_OK(r2);
+  // The last granule of each region, and the first of the large one, take a mapping.
+  const CUmemGenericAllocationHandle h = create(G);
+  for (CUdeviceptr at : {big, big + large - G, little + small - G}) {
+    VSR_CU_REQUIRE_OK(cu().cuMemMap(at, G, 0, h, 0));
+    set_access(at, G);
+    check_roundtrip(at + G - 512, at + G - 512, 512, 7);
+    VSR_CU_IS(CUDA_SUCCESS, cu().cuMemUnmap(at, G));
+  }
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemRelease(h));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemAddressFree(little, small));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemAddressFree(big, large));
+}
+
+TEST_CASE("access.reset_after_unmap_and_remap") {
+  // cuda.h (cuMemUnmap): "Any new mapping to this virtual address will need to have access
+  // granted through cuMemSetAccess, as all mappings start with no accessibility setup."
+  const std::size_t G = env().gran;
+  const CUdeviceptr va = reserve(G);
+  const CUmemGenericAllocationHandle h1 = create(G);
+  const CUmemGenericAllocationHandle h2 = create(G);
+  const CUmemLocation loc = device_location();
+  unsigned long long flags = 77;
+  VSR_CU_REQUIRE_OK(cu().cuMemMap(va, G, 0, h1, 0));
+  set_access(va, G);
+  check_roundtrip(va, va, 256, 8);
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemUnmap(va, G));
+  // The same handle again: no access.
+  VSR_CU_REQUIRE_OK(cu().cuMemMap(va, G, 0, h1, 0));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemGetAccess(&flags, &loc, va));
+  CHECK_EQ(flags, static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_NONE));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemUnmap(va, G));
+  // Another handle: no access either.
+  flags = 77;
+  VSR_CU_REQUIRE_OK(cu().cuMemMap(va, G, 0, h2, 0));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemGetAccess(&flags, &loc, va));
+  CHECK_EQ(flags, static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_NONE));
+  set_access(va, G);
+  check_roundtrip(va, va, 256, 9);
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemUnmap(va, G));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemRelease(h1));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemRelease(h2));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemAddressFree(va, G));
+}
+
+TEST_CASE("unmap.tail_of_adjacent_mappings") {
+  // One cuMemUnmap over the last two of three back-to-back mappings; the first stays usable
+  // (semantics §3.4.7: one call may cover several whole, adjacent mappings).
+  const std::size_t G = env().gran;
+  const CUdeviceptr va = reserve(4 * G);
+  const CUmemGenericAllocationHandle h1 = create(G);
+  const CUmemGenericAllocationHandle h2 = create(G);
+  const CUmemGenericAllocationHandle h3 = create(2 * G);
+  VSR_CU_REQUIRE_OK(cu().cuMemMap(va, G, 0, h1, 0));
+  VSR_CU_REQUIRE_OK(cu().cuMemMap(va + G, G, 0, h2, 0));
+  VSR_CU_REQUIRE_OK(cu().cuMemMap(va + 2 * G, 2 * G, 0, h3, 0));
+  set_access(va, 4 * G);
+  check_roundtrip(va + G - 256, va + G - 256, 512, 10);
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemUnmap(va + G, 3 * G));
+  check_roundtrip(va, va, 4096, 11);
+  check_roundtrip(va + G - 256, va + G - 256, 256, 12);
+  // The tail is plain reservation again: it can be mapped anew.
+  VSR_CU_REQUIRE_OK(cu().cuMemMap(va + G, G, 0, h2, 0));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemUnmap(va, 2 * G));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemRelease(h1));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemRelease(h2));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemRelease(h3));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemAddressFree(va, 4 * G));
+}
+
 }  // namespace vsr_conf

@@ -1,260 +1,38 @@
 // SPDX-License-Identifier: Apache-2.0
-// The host CUDA driver emulator: devices, contexts, VMM, classic allocations, copies, streams and
-// events backed by host memory. Rules and error codes follow
-// /work/shared/reference/cuda-vmm-semantics.md (cited as §n below).
-//
-// Glossary: a reservation is a PROT_NONE anonymous mapping; a physical allocation ("handle") is
-// a memfd; a mapping is the memfd mmap'ed MAP_FIXED into a reservation; access is mprotect; a
-// linear allocation (cuMemAlloc/Async/Managed) and a pinned host allocation are anonymous mmaps.
-// All tables live behind one global mutex, which is never held while a user host function runs
-// or while a thread waits for a stream.
-#include "emulator_internal.hpp"
-#include "vsr_emulator.h"
+// The host CUDA driver emulator: devices, contexts, VMM, classic allocations and copies backed by
+// host memory (streams and events: streams.cpp; configuration: options.cpp). Rules and error
+// codes follow docs/cuda-driver-rules.md (cited as §n) and
+// /work/shared/reference/cuda-vmm-semantics.md, whose numbering it keeps. The glossary and the
+// locking rules are in emulator_state.hpp.
+#include "emulator_state.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <string_view>
-#include <system_error>
-#include <thread>
-#include <unordered_map>
 #include <vector>
 
-struct CUstream_st;
-struct CUevent_st;
-
-struct CUctx_st {
-  int device = 0;
-  int refcount = 0;
-  bool active = false;
-  // Sticky error (§1.1): every later call that needs this context returns it.
-  bool poisoned = false;
-  // Non-sticky error of an asynchronous operation, reported once by the next synchronization.
-  CUresult pending_error = CUDA_SUCCESS;
-};
-
-// A created stream: a FIFO run by its own worker thread, or inline when created with SYNC=1.
-struct CUstream_st {
-  CUctx_st* ctx = nullptr;
-  unsigned flags = 0;
-  bool inline_ = false;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  uint64_t submitted_ = 0;
-  uint64_t completed_ = 0;
-  bool paused_ = false;
-  bool stopping_ = false;
-};
-
-struct CUevent_st {
-  CUctx_st* ctx = nullptr;
-  unsigned flags = 0;
-  bool recorded = false;
-  std::shared_ptr<CUstream_st> stream;  // null when recorded on an inline (default) stream
-  uint64_t seq = 0;
-  uint64_t generation = 0;
-  bool time_set = false;
-  std::chrono::steady_clock::time_point time;
-};
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-constexpr size_t kMiB = size_t{1} << 20;
-constexpr size_t kGiB = size_t{1} << 30;
-constexpr size_t kLinearAlignment = 256;  // §3.5: cuMemAlloc pointers are >= 256-byte aligned
-
-size_t page_size() {
-  static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return size;
-}
-
-bool is_pow2(size_t v) {
-  return v != 0 && (v & (v - 1)) == 0;
-}
-size_t round_up(size_t v, size_t a) {
-  return (v + a - 1) / a * a;
-}
-
-struct Config {
-  int device_count = 1;
-  size_t device_memory = 8 * kGiB;
-  size_t granularity = 2 * kMiB;
-  size_t recommended_granularity = 0;  // 0: same as granularity
-  size_t context_overhead = 0;
-  bool vmm = true;
-  bool managed = true;
-  bool memory_pools = true;
-  bool sync = false;
-  bool sticky = true;
-  bool report = false;
-  int driver_version = 13000;
-};
-
-bool parse_size(const char* text, size_t* out) {
-  if (text == nullptr || *text == '\0') return false;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno != 0 || *end != '\0' || text[0] == '-') return false;
-  *out = static_cast<size_t>(v);
-  return true;
-}
-
-bool parse_bool(const char* text, bool* out) {
-  if (text == nullptr) return false;
-  std::string_view v(text);
-  if (v == "1" || v == "true" || v == "on") {
-    *out = true;
-  } else if (v == "0" || v == "false" || v == "off") {
-    *out = false;
-  } else {
-    return false;
-  }
-  return true;
-}
-
-bool valid_granularity(size_t g) {
-  return is_pow2(g) && g % page_size() == 0;
-}
-
-enum class LinearKind { device, async, managed };
-
-struct Linear {
-  size_t size = 0;
-  size_t mapped_size = 0;
-  LinearKind kind = LinearKind::device;
-  CUctx_st* ctx = nullptr;
-  int device = 0;
-  bool free_pending = false;  // cuMemFreeAsync queued
-};
-
-struct HostAlloc {
-  size_t size = 0;
-  size_t mapped_size = 0;
-  CUctx_st* ctx = nullptr;
-};
-
-struct Physical {
-  uint64_t id = 0;
-  size_t size = 0;
-  CUmemAllocationProp prop{};
-  int device = 0;
-  int fd = -1;
-  size_t refs = 0;
-  size_t maps = 0;
-};
-
-struct Mapping {
-  size_t size = 0;
-  size_t granule = 0;
-  std::shared_ptr<Physical> physical;
-  // access_[granule * device_count + device]
-  std::vector<unsigned char> access;
-};
-
-struct FailRule {
-  std::string entry;
-  uint64_t n = 0;
-  bool plus = false;
-  bool has_error = false;
-  CUresult error = CUDA_SUCCESS;
-};
-
-struct Device {
-  size_t charged = 0;
-  CUctx_st primary;
-};
-
-struct State {
-  std::mutex mutex;
-  Config config;
-  bool initialized = false;
-  bool fail_env_read = false;
-  std::vector<std::unique_ptr<Device>> devices;
-  std::map<uintptr_t, size_t> reservations;
-  std::unordered_map<uint64_t, std::shared_ptr<Physical>> handles;  // refs > 0
-  size_t live_physical = 0;
-  size_t live_physical_bytes = 0;
-  std::vector<size_t> physical_per_device;
-  std::vector<size_t> physical_bytes_per_device;
-  uint64_t next_handle = 0;
-  std::map<uintptr_t, Mapping> mappings;
-  std::map<uintptr_t, Linear> linear;
-  std::map<uintptr_t, HostAlloc> host;
-  std::unordered_map<CUstream_st*, std::shared_ptr<CUstream_st>> streams;
-  std::unordered_map<CUevent_st*, std::shared_ptr<CUevent_st>> events;
-  std::vector<FailRule> fail_plan;
-  std::unordered_map<std::string, uint64_t> call_counts;
-};
+namespace vsr::emu {
 
 thread_local CUctx_st* tl_current = nullptr;
 
-void read_env(Config& c) {
-  auto warn = [](const char* name) {
-    std::fprintf(stderr, "vsr-cuda-emulator: ignoring bad %s\n", name);
-  };
-  auto size_env = [&](const char* name, size_t* out) {
-    const char* v = std::getenv(name);
-    if (v != nullptr && !parse_size(v, out)) warn(name);
-  };
-  auto bool_env = [&](const char* name, bool* out) {
-    const char* v = std::getenv(name);
-    if (v != nullptr && !parse_bool(v, out)) warn(name);
-  };
-  size_t count = static_cast<size_t>(c.device_count);
-  size_env("VSR_EMU_DEVICE_COUNT", &count);
-  c.device_count = static_cast<int>(std::min<size_t>(count, 64));
-  size_env("VSR_EMU_DEVICE_MEMORY", &c.device_memory);
-  size_t g = c.granularity;
-  size_env("VSR_EMU_GRANULARITY", &g);
-  if (valid_granularity(g)) {
-    c.granularity = g;
-  } else {
-    warn("VSR_EMU_GRANULARITY");
-  }
-  size_t rec = 0;
-  size_env("VSR_EMU_RECOMMENDED_GRANULARITY", &rec);
-  if (rec != 0 && rec % c.granularity == 0) {
-    c.recommended_granularity = rec;
-  } else if (rec != 0) {
-    warn("VSR_EMU_RECOMMENDED_GRANULARITY");
-  }
-  size_env("VSR_EMU_CONTEXT_OVERHEAD", &c.context_overhead);
-  bool_env("VSR_EMU_VMM", &c.vmm);
-  bool_env("VSR_EMU_MANAGED", &c.managed);
-  bool_env("VSR_EMU_MEMORY_POOLS", &c.memory_pools);
-  bool_env("VSR_EMU_SYNC", &c.sync);
-  bool_env("VSR_EMU_STICKY", &c.sticky);
-  bool_env("VSR_EMU_REPORT", &c.report);
-  size_t version = static_cast<size_t>(c.driver_version);
-  size_env("VSR_EMU_DRIVER_VERSION", &version);
-  c.driver_version = static_cast<int>(version);
-}
-
+namespace {
 void print_report();
+}  // namespace
 
-// Leaked on purpose: detached stream workers may still run while static destructors do.
 State& st() {
   static State* state = [] {
     auto* s = new State;
     read_env(s->config);
+    s->env_config = s->config;
     for (int i = 0; i < s->config.device_count; ++i) {
       auto d = std::make_unique<Device>();
       d->primary.device = i;
@@ -266,57 +44,6 @@ State& st() {
     return s;
   }();
   return *state;
-}
-
-std::string base_name(std::string_view name) {
-  for (std::string_view suffix : {"_ptsz", "_ptds"}) {
-    if (name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix) {
-      name.remove_suffix(suffix.size());
-    }
-  }
-  size_t pos = name.rfind("_v");
-  if (pos != std::string_view::npos && pos + 2 < name.size() &&
-      name.find_first_not_of("0123456789", pos + 2) == std::string_view::npos) {
-    name = name.substr(0, pos);
-  }
-  return std::string(name);
-}
-
-bool parse_plan(const char* spec, std::vector<FailRule>* out) {
-  std::vector<FailRule> plan;
-  std::string_view rest = spec != nullptr ? spec : "";
-  while (!rest.empty()) {
-    size_t comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    if (item.empty()) continue;
-    size_t c1 = item.find(':');
-    if (c1 == std::string_view::npos || c1 == 0) return false;
-    FailRule rule;
-    rule.entry = base_name(item.substr(0, c1));
-    std::string_view count = item.substr(c1 + 1);
-    size_t c2 = count.find(':');
-    std::string_view err = c2 == std::string_view::npos ? std::string_view{} : count.substr(c2 + 1);
-    count = count.substr(0, c2);
-    if (!count.empty() && count.back() == '+') {
-      rule.plus = true;
-      count.remove_suffix(1);
-    }
-    if (count.empty() || count.find_first_not_of("0123456789") != std::string_view::npos) {
-      return false;
-    }
-    rule.n = std::strtoull(std::string(count).c_str(), nullptr, 10);
-    if (rule.n == 0) return false;
-    if (c2 != std::string_view::npos) {
-      if (!vsr::emu::error_by_name(err, &rule.error) || rule.error == CUDA_SUCCESS) return false;
-      rule.has_error = true;
-    }
-    plan.push_back(std::move(rule));
-  }
-  *out = std::move(plan);
-  return true;
 }
 
 // --- per-call helpers (called with the global mutex held) ---------------------------------
@@ -344,8 +71,10 @@ CUresult need_context(State& s, CUctx_st** out) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+
 size_t device_free(State& s, int dev) {
-  size_t used = s.devices[static_cast<size_t>(dev)]->charged + s.config.context_overhead;
+  size_t used = s.devices[static_cast<size_t>(dev)]->charged + context_overhead(s.config);
   return used >= s.config.device_memory ? 0 : s.config.device_memory - used;
 }
 
@@ -457,127 +186,6 @@ CUresult fault(State& s, CUctx_st* ctx, bool async) {
   return CUDA_ERROR_INVALID_VALUE;
 }
 
-// --- streams -------------------------------------------------------------------------------
-
-void worker_loop(std::shared_ptr<CUstream_st> stream) {
-  std::unique_lock lock(stream->mutex_);
-  for (;;) {
-    stream->cv_.wait(lock, [&] {
-      return (!stream->queue_.empty() && !stream->paused_) ||
-             (stream->stopping_ && stream->queue_.empty());
-    });
-    if (stream->queue_.empty()) return;
-    std::function<void()> task = std::move(stream->queue_.front());
-    stream->queue_.pop_front();
-    lock.unlock();
-    task();
-    task = nullptr;
-    lock.lock();
-    stream->completed_++;
-    stream->cv_.notify_all();
-  }
-}
-
-void wait_for(const std::shared_ptr<CUstream_st>& stream, uint64_t seq) {
-  std::unique_lock lock(stream->mutex_);
-  stream->cv_.wait(lock, [&] { return stream->completed_ >= seq; });
-}
-
-uint64_t submitted(const std::shared_ptr<CUstream_st>& stream) {
-  std::lock_guard lock(stream->mutex_);
-  return stream->submitted_;
-}
-
-enum class StreamKind { legacy, per_thread, created };
-
-struct StreamRef {
-  StreamKind kind = StreamKind::legacy;
-  std::shared_ptr<CUstream_st> stream;
-  CUctx_st* ctx = nullptr;
-};
-
-// Resolves a stream handle (global mutex held). `ptds`: stream 0 is the per-thread stream.
-// Default streams need a current context; created streams carry their own.
-CUresult resolve_stream(State& s, CUstream handle, bool ptds, StreamRef* out) {
-  if (!s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
-  if (handle == nullptr) handle = ptds ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
-  if (handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
-    CUctx_st* ctx = nullptr;
-    CUresult r = need_context(s, &ctx);
-    if (r != CUDA_SUCCESS) return r;
-    out->kind = handle == CU_STREAM_LEGACY ? StreamKind::legacy : StreamKind::per_thread;
-    out->ctx = ctx;
-    return CUDA_SUCCESS;
-  }
-  auto it = s.streams.find(handle);
-  if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
-  CUctx_st* ctx = it->second->ctx;
-  if (!ctx->active) return CUDA_ERROR_INVALID_CONTEXT;
-  if (ctx->poisoned) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  out->kind = StreamKind::created;
-  out->stream = it->second;
-  out->ctx = ctx;
-  return CUDA_SUCCESS;
-}
-
-// Streams of `ctx` (all, or only the blocking ones) with their submission counts.
-std::vector<std::pair<std::shared_ptr<CUstream_st>, uint64_t>> snapshot_streams(State& s,
-                                                                                CUctx_st* ctx,
-                                                                                bool blocking) {
-  std::vector<std::pair<std::shared_ptr<CUstream_st>, uint64_t>> out;
-  for (auto& [raw, stream] : s.streams) {
-    if (stream->ctx != ctx || (blocking && (stream->flags & CU_STREAM_NON_BLOCKING) != 0)) {
-      continue;
-    }
-    out.emplace_back(stream, submitted(stream));
-  }
-  return out;
-}
-
-void wait_all(const std::vector<std::pair<std::shared_ptr<CUstream_st>, uint64_t>>& streams) {
-  for (const auto& [stream, seq] : streams) wait_for(stream, seq);
-}
-
-// Runs `task` in stream order; `lock` is the held global lock. Inline execution (legacy and
-// per-thread default streams, SYNC streams) releases the lock and returns the task's result.
-// Queued work keeps the lock held, stores the work's sequence number in *seq (if given) and
-// reports failures through the context. The task's argument says whether it was queued.
-CUresult submit(std::unique_lock<std::mutex>& lock, const StreamRef& ref,
-                std::function<CUresult(bool)> task, uint64_t* seq = nullptr) {
-  State& s = st();
-  if (ref.kind == StreamKind::legacy) {
-    // The legacy default stream waits for all blocking streams of its context (§3.7).
-    auto blocking = snapshot_streams(s, ref.ctx, true);
-    lock.unlock();
-    wait_all(blocking);
-    return task(false);
-  }
-  if (ref.kind == StreamKind::per_thread || ref.stream->inline_) {
-    if (ref.kind == StreamKind::created) {
-      std::lock_guard slock(ref.stream->mutex_);
-      ref.stream->submitted_++;
-      ref.stream->completed_++;
-    }
-    lock.unlock();
-    return task(false);
-  }
-  {
-    std::lock_guard slock(ref.stream->mutex_);
-    ref.stream->queue_.push_back([task = std::move(task)] { task(true); });
-    ref.stream->submitted_++;
-    if (seq != nullptr) *seq = ref.stream->submitted_;
-  }
-  ref.stream->cv_.notify_all();
-  return CUDA_SUCCESS;
-}
-
-CUresult sync_result(CUctx_st* ctx) {
-  if (ctx->poisoned) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  CUresult r = ctx->pending_error;
-  ctx->pending_error = CUDA_SUCCESS;
-  return r;
-}
-
 // --- copies --------------------------------------------------------------------------------
 
 enum class CopyKind { htod, dtoh, dtod, memset8, memset32 };
@@ -615,10 +223,12 @@ CUresult range_error(State& s, CUctx_st* ctx, RangeCheck check, bool async) {
   return CUDA_ERROR_INVALID_VALUE;
 }
 
-// Executes `op`; the global mutex is held during the copy so that no unmap races it.
-CUresult run_copy(CUctx_st* ctx, const CopyOp& op, bool async) {
+// Executes `op`; the global mutex is held during the copy so that no unmap races it. Marks the
+// task's pending access done (the unmap check then ignores it).
+CUresult run_copy(CUctx_st* ctx, const CopyOp& op, bool async, PendingAccess* access) {
   State& s = st();
   std::lock_guard lock(s.mutex);
+  if (access != nullptr) access->done = true;
   if (ctx->poisoned) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (const RangeCheck c = copy_ranges_check(s, op, ctx->device); c != RangeCheck::ok) {
     return range_error(s, ctx, c, async);
@@ -643,8 +253,31 @@ CUresult run_copy(CUctx_st* ctx, const CopyOp& op, bool async) {
   return CUDA_SUCCESS;
 }
 
-CUresult copy_entry(const char* entry, CopyOp op, CUstream stream, bool ptds) {
-  CUresult injected = vsr::emu::begin_call(entry);
+// The device memory `op` touches, with the physical allocations mapped there now.
+std::shared_ptr<PendingAccess> pending_access(State& s, const CopyOp& op) {
+  auto access = std::make_shared<PendingAccess>();
+  auto add = [&](uintptr_t p) {
+    access->ranges.push_back({p, p + op.bytes});
+    for_each_mapped(s, p, op.bytes, [&](auto it, uintptr_t, uintptr_t) {
+      access->physical.push_back(it->second.physical->id);
+    });
+  };
+  if (op.kind != CopyKind::dtoh) add(op.dst);
+  if (op.kind == CopyKind::dtoh || op.kind == CopyKind::dtod) add(op.src);
+  return access;
+}
+
+bool is_pinned_host(State& s, uintptr_t p) {
+  return containing(s.host, p) != s.host.end();
+}
+
+// `sync_api`: the call is one of the non-Async forms, which the driver orders on the default
+// stream with the host synchronisation of §3.6: HtoD from pageable memory returns once the source
+// is staged (after the stream's earlier work), from pinned memory once done; DtoH returns once
+// done; DtoD and memset return at once (memset into pinned memory once done).
+CUresult copy_entry(const char* entry, CopyOp op, CUstream stream, bool ptds,
+                    bool sync_api = false) {
+  CUresult injected = begin_call(entry);
   if (injected != CUDA_SUCCESS) return injected;
   State& s = st();
   std::unique_lock lock(s.mutex);
@@ -660,8 +293,39 @@ CUresult copy_entry(const char* entry, CopyOp op, CUstream stream, bool ptds) {
   if (const RangeCheck c = copy_ranges_check(s, op, ref.ctx->device); c != RangeCheck::ok) {
     return range_error(s, ref.ctx, c, false);
   }
+  SubmitOptions options;
+  options.access = pending_access(s, op);
+  std::shared_ptr<std::vector<unsigned char>> staged;
+  if (sync_api) {
+    switch (op.kind) {
+      case CopyKind::htod:
+        if (is_pinned_host(s, op.src)) {
+          options.host_wait = true;
+        } else {
+          options.drain_first = true;
+          const auto* src = reinterpret_cast<const unsigned char*>(op.src);
+          staged = std::make_shared<std::vector<unsigned char>>(src, src + op.bytes);
+          op.src = reinterpret_cast<uintptr_t>(staged->data());
+        }
+        break;
+      case CopyKind::dtoh:
+        options.host_wait = true;
+        break;
+      case CopyKind::dtod:
+        break;
+      case CopyKind::memset8:
+      case CopyKind::memset32:
+        options.host_wait = is_pinned_host(s, op.dst);
+        break;
+    }
+  }
   CUctx_st* ctx = ref.ctx;
-  return submit(lock, ref, [ctx, op](bool queued) { return run_copy(ctx, op, queued); });
+  return submit(
+      lock, ref,
+      [ctx, op, access = options.access, staged](bool queued) {
+        return run_copy(ctx, op, queued, access.get());
+      },
+      options);
 }
 
 // --- linear allocations --------------------------------------------------------------------
@@ -696,24 +360,7 @@ void free_linear(State& s, std::map<uintptr_t, Linear>::iterator it) {
 // Primary context reset (§3.2): its streams, events and allocations go.
 void reset_context(std::unique_lock<std::mutex>& lock, CUctx_st* ctx) {
   State& s = st();
-  auto all = snapshot_streams(s, ctx, false);
-  lock.unlock();
-  wait_all(all);
-  lock.lock();
-  for (auto it = s.streams.begin(); it != s.streams.end();) {
-    if (it->second->ctx == ctx) {
-      {
-        std::lock_guard slock(it->second->mutex_);
-        it->second->stopping_ = true;
-        it->second->paused_ = false;
-      }
-      it->second->cv_.notify_all();
-      it = s.streams.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  std::erase_if(s.events, [&](const auto& e) { return e.second->ctx == ctx; });
+  reset_context_streams(lock, ctx);
   for (auto it = s.linear.begin(); it != s.linear.end();) {
     auto next = std::next(it);
     if (it->second.ctx == ctx) free_linear(s, it);
@@ -738,18 +385,10 @@ void print_report() {
   std::fprintf(stderr,
                "vsr-cuda-emulator outstanding: reservations=%zu (%zu B) handles=%zu (%zu B) "
                "mappings=%zu allocations=%zu (%zu B) managed=%zu (%zu B) host=%zu (%zu B) "
-               "streams=%zu events=%zu\n",
+               "streams=%zu events=%zu stale_handles=%zu unmap_with_pending_work=%zu\n",
                o.reservations, o.reserved_bytes, o.handles, o.physical_bytes, o.mappings,
                o.allocations, o.allocation_bytes, o.managed, o.managed_bytes, o.host_allocations,
-               o.host_bytes, o.streams, o.events);
-}
-
-bool is_allocating(std::string_view entry) {
-  for (std::string_view e : {"cuMemCreate", "cuMemAlloc", "cuMemAllocManaged", "cuMemAllocAsync",
-                             "cuMemHostAlloc", "cuMemAllocHost", "cuMemAddressReserve"}) {
-    if (entry == e) return true;
-  }
-  return false;
+               o.host_bytes, o.streams, o.events, o.stale_handles, o.unmap_with_pending_work);
 }
 
 int attribute_value(const Config& c, CUdevice dev, int attrib, bool* known) {
@@ -856,39 +495,9 @@ int attribute_value(const Config& c, CUdevice dev, int attrib, bool* known) {
 }
 
 }  // namespace
-
-namespace vsr::emu {
-
-CUresult begin_call(const char* entry, bool allocating) {
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  std::string name(entry);
-  uint64_t n = ++s.call_counts[name];
-  for (const FailRule& rule : s.fail_plan) {
-    if (rule.entry != name) continue;
-    if (n == rule.n || (rule.plus && n > rule.n)) {
-      if (rule.has_error) return rule.error;
-      return allocating || is_allocating(name) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
-    }
-  }
-  return CUDA_SUCCESS;
-}
-
-int driver_version() {
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  return s.config.driver_version;
-}
-
 }  // namespace vsr::emu
 
-using vsr::emu::begin_call;
-
-#define VSR_EMU_BEGIN(entry)                         \
-  do {                                               \
-    CUresult injected_ = begin_call(entry);          \
-    if (injected_ != CUDA_SUCCESS) return injected_; \
-  } while (0)
+using namespace vsr::emu;
 
 // ============================== initialization and devices ==============================
 
@@ -898,14 +507,7 @@ VSR_EMU_EXPORT CUresult cuInit(unsigned int flags) {
   {
     State& s = st();
     std::lock_guard lock(s.mutex);
-    if (!s.fail_env_read) {
-      s.fail_env_read = true;
-      const char* spec = std::getenv("VSR_EMU_FAIL");
-      if (spec != nullptr && !parse_plan(spec, &s.fail_plan)) {
-        std::fprintf(stderr, "vsr-cuda-emulator: ignoring bad VSR_EMU_FAIL\n");
-      }
-      s.call_counts.clear();
-    }
+    read_fail_env_once(s);
   }
   VSR_EMU_BEGIN("cuInit");
   State& s = st();
@@ -1079,7 +681,8 @@ CUresult ctx_synchronize(CUcontext ctx) {
   } else if (!ctx->active) {
     return CUDA_ERROR_INVALID_CONTEXT;
   }
-  auto all = snapshot_streams(s, ctx, false);
+  // Work still queued on destroyed streams counts too (§3.7: cuStreamDestroy returns at once).
+  WaitList all = context_work(s, ctx);
   lock.unlock();
   wait_all(all);
   lock.lock();
@@ -1100,7 +703,8 @@ VSR_EMU_EXPORT CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
   return ctx_get_device(device, ctx);
 }
 
-/// Waits for all streams of the current context; returns the context's pending error.
+/// Waits for all work of the current context (every stream, also destroyed ones still draining,
+/// and the default streams); returns the context's pending error.
 VSR_EMU_EXPORT CUresult cuCtxSynchronize(void) {
   VSR_EMU_BEGIN("cuCtxSynchronize");
   return ctx_synchronize(nullptr);
@@ -1114,7 +718,63 @@ VSR_EMU_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
 
 // ============================== memory info and VMM ==============================
 
-/// free = capacity - charged - VSR_EMU_CONTEXT_OVERHEAD for the current context's device.
+namespace {
+
+// §1.1 \notefnerr: every VMM entry may also return an error of earlier asynchronous work. With
+// STICKY_VMM a sticky error of any context reaches them; the call has still done its work, so a
+// caller that retries (a second cuMemRelease) repeats it.
+CUresult vmm_result(State& s, CUresult r) {
+  if (r != CUDA_SUCCESS || !s.config.sticky_vmm) return r;
+  for (const auto& d : s.devices) {
+    if (d->primary.active && d->primary.poisoned) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  }
+  return r;
+}
+
+// An id cuMemCreate never returned, or one already released (a stale use: the real driver's
+// behaviour is undefined, §3.4.5).
+CUresult bad_vmm_handle(State& s, CUmemGenericAllocationHandle handle) {
+  if (handle != 0 && handle <= s.next_handle) {
+    misuse(s, &s.stale_handles,
+           "names allocation handle " + std::to_string(handle) + ", which was released");
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+// [ptr, ptr+size) is exactly a gap-free run of whole mappings inside one reservation (§3.4.7,
+// §3.4.8; spans across reservation boundaries are not accepted, §4 invariant 1). Sets *first and
+// *past to the run's mappings.
+bool whole_mappings(State& s, uintptr_t ptr, size_t size,
+                    std::map<uintptr_t, Mapping>::iterator* first,
+                    std::map<uintptr_t, Mapping>::iterator* past) {
+  if (ptr == 0 || size == 0 || ptr + size < ptr) return false;
+  const uintptr_t end = ptr + size;
+  auto res = containing_reservation(s, ptr);
+  if (res == s.reservations.end() || end > res->first + res->second) return false;
+  auto it = s.mappings.find(ptr);
+  if (it == s.mappings.end()) return false;
+  *first = it;
+  uintptr_t cur = ptr;
+  while (cur < end) {
+    if (it == s.mappings.end() || it->first != cur) return false;
+    cur += it->second.size;
+    ++it;
+  }
+  *past = it;
+  return cur == end;
+}
+
+std::string hex_range(uintptr_t begin, uintptr_t end) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "[0x%llx, 0x%llx)", static_cast<unsigned long long>(begin),
+                static_cast<unsigned long long>(end));
+  return buf;
+}
+
+}  // namespace
+
+/// free = capacity - charged - context overhead for the current context's device, rounded down
+/// to VSR_EMU_MEMINFO_QUANTUM when set.
 VSR_EMU_EXPORT CUresult cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   VSR_EMU_BEGIN("cuMemGetInfo");
   State& s = st();
@@ -1122,7 +782,10 @@ VSR_EMU_EXPORT CUresult cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   CUctx_st* ctx = nullptr;
   if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
   if (free_bytes == nullptr || total_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *free_bytes = device_free(s, ctx->device);
+  size_t free = device_free(s, ctx->device);
+  if (s.config.meminfo_quantum != 0)
+    free = free / s.config.meminfo_quantum * s.config.meminfo_quantum;
+  *free_bytes = free;
   *total_bytes = s.config.device_memory;
   return CUDA_SUCCESS;
 }
@@ -1150,7 +813,8 @@ VSR_EMU_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity,
 
 /// Reserves [*ptr, *ptr+size) of PROT_NONE address space aligned to max(alignment, granularity).
 /// A free, suitably aligned hint `addr` is honoured; otherwise another address is returned
-/// without error (§3.4.2).
+/// without error (§3.4.2). Past VSR_EMU_ADDRESS_SPACE bytes of live reservations it fails with
+/// OUT_OF_MEMORY, as a real driver does when virtual address space runs out.
 VSR_EMU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
                                             CUdeviceptr addr, unsigned long long flags) {
   VSR_EMU_BEGIN("cuMemAddressReserve");
@@ -1162,6 +826,10 @@ VSR_EMU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_
       (alignment != 0 && !is_pow2(alignment))) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  const size_t limit = address_space_limit(s.config);
+  if (limit != 0 && (size > limit || s.reserved_bytes > limit - size)) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   const size_t align = std::max(alignment, s.config.granularity);
   constexpr int kProt = PROT_NONE;
   constexpr int kFlags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
@@ -1170,8 +838,9 @@ VSR_EMU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_
     void* got = mmap(want, size, kProt, kFlags | MAP_FIXED_NOREPLACE, -1, 0);
     if (got == want) {
       s.reservations[addr] = size;
+      s.reserved_bytes += size;
       *ptr = addr;
-      return CUDA_SUCCESS;
+      return vmm_result(s, CUDA_SUCCESS);
     }
     // Kernels before 4.17 treat the flag as a plain hint and may place the range elsewhere.
     if (got != MAP_FAILED) munmap(got, size);
@@ -1185,12 +854,14 @@ VSR_EMU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_
   uintptr_t tail = aligned + size;
   if (base + size + align > tail) munmap(reinterpret_cast<void*>(tail), base + size + align - tail);
   s.reservations[aligned] = size;
+  s.reserved_bytes += size;
   *ptr = aligned;
-  return CUDA_SUCCESS;
+  return vmm_result(s, CUDA_SUCCESS);
 }
 
 /// Frees a reservation: (ptr, size) must be exactly one reservation with no mapping inside
-/// (strict, §3.4.3).
+/// (strict, §3.4.3). Queued work that still targets the range is counted
+/// (unmap_with_pending_work).
 VSR_EMU_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   VSR_EMU_BEGIN("cuMemAddressFree");
   State& s = st();
@@ -1201,9 +872,14 @@ VSR_EMU_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   if (it == s.reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
   auto m = s.mappings.lower_bound(ptr);
   if (m != s.mappings.end() && m->first < ptr + size) return CUDA_ERROR_INVALID_VALUE;
+  if (pending_work_overlaps(s, ptr, ptr + size)) {
+    misuse(s, &s.unmap_with_pending_work,
+           "frees reservation " + hex_range(ptr, ptr + size) + " while queued work targets it");
+  }
   munmap(reinterpret_cast<void*>(ptr), size);
   s.reservations.erase(it);
-  return CUDA_SUCCESS;
+  s.reserved_bytes -= size;
+  return vmm_result(s, CUDA_SUCCESS);
 }
 
 /// Creates a physical allocation (a memfd) of `size` bytes on prop->location.id, charged to the
@@ -1253,24 +929,29 @@ VSR_EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t
   s.physical_per_device[static_cast<size_t>(dev)]++;
   s.physical_bytes_per_device[static_cast<size_t>(dev)] += size;
   *handle = p->id;
-  return CUDA_SUCCESS;
+  return vmm_result(s, CUDA_SUCCESS);
 }
 
 /// Drops one reference of `handle`; the memory goes once no reference and no mapping remain.
-/// Unknown or already released ids are INVALID_VALUE (the real driver's behaviour is undefined).
+/// Unknown or already released ids are INVALID_VALUE (the real driver's behaviour is undefined;
+/// a released id counts as a stale handle).
 VSR_EMU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   VSR_EMU_BEGIN("cuMemRelease");
   State& s = st();
   std::lock_guard lock(s.mutex);
   if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
   auto it = s.handles.find(handle);
-  if (handle == 0 || it == s.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (handle == 0 || it == s.handles.end()) return bad_vmm_handle(s, handle);
   std::shared_ptr<Physical> p = it->second;
   if (--p->refs == 0) {
     s.handles.erase(it);
+    if (p->maps == 0 && pending_work_overlaps(s, 0, 0, p->id)) {
+      misuse(s, &s.unmap_with_pending_work,
+             "frees allocation handle " + std::to_string(p->id) + " while queued work uses it");
+    }
     maybe_destroy_physical(s, p);
   }
-  return CUDA_SUCCESS;
+  return vmm_result(s, CUDA_SUCCESS);
 }
 
 /// Maps the whole allocation `handle` at ptr (offset 0, size = allocation size; strict, §3.4.6)
@@ -1283,7 +964,7 @@ VSR_EMU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
   if (ptr == 0 || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   auto h = s.handles.find(handle);
-  if (h == s.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (h == s.handles.end()) return bad_vmm_handle(s, handle);
   const size_t g = s.config.granularity;
   std::shared_ptr<Physical> p = h->second;
   if (ptr % g != 0 || size % g != 0 || offset % g != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1306,29 +987,25 @@ VSR_EMU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                   CU_MEM_ACCESS_FLAGS_PROT_NONE);
   s.mappings[ptr] = std::move(m);
   p->maps++;
-  return CUDA_SUCCESS;
+  return vmm_result(s, CUDA_SUCCESS);
 }
 
-/// Unmaps [ptr, ptr+size), which must be exactly a gap-free union of whole mappings (§3.4.7).
-/// The range becomes plain reservation again.
+/// Unmaps [ptr, ptr+size), which must be exactly a gap-free union of whole mappings inside one
+/// reservation (§3.4.7). The range becomes plain reservation again; queued work that still
+/// targets it is counted (unmap_with_pending_work): the driver does not wait for it (§7 #2).
 VSR_EMU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   VSR_EMU_BEGIN("cuMemUnmap");
   State& s = st();
   std::lock_guard lock(s.mutex);
   if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
-  if (ptr == 0 || size == 0 || ptr + size < ptr) return CUDA_ERROR_INVALID_VALUE;
-  const uintptr_t end = ptr + size;
-  auto first = s.mappings.find(ptr);
-  if (first == s.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
-  auto it = first;
-  uintptr_t cur = ptr;
-  while (cur < end) {
-    if (it == s.mappings.end() || it->first != cur) return CUDA_ERROR_INVALID_VALUE;
-    cur += it->second.size;
-    ++it;
+  std::map<uintptr_t, Mapping>::iterator first;
+  std::map<uintptr_t, Mapping>::iterator past;
+  if (!whole_mappings(s, ptr, size, &first, &past)) return CUDA_ERROR_INVALID_VALUE;
+  if (pending_work_overlaps(s, ptr, ptr + size)) {
+    misuse(s, &s.unmap_with_pending_work,
+           "unmaps " + hex_range(ptr, ptr + size) + " while queued work targets it");
   }
-  if (cur != end) return CUDA_ERROR_INVALID_VALUE;
-  for (auto m = first; m != it;) {
+  for (auto m = first; m != past;) {
     // Re-reserve rather than munmap: the address range still belongs to the reservation.
     mmap(reinterpret_cast<void*>(m->first), m->second.size, PROT_NONE,
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
@@ -1337,12 +1014,13 @@ VSR_EMU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     m = s.mappings.erase(m);
     maybe_destroy_physical(s, p);
   }
-  return CUDA_SUCCESS;
+  return vmm_result(s, CUDA_SUCCESS);
 }
 
-/// Sets per-device access on [ptr, ptr+size), which must be fully mapped (it may span several
-/// mappings or be a granule-aligned part of one). The host view gets the widest access any
-/// device has (mprotect).
+/// Sets per-device access on [ptr, ptr+size), which must contain whole mappings only, with no
+/// gap, inside one reservation (§3.4.8: "a fully mapped address range containing all
+/// allocations"; it may span several mappings). The host view gets the widest access any device
+/// has (mprotect).
 VSR_EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
                                        size_t count) {
   VSR_EMU_BEGIN("cuMemSetAccess");
@@ -1364,11 +1042,12 @@ VSR_EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmem
   const size_t g = s.config.granularity;
   if (ptr % g != 0 || size % g != 0) return CUDA_ERROR_INVALID_VALUE;
   const auto ndev = static_cast<size_t>(s.config.device_count);
-  bool mapped = for_each_mapped(s, ptr, size, [](auto, uintptr_t, uintptr_t) {});
-  if (!mapped) return CUDA_ERROR_INVALID_VALUE;
-  for_each_mapped(s, ptr, size, [&](auto it, uintptr_t a, uintptr_t b) {
+  std::map<uintptr_t, Mapping>::iterator first;
+  std::map<uintptr_t, Mapping>::iterator past;
+  if (!whole_mappings(s, ptr, size, &first, &past)) return CUDA_ERROR_INVALID_VALUE;
+  for (auto it = first; it != past; ++it) {
     Mapping& m = it->second;
-    for (uintptr_t gaddr = a; gaddr < b; gaddr += m.granule) {
+    for (uintptr_t gaddr = it->first; gaddr < it->first + m.size; gaddr += m.granule) {
       size_t gi = (gaddr - it->first) / m.granule;
       for (size_t i = 0; i < count; ++i) {
         m.access[gi * ndev + static_cast<size_t>(desc[i].location.id)] =
@@ -1381,8 +1060,8 @@ VSR_EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmem
                                                               : PROT_NONE;
       mprotect(reinterpret_cast<void*>(gaddr), m.granule, prot);
     }
-  });
-  return CUDA_SUCCESS;
+  }
+  return vmm_result(s, CUDA_SUCCESS);
 }
 
 /// Writes the access flags of `location` (a device) for the mapped address `ptr`.
@@ -1416,7 +1095,7 @@ VSR_EMU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle
   std::shared_ptr<Physical> p = it->second.physical;
   if (p->refs++ == 0) s.handles[p->id] = p;
   *handle = p->id;
-  return CUDA_SUCCESS;
+  return vmm_result(s, CUDA_SUCCESS);
 }
 
 /// Writes the properties `handle` was created with.
@@ -1426,8 +1105,9 @@ VSR_EMU_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(
   State& s = st();
   std::lock_guard lock(s.mutex);
   if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto it = s.handles.find(handle);
-  if (prop == nullptr || it == s.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (it == s.handles.end()) return bad_vmm_handle(s, handle);
   *prop = it->second->prop;
   return CUDA_SUCCESS;
 }
@@ -1447,7 +1127,10 @@ VSR_EMU_EXPORT CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytesize) {
 }
 
 /// Frees cuMemAlloc/cuMemAllocAsync/cuMemAllocManaged memory; 0 is a no-op; interior, unknown,
-/// already freed or VMM pointers are INVALID_VALUE.
+/// already freed or VMM pointers are INVALID_VALUE. It waits for the context's queued work first
+/// (the driver "may synchronize", §3.5), except for cuMemAllocAsync memory (never, §3.5) and
+/// with VSR_EMU_FREE_NO_SYNC; a free that does not wait counts queued work that still uses the
+/// memory (unmap_with_pending_work).
 VSR_EMU_EXPORT CUresult cuMemFree(CUdeviceptr dptr) {
   VSR_EMU_BEGIN("cuMemFree");
   State& s = st();
@@ -1457,14 +1140,18 @@ VSR_EMU_EXPORT CUresult cuMemFree(CUdeviceptr dptr) {
   if (dptr == 0) return CUDA_SUCCESS;
   auto it = s.linear.find(dptr);
   if (it == s.linear.end() || it->second.free_pending) return CUDA_ERROR_INVALID_VALUE;
-  // cuMemFree synchronises implicitly (§3.5): work already queued that uses the memory completes
-  // before it is released, so the address cannot be reused under that work.
-  auto all = snapshot_streams(s, it->second.ctx, false);
-  lock.unlock();
-  wait_all(all);
-  lock.lock();
-  it = s.linear.find(dptr);
-  if (it == s.linear.end() || it->second.free_pending) return CUDA_ERROR_INVALID_VALUE;
+  if (!s.config.free_no_sync && it->second.kind != LinearKind::async) {
+    WaitList all = context_work(s, it->second.ctx);
+    lock.unlock();
+    wait_all(all);
+    lock.lock();
+    it = s.linear.find(dptr);
+    if (it == s.linear.end() || it->second.free_pending) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (pending_work_overlaps(s, dptr, dptr + it->second.size)) {
+    misuse(s, &s.unmap_with_pending_work,
+           "frees " + hex_range(dptr, dptr + it->second.size) + " while queued work uses it");
+  }
   free_linear(s, it);
   return CUDA_SUCCESS;
 }
@@ -1614,17 +1301,17 @@ CopyOp set32(CUdeviceptr dst, unsigned v, size_t n) {
 
 }  // namespace
 
-/// Host-to-device copy on the legacy default stream (synchronous).
+/// Host-to-device copy on the legacy default stream: returns once the source is read (§3.6).
 VSR_EMU_EXPORT CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t n) {
-  return copy_entry("cuMemcpyHtoD", htod(dst, src, n), nullptr, false);
+  return copy_entry("cuMemcpyHtoD", htod(dst, src, n), nullptr, false, true);
 }
-/// Device-to-host copy on the legacy default stream (synchronous).
+/// Device-to-host copy on the legacy default stream: returns once the copy is done.
 VSR_EMU_EXPORT CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) {
-  return copy_entry("cuMemcpyDtoH", dtoh(dst, src, n), nullptr, false);
+  return copy_entry("cuMemcpyDtoH", dtoh(dst, src, n), nullptr, false, true);
 }
-/// Device-to-device copy on the legacy default stream.
+/// Device-to-device copy on the legacy default stream (asynchronous to the host).
 VSR_EMU_EXPORT CUresult cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-  return copy_entry("cuMemcpyDtoD", dtod(dst, src, n), nullptr, false);
+  return copy_entry("cuMemcpyDtoD", dtod(dst, src, n), nullptr, false, true);
 }
 /// Stream-ordered host-to-device copy.
 VSR_EMU_EXPORT CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n,
@@ -1640,9 +1327,10 @@ VSR_EMU_EXPORT CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size
                                           CUstream stream) {
   return copy_entry("cuMemcpyDtoDAsync", dtod(dst, src, n), stream, false);
 }
-/// Sets n bytes on the legacy default stream.
+/// Sets n bytes on the legacy default stream (asynchronous to the host unless the target is
+/// pinned host memory).
 VSR_EMU_EXPORT CUresult cuMemsetD8(CUdeviceptr dst, unsigned char value, size_t n) {
-  return copy_entry("cuMemsetD8", set8(dst, value, n), nullptr, false);
+  return copy_entry("cuMemsetD8", set8(dst, value, n), nullptr, false, true);
 }
 /// Stream-ordered byte memset.
 VSR_EMU_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n,
@@ -1651,7 +1339,7 @@ VSR_EMU_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, si
 }
 /// Sets n 32-bit words (dst 4-byte aligned) on the legacy default stream.
 VSR_EMU_EXPORT CUresult cuMemsetD32(CUdeviceptr dst, unsigned int value, size_t n) {
-  return copy_entry("cuMemsetD32", set32(dst, value, n), nullptr, false);
+  return copy_entry("cuMemsetD32", set32(dst, value, n), nullptr, false, true);
 }
 /// Stream-ordered 32-bit memset.
 VSR_EMU_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n,
@@ -1659,22 +1347,22 @@ VSR_EMU_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, si
   return copy_entry("cuMemsetD32Async", set32(dst, value, n), stream, false);
 }
 
-/// Per-thread default stream forms (stream 0 = CU_STREAM_PER_THREAD, which runs inline without
-/// waiting for other streams).
+/// Per-thread default stream forms (stream 0 = CU_STREAM_PER_THREAD: the calling thread's own
+/// default stream).
 CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void* src, size_t n) {
-  return copy_entry("cuMemcpyHtoD", htod(dst, src, n), nullptr, true);
+  return copy_entry("cuMemcpyHtoD", htod(dst, src, n), nullptr, true, true);
 }
 CUresult cuMemcpyDtoH_v2_ptds(void* dst, CUdeviceptr src, size_t n) {
-  return copy_entry("cuMemcpyDtoH", dtoh(dst, src, n), nullptr, true);
+  return copy_entry("cuMemcpyDtoH", dtoh(dst, src, n), nullptr, true, true);
 }
 CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-  return copy_entry("cuMemcpyDtoD", dtod(dst, src, n), nullptr, true);
+  return copy_entry("cuMemcpyDtoD", dtod(dst, src, n), nullptr, true, true);
 }
 CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t n) {
-  return copy_entry("cuMemsetD8", set8(dst, value, n), nullptr, true);
+  return copy_entry("cuMemsetD8", set8(dst, value, n), nullptr, true, true);
 }
 CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t n) {
-  return copy_entry("cuMemsetD32", set32(dst, value, n), nullptr, true);
+  return copy_entry("cuMemsetD32", set32(dst, value, n), nullptr, true, true);
 }
 CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void* src, size_t n, CUstream stream) {
   return copy_entry("cuMemcpyHtoDAsync", htod(dst, src, n), stream, true);
@@ -1690,303 +1378,6 @@ CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, size_t n, CU
 }
 CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int value, size_t n, CUstream stream) {
   return copy_entry("cuMemsetD32Async", set32(dst, value, n), stream, true);
-}
-
-// ============================== streams ==============================
-
-/// Creates a stream (flags CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING) in the current context.
-/// It runs its work FIFO on its own worker thread, or inline when VSR_EMU_SYNC=1.
-VSR_EMU_EXPORT CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
-  VSR_EMU_BEGIN("cuStreamCreate");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  CUctx_st* ctx = nullptr;
-  if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
-  if (stream == nullptr || (flags != CU_STREAM_DEFAULT && flags != CU_STREAM_NON_BLOCKING)) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  auto created = std::make_shared<CUstream_st>();
-  created->ctx = ctx;
-  created->flags = flags;
-  created->inline_ = s.config.sync;
-  if (!created->inline_) {
-    try {
-      std::thread(worker_loop, created).detach();
-    } catch (const std::system_error&) {
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-  }
-  s.streams[created.get()] = created;
-  *stream = created.get();
-  return CUDA_SUCCESS;
-}
-
-/// Destroys a created stream at once; its queued work still runs to completion.
-VSR_EMU_EXPORT CUresult cuStreamDestroy(CUstream stream) {
-  VSR_EMU_BEGIN("cuStreamDestroy");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_init(s); r != CUDA_SUCCESS) return r;
-  auto it = s.streams.find(stream);
-  if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
-  std::shared_ptr<CUstream_st> victim = it->second;
-  s.streams.erase(it);
-  {
-    std::lock_guard slock(victim->mutex_);
-    victim->stopping_ = true;
-    victim->paused_ = false;
-  }
-  victim->cv_.notify_all();
-  return CUDA_SUCCESS;
-}
-
-namespace {
-
-CUresult stream_synchronize(CUstream stream, bool ptds) {
-  State& s = st();
-  std::unique_lock lock(s.mutex);
-  StreamRef ref;
-  CUresult r = resolve_stream(s, stream, ptds, &ref);
-  if (r != CUDA_SUCCESS) return r;
-  if (ref.kind == StreamKind::per_thread) return sync_result(ref.ctx);
-  std::vector<std::pair<std::shared_ptr<CUstream_st>, uint64_t>> targets;
-  if (ref.kind == StreamKind::legacy) {
-    targets = snapshot_streams(s, ref.ctx, true);
-  } else {
-    targets.emplace_back(ref.stream, submitted(ref.stream));
-  }
-  lock.unlock();
-  wait_all(targets);
-  lock.lock();
-  return sync_result(ref.ctx);
-}
-
-CUresult stream_query(CUstream stream, bool ptds) {
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  StreamRef ref;
-  if (CUresult r = resolve_stream(s, stream, ptds, &ref); r != CUDA_SUCCESS) return r;
-  std::vector<std::shared_ptr<CUstream_st>> targets;
-  if (ref.kind == StreamKind::created) {
-    targets.push_back(ref.stream);
-  } else if (ref.kind == StreamKind::legacy) {
-    for (auto& [str, seq] : snapshot_streams(s, ref.ctx, true)) targets.push_back(str);
-  }
-  for (auto& t : targets) {
-    std::lock_guard slock(t->mutex_);
-    if (t->completed_ < t->submitted_) return CUDA_ERROR_NOT_READY;
-  }
-  return CUDA_SUCCESS;
-}
-
-CUresult stream_wait_event(CUstream stream, CUevent event, unsigned flags, bool ptds) {
-  State& s = st();
-  std::unique_lock lock(s.mutex);
-  StreamRef ref;
-  if (CUresult r = resolve_stream(s, stream, ptds, &ref); r != CUDA_SUCCESS) return r;
-  auto ev = s.events.find(event);
-  if (ev == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
-  if ((flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  std::shared_ptr<CUstream_st> target = ev->second->stream;
-  uint64_t seq = ev->second->seq;
-  if (!ev->second->recorded || target == nullptr) return CUDA_SUCCESS;
-  return submit(lock, ref, [target, seq](bool) {
-    wait_for(target, seq);
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data, bool ptds) {
-  State& s = st();
-  std::unique_lock lock(s.mutex);
-  StreamRef ref;
-  if (CUresult r = resolve_stream(s, stream, ptds, &ref); r != CUDA_SUCCESS) return r;
-  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return submit(lock, ref, [fn, user_data](bool) {
-    fn(user_data);
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult event_record(CUevent event, CUstream stream, bool ptds) {
-  State& s = st();
-  std::unique_lock lock(s.mutex);
-  StreamRef ref;
-  if (CUresult r = resolve_stream(s, stream, ptds, &ref); r != CUDA_SUCCESS) return r;
-  auto it = s.events.find(event);
-  if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
-  std::shared_ptr<CUevent_st> ev = it->second;
-  if (ev->ctx != ref.ctx) return CUDA_ERROR_INVALID_HANDLE;
-  const uint64_t generation = ++ev->generation;
-  ev->recorded = true;
-  ev->time_set = false;
-  auto marker = [ev, generation](bool) {
-    State& s2 = st();
-    std::lock_guard l2(s2.mutex);
-    if (ev->generation == generation) {
-      ev->time = Clock::now();
-      ev->time_set = true;
-    }
-    return CUDA_SUCCESS;
-  };
-  ev->stream = nullptr;
-  ev->seq = 0;
-  uint64_t seq = 0;
-  CUresult r = submit(lock, ref, marker, &seq);
-  if (lock.owns_lock()) {
-    ev->stream = ref.stream;
-    ev->seq = seq;
-  }
-  return r;
-}
-
-}  // namespace
-
-/// Waits until all work queued on `stream` so far is done (the legacy stream: all blocking
-/// streams of the context); returns the context's pending or sticky error.
-VSR_EMU_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
-  VSR_EMU_BEGIN("cuStreamSynchronize");
-  return stream_synchronize(stream, false);
-}
-
-/// SUCCESS when all work of `stream` is done, else CUDA_ERROR_NOT_READY.
-VSR_EMU_EXPORT CUresult cuStreamQuery(CUstream stream) {
-  VSR_EMU_BEGIN("cuStreamQuery");
-  return stream_query(stream, false);
-}
-
-/// Makes later work of `stream` wait until `event`'s captured work is done.
-VSR_EMU_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
-  VSR_EMU_BEGIN("cuStreamWaitEvent");
-  return stream_wait_event(stream, event, flags, false);
-}
-
-/// Runs fn(user_data) in stream order (on the stream's worker thread).
-VSR_EMU_EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user_data) {
-  VSR_EMU_BEGIN("cuLaunchHostFunc");
-  return launch_host_func(stream, fn, user_data, false);
-}
-
-/// Per-thread default stream forms of the stream calls above.
-CUresult cuStreamSynchronize_ptsz(CUstream stream) {
-  VSR_EMU_BEGIN("cuStreamSynchronize");
-  return stream_synchronize(stream, true);
-}
-CUresult cuStreamQuery_ptsz(CUstream stream) {
-  VSR_EMU_BEGIN("cuStreamQuery");
-  return stream_query(stream, true);
-}
-CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int flags) {
-  VSR_EMU_BEGIN("cuStreamWaitEvent");
-  return stream_wait_event(stream, event, flags, true);
-}
-CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void* user_data) {
-  VSR_EMU_BEGIN("cuLaunchHostFunc");
-  return launch_host_func(stream, fn, user_data, true);
-}
-CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
-  VSR_EMU_BEGIN("cuEventRecord");
-  return event_record(event, stream, true);
-}
-
-// ============================== events ==============================
-
-/// Creates an event in the current context. INTERPROCESS requires DISABLE_TIMING.
-VSR_EMU_EXPORT CUresult cuEventCreate(CUevent* event, unsigned int flags) {
-  VSR_EMU_BEGIN("cuEventCreate");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  CUctx_st* ctx = nullptr;
-  if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
-  constexpr unsigned kKnown =
-      CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
-  if (event == nullptr || (flags & ~kKnown) != 0 ||
-      ((flags & CU_EVENT_INTERPROCESS) != 0 && (flags & CU_EVENT_DISABLE_TIMING) == 0)) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  auto ev = std::make_shared<CUevent_st>();
-  ev->ctx = ctx;
-  ev->flags = flags;
-  s.events[ev.get()] = ev;
-  *event = ev.get();
-  return CUDA_SUCCESS;
-}
-
-/// Records `event` on `stream`: it completes when the stream reaches this point.
-VSR_EMU_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
-  VSR_EMU_BEGIN("cuEventRecord");
-  return event_record(event, stream, false);
-}
-
-namespace {
-
-CUresult event_target(CUevent event, std::shared_ptr<CUstream_st>* stream, uint64_t* seq) {
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_init(s); r != CUDA_SUCCESS) return r;
-  auto it = s.events.find(event);
-  if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
-  if (it->second->ctx->poisoned) return CUDA_ERROR_ILLEGAL_ADDRESS;
-  *stream = it->second->recorded ? it->second->stream : nullptr;
-  *seq = it->second->seq;
-  return CUDA_SUCCESS;
-}
-
-}  // namespace
-
-/// SUCCESS when the captured work is done (or the event was never recorded), else NOT_READY.
-VSR_EMU_EXPORT CUresult cuEventQuery(CUevent event) {
-  VSR_EMU_BEGIN("cuEventQuery");
-  std::shared_ptr<CUstream_st> stream;
-  uint64_t seq = 0;
-  if (CUresult r = event_target(event, &stream, &seq); r != CUDA_SUCCESS) return r;
-  if (stream == nullptr) return CUDA_SUCCESS;
-  std::lock_guard slock(stream->mutex_);
-  return stream->completed_ >= seq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
-}
-
-/// Waits for the captured work of `event` (returns at once if never recorded).
-VSR_EMU_EXPORT CUresult cuEventSynchronize(CUevent event) {
-  VSR_EMU_BEGIN("cuEventSynchronize");
-  std::shared_ptr<CUstream_st> stream;
-  uint64_t seq = 0;
-  if (CUresult r = event_target(event, &stream, &seq); r != CUDA_SUCCESS) return r;
-  if (stream != nullptr) wait_for(stream, seq);
-  return CUDA_SUCCESS;
-}
-
-/// Destroys `event` at once, even while its captured work is pending.
-VSR_EMU_EXPORT CUresult cuEventDestroy(CUevent event) {
-  VSR_EMU_BEGIN("cuEventDestroy");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_init(s); r != CUDA_SUCCESS) return r;
-  auto it = s.events.find(event);
-  if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
-  s.events.erase(it);
-  return CUDA_SUCCESS;
-}
-
-/// Milliseconds between two completed, timed events.
-VSR_EMU_EXPORT CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
-  VSR_EMU_BEGIN("cuEventElapsedTime");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_init(s); r != CUDA_SUCCESS) return r;
-  if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  auto a = s.events.find(start);
-  auto b = s.events.find(end);
-  if (a == s.events.end() || b == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
-  for (const auto* e : {a->second.get(), b->second.get()}) {
-    if (!e->recorded || (e->flags & CU_EVENT_DISABLE_TIMING) != 0) {
-      return CUDA_ERROR_INVALID_HANDLE;
-    }
-  }
-  if (!a->second->time_set || !b->second->time_set) return CUDA_ERROR_NOT_READY;
-  *ms = std::chrono::duration<float, std::milli>(b->second->time - a->second->time).count();
-  return CUDA_SUCCESS;
 }
 
 // ============================== test control API ==============================
@@ -2030,118 +1421,8 @@ VSR_EMU_EXPORT int vsr_emu_query_outstanding(vsr_emu_outstanding* out, int devic
   for (auto& [raw, ev] : s.events) {
     if (device == -1 || ev->ctx->device == device) o.events++;
   }
+  o.stale_handles = static_cast<size_t>(s.stale_handles);
+  o.unmap_with_pending_work = static_cast<size_t>(s.unmap_with_pending_work);
   *out = o;
   return CUDA_SUCCESS;
-}
-
-/// See vsr_emulator.h.
-VSR_EMU_EXPORT int vsr_emu_set_fail(const char* spec) {
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  std::vector<FailRule> plan;
-  if (!parse_plan(spec, &plan)) return CUDA_ERROR_INVALID_VALUE;
-  s.fail_plan = std::move(plan);
-  s.call_counts.clear();
-  s.fail_env_read = true;
-  return CUDA_SUCCESS;
-}
-
-/// See vsr_emulator.h.
-VSR_EMU_EXPORT unsigned long long vsr_emu_call_count(const char* entry) {
-  if (entry == nullptr) return 0;
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  auto it = s.call_counts.find(base_name(entry));
-  return it == s.call_counts.end() ? 0 : it->second;
-}
-
-/// See vsr_emulator.h.
-VSR_EMU_EXPORT int vsr_emu_set_option(const char* name, const char* value) {
-  if (name == nullptr || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  Config& c = s.config;
-  std::string_view n(name);
-  size_t number = 0;
-  bool flag = false;
-  size_t max_charged = 0;
-  for (auto& d : s.devices) max_charged = std::max(max_charged, d->charged);
-  bool has_linear_kind[3] = {false, false, false};
-  for (auto& [p, l] : s.linear) has_linear_kind[static_cast<int>(l.kind)] = true;
-  const bool vmm_live = !s.reservations.empty() || s.live_physical != 0 || !s.mappings.empty();
-  if (n == "DEVICE_MEMORY" || n == "CONTEXT_OVERHEAD" || n == "GRANULARITY" ||
-      n == "RECOMMENDED_GRANULARITY") {
-    if (!parse_size(value, &number)) return CUDA_ERROR_INVALID_VALUE;
-  } else if (n == "VMM" || n == "MANAGED" || n == "MEMORY_POOLS" || n == "SYNC" || n == "STICKY") {
-    if (!parse_bool(value, &flag)) return CUDA_ERROR_INVALID_VALUE;
-  } else {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  if (n == "DEVICE_MEMORY") {
-    if (number < max_charged + c.context_overhead) return CUDA_ERROR_NOT_PERMITTED;
-    c.device_memory = number;
-  } else if (n == "CONTEXT_OVERHEAD") {
-    if (max_charged + number > c.device_memory) return CUDA_ERROR_NOT_PERMITTED;
-    c.context_overhead = number;
-  } else if (n == "GRANULARITY") {
-    if (!valid_granularity(number)) return CUDA_ERROR_INVALID_VALUE;
-    if (c.recommended_granularity != 0 && c.recommended_granularity % number != 0) {
-      return CUDA_ERROR_INVALID_VALUE;
-    }
-    if (s.live_physical != 0 || !s.mappings.empty()) return CUDA_ERROR_NOT_PERMITTED;
-    c.granularity = number;
-  } else if (n == "RECOMMENDED_GRANULARITY") {
-    if (number != 0 && number % c.granularity != 0) return CUDA_ERROR_INVALID_VALUE;
-    c.recommended_granularity = number;
-  } else if (n == "VMM") {
-    if (!flag && vmm_live) return CUDA_ERROR_NOT_PERMITTED;
-    c.vmm = flag;
-  } else if (n == "MANAGED") {
-    if (!flag && has_linear_kind[static_cast<int>(LinearKind::managed)]) {
-      return CUDA_ERROR_NOT_PERMITTED;
-    }
-    c.managed = flag;
-  } else if (n == "MEMORY_POOLS") {
-    if (!flag && has_linear_kind[static_cast<int>(LinearKind::async)]) {
-      return CUDA_ERROR_NOT_PERMITTED;
-    }
-    c.memory_pools = flag;
-  } else if (n == "SYNC") {
-    c.sync = flag;
-  } else {
-    c.sticky = flag;
-  }
-  return CUDA_SUCCESS;
-}
-
-/// See vsr_emulator.h.
-VSR_EMU_EXPORT int vsr_emu_stream_pause(CUstream stream, int paused) {
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  auto it = s.streams.find(stream);
-  if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
-  if (it->second->inline_) return CUDA_ERROR_NOT_SUPPORTED;
-  {
-    std::lock_guard slock(it->second->mutex_);
-    it->second->paused_ = paused != 0;
-  }
-  it->second->cv_.notify_all();
-  return CUDA_SUCCESS;
-}
-
-/// See vsr_emulator.h.
-VSR_EMU_EXPORT const char* vsr_emu_describe(void) {
-  thread_local std::string line;
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  const Config& c = s.config;
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "vsr-cuda-emulator driver=%d devices=%d memory=%zu granularity=%zu "
-                "recommended=%zu overhead=%zu vmm=%d managed=%d pools=%d sync=%d sticky=%d",
-                c.driver_version, c.device_count, c.device_memory, c.granularity,
-                c.recommended_granularity != 0 ? c.recommended_granularity : c.granularity,
-                c.context_overhead, c.vmm, c.managed, c.memory_pools, c.sync, c.sticky);
-  line = buf;
-  return line.c_str();
 }

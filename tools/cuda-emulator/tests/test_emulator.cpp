@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Self-test of the host CUDA driver emulator. It loads the library the way the runtime does
 // (dlopen of $VIBESPATIAL_CUDA_DRIVER, then cuGetProcAddress_v2 at pinned versions) and checks
-// the rules of reference/cuda-vmm-semantics.md. Runs with 1 and with 2 emulated devices.
+// the rules of docs/cuda-driver-rules.md. Runs with 1 and with 2 emulated devices, inline, and
+// with every adversarial mode on; the modes themselves are tested in test_modes.cpp.
+#include "emulator_driver.hpp"
 #include "vsr_emulator.h"
 
 #include <cuda.h>
@@ -21,260 +23,7 @@
 #include <thread>
 #include <vector>
 
-namespace {
-
-using GetProc = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
-
-// Every entry point the tests use, resolved at the versions the runtime pins.
-struct Driver {
-  void* lib = nullptr;
-  GetProc get_proc = nullptr;
-  decltype(&::cuInit) init = nullptr;
-  decltype(&::cuDriverGetVersion) driver_get_version = nullptr;
-  decltype(&::cuDeviceGetCount) device_get_count = nullptr;
-  decltype(&::cuDeviceGetAttribute) device_get_attribute = nullptr;
-  decltype(&::cuDevicePrimaryCtxRetain) primary_retain = nullptr;
-  decltype(&::cuDevicePrimaryCtxRelease) primary_release = nullptr;
-  decltype(&::cuCtxSetCurrent) ctx_set_current = nullptr;
-  decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
-  decltype(&::cuCtxGetDevice) ctx_get_device = nullptr;
-  decltype(&::cuCtxSynchronize) ctx_synchronize = nullptr;
-  decltype(&::cuMemGetInfo) mem_get_info = nullptr;
-  decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
-  decltype(&::cuMemAddressReserve) reserve = nullptr;
-  decltype(&::cuMemAddressFree) address_free = nullptr;
-  decltype(&::cuMemCreate) create = nullptr;
-  decltype(&::cuMemRelease) release = nullptr;
-  decltype(&::cuMemMap) map = nullptr;
-  decltype(&::cuMemUnmap) unmap = nullptr;
-  decltype(&::cuMemSetAccess) set_access = nullptr;
-  decltype(&::cuMemGetAccess) get_access = nullptr;
-  decltype(&::cuMemRetainAllocationHandle) retain_handle = nullptr;
-  decltype(&::cuMemGetAllocationPropertiesFromHandle) props_from_handle = nullptr;
-  decltype(&::cuMemAlloc) alloc = nullptr;
-  decltype(&::cuMemFree) free = nullptr;
-  decltype(&::cuMemAllocManaged) alloc_managed = nullptr;
-  decltype(&::cuMemAllocAsync) alloc_async = nullptr;
-  decltype(&::cuMemFreeAsync) free_async = nullptr;
-  decltype(&::cuMemHostAlloc) host_alloc = nullptr;
-  decltype(&::cuMemFreeHost) free_host = nullptr;
-  decltype(&::cuMemcpyHtoD) htod = nullptr;
-  decltype(&::cuMemcpyDtoH) dtoh = nullptr;
-  decltype(&::cuMemcpyDtoD) dtod = nullptr;
-  decltype(&::cuMemcpyHtoDAsync) htod_async = nullptr;
-  decltype(&::cuMemcpyDtoHAsync) dtoh_async = nullptr;
-  decltype(&::cuMemsetD8) memset8 = nullptr;
-  decltype(&::cuMemsetD32Async) memset32_async = nullptr;
-  decltype(&::cuStreamCreate) stream_create = nullptr;
-  decltype(&::cuStreamDestroy) stream_destroy = nullptr;
-  decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
-  decltype(&::cuStreamQuery) stream_query = nullptr;
-  decltype(&::cuStreamWaitEvent) stream_wait_event = nullptr;
-  decltype(&::cuLaunchHostFunc) launch_host_func = nullptr;
-  decltype(&::cuEventCreate) event_create = nullptr;
-  decltype(&::cuEventRecord) event_record = nullptr;
-  decltype(&::cuEventQuery) event_query = nullptr;
-  decltype(&::cuEventSynchronize) event_synchronize = nullptr;
-  decltype(&::cuEventDestroy) event_destroy = nullptr;
-  decltype(&::cuGetErrorName) error_name = nullptr;
-  decltype(&::vsr_emu_query_outstanding) outstanding = nullptr;
-  decltype(&::vsr_emu_set_fail) set_fail = nullptr;
-  decltype(&::vsr_emu_call_count) call_count = nullptr;
-  decltype(&::vsr_emu_set_option) set_option = nullptr;
-  decltype(&::vsr_emu_stream_pause) stream_pause = nullptr;
-  decltype(&::vsr_emu_describe) describe = nullptr;
-
-  template <typename F>
-  void resolve(F*& out, const char* name, int version) {
-    void* p = nullptr;
-    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    REQUIRE(get_proc(name, &p, version, 0, &status) == CUDA_SUCCESS);
-    REQUIRE_MESSAGE(status == CU_GET_PROC_ADDRESS_SUCCESS, name);
-    out = reinterpret_cast<F*>(p);
-  }
-
-  template <typename F>
-  void symbol(F*& out, const char* name) {
-    out = reinterpret_cast<F*>(dlsym(lib, name));
-    REQUIRE_MESSAGE((out != nullptr), name);
-  }
-
-  Driver() {
-    const char* path = std::getenv("VIBESPATIAL_CUDA_DRIVER");
-    REQUIRE_MESSAGE(path != nullptr, "VIBESPATIAL_CUDA_DRIVER is not set");
-    lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    REQUIRE_MESSAGE(lib != nullptr, dlerror());
-    symbol(get_proc, "cuGetProcAddress_v2");
-    resolve(init, "cuInit", 2000);
-    resolve(driver_get_version, "cuDriverGetVersion", 2020);
-    resolve(device_get_count, "cuDeviceGetCount", 2000);
-    resolve(device_get_attribute, "cuDeviceGetAttribute", 2000);
-    resolve(primary_retain, "cuDevicePrimaryCtxRetain", 7000);
-    resolve(primary_release, "cuDevicePrimaryCtxRelease", 11000);
-    resolve(ctx_set_current, "cuCtxSetCurrent", 4000);
-    resolve(ctx_get_current, "cuCtxGetCurrent", 4000);
-    resolve(ctx_get_device, "cuCtxGetDevice", 2000);
-    resolve(ctx_synchronize, "cuCtxSynchronize", 2000);
-    resolve(mem_get_info, "cuMemGetInfo", 3020);
-    resolve(granularity, "cuMemGetAllocationGranularity", 10020);
-    resolve(reserve, "cuMemAddressReserve", 10020);
-    resolve(address_free, "cuMemAddressFree", 10020);
-    resolve(create, "cuMemCreate", 10020);
-    resolve(release, "cuMemRelease", 10020);
-    resolve(map, "cuMemMap", 10020);
-    resolve(unmap, "cuMemUnmap", 10020);
-    resolve(set_access, "cuMemSetAccess", 10020);
-    resolve(get_access, "cuMemGetAccess", 10020);
-    resolve(retain_handle, "cuMemRetainAllocationHandle", 11000);
-    resolve(props_from_handle, "cuMemGetAllocationPropertiesFromHandle", 10020);
-    resolve(alloc, "cuMemAlloc", 3020);
-    resolve(free, "cuMemFree", 3020);
-    resolve(alloc_managed, "cuMemAllocManaged", 6000);
-    resolve(alloc_async, "cuMemAllocAsync", 11020);
-    resolve(free_async, "cuMemFreeAsync", 11020);
-    resolve(host_alloc, "cuMemHostAlloc", 2020);
-    resolve(free_host, "cuMemFreeHost", 2000);
-    resolve(htod, "cuMemcpyHtoD", 3020);
-    resolve(dtoh, "cuMemcpyDtoH", 3020);
-    resolve(dtod, "cuMemcpyDtoD", 3020);
-    resolve(htod_async, "cuMemcpyHtoDAsync", 3020);
-    resolve(dtoh_async, "cuMemcpyDtoHAsync", 3020);
-    resolve(memset8, "cuMemsetD8", 3020);
-    resolve(memset32_async, "cuMemsetD32Async", 3020);
-    resolve(stream_create, "cuStreamCreate", 2000);
-    resolve(stream_destroy, "cuStreamDestroy", 4000);
-    resolve(stream_synchronize, "cuStreamSynchronize", 2000);
-    resolve(stream_query, "cuStreamQuery", 2000);
-    resolve(stream_wait_event, "cuStreamWaitEvent", 3020);
-    resolve(launch_host_func, "cuLaunchHostFunc", 10000);
-    resolve(event_create, "cuEventCreate", 2000);
-    resolve(event_record, "cuEventRecord", 2000);
-    resolve(event_query, "cuEventQuery", 2000);
-    resolve(event_synchronize, "cuEventSynchronize", 2000);
-    resolve(event_destroy, "cuEventDestroy", 4000);
-    resolve(error_name, "cuGetErrorName", 6000);
-    symbol(outstanding, "vsr_emu_query_outstanding");
-    symbol(set_fail, "vsr_emu_set_fail");
-    symbol(call_count, "vsr_emu_call_count");
-    symbol(set_option, "vsr_emu_set_option");
-    symbol(stream_pause, "vsr_emu_stream_pause");
-    symbol(describe, "vsr_emu_describe");
-  }
-
-  std::string name(CUresult r) const {
-    const char* s = nullptr;
-    return error_name(r, &s) == CUDA_SUCCESS ? s : std::to_string(static_cast<int>(r));
-  }
-};
-
-Driver& drv() {
-  static Driver d;
-  return d;
-}
-
-// Asserts by error name so failures read well (§9: compare names, not strings).
-#define CHECK_CU(call, expected) CHECK(drv().name(call) == drv().name(expected))
-#define REQUIRE_CU(call) REQUIRE(drv().name(call) == "CUDA_SUCCESS")
-
-int device_count() {
-  int n = 0;
-  REQUIRE_CU(drv().device_get_count(&n));
-  return n;
-}
-
-// cuInit once; the primary context of `dev` is retained and current on the calling thread.
-CUcontext use_device(int dev = 0) {
-  Driver& d = drv();
-  static std::once_flag once;
-  std::call_once(once, [&] { REQUIRE_CU(d.init(0)); });
-  CUcontext ctx = nullptr;
-  REQUIRE_CU(d.primary_retain(&ctx, dev));
-  REQUIRE_CU(d.ctx_set_current(ctx));
-  // One retain per thread and device is enough for these tests: drop the extra ones.
-  static thread_local std::vector<int> retained;
-  if (std::find(retained.begin(), retained.end(), dev) != retained.end()) {
-    REQUIRE_CU(d.primary_release(dev));
-  } else {
-    retained.push_back(dev);
-  }
-  return ctx;
-}
-
-CUmemAllocationProp device_prop(int dev = 0) {
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
-  return prop;
-}
-
-CUmemAccessDesc access(int dev, CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
-  CUmemAccessDesc desc{};
-  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  desc.location.id = dev;
-  desc.flags = flags;
-  return desc;
-}
-
-size_t min_granularity() {
-  size_t g = 0;
-  CUmemAllocationProp prop = device_prop();
-  REQUIRE_CU(drv().granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-  return g;
-}
-
-size_t free_bytes() {
-  size_t f = 0;
-  size_t t = 0;
-  REQUIRE_CU(drv().mem_get_info(&f, &t));
-  return f;
-}
-
-vsr_emu_outstanding outstanding(int dev = -1) {
-  vsr_emu_outstanding o{};
-  REQUIRE(drv().outstanding(&o, dev) == CUDA_SUCCESS);
-  return o;
-}
-
-void check_nothing_outstanding() {
-  vsr_emu_outstanding o = outstanding();
-  CHECK(o.reservations == 0);
-  CHECK(o.handles == 0);
-  CHECK(o.physical_bytes == 0);
-  CHECK(o.mappings == 0);
-  CHECK(o.allocations == 0);
-  CHECK(o.managed == 0);
-  CHECK(o.host_allocations == 0);
-  CHECK(o.streams == 0);
-  CHECK(o.events == 0);
-}
-
-// A reserved, mapped, read-write range of `size` bytes (one handle).
-struct Mapped {
-  CUdeviceptr va = 0;
-  size_t size = 0;
-  CUmemGenericAllocationHandle handle = 0;
-
-  Mapped(size_t bytes, int dev = 0) : size(bytes) {
-    Driver& d = drv();
-    CUmemAllocationProp prop = device_prop(dev);
-    REQUIRE_CU(d.create(&handle, size, &prop, 0));
-    REQUIRE_CU(d.reserve(&va, size, 0, 0, 0));
-    REQUIRE_CU(d.map(va, size, 0, handle, 0));
-    CUmemAccessDesc rw = access(dev);
-    REQUIRE_CU(d.set_access(va, size, &rw, 1));
-  }
-  ~Mapped() {
-    Driver& d = drv();
-    CHECK_CU(d.unmap(va, size), CUDA_SUCCESS);
-    CHECK_CU(d.release(handle), CUDA_SUCCESS);
-    CHECK_CU(d.address_free(va, size), CUDA_SUCCESS);
-  }
-  Mapped(const Mapped&) = delete;
-  Mapped& operator=(const Mapped&) = delete;
-};
-
-}  // namespace
+using namespace vsr_emu_test;
 
 TEST_CASE("emulator: rules before cuInit") {
   Driver& d = drv();
@@ -436,6 +185,7 @@ TEST_CASE("emulator: VMM transition table with cuMemGetInfo deltas (§4)") {
   std::vector<unsigned char> pattern(size);
   for (size_t i = 0; i < size; ++i) pattern[i] = static_cast<unsigned char>(i * 7);
   REQUIRE_CU(d.htod(va, pattern.data(), size));
+  REQUIRE_CU(d.ctx_synchronize());  // a pageable HtoD may return before the data lands (§3.6)
   CHECK(std::memcmp(reinterpret_cast<void*>(va), pattern.data(), size) == 0);
 
   // Step 5: release while mapped keeps the memory alive and usable.
@@ -552,6 +302,7 @@ TEST_CASE("emulator: strict reserve/create/map/unmap/access/free rules") {
   // A copy across two adjacent mappings of different handles works.
   std::vector<unsigned char> span(2 * page, 0x5a);
   CHECK_CU(d.htod(va + 2 * g - page, span.data(), span.size()), CUDA_SUCCESS);
+  REQUIRE_CU(d.ctx_synchronize());  // done before the unmaps below (§3.6: HtoD may return early)
 
   CUdeviceptr plain = 0;
   REQUIRE_CU(d.alloc(&plain, g));
@@ -581,6 +332,10 @@ TEST_CASE("emulator: strict reserve/create/map/unmap/access/free rules") {
 TEST_CASE("emulator: classic allocations, copies and sticky faults") {
   Driver& d = drv();
   CUcontext ctx = use_device();
+  Options opt;
+  // Exact accounting, and VMM calls that do not see the context's sticky error (test_modes.cpp
+  // covers MEMINFO_QUANTUM and STICKY_VMM).
+  opt.set("MEMINFO_QUANTUM", "0").set("STICKY_VMM", "0");
   const size_t base = free_bytes();
   CUdeviceptr p = 0;
   CHECK_CU(d.alloc(&p, 0), CUDA_ERROR_INVALID_VALUE);
@@ -878,6 +633,7 @@ TEST_CASE("emulator: multiple devices") {
   CHECK(dev == 1);
   CHECK(free_bytes() == free1 - g);
   CHECK_CU(d.htod(va, &word, 4), CUDA_SUCCESS);
+  REQUIRE_CU(d.ctx_synchronize());
   REQUIRE_CU(d.unmap(va, g));
   REQUIRE_CU(d.release(h));
   REQUIRE_CU(d.address_free(va, g));
