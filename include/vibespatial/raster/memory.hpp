@@ -134,7 +134,7 @@ VSR_EXPORT void* device_allocate(std::size_t bytes, CUstream stream = nullptr);
 /// Frees a block from device_allocate. `bytes` must be the size it was allocated with. The block
 /// may be reused at once on `stream`, and on other streams once the work queued on `stream` at
 /// this call has completed (an event, queried; never a device-wide synchronisation).
-/// `device_deallocate(nullptr, 0)` is a no-op.
+/// `device_deallocate(nullptr, 0)` is a no-op (outside a forked child).
 /// Small blocks of tiers A/B are freed with no driver call. Large blocks, and every block of the
 /// fallback tier, record a mark of `stream` (a context query, then a stream query and an event,
 /// or a synchronisation of `stream` when no event can be recorded); tier C calls cuMemFree.
