@@ -209,7 +209,13 @@ vsr_status vsr_memory_pool_stats(vsr_pool_stats* out) {
 }
 
 vsr_status vsr_memory_pool_stats_device(int device, vsr_pool_stats* out) {
-  return guarded(__func__, [&] { stats_into(vsr::memory_pool_stats(device), out); });
+  return guarded(__func__, [&] {
+    const vsr::MemoryPoolStats s = vsr::memory_pool_stats(device);
+    if (s.no_such_device) {
+      throw std::out_of_range("device " + std::to_string(device) + " does not exist");
+    }
+    stats_into(s, out);
+  });
 }
 
 vsr_status vsr_device_allocate(size_t bytes, void* stream, void** out) {

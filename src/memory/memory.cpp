@@ -4,9 +4,12 @@
 
 #include <vibespatial/raster/memory.hpp>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -35,13 +38,62 @@ const char* tier_name(Tier t) {
   }
 }
 
+// `value` with every byte outside printable ASCII, and the quote and backslash, written as \xHH.
+std::string escaped(const char* value) {
+  std::string out;
+  for (const char* c = value; *c != '\0'; ++c) {
+    const auto b = static_cast<unsigned char>(*c);
+    if (b >= 0x20 && b < 0x7f && b != '"' && b != '\\') {
+      out.push_back(*c);
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", b);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+// A boolean tier variable: unset, or 0/false/no/off, is false; 1/true/yes/on is true (any case).
+// Anything else, the empty string included, is an error rather than a silent "off".
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr) return false;
   std::string s(v);
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s == "1" || s == "true" || s == "yes" || s == "on";
+  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+  if (s == "0" || s == "false" || s == "no" || s == "off") return false;
+  throw std::invalid_argument(std::string("configure_memory_pool: ") + name + "=\"" + escaped(v) +
+                              "\" is not a boolean: set 1, true, yes or on to enable it, 0, false, "
+                              "no or off to disable it (any case), or leave it unset");
 }
+
+// Whether this process had used the pool when it forked (see g_forked_child). Set before any
+// pool lock is first taken, so a fork while a lock is held always sees it.
+std::atomic<bool> g_pool_used{false};
+
+void note_pool_use() noexcept {
+  if (!g_pool_used.load(std::memory_order_relaxed)) g_pool_used.store(true);
+}
+
+void on_fork_child() noexcept {
+  if (g_pool_used.load(std::memory_order_relaxed)) {
+    g_forked_child.store(true, std::memory_order_relaxed);
+  }
+}
+
+// Registered when the library is loaded, so no fork can come before it. glibc removes the
+// handler if the library is unloaded (dlclose).
+[[maybe_unused]] const int g_atfork_registered = pthread_atfork(nullptr, nullptr, on_fork_child);
+
+// Set while this thread runs OOM handlers: an allocation made by a handler that finds the
+// device full fails at once instead of running the chain again (which would call the handler
+// again, without bound).
+thread_local bool t_in_oom_handler = false;
+
+// Whether this thread's context has been checked (and device 0's primary context bound if it had
+// none), in a one-device process where current_device() needs no driver call otherwise.
+thread_local bool t_context_bound = false;
 
 struct Registry {
   std::mutex config_mutex;
@@ -78,7 +130,15 @@ bool device_has_vmm(int device) {
 }
 
 int current_device() {
-  if (driver_state().device_count == 1) return 0;  // the fast path: no driver call
+  if (driver_state().device_count == 1) {
+    // One device: no driver call after the thread's first, which binds the primary context if
+    // the thread has none (memory.hpp promises it: the blocks are then usable on this thread).
+    if (!t_context_bound) [[unlikely]] {
+      bind_current_device();
+      t_context_bound = true;
+    }
+    return 0;
+  }
   return bind_current_device();
 }
 
@@ -115,6 +175,18 @@ std::string driver_memory(int device) {
 }
 
 }  // namespace
+
+std::atomic<bool> g_forked_child{false};
+
+void throw_forked_child(const char* function) {
+  throw DriverUnavailableError(
+      CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED",
+      std::string(function) +
+          ": this process was forked from one that had used the device memory pool, and CUDA "
+          "cannot be used after fork() without exec(): use the pool in the parent, or start "
+          "worker processes with exec (Python multiprocessing: the 'spawn' or 'forkserver' start "
+          "method)");
+}
 
 std::string configured_tier() noexcept {
   return tier_name(current_tier());
@@ -180,24 +252,38 @@ using detail::registry;
 using detail::Tier;
 
 std::string configure_memory_pool() {
+  if (detail::in_forked_child()) [[unlikely]]
+    detail::throw_forked_child(__func__);
   detail::Registry& r = registry();
   Tier t = detail::current_tier();
   if (t != Tier::none) return detail::tier_name(t);
+  detail::note_pool_use();
   std::lock_guard lock(r.config_mutex);
   t = detail::current_tier();
   if (t != Tier::none) return detail::tier_name(t);
 
+  // Both variables are checked, whichever wins: a value that means nothing is an error.
+  const bool managed = detail::env_flag("VIBESPATIAL_GPU_MANAGED_MEMORY");
+  const bool pool_only = detail::env_flag("VIBESPATIAL_GPU_POOL_ONLY");
   detail::driver();  // throws DriverUnavailableError, saying why
   const int device = detail::bind_current_device();
-  if (detail::env_flag("VIBESPATIAL_GPU_MANAGED_MEMORY")) {
+  if (managed) {
     if (!detail::driver().cuMemAllocManaged ||
         !detail::device_attribute(device, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)) {
       throw CudaError(CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
                       "VIBESPATIAL_GPU_MANAGED_MEMORY=1 asks for tier C, but device " +
                           std::to_string(device) + " does not support managed memory");
     }
+    if (pool_only) {
+      std::fprintf(stderr,
+                   "vibespatial-raster: warning: VIBESPATIAL_GPU_MANAGED_MEMORY=\"%s\" and "
+                   "VIBESPATIAL_GPU_POOL_ONLY=\"%s\" are both set: tier C (managed memory) wins, "
+                   "VIBESPATIAL_GPU_POOL_ONLY is ignored\n",
+                   detail::escaped(std::getenv("VIBESPATIAL_GPU_MANAGED_MEMORY")).c_str(),
+                   detail::escaped(std::getenv("VIBESPATIAL_GPU_POOL_ONLY")).c_str());
+    }
     t = Tier::c;
-  } else if (detail::env_flag("VIBESPATIAL_GPU_POOL_ONLY")) {
+  } else if (pool_only) {
     if (!detail::device_has_vmm(device)) {
       throw CudaError(CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
                       "VIBESPATIAL_GPU_POOL_ONLY=1 asks for tier A, but device " +
@@ -212,6 +298,8 @@ std::string configure_memory_pool() {
 }
 
 void free_pool_memory() {
+  if (detail::in_forked_child()) [[unlikely]]
+    detail::throw_forked_child(__func__);
   if (detail::current_tier() == Tier::none) return;
   std::optional<CudaError> first;
   for (auto& slot : registry().pools) {
@@ -229,9 +317,18 @@ void free_pool_memory() {
 MemoryPoolStats memory_pool_stats(int device) noexcept {
   MemoryPoolStats s;
   s.device = device;
-  s.tier = detail::configured_tier();
+  // A forked child reports no pool: the parent's may be mid-change, behind a lock never released.
+  if (detail::in_forked_child()) return s;
+  const std::string tier = detail::configured_tier();
+  // Once configured, the driver is loaded and knows its devices; before, only the pool's limits.
+  if (device < 0 || device >= static_cast<int>(registry().pools.size()) ||
+      (!tier.empty() && device >= detail::driver_state().device_count)) {
+    s.no_such_device = true;
+    return s;
+  }
+  s.tier = tier;
   s.configured = !s.tier.empty();
-  if (!s.configured || device < 0 || device >= static_cast<int>(registry().pools.size())) return s;
+  if (!s.configured) return s;
   detail::DevicePool* p = registry().pools[static_cast<std::size_t>(device)].load();
   if (p == nullptr) {  // configured, but nothing allocated on this device yet
     if (s.tier == "fallback") {
@@ -250,6 +347,7 @@ MemoryPoolStats memory_pool_stats(int device) noexcept {
 }
 
 MemoryPoolStats memory_pool_stats() noexcept {
+  if (detail::in_forked_child()) return MemoryPoolStats{};
   int device = 0;
   try {
     if (detail::current_tier() != Tier::none) device = detail::current_device();
@@ -260,6 +358,8 @@ MemoryPoolStats memory_pool_stats() noexcept {
 }
 
 void* device_allocate(std::size_t bytes, CUstream stream) {
+  if (detail::in_forked_child()) [[unlikely]]
+    detail::throw_forked_child(__func__);
   if (bytes == 0) return nullptr;
   if (detail::current_tier() == Tier::none) configure_memory_pool();
   detail::DevicePool& pool = detail::pool_for_device(detail::current_device());
@@ -270,6 +370,11 @@ void* device_allocate(std::size_t bytes, CUstream stream) {
       detail::throw_oom(pool, bytes, "; the request is larger than the device's memory");
     }
     if (detail::current_tier() != Tier::b) detail::throw_oom(pool, bytes, "");
+    if (detail::t_in_oom_handler) {
+      detail::throw_oom(pool, bytes,
+                        "; called from inside an OOM handler, where the recovery chain does not "
+                        "run again");
+    }
   }
   // Tier B's recovery chain. The pool holds none of its locks here, so handlers may free memory
   // through it.
@@ -281,9 +386,16 @@ void* device_allocate(std::size_t bytes, CUstream stream) {
       std::lock_guard lock(r.handler_mutex);
       for (auto& [id, h] : r.handlers) handlers.push_back(h);
     }
-    for (const auto& h : handlers) {
-      ++handlers_run;
-      (*h)(bytes);
+    {
+      struct InHandlers {
+        bool outer = detail::t_in_oom_handler;
+        InHandlers() { detail::t_in_oom_handler = true; }
+        ~InHandlers() { detail::t_in_oom_handler = outer; }
+      } in_handlers;
+      for (const auto& h : handlers) {
+        ++handlers_run;
+        (*h)(bytes);
+      }
     }
     try {
       pool.trim();  // every free page back to the driver, after its freeing work completes
@@ -304,6 +416,8 @@ void* device_allocate(std::size_t bytes, CUstream stream) {
 }
 
 void device_deallocate(void* ptr, std::size_t bytes, CUstream stream) {
+  if (detail::in_forked_child()) [[unlikely]]
+    detail::throw_forked_child(__func__);
   if (ptr == nullptr) {
     if (bytes == 0) return;
     throw std::invalid_argument("device_deallocate: null pointer with a size of " +
@@ -318,7 +432,10 @@ void device_deallocate(void* ptr, std::size_t bytes, CUstream stream) {
 }
 
 std::uint64_t add_oom_handler(OomHandler handler) {
+  if (detail::in_forked_child()) [[unlikely]]
+    detail::throw_forked_child(__func__);
   if (!handler) throw std::invalid_argument("add_oom_handler: empty handler");
+  detail::note_pool_use();
   detail::Registry& r = registry();
   std::lock_guard lock(r.handler_mutex);
   const std::uint64_t id = r.next_handler++;
@@ -327,6 +444,9 @@ std::uint64_t add_oom_handler(OomHandler handler) {
 }
 
 void remove_oom_handler(std::uint64_t id) {
+  if (detail::in_forked_child()) [[unlikely]]
+    detail::throw_forked_child(__func__);
+  detail::note_pool_use();
   detail::Registry& r = registry();
   std::lock_guard lock(r.handler_mutex);
   r.handlers.erase(id);

@@ -13,15 +13,19 @@
 // pins one page at most.
 //
 // Locking: the small-block fast path uses a per-thread cache (no lock, no driver call); every
-// other path takes the pool's mutex. A slab belongs to one thread at a time (Slab::owner): the
-// thread refills its cache from its own slabs' freed slots, then claims a slab nobody owns, then
-// carves; only a full device lets a thread take slots from another thread's slab. Threads thus
-// write disjoint cache lines of the per-slot records even after blocks went back to the pool.
-// Driver rules followed (reference/cuda-vmm-semantics.md): map whole handles at offset 0 (§3.4.6),
-// set access once per contiguous newly mapped run (§3.4.8, §7 #3), unmap only whole mappings inside
-// one reservation (§3.4.7), release handles exactly once (§7 #5), and unmap only memory whose
-// freeing stream work has completed (§7 #2).
+// other path takes the pool's mutex. Another thread may take a cache's blocks (trim, and so the
+// OOM chain and free_pool_memory()) under the mutex, after a handshake with the owner's fast path
+// (ThreadCache::active/steal, an asymmetric fence: the owner pays plain stores and a load). A slab
+// belongs to one thread at a time (Slab::owner): the thread refills its cache from its own slabs'
+// freed slots, then claims a slab nobody owns, then carves; only a full device lets a thread take
+// slots from another thread's slab. Threads thus write disjoint cache lines of the per-slot records
+// even after blocks went back to the pool. Driver rules followed (reference/cuda-vmm-semantics.md):
+// map whole handles at offset 0 (§3.4.6), set access once per contiguous newly mapped run (§3.4.8,
+// §7 #3), unmap only whole mappings inside one reservation (§3.4.7), release handles exactly once
+// (§7 #5), and unmap only memory whose freeing stream work has completed (§7 #2).
+#include "memory/asymmetric_fence.hpp"
 #include "memory/device_pool.hpp"
+#include "memory/pool_registry.hpp"
 #include "memory/size_classes.hpp"
 
 #include <algorithm>
@@ -30,6 +34,7 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
 
 namespace vibespatial::raster::detail {
@@ -121,6 +126,16 @@ struct Region {
   std::size_t bump = 0;                               // small: pages never used above this
 };
 
+// Pages mapped at `addr` whose map failed (access or a later page) and whose undo, the unmap,
+// failed too: the driver still holds the mapping. The range is kept out of use (no slab, no
+// window over it) and the handles out of the free lists until an unmap succeeds, retried before
+// new pages are created and by trim(). They count as held, mapped and free.
+struct StuckMapping {
+  CUdeviceptr addr = 0;
+  int region = 0;
+  std::vector<CUmemGenericAllocationHandle> handles;
+};
+
 struct LargeBlock {
   std::size_t pages = 0;
   std::size_t bytes = 0;
@@ -150,6 +165,16 @@ class alignas(64) ThreadCache {
  public:
   VmmPool* pool = nullptr;
   std::uint64_t epoch = 0;
+  // The handshake that lets another thread take this cache's blocks (VmmPool::drain_caches)
+  // while the owner may be on its lock-free fast path. The owner sets `active` around every use
+  // of its bins outside the mutex and then checks `steal`: if set, it leaves and takes the locked
+  // path. A thread that takes the blocks holds the mutex, sets `steal`, fences, waits for
+  // `active` to clear, empties the bins, and clears `steal`. Between the owner's store and load
+  // and the taker's store and load sits a store-load fence: asymmetric (a compiler barrier on the
+  // owner's side, membarrier on the taker's) where available, else sequentially consistent
+  // operations on both sides.
+  std::atomic<bool> active{false};
+  std::atomic<bool> steal{false};
   std::array<Bin, kMaxSizeClasses> bins;
   // The slab each class carves new slots from, per thread, so that threads do not share slabs
   // (and the cache lines of their slot records) until blocks migrate through the shared list.
@@ -206,6 +231,28 @@ class VmmPool final : public DevicePool {
   void retire_cache(ThreadCache& cache) noexcept;
 
  private:
+  // The owner's side of the cache handshake: true if the owner may use its bins without the
+  // mutex until leave_fast_path(); false if another thread is taking them (use the locked path).
+  bool enter_fast_path(ThreadCache& cache) const noexcept {
+    if (asymmetric_) {
+      cache.active.store(true, std::memory_order_relaxed);
+      light_fence();
+      if (!cache.steal.load(std::memory_order_acquire)) [[likely]]
+        return true;
+    } else {
+      cache.active.exchange(true, std::memory_order_seq_cst);
+      if (!cache.steal.load(std::memory_order_seq_cst)) [[likely]]
+        return true;
+    }
+    cache.active.store(false, std::memory_order_release);
+    return false;
+  }
+  static void leave_fast_path(ThreadCache& cache) noexcept {
+    cache.active.store(false, std::memory_order_release);
+  }
+  // Moves the blocks every other thread's cache holds to the shared lists, and gives up those
+  // threads' carving slabs, so that trim() can release what they freed. Mutex held.
+  void drain_caches(const ThreadCache* self) noexcept;
   // Small blocks.
   ThreadCache& thread_cache();
   void* allocate_small(std::size_t bytes, CUstream stream);
@@ -251,8 +298,13 @@ class VmmPool final : public DevicePool {
                      std::vector<CUmemGenericAllocationHandle>& out);
   int region_of(CUdeviceptr p) const noexcept;
   int add_region(std::size_t size, bool small);
-  std::size_t map_pages(CUdeviceptr addr, const CUmemGenericAllocationHandle* handles,
-                        std::size_t count);  // returns pages mapped and made accessible
+  // Maps `count` pages at `addr` and makes them accessible; on failure undoes what it mapped and
+  // throws. If the undo fails too, the mapped pages become a StuckMapping and their entries in
+  // `handles` are set to 0: the caller must not reuse those. Mutex held.
+  void map_pages(CUdeviceptr addr, CUmemGenericAllocationHandle* handles, std::size_t count);
+  // Unmaps stuck mappings, returning their pages to spare_ (and their slab pages to their
+  // region's vacant list). Returns the first failure, CUDA_SUCCESS if none. Mutex held.
+  CUresult recover_stuck() noexcept;
 
   std::size_t page_ = 0;
   std::size_t small_limit_ = 0;
@@ -269,6 +321,7 @@ class VmmPool final : public DevicePool {
   std::map<CUdeviceptr, FreeRange> free_by_addr_;
   std::multimap<std::size_t, CUdeviceptr> free_by_size_;
   std::vector<CUmemGenericAllocationHandle> spare_;
+  std::vector<StuckMapping> stuck_;
 
   struct ClassState {
     std::vector<Slab*> slabs;
@@ -293,9 +346,12 @@ class VmmPool final : public DevicePool {
   std::size_t slab_count_ = 0;
   MarkFactory marks_;
   bool torn_down_ = false;
+  const bool asymmetric_ = asymmetric_fence_available();  // the cache handshake's fence
 };
 
 ThreadCacheSet::~ThreadCacheSet() {
+  // A forked child's caches belong to the parent's pools, whose mutex may be held for ever.
+  if (in_forked_child()) return;
   for (std::size_t d = 0; d < caches.size(); ++d) {
     ThreadCache* c = caches[d].get();
     if (c != nullptr && c->pool != nullptr &&
@@ -379,8 +435,8 @@ Slab* VmmPool::slab_of(CUdeviceptr p) const noexcept {
   return r.slabs[(p - r.base) / page_].load(std::memory_order_acquire);
 }
 
-std::size_t VmmPool::map_pages(CUdeviceptr addr, const CUmemGenericAllocationHandle* handles,
-                               std::size_t count) {
+void VmmPool::map_pages(CUdeviceptr addr, CUmemGenericAllocationHandle* handles,
+                        std::size_t count) {
   const DriverApi& api = driver();
   std::size_t mapped = 0;
   CUresult r = CUDA_SUCCESS;
@@ -391,12 +447,48 @@ std::size_t VmmPool::map_pages(CUdeviceptr addr, const CUmemGenericAllocationHan
   if (r == CUDA_SUCCESS) r = api.cuMemSetAccess(addr, count * page_, &access_, 1);
   if (r == CUDA_SUCCESS) {
     pages_mapped_ += count;
-    return count;
+    return;
   }
-  // Undo exactly what this call mapped (§7 #6: never unmap a range with unmapped gaps).
-  if (mapped > 0) api.cuMemUnmap(addr, mapped * page_);
+  // Undo exactly what this call mapped (§7 #6: never unmap a range with unmapped gaps). If that
+  // fails, the driver still maps those pages: keep them known, never forgotten nor reused.
+  if (mapped > 0 && api.cuMemUnmap(addr, mapped * page_) != CUDA_SUCCESS) {
+    stuck_.push_back({addr, region_of(addr), {handles, handles + mapped}});
+    pages_mapped_ += mapped;
+    std::fill(handles, handles + mapped, CUmemGenericAllocationHandle{0});
+  }
   if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{count * page_};
   throw_cuda_error(r, "cuMemMap/cuMemSetAccess", __FILE__, __LINE__);
+}
+
+CUresult VmmPool::recover_stuck() noexcept {
+  CUresult first = CUDA_SUCCESS;
+  for (std::size_t i = 0; i < stuck_.size();) {
+    StuckMapping& m = stuck_[i];
+    const std::size_t pages = m.handles.size();
+    Region& region = regions_[static_cast<std::size_t>(m.region)];
+    CUresult r = CUDA_SUCCESS;
+    try {  // room first, so that nothing after the unmap can fail
+      spare_.reserve(spare_.size() + pages);
+      if (region.small) region.vacant.reserve(region.vacant.size() + pages);
+    } catch (const std::bad_alloc&) {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (r == CUDA_SUCCESS) r = driver_state().api.cuMemUnmap(m.addr, pages * page_);
+    if (r != CUDA_SUCCESS) {
+      if (first == CUDA_SUCCESS) first = r;
+      ++i;
+      continue;
+    }
+    pages_mapped_ -= pages;
+    spare_.insert(spare_.end(), m.handles.begin(), m.handles.end());
+    if (region.small) {
+      for (std::size_t k = 0; k < pages; ++k) {
+        region.vacant.push_back((m.addr - region.base) / page_ + k);
+      }
+    }
+    stuck_.erase(stuck_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return first;
 }
 
 // ---- page supply -------------------------------------------------------------------------------
@@ -405,6 +497,7 @@ void VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
                             std::vector<CUmemGenericAllocationHandle>& out) {
   const DriverApi& api = driver();
   try {
+    if (!stuck_.empty()) recover_stuck();  // their pages are free once unmapped
     while (out.size() < count && !spare_.empty()) {
       out.push_back(spare_.back());
       spare_.pop_back();
@@ -521,6 +614,9 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream stream) {
          it != free_by_addr_.end() && it->first < end; ++it) {
       if (!range_ready(it->second, stream)) obstacles.emplace_back(it->first, it->second.pages);
     }
+    for (const StuckMapping& m : stuck_) {
+      if (m.region == ri) obstacles.emplace_back(m.addr, m.handles.size());
+    }
     std::sort(obstacles.begin(), obstacles.end());
     // Among the gaps between obstacles, take the window with the most pages already mapped:
     // every hole in it costs a map (and, for pages taken from elsewhere, an unmap).
@@ -576,8 +672,9 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream stream) {
       i += run;
     }
   } catch (...) {
-    spare_.insert(spare_.end(), fresh.begin() + static_cast<std::ptrdiff_t>(next_fresh),
-                  fresh.end());
+    // Pages of a stuck mapping (entries map_pages set to 0) stay with it.
+    std::copy_if(fresh.begin() + static_cast<std::ptrdiff_t>(next_fresh), fresh.end(),
+                 std::back_inserter(spare_), [](CUmemGenericAllocationHandle h) { return h != 0; });
     for (std::size_t i = 0; i < pages;) {  // newly mapped pages become ordinary free pages
       const CUdeviceptr a = window + i * page_;
       if (region.handles[first + i] != 0 && free_by_addr_.find(a) == free_by_addr_.end()) {
@@ -696,6 +793,9 @@ void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
   const int size_class = size_class_of(bytes);
   ThreadCache& cache = thread_cache();
   Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
+  if (!enter_fast_path(cache)) [[unlikely]] {
+    return refill_and_allocate(cache, size_class, bytes, stream);  // another thread drains it
+  }
   for (int i = bin.count - 1; i >= 0 && i >= bin.count - 4; --i) {
     if (bin.entries[static_cast<std::size_t>(i)].stream != stream) continue;
     const CacheEntry e = bin.entries[static_cast<std::size_t>(i)];
@@ -707,8 +807,10 @@ void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
         cache.bytes.load(std::memory_order_relaxed) > kStatFlushBytes) {
       fold_cache_stats(cache);
     }
+    leave_fast_path(cache);
     return e.ptr;
   }
+  leave_fast_path(cache);
   return refill_and_allocate(cache, size_class, bytes, stream);
 }
 
@@ -720,52 +822,45 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
   Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
   // The bin missed: what it holds was freed on other streams. Hand it to the shared list, where
   // marks make it reusable on any stream once its work completes.
-  if (bin.count > 0) {
-    ScopedDeviceContext scope(device_);
-    flush_bin(cache, size_class, 0);
-  }
-  const int want = kBinCapacity / 2;
-  void* result = nullptr;
-  Slab* result_slab = nullptr;
-  auto hand_out = [&](void* ptr, Slab* slab) {
+  if (bin.count > 0) flush_bin(cache, size_class, 0);
+  // Every slot taken goes into the (now empty) bin at once, the one handed out included, so that
+  // a driver call failing on the way (a mark recorded or queried) loses none: what was taken
+  // stays in this thread's cache, on `stream`, where it is ready. The request takes the first.
+  const int want = kBinCapacity / 2 + 1;
+  auto take = [&](void* ptr, Slab* slab) {
     ++slab->used;
-    if (result == nullptr) {
-      result = ptr;
-      result_slab = slab;
-    } else if (bin.count < kBinCapacity) {
-      bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
-    }
+    bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
   };
-  auto wanted = [&] { return result == nullptr || bin.count < want; };
+  auto wanted = [&] { return bin.count < want; };
   int budget = kRefillScan;
   // 1. Shared slots of the thread's own slabs, then 2. slabs nobody owns, claimed.
   std::vector<Slab*>& own = cache.with_shared[static_cast<std::size_t>(size_class)];
   for (std::size_t k = own.size(); k-- > 0 && budget > 0 && wanted();) {
-    take_shared(own[k], stream, budget, hand_out, wanted);
+    take_shared(own[k], stream, budget, take, wanted);
   }
   while (budget > 0 && wanted() && !state.unowned.empty()) {
     Slab* slab = state.unowned.back();
     set_owner(slab, &cache);
-    take_shared(slab, stream, budget, hand_out, wanted);
+    take_shared(slab, stream, budget, take, wanted);
   }
   // 3. New slots carved from the thread's own slab, or a new slab.
   Slab*& carving = cache.carving[static_cast<std::size_t>(size_class)];
-  while (result == nullptr ||
-         (bin.count < want && carving != nullptr && carving->carved < carving->slot_count)) {
+  while (bin.count == 0 ||
+         (wanted() && carving != nullptr && carving->carved < carving->slot_count)) {
     if (carving == nullptr || carving->carved == carving->slot_count) {
-      if (result != nullptr) break;
+      if (bin.count > 0) break;
       Slab* fresh = nullptr;
       try {
         fresh = new_slab(size_class, &cache);
       } catch (const DeviceFull&) {
         // 4. The device is full: shared slots of other threads' slabs before giving up.
         int unlimited = std::numeric_limits<int>::max();
-        for (std::size_t k = state.slabs.size(); k-- > 0 && result == nullptr;) {
+        for (std::size_t k = state.slabs.size(); k-- > 0 && bin.count == 0;) {
           if (!state.slabs[k]->shared.empty()) {
-            take_shared(state.slabs[k], stream, unlimited, hand_out, wanted);
+            take_shared(state.slabs[k], stream, unlimited, take, wanted);
           }
         }
-        if (result == nullptr) throw;  // nothing handed out
+        if (bin.count == 0) throw;  // nothing taken
         break;
       }
       if (carving != nullptr) carving->carving = false;
@@ -773,17 +868,31 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
       carving->carving = true;
     }
     Slab* s = carving;
-    hand_out(reinterpret_cast<void*>(s->base + s->carved * s->slot_size), s);
+    take(reinterpret_cast<void*>(s->base + s->carved * s->slot_size), s);
     ++s->carved;
   }
-  result_slab->requested[result_slab->slot_of(reinterpret_cast<CUdeviceptr>(result))].store(
+  // Nothing below throws. The first slot taken is handed out; the rest keep their order.
+  const CacheEntry result = bin.entries[0];
+  std::copy(bin.entries.begin() + 1, bin.entries.begin() + bin.count, bin.entries.begin());
+  --bin.count;
+  result.slab->requested[result.slab->slot_of(reinterpret_cast<CUdeviceptr>(result.ptr))].store(
       static_cast<std::uint32_t>(bytes), std::memory_order_release);
   usage_.on_allocate(bytes);
-  return result;
+  return result.ptr;
 }
 
 Slab* VmmPool::new_slab(int size_class, ThreadCache* owner) {
   ScopedDeviceContext scope(device_);
+  // Host memory first: nothing may throw once the page is mapped.
+  auto slab = std::make_unique<Slab>();
+  slab->size_class = size_class;
+  slab->slot_size = size_class_bytes(size_class);
+  slab->slot_count = static_cast<std::uint32_t>(page_ / slab->slot_size);
+  slab->slot_reciprocal = ~std::uint64_t{0} / slab->slot_size + 1;
+  slab->requested.reset(slab->slot_count);
+  slab->owner = owner;
+  std::vector<Slab*>& slabs = classes_[static_cast<std::size_t>(size_class)].slabs;
+  if (slabs.size() == slabs.capacity()) slabs.reserve(2 * slabs.size() + 1);
   int ri = -1;
   const int n = region_count_.load(std::memory_order_relaxed);
   for (int i = 0; i < n && ri < 0; ++i) {
@@ -795,30 +904,30 @@ Slab* VmmPool::new_slab(int size_class, ThreadCache* owner) {
   std::vector<CUmemGenericAllocationHandle> handle;
   acquire_pages(1, 0, 0, handle);  // may vacate slab pages: choose the page only afterwards
   const std::size_t page = region.vacant.empty() ? region.bump : region.vacant.back();
+  auto take_page = [&] {
+    if (region.vacant.empty()) {
+      ++region.bump;
+    } else {
+      region.vacant.pop_back();
+    }
+  };
   try {
     map_pages(region.base + page * page_, handle.data(), 1);
   } catch (...) {
-    spare_.push_back(handle[0]);
+    if (handle[0] != 0) {
+      spare_.push_back(handle[0]);
+    } else {
+      take_page();  // a stuck mapping holds the page until it is unmapped
+    }
     throw;
   }
-  if (region.vacant.empty()) {
-    ++region.bump;
-  } else {
-    region.vacant.pop_back();
-  }
-  auto slab = std::make_unique<Slab>();
+  take_page();
   slab->base = region.base + page * page_;
-  slab->size_class = size_class;
-  slab->slot_size = size_class_bytes(size_class);
-  slab->slot_count = static_cast<std::uint32_t>(page_ / slab->slot_size);
-  slab->slot_reciprocal = ~std::uint64_t{0} / slab->slot_size + 1;
   slab->region = ri;
   slab->page = page;
   slab->handle = handle[0];
-  slab->requested.reset(slab->slot_count);
-  slab->owner = owner;
   Slab* raw = slab.release();
-  classes_[static_cast<std::size_t>(size_class)].slabs.push_back(raw);
+  slabs.push_back(raw);
   region.slabs[page].store(raw, std::memory_order_release);
   ++slab_count_;
   return raw;
@@ -964,6 +1073,31 @@ void VmmPool::take_shared(Slab* slab, CUstream stream, int& budget, Take&& take,
   if (shared.empty()) unlist(slab);
 }
 
+void VmmPool::drain_caches(const ThreadCache* self) noexcept {
+  bool any = false;
+  for (ThreadCache* c : caches_) {
+    if (c == self) continue;
+    c->steal.store(true, asymmetric_ ? std::memory_order_relaxed : std::memory_order_seq_cst);
+    any = true;
+  }
+  if (!any) return;
+  // Without the fence nothing is known about the owners' fast paths: leave their caches alone.
+  const bool fenced = !asymmetric_ || heavy_fence();
+  for (ThreadCache* c : caches_) {
+    if (c == self) continue;
+    if (fenced) {
+      // An owner inside its fast path leaves it within a few instructions (it takes no lock and
+      // makes no call there); later entries see `steal` and take the mutex, which is held here.
+      while (c->active.load(asymmetric_ ? std::memory_order_acquire : std::memory_order_seq_cst)) {
+        std::this_thread::yield();
+      }
+      release_carving(*c);
+      for (int k = 0; k < kMaxSizeClasses; ++k) flush_bin(*c, k, 0);
+    }
+    c->steal.store(false, std::memory_order_release);
+  }
+}
+
 void VmmPool::retire_cache(ThreadCache& cache) noexcept {
   try {
     std::lock_guard lock(mutex_);
@@ -1013,18 +1147,26 @@ void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   }
   ThreadCache& cache = thread_cache();
   Bin& bin = cache.bins[static_cast<std::size_t>(slab->size_class)];
-  if (bin.count == kBinCapacity) {
-    try {
-      std::lock_guard lock(mutex_);
-      flush_bin(cache, slab->size_class, kBinCapacity / 2);
-    } catch (...) {
-      slab->requested[slot].store(static_cast<std::uint32_t>(bytes),
-                                  std::memory_order_release);  // changes nothing
-      throw;
+  if (enter_fast_path(cache)) [[likely]] {
+    if (bin.count < kBinCapacity) [[likely]] {
+      bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
+      cache.add(-static_cast<std::int64_t>(bytes), -1);
+      leave_fast_path(cache);
+      return;
     }
+    leave_fast_path(cache);
   }
-  bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
-  cache.add(-static_cast<std::int64_t>(bytes), -1);
+  // The bin is full, or another thread is draining it: under the mutex, which such a thread holds.
+  try {
+    std::lock_guard lock(mutex_);
+    if (bin.count == kBinCapacity) flush_bin(cache, slab->size_class, kBinCapacity / 2);
+    bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
+    cache.add(-static_cast<std::int64_t>(bytes), -1);
+  } catch (...) {
+    slab->requested[slot].store(static_cast<std::uint32_t>(bytes),
+                                std::memory_order_release);  // changes nothing
+    throw;
+  }
 }
 
 void VmmPool::trim() {
@@ -1033,9 +1175,13 @@ void VmmPool::trim() {
   const DriverApi& api = driver();
   ScopedDeviceContext scope(device_);
   fold_cache_stats(cache);
-  for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
   release_carving(cache);
+  for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
+  drain_caches(&cache);  // what other threads freed and still cache is free memory too
   std::optional<CudaError> first_error;
+  if (const CUresult r = recover_stuck(); r != CUDA_SUCCESS) {
+    first_error = CudaError(r, cu_result_name(r), "cuMemUnmap failed in free_pool_memory");
+  }
   // Free large ranges: wait for the streams that freed them, then unmap (§7 #2).
   for (auto it = free_by_addr_.begin(); it != free_by_addr_.end();) {
     const CUdeviceptr begin = it->first;
@@ -1165,6 +1311,13 @@ void VmmPool::teardown() noexcept {
       }
       api.cuMemAddressFree(r.base, r.size);
     }
+    for (const StuckMapping& m : stuck_) {
+      if (api.cuMemUnmap(m.addr, m.handles.size() * page_) == CUDA_SUCCESS) {
+        pages_mapped_ -= m.handles.size();
+      }
+      for (CUmemGenericAllocationHandle h : m.handles) api.cuMemRelease(h);
+    }
+    stuck_.clear();
     for (CUmemGenericAllocationHandle h : spare_) api.cuMemRelease(h);
     spare_.clear();
     marks_.destroy_all();

@@ -284,8 +284,13 @@ static void test_configure(void) {
   s.struct_size = sizeof s;
   CHECK_OK(vsr_memory_pool_stats_device(0, &s));
   CHECK(strcmp(s.tier, "B") == 0 && s.device == 0);
-  CHECK_OK(vsr_memory_pool_stats_device(5, &s));
-  CHECK(s.device == 5 && strcmp(s.tier, "B") == 0 && s.current_bytes == 0);
+  /* The emulator has one device: others do not exist (nothing is written). */
+  s.device = 7;
+  CHECK_FAILS(vsr_memory_pool_stats_device(5, &s), VSR_ERROR_OUT_OF_RANGE,
+              "vsr_memory_pool_stats_device");
+  CHECK(s.device == 7);
+  CHECK_FAILS(vsr_memory_pool_stats_device(-1, &s), VSR_ERROR_OUT_OF_RANGE,
+              "vsr_memory_pool_stats_device");
 }
 
 static void test_allocate_and_free(void) {

@@ -14,18 +14,30 @@
 //                that stream at once, and on another stream once the event has completed.
 //
 // Tiers (chosen once per process by configure_memory_pool(), first match wins):
-//   C         VIBESPATIAL_GPU_MANAGED_MEMORY=1: bare cuMemAllocManaged per request; no pooling.
-//   A         VIBESPATIAL_GPU_POOL_ONLY=1: the VMM pool with no OOM recovery: when the device is
-//             full the request fails at once with OutOfMemoryError.
+//   C         VIBESPATIAL_GPU_MANAGED_MEMORY true: bare cuMemAllocManaged per request; no pooling.
+//   A         VIBESPATIAL_GPU_POOL_ONLY true: the VMM pool with no OOM recovery: when the device
+//             is full the request fails at once with OutOfMemoryError.
 //   B         default where the device supports virtual memory management: the VMM pool plus a
 //             bounded recovery chain on OOM (handlers, then give every free page back, then retry).
 //   fallback  devices without VMM: a caching pool over cuMemAlloc, sizes rounded to 512 bytes.
+// Both variables take 1/true/yes/on or 0/false/no/off (any case), or are unset (off); any other
+// value, the empty string included, makes configuration fail (std::invalid_argument). Both true:
+// tier C, with a one-line warning on stderr.
 //
-// One pool per device; a call uses the pool of the device of the calling thread's current
-// context (device 0's primary context is bound when the thread has none). In a process with
-// several devices that choice costs one context query per allocation; with one device, none.
+// One pool per device; an allocation uses the pool of the device of the calling thread's current
+// context, and binds device 0's primary context to a thread that has none (it stays bound, so the
+// block is usable with the driver on that thread at once). In a process with several devices
+// that costs one context query per allocation; with one device, one on a thread's first
+// allocation only (a context the thread unbinds later is not bound again).
 // All functions are thread-safe. Memory is valid in the device's primary context, so Thrust, CUB
 // and user kernels can use it directly.
+//
+// fork(): CUDA cannot be used in a child process after fork() without exec(). In a child forked
+// from a process that had used the pool (configured it or registered a handler), every function
+// here throws DriverUnavailableError (CUDA_ERROR_NOT_INITIALIZED) at once, without touching a
+// lock another thread of the parent may have held, except memory_pool_stats(), which returns an
+// empty snapshot (tier "", configured false). Blocks inherited from the parent cannot be used or
+// freed in the child; the parent's pool is unaffected.
 #pragma once
 
 #include <vibespatial/raster/export.hpp>
@@ -50,9 +62,15 @@ namespace vibespatial::raster {
 /// over-report by at most what each thread allocated since its last exchange with the shared
 /// pool (at most 4 MiB or 64 requests per thread).
 struct MemoryPoolStats {
-  std::string tier;         ///< "A", "B", "C", "fallback", or "" before configuration
+  std::string tier;         ///< "A", "B", "C", "fallback", or "" before configuration (and when
+                            ///< no_such_device, or in a forked child)
   bool configured = false;  ///< configure_memory_pool() has succeeded
   int device = 0;           ///< the device this snapshot describes
+  /// memory_pool_stats(device) was asked about a device this process does not have: a negative
+  /// ordinal, one of 64 or more, or, once the pool is configured (the driver then knows its
+  /// devices), one not below the driver's device count. The rest of the snapshot is then empty
+  /// (tier "", configured false).
+  bool no_such_device = false;
   // tiers A/B/C
   std::optional<std::size_t> current_bytes, current_count, peak_bytes, peak_count, total_bytes,
       total_count;
@@ -73,22 +91,31 @@ struct MemoryPoolStats {
 /// Configures the pool once per process and returns the tier ("A", "B", "C" or "fallback").
 /// Idempotent and thread-safe: later calls return the tier chosen first. Called lazily by
 /// device_allocate().
-/// @throws DriverUnavailableError when there is no usable driver or device (nothing is cached:
-///         a later call tries again); CudaError (CUDA_ERROR_NOT_SUPPORTED) when the requested tier
-///         is impossible, e.g. VIBESPATIAL_GPU_MANAGED_MEMORY=1 on a device without managed memory.
+/// @throws std::invalid_argument when VIBESPATIAL_GPU_MANAGED_MEMORY or VIBESPATIAL_GPU_POOL_ONLY
+///         holds a value that is not a boolean (the message names the variable and its value,
+///         non-printable bytes as \xHH); DriverUnavailableError when there is no usable driver or
+///         device, or in a forked child; CudaError (CUDA_ERROR_NOT_SUPPORTED) when the requested
+///         tier is impossible, e.g. VIBESPATIAL_GPU_MANAGED_MEMORY=1 on a device without managed
+///         memory. After any of these nothing is cached: a later call tries again.
 VSR_EXPORT std::string configure_memory_pool();
 
 /// Gives unused physical memory back to the driver, on every device's pool: unmaps and releases
 /// every free page (waiting for the stream work that freed it, event by event), empty slabs
-/// included. Live blocks stay where they are, with their contents; safe to call with live
-/// allocations. Tier C: no-op. Fallback: frees every cached block. No-op before configuration.
-/// @throws CudaError if the driver fails; the pool stays consistent and usable.
+/// included, also blocks that other threads freed and still hold in their thread caches. Live
+/// blocks stay where they are, with their contents; safe to call with live allocations. Tier C:
+/// no-op. Fallback: frees every cached block. No-op before configuration.
+/// @throws CudaError if the driver fails; the pool stays consistent and usable, and what could
+///         not be given back (e.g. a page whose unmap failed) is tried again by the next call.
+/// @throws DriverUnavailableError in a forked child.
 VSR_EXPORT void free_pool_memory();
 
-/// Statistics of the pool of the current thread's device. Never throws; works before
-/// configuration (tier "", configured false).
+/// Statistics of the pool of the current thread's device. Never throws and never blocks on a
+/// lock a forked child inherited; works before configuration (tier "", configured false). In a
+/// forked child: an empty snapshot (tier "", configured false, device 0).
 VSR_EXPORT MemoryPoolStats memory_pool_stats() noexcept;
-/// Statistics of the pool of `device`. Never throws.
+/// Statistics of the pool of `device`. Never throws. For a device the process does not have,
+/// no_such_device is true and the snapshot is otherwise empty; in a forked child, an empty
+/// snapshot (tier "", configured false). Makes no driver call.
 VSR_EXPORT MemoryPoolStats memory_pool_stats(int device) noexcept;
 
 /// Allocates `bytes` of device memory, usable in stream order on `stream` (nullptr: the legacy
@@ -97,28 +124,40 @@ VSR_EXPORT MemoryPoolStats memory_pool_stats(int device) noexcept;
 /// Fast path: a cached small block freed by this thread on the same stream is returned with no
 /// lock and no driver call.
 /// @throws OutOfMemoryError (a std::bad_alloc) when the request cannot be satisfied (tier B after
-///         its recovery chain); its message says what was asked for and what the pool held.
-/// @throws DriverUnavailableError / CudaError on driver failures.
+///         its recovery chain; at once when called from inside an OOM handler); its message says
+///         what was asked for and what the pool held.
+/// @throws DriverUnavailableError / CudaError on driver failures; DriverUnavailableError in a
+///         forked child; std::invalid_argument from the lazy configuration (a tier variable that
+///         is not a boolean).
 VSR_EXPORT void* device_allocate(std::size_t bytes, CUstream stream = nullptr);
 
 /// Frees a block from device_allocate. `bytes` must be the size it was allocated with. The block
 /// may be reused at once on `stream`, and on other streams once the work queued on `stream` at
 /// this call has completed (an event, queried; never a device-wide synchronisation).
-/// `device_deallocate(nullptr, 0)` is a no-op.
+/// `device_deallocate(nullptr, 0)` is a no-op (outside a forked child).
+/// Small blocks of tiers A/B are freed with no driver call. Large blocks, and every block of the
+/// fallback tier, record a mark of `stream` (a context query, then a stream query and an event,
+/// or a synchronisation of `stream` when no event can be recorded); tier C calls cuMemFree.
 /// @throws std::invalid_argument, changing nothing, when `ptr` was not handed out by the pool,
 ///         was already freed, or `bytes` differs from the allocation's size.
+/// @throws CudaError, changing nothing, when one of those driver calls fails: the block is still
+///         live, with its contents, and a later call with the same arguments frees it.
+/// @throws DriverUnavailableError in a forked child.
 VSR_EXPORT void device_deallocate(void* ptr, std::size_t bytes, CUstream stream = nullptr);
 
 /// An OOM handler: called with the size of a request the device cannot satisfy (tier B); returns
 /// true if it freed something (through device_deallocate: the pool holds none of its locks while
-/// handlers run). May be called from any thread that allocates.
+/// handlers run). May be called from any thread that allocates. A handler may call any function
+/// here; but the recovery chain never runs inside itself: an allocation a handler makes (on the
+/// thread that runs it) that finds the device full throws OutOfMemoryError at once.
 using OomHandler = std::function<bool(std::size_t requested_bytes)>;
 
 /// Registers an OOM handler; returns its id (never 0). Thread-safe.
-/// @throws std::invalid_argument if `handler` is empty.
+/// @throws std::invalid_argument if `handler` is empty; DriverUnavailableError in a forked child.
 VSR_EXPORT std::uint64_t add_oom_handler(OomHandler handler);
 
 /// Unregisters a handler. Unknown ids are ignored. A handler running concurrently may complete.
+/// @throws DriverUnavailableError in a forked child.
 VSR_EXPORT void remove_oom_handler(std::uint64_t id);
 
 }  // namespace vibespatial::raster
