@@ -35,16 +35,29 @@ void UsageCounters::fold(std::int64_t bytes, std::int64_t count, std::int64_t pe
   total_count.fetch_add(total_c, std::memory_order_relaxed);
 }
 
+namespace {
+std::atomic<std::uintptr_t> g_next_thread_key{1};
+thread_local std::uintptr_t t_per_thread_key = 0;
+}  // namespace
+
+CUstream per_thread_stream_key() noexcept {
+  if (t_per_thread_key == 0) [[unlikely]] {
+    // Odd and above 2: never NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a handle (aligned).
+    t_per_thread_key = (g_next_thread_key.fetch_add(1, std::memory_order_relaxed) << 4) | 0x3;
+  }
+  return reinterpret_cast<CUstream>(t_per_thread_key);
+}
+
 MarkFactory::~MarkFactory() {
   destroy_all();
 }
 
-MarkRef MarkFactory::record(CUstream stream) {
+MarkRef MarkFactory::record(CUstream stream, CUstream key) {
   const DriverApi& api = driver();
   ScopedDeviceContext scope(device_);
   // An idle stream has finished everything queued on it: the mark is complete without an event.
   if (api.cuStreamQuery(stream) == CUDA_SUCCESS) {
-    return std::make_shared<StreamMark>(StreamMark{stream, nullptr, true});
+    return std::make_shared<StreamMark>(StreamMark{key, nullptr, true});
   }
   CUevent event = nullptr;
   if (!idle_->empty()) {
@@ -56,7 +69,7 @@ MarkRef MarkFactory::record(CUstream stream) {
   if (event != nullptr && api.cuEventRecord(event, stream) == CUDA_SUCCESS) {
     // The deleter returns the event to the idle list; marks die under the pool's mutex.
     std::weak_ptr<std::vector<CUevent>> idle = idle_;
-    return MarkRef(new StreamMark{stream, event, false}, [idle](StreamMark* m) {
+    return MarkRef(new StreamMark{key, event, false}, [idle](StreamMark* m) {
       if (auto list = idle.lock()) {
         list->push_back(m->event);
       } else {
@@ -67,10 +80,10 @@ MarkRef MarkFactory::record(CUstream stream) {
   }
   if (event != nullptr) idle_->push_back(event);
   // No event: make the stream's work so far complete instead, so the memory is free everywhere.
-  // A stream the caller already destroyed cannot be synchronised; its work still runs to
-  // completion (§3.7), so wait for the whole context. Error paths only.
+  // If even that fails (a stream of another device's context, a failing driver), wait for the
+  // whole context, which waits for every stream's work (§3.7). Error paths only.
   if (api.cuStreamSynchronize(stream) != CUDA_SUCCESS) VSR_CU_TRY(api.cuCtxSynchronize());
-  return std::make_shared<StreamMark>(StreamMark{stream, nullptr, true});
+  return std::make_shared<StreamMark>(StreamMark{key, nullptr, true});
 }
 
 bool MarkFactory::completed(const MarkRef& mark) {
@@ -80,8 +93,14 @@ bool MarkFactory::completed(const MarkRef& mark) {
   return mark->complete;
 }
 
-bool MarkFactory::ready_for(const MarkRef& mark, CUstream stream) {
-  return !mark || mark->stream == stream || completed(mark);
+bool MarkFactory::ready_for(const MarkRef& mark, CUstream key) {
+  return !mark || mark->stream == key || completed(mark);
+}
+
+void MarkFactory::wait_on(const MarkRef& mark, CUstream stream) {
+  if (!mark || mark->complete) return;
+  ScopedDeviceContext scope(device_);
+  VSR_CU_TRY(driver().cuStreamWaitEvent(stream, mark->event, 0));
 }
 
 void MarkFactory::wait(const MarkRef& mark) {

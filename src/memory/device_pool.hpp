@@ -22,8 +22,32 @@ struct DeviceFull {
   bool impossible = false;  ///< larger than the device could ever hold: no recovery can help
 };
 
-/// A point in a stream's work: memory freed on `stream` is reusable on `stream` at once, and on
-/// any stream once `event` has completed. A null event means "already complete".
+/// The identity the pool gives streams (memory.hpp, "Streams"): NULL and CU_STREAM_LEGACY are one
+/// stream, the context's legacy stream (key nullptr); CU_STREAM_PER_THREAD names a different
+/// stream on each thread (key per_thread_stream_key() of that thread); any other handle is its
+/// own key. Keys are compared, never passed to the driver.
+///
+/// The calling thread's per-thread default stream as a key: an odd value, unique to the thread
+/// for the life of the process, that no stream handle (a pointer) ever has.
+CUstream per_thread_stream_key() noexcept;
+
+/// A key that matches no stream: what marks and freed blocks of a forgotten stream
+/// (forget_stream) carry, so that a new stream with the old handle value is not taken for it.
+inline CUstream forgotten_stream() noexcept {
+  return reinterpret_cast<CUstream>(~std::uintptr_t{0});
+}
+
+/// The key of `stream` on the calling thread.
+inline CUstream stream_key(CUstream stream) noexcept {
+  if (stream == CU_STREAM_LEGACY) return nullptr;
+  if (stream == CU_STREAM_PER_THREAD) return per_thread_stream_key();
+  return stream;
+}
+
+/// A point in a stream's work: memory freed on the stream with key `stream` is reusable on that
+/// stream at once, and on any stream once `event` has completed (or at once on a stream made to
+/// wait for `event`). A null event means "already complete". `stream` is a key (stream_key), or
+/// forgotten_stream().
 struct StreamMark {
   CUstream stream = nullptr;
   CUevent event = nullptr;
@@ -39,15 +63,20 @@ class MarkFactory {
   MarkFactory(const MarkFactory&) = delete;
   MarkFactory& operator=(const MarkFactory&) = delete;
 
-  /// Records a mark on `stream`. If the event cannot be created or recorded, falls back to
-  /// synchronising `stream` and returns a complete mark. Throws CudaError only if that fails too.
-  MarkRef record(CUstream stream);
-  /// True if memory under `mark` may be used on `stream` now (queries the event once).
-  bool ready_for(const MarkRef& mark, CUstream stream);
+  /// Records a mark on `stream` (a handle the caller's public call named, so alive) carrying the
+  /// key `key`. If the event cannot be created or recorded, falls back to synchronising `stream`
+  /// and returns a complete mark. Throws CudaError only if that fails too.
+  MarkRef record(CUstream stream, CUstream key);
+  /// True if memory under `mark` may be used on the stream with key `key` now (queries the
+  /// event once).
+  bool ready_for(const MarkRef& mark, CUstream key);
   /// True if the mark's work has completed (queries the event once).
   bool completed(const MarkRef& mark);
   /// Blocks until the mark's work has completed.
   void wait(const MarkRef& mark);
+  /// Makes `stream` (named by the caller's public call) wait for the mark's work: memory under
+  /// the mark is then usable on `stream` at once. Throws CudaError.
+  void wait_on(const MarkRef& mark, CUstream stream);
   /// Destroys pooled events (teardown).
   void destroy_all() noexcept;
 
@@ -86,6 +115,10 @@ class DevicePool {
   virtual bool owns(const void* ptr) const noexcept = 0;
   /// Gives every free physical byte back to the driver, waiting for pending frees.
   virtual void trim() = 0;
+  /// forget_stream(stream) for this pool: memory freed on `stream` stops being "same stream" for
+  /// its handle value and becomes reusable anywhere once the stream's work so far has completed.
+  /// Throws CudaError (changing nothing) when no mark can be recorded on `stream`.
+  virtual void forget(CUstream stream) = 0;
   virtual void fill_stats(MemoryPoolStats& stats) const noexcept = 0;
   /// Human-readable state for error messages.
   virtual std::string describe() const = 0;
@@ -99,6 +132,13 @@ class DevicePool {
 };
 
 std::unique_ptr<DevicePool> make_vmm_pool(int device, bool recovery_tier);
+/// Maps one page through the VMM calls the pool uses (reserve, create, map, set access, then
+/// unmap, release, free) on `device`. Returns "" when they work, else what failed (e.g.
+/// "cuMemMap returned CUDA_ERROR_NOT_SUPPORTED"): some drivers claim VMM support and then fail
+/// these calls (sandboxes, §7 #8, #9). A device too full for one page passes (the pool then
+/// reports the OOM itself). Throws CudaError/DriverUnavailableError only for failures outside the
+/// VMM calls (binding the device's context).
+std::string vmm_self_test(int device);
 std::unique_ptr<DevicePool> make_fallback_pool(int device);
 std::unique_ptr<DevicePool> make_managed_pool(int device);
 

@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // The fallback tier (devices without VMM): a caching pool over cuMemAlloc, sizes rounded up to
 // 512 bytes. A freed block is cached and reused for a request of the same rounded size, or a
-// slightly smaller one (at most 1/8 of the block is wasted); on OOM every idle cached block is
-// freed and the request retried once.
+// slightly smaller one (at most 1/8 of the block is wasted), on its freeing stream at once, on
+// another once its mark completed or, rather than a new cuMemAlloc, behind a wait for the mark;
+// on OOM every cached block is freed (after its freeing work) and the request retried once.
+// Tier C: one cuMemAllocManaged per request, freed in stream order (see ManagedPool).
 #include "memory/device_pool.hpp"
 
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
+#include <vector>
 
 namespace vibespatial::raster::detail {
 namespace {
@@ -22,16 +25,25 @@ class FallbackPool final : public DevicePool {
 
   void* allocate(std::size_t bytes, CUstream stream) override {
     if (bytes > (std::size_t{1} << 50)) throw DeviceFull{bytes};
+    if (stream == CU_STREAM_LEGACY) stream = nullptr;
+    const CUstream key = stream_key(stream);
     const std::size_t rounded = (bytes + kRounding - 1) / kRounding * kRounding;
     std::lock_guard lock(mutex_);
-    for (auto it = cached_.lower_bound(rounded);
-         it != cached_.end() && it->first <= rounded + rounded / 8; ++it) {
-      if (!marks_.ready_for(it->second.mark, stream)) continue;
+    auto take = [&](std::multimap<std::size_t, Cached>::iterator it) {
       const CUdeviceptr p = it->second.ptr;
       const std::size_t size = it->first;
       cached_.erase(it);
       cached_bytes_ -= size;
       return hand_out(p, size, bytes);
+    };
+    const auto end = cached_.upper_bound(rounded + rounded / 8);
+    for (auto it = cached_.lower_bound(rounded); it != end; ++it) {
+      if (marks_.ready_for(it->second.mark, key)) return take(it);
+    }
+    // Rather than new memory: a block still busy on another stream, behind a wait for its mark.
+    if (auto it = cached_.lower_bound(rounded); it != end) {
+      marks_.wait_on(it->second.mark, stream);  // throws: nothing taken
+      return take(it);
     }
     const DriverApi& api = driver();
     ScopedDeviceContext scope(device_);
@@ -59,7 +71,8 @@ class FallbackPool final : public DevicePool {
                                   std::to_string(it->second.bytes) + " bytes but freed with " +
                                   std::to_string(bytes));
     }
-    MarkRef mark = marks_.record(stream);  // may throw: nothing changed yet
+    if (stream == CU_STREAM_LEGACY) stream = nullptr;
+    MarkRef mark = marks_.record(stream, stream_key(stream));  // may throw: nothing changed yet
     const std::size_t size = it->second.size;
     cached_.emplace(size, Cached{it->first, std::move(mark)});
     cached_bytes_ += size;
@@ -85,6 +98,16 @@ class FallbackPool final : public DevicePool {
     if (!cached_.empty()) {
       throw CudaError(CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN",
                       "free_pool_memory: some cached blocks could not be freed");
+    }
+  }
+
+  void forget(CUstream stream) override {
+    if (stream == CU_STREAM_LEGACY || stream == nullptr) return;
+    const CUstream key = stream_key(stream);
+    std::lock_guard lock(mutex_);
+    // Every cached block's mark was recorded when it was freed: it covers the block's work.
+    for (auto& [size, c] : cached_) {
+      if (c.mark && c.mark->stream == key) c.mark->stream = forgotten_stream();
     }
   }
 
@@ -116,7 +139,11 @@ class FallbackPool final : public DevicePool {
           if (c.mark && !c.mark->complete) ds.api.cuEventSynchronize(c.mark->event);
           ds.api.cuMemFree(c.ptr);
         }
+        // Live blocks may still be in use by queued work: cuMemFree need not wait (§3.5).
+        if (!live_.empty()) ds.api.cuCtxSynchronize();
         for (auto& [p, b] : live_) ds.api.cuMemFree(p);
+        cached_.clear();  // the marks' events go back to the factory, destroyed in the context
+        marks_.destroy_all();
       } catch (...) {
         // Best effort at teardown.
       }
@@ -172,27 +199,35 @@ class FallbackPool final : public DevicePool {
   MarkFactory marks_;
 };
 
-// Tier C: bare managed memory, one cuMemAllocManaged per request, counted.
+// Tier C: bare managed memory, one cuMemAllocManaged per request, counted. A free is stream
+// ordered: cuMemFree need not wait for queued work (§3.5), so a block freed while its stream is
+// busy is kept until a mark recorded at the free completes (checked by later calls; trim() and an
+// allocation that finds the device full wait for it).
 class ManagedPool final : public DevicePool {
  public:
-  explicit ManagedPool(int device) : DevicePool(device) {}
+  explicit ManagedPool(int device) : DevicePool(device), marks_(device) {}
   ~ManagedPool() override { teardown(); }
 
   void* allocate(std::size_t bytes, CUstream /*stream*/) override {
     if (bytes > (std::size_t{1} << 50)) throw DeviceFull{bytes};
     const DriverApi& api = driver();
+    std::lock_guard lock(mutex_);
     ScopedDeviceContext scope(device_);
+    free_completed(false);
     CUdeviceptr p = 0;
-    const CUresult r = api.cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+    CUresult r = api.cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && !pending_.empty()) {
+      free_completed(true);  // what waits for its stream's work is memory too
+      r = api.cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+    }
     if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{bytes};
     if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemAllocManaged", __FILE__, __LINE__);
-    std::lock_guard lock(mutex_);
     live_.emplace(p, bytes);
     usage_.on_allocate(bytes);
     return reinterpret_cast<void*>(p);
   }
 
-  void deallocate(void* ptr, std::size_t bytes, CUstream /*stream*/) override {
+  void deallocate(void* ptr, std::size_t bytes, CUstream stream) override {
     std::lock_guard lock(mutex_);
     auto it = live_.find(reinterpret_cast<CUdeviceptr>(ptr));
     if (it == live_.end()) {
@@ -205,11 +240,18 @@ class ManagedPool final : public DevicePool {
                                   std::to_string(it->second) + " bytes but freed with " +
                                   std::to_string(bytes));
     }
+    if (stream == CU_STREAM_LEGACY) stream = nullptr;
     ScopedDeviceContext scope(device_);
-    // cuMemFree of managed memory synchronises as needed (§3.5); the stream plays no part.
-    VSR_CU_TRY(driver().cuMemFree(it->first));
+    // The work queued on `stream` so far may still use the block.
+    MarkRef mark = marks_.record(stream, stream_key(stream));  // may throw: nothing changed
+    if (mark->complete) {
+      VSR_CU_TRY(driver().cuMemFree(it->first));  // may throw: the block is still live
+    } else {
+      pending_.push_back({it->first, std::move(mark)});  // may throw: likewise
+    }
     live_.erase(it);
     usage_.on_free(bytes);
+    free_completed(false);
   }
 
   bool owns(const void* ptr) const noexcept override {
@@ -217,7 +259,17 @@ class ManagedPool final : public DevicePool {
     return live_.count(reinterpret_cast<CUdeviceptr>(ptr)) != 0;
   }
 
-  void trim() override {}
+  void trim() override {
+    std::lock_guard lock(mutex_);
+    ScopedDeviceContext scope(device_);
+    free_completed(true);
+    if (!pending_.empty()) {
+      throw CudaError(CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN",
+                      "free_pool_memory: some freed managed blocks could not be released");
+    }
+  }
+
+  void forget(CUstream /*stream*/) override {}  // pending frees hold events, not streams
 
   void fill_stats(MemoryPoolStats& s) const noexcept override {
     s.current_bytes = static_cast<std::size_t>(usage_.current_bytes.load());
@@ -241,18 +293,49 @@ class ManagedPool final : public DevicePool {
     if (ds.available) {
       try {
         ScopedDeviceContext scope(device_);
+        if (!live_.empty() || !pending_.empty()) ds.api.cuCtxSynchronize();
         for (auto& [p, b] : live_) ds.api.cuMemFree(p);
+        for (const Pending& f : pending_) ds.api.cuMemFree(f.ptr);
+        pending_.clear();  // the marks' events go back to the factory, destroyed in the context
+        marks_.destroy_all();
       } catch (...) {
         // Best effort at teardown.
       }
     }
     live_.clear();
+    pending_.clear();
+    marks_.destroy_all();
   }
 
  private:
+  struct Pending {
+    CUdeviceptr ptr;
+    MarkRef mark;
+  };
+
+  // cuMemFree of the pending blocks whose marks have completed (with `wait`, of all, after
+  // waiting). A failing call keeps the block pending, for a later try. Mutex held, in context.
+  void free_completed(bool wait) noexcept {
+    const DriverApi& api = driver_state().api;
+    std::erase_if(pending_, [&](const Pending& f) {
+      try {
+        if (wait) {
+          marks_.wait(f.mark);
+        } else if (!marks_.completed(f.mark)) {
+          return false;
+        }
+      } catch (...) {
+        return false;
+      }
+      return api.cuMemFree(f.ptr) == CUDA_SUCCESS;
+    });
+  }
+
   mutable std::mutex mutex_;
   std::unordered_map<CUdeviceptr, std::size_t> live_;
+  std::vector<Pending> pending_;
   UsageCounters usage_;
+  MarkFactory marks_;
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <list>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -99,6 +100,15 @@ struct Registry {
   std::mutex config_mutex;
   std::atomic<int> tier{static_cast<int>(Tier::none)};
   std::array<std::atomic<DevicePool*>, kMaxDevices> pools{};
+  // Why each device has the pool it has (MemoryPoolStats::tier_reason): set once under
+  // config_mutex before the tier or the device's pool is published, read after; the strings
+  // live in `reason_text` until reset_memory_pools().
+  std::array<std::atomic<const std::string*>, kMaxDevices> reasons{};
+  std::list<std::string> reason_text;
+  // The VMM self-test of each device, run once per configuration (under config_mutex): 0 not
+  // run, 1 passed, 2 failed (the text in vmm_failure).
+  std::array<int, kMaxDevices> vmm_checked{};
+  std::array<std::string, kMaxDevices> vmm_failure;
   std::array<std::atomic<std::size_t>, kMaxDevices> recoveries{};
   std::mutex handler_mutex;
   std::map<std::uint64_t, std::shared_ptr<OomHandler>> handlers;
@@ -124,9 +134,47 @@ bool device_attribute(int device, CUdevice_attribute attribute) {
   return value != 0;
 }
 
-bool device_has_vmm(int device) {
-  return driver().has_vmm() &&
-         device_attribute(device, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
+// Whether `device` can use the VMM pool; if not, `why` says so. The attribute is not enough
+// (§3.1: some drivers claim VMM and fail the calls), so a one-page self-test runs once per device
+// and configuration. config_mutex held.
+bool device_has_vmm(int device, std::string* why) {
+  const std::string name = "device " + std::to_string(device);
+  if (!driver().has_vmm()) {
+    if (why) *why = "the driver lacks the virtual memory management entry points";
+    return false;
+  }
+  if (!device_attribute(device, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
+    if (why) {
+      *why = name +
+             " does not support virtual memory management "
+             "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)";
+    }
+    return false;
+  }
+  Registry& r = registry();
+  const auto d = static_cast<std::size_t>(device);
+  if (device >= 0 && device < kMaxDevices && r.vmm_checked[d] == 0) {
+    r.vmm_failure[d] = vmm_self_test(device);
+    r.vmm_checked[d] = r.vmm_failure[d].empty() ? 1 : 2;
+  }
+  if (device >= 0 && device < kMaxDevices && r.vmm_checked[d] == 2) {
+    if (why) {
+      *why = name + " claims virtual memory management support, but its VMM self-test failed (" +
+             r.vmm_failure[d] + ")";
+    }
+    return false;
+  }
+  return true;
+}
+
+// Records why `device` has its tier (once). config_mutex held.
+void set_reason(int device, std::string text) {
+  if (device < 0 || device >= kMaxDevices) return;
+  Registry& r = registry();
+  auto& slot = r.reasons[static_cast<std::size_t>(device)];
+  if (slot.load(std::memory_order_relaxed) != nullptr) return;
+  r.reason_text.push_back(std::move(text));
+  slot.store(&r.reason_text.back(), std::memory_order_release);
 }
 
 int current_device() {
@@ -203,20 +251,32 @@ DevicePool& pool_for_device(int device) {
   std::lock_guard lock(r.config_mutex);
   if (DevicePool* p = slot.load(std::memory_order_acquire)) return *p;
   std::unique_ptr<DevicePool> pool;
+  std::string why;
   switch (current_tier()) {
     case Tier::a:
     case Tier::b:
       // A device without VMM in a VMM-tier process gets the fallback pool; its stats say so.
-      pool = device_has_vmm(device) ? make_vmm_pool(device, current_tier() == Tier::b)
-                                    : make_fallback_pool(device);
+      if (device_has_vmm(device, &why)) {
+        pool = make_vmm_pool(device, current_tier() == Tier::b);
+        why = current_tier() == Tier::a ? "VIBESPATIAL_GPU_POOL_ONLY is set: the VMM pool without "
+                                          "OOM recovery (tier A)"
+                                        : "the device supports virtual memory management: the "
+                                          "VMM pool with OOM recovery (tier B)";
+      } else {
+        pool = make_fallback_pool(device);
+        why += ": a caching pool over cuMemAlloc (fallback)";
+      }
       break;
     case Tier::c:
       pool = make_managed_pool(device);
+      why = "VIBESPATIAL_GPU_MANAGED_MEMORY is set: managed memory (tier C)";
       break;
     default:
       pool = make_fallback_pool(device);
+      why = "a caching pool over cuMemAlloc (fallback)";
       break;
   }
+  set_reason(device, std::move(why));
   slot.store(pool.get(), std::memory_order_release);
   return *pool.release();
 }
@@ -240,7 +300,11 @@ void reset_memory_pools() noexcept {
       delete p;
     }
     r.recoveries[d] = 0;
+    r.reasons[d].store(nullptr);
+    r.vmm_checked[d] = 0;
+    r.vmm_failure[d].clear();
   }
+  r.reason_text.clear();
   r.tier.store(static_cast<int>(Tier::none), std::memory_order_release);
 }
 
@@ -283,15 +347,30 @@ std::string configure_memory_pool() {
                    detail::escaped(std::getenv("VIBESPATIAL_GPU_POOL_ONLY")).c_str());
     }
     t = Tier::c;
+    detail::set_reason(device, pool_only ? "VIBESPATIAL_GPU_MANAGED_MEMORY is set: managed memory "
+                                           "(tier C; VIBESPATIAL_GPU_POOL_ONLY is ignored)"
+                                         : "VIBESPATIAL_GPU_MANAGED_MEMORY is set: managed memory "
+                                           "(tier C)");
   } else if (pool_only) {
-    if (!detail::device_has_vmm(device)) {
+    std::string why;
+    if (!detail::device_has_vmm(device, &why)) {
+      if (device >= 0 && device < detail::kMaxDevices) {
+        r.vmm_checked[static_cast<std::size_t>(device)] =
+            0;  // nothing cached: a later call retries
+      }
       throw CudaError(CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
-                      "VIBESPATIAL_GPU_POOL_ONLY=1 asks for tier A, but device " +
-                          std::to_string(device) + " does not support virtual memory management");
+                      "VIBESPATIAL_GPU_POOL_ONLY=1 asks for tier A, but " + why);
     }
     t = Tier::a;
+    detail::set_reason(
+        device, "VIBESPATIAL_GPU_POOL_ONLY is set: the VMM pool without OOM recovery (tier A)");
   } else {
-    t = detail::device_has_vmm(device) ? Tier::b : Tier::fallback;
+    std::string why;
+    t = detail::device_has_vmm(device, &why) ? Tier::b : Tier::fallback;
+    detail::set_reason(device, t == Tier::fallback
+                                   ? why + ": a caching pool over cuMemAlloc (fallback)"
+                                   : "the device supports virtual memory management: the VMM pool "
+                                     "with OOM recovery (tier B)");
   }
   r.tier.store(static_cast<int>(t), std::memory_order_release);
   return detail::tier_name(t);
@@ -329,6 +408,10 @@ MemoryPoolStats memory_pool_stats(int device) noexcept {
   s.tier = tier;
   s.configured = !s.tier.empty();
   if (!s.configured) return s;
+  if (const std::string* why =
+          registry().reasons[static_cast<std::size_t>(device)].load(std::memory_order_acquire)) {
+    s.tier_reason = *why;
+  }
   detail::DevicePool* p = registry().pools[static_cast<std::size_t>(device)].load();
   if (p == nullptr) {  // configured, but nothing allocated on this device yet
     if (s.tier == "fallback") {
@@ -413,6 +496,24 @@ void* device_allocate(std::size_t bytes, CUstream stream) {
                     "; the recovery chain ran " + std::to_string(detail::kRecoveryRounds) +
                         " rounds (" + std::to_string(handlers_run) +
                         " OOM handler calls, free pages released, retried)");
+}
+
+void forget_stream(CUstream stream) {
+  if (detail::in_forked_child()) [[unlikely]]
+    detail::throw_forked_child(__func__);
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) return;  // lives as long as the context
+  if (detail::current_tier() == Tier::none) return;             // nothing was ever freed on it
+  std::optional<CudaError> first;
+  for (auto& slot : registry().pools) {
+    detail::DevicePool* p = slot.load(std::memory_order_acquire);
+    if (p == nullptr) continue;
+    try {
+      p->forget(stream);
+    } catch (const CudaError& e) {
+      if (!first) first = e;
+    }
+  }
+  if (first) throw *first;
 }
 
 void device_deallocate(void* ptr, std::size_t bytes, CUstream stream) {

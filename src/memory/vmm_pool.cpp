@@ -10,7 +10,22 @@
 //
 // Address space: small regions hold slabs (one page each, split into equal slots of one size
 // class); large regions hold large blocks (whole pages). They never mix, so a live small block
-// pins one page at most.
+// pins one page at most. Reservations are sized to fit an address space that may be scarce
+// (§3.4.2: a real driver can refuse large reservations): a large region of about the device's
+// memory, small regions of a sixteenth of it, added as needed; a refused reservation is retried
+// after giving back the address space of empty regions, then smaller, halving down to what the
+// request needs. The pool so works within 1.5 x device memory of address space.
+//
+// Streams (memory.hpp, "Streams"): the pool calls the driver naming a stream only while a public
+// call that passed that stream runs (and then only that stream), or through the event of a mark
+// recorded at such a time; the legacy stream, which lives as long as the context, may be named at
+// any time. Small blocks are freed without a driver call into the thread's cache; when the cache
+// gives them to the shared lists they join the stream's unmarked batch, which a later slow path
+// of a call on the same stream (or forget_stream) covers with one mark. A block whose freeing
+// stream differs from the allocating one is reused only behind a completed mark, or, rather than
+// growing the pool, with the allocating stream made to wait for the mark's event
+// (cuStreamWaitEvent, as RMM's stream-ordered pool does); blocks with no mark yet become usable
+// everywhere after the cuCtxSynchronize of free_pool_memory() (and so of the OOM chain).
 //
 // Locking: the small-block fast path uses a per-thread cache (no lock, no driver call); every
 // other path takes the pool's mutex. Another thread may take a cache's blocks (trim, and so the
@@ -45,7 +60,8 @@ constexpr int kMaxDevices = 64;
 constexpr int kBinCapacity = 64;
 constexpr int kStatFlushOps = 64;
 constexpr std::int64_t kStatFlushBytes = std::int64_t{4} << 20;
-constexpr int kRefillScan = 64;  // shared free slots a refill examines at most
+constexpr int kRefillScan = 64;             // shared free slots a refill examines at most
+constexpr std::size_t kMaxForgetLog = 256;  // forget_stream() entries before caches are drained
 
 class ThreadCache;
 
@@ -70,14 +86,23 @@ class SlotRecords {
   std::unique_ptr<Line[]> lines_;
 };
 
-// A slot in a slab's shared free list. It may be reused on `stream` at once; on another stream
-// once a mark recorded on `stream` at or after its flush (sequence number `seq`) has completed.
-// Marks are recorded lazily, when another stream first wants such a slot, so single-stream use
-// never records an event.
+// Small blocks freed on one stream that reached the shared lists, with the mark that covers them
+// once one is recorded. Its slots are reusable at once on the stream with key `key`, and on any
+// stream once `mark` has completed (or behind a wait for it). A batch without a mark is the
+// stream's unmarked batch (at most one per key), which new frees join until a call on the stream
+// records the mark. Under the pool's mutex.
+struct Batch {
+  CUstream key = nullptr;  // the stream the blocks were freed on; forgotten_stream() once forgotten
+  MarkRef mark;            // a mark on that stream recorded after the frees; null: none yet
+  std::uint32_t slots = 0;  // shared slots that refer to it
+  bool logged = false;      // a forget_stream() log entry refers to it
+  std::size_t index = 0;    // its position in VmmPool::batches_
+};
+
+// A slot in a slab's shared free list.
 struct SharedSlot {
   void* ptr;
-  CUstream stream;
-  std::uint64_t seq;
+  Batch* batch;
 };
 
 struct Slab {
@@ -115,6 +140,8 @@ struct Slab {
   std::vector<SharedSlot> shared;
 };
 
+// A reservation of address space (size 0: a free slot). Under the pool's mutex; lock-free
+// lookups read its copy in RegionLookup.
 struct Region {
   CUdeviceptr base = 0;
   std::size_t size = 0;
@@ -124,6 +151,18 @@ struct Region {
   std::vector<CUmemGenericAllocationHandle> handles;  // large: each page's handle, 0 = unmapped
   std::vector<std::size_t> vacant;                    // small: unmapped page indices below `bump`
   std::size_t bump = 0;                               // small: pages never used above this
+};
+
+// What lock-free lookups (owns, the free path) read of a region slot: a sequence lock, because a
+// slot is reused for a new reservation once an empty region's address space was given back.
+// `version` is odd while the slot is rewritten; the writer (holding the pool's mutex) stores it
+// odd, then the fields with release, then even with release; a reader loads all with acquire and
+// accepts what it read when the version was even and unchanged.
+struct RegionLookup {
+  std::atomic<std::uint64_t> version{0};
+  std::atomic<CUdeviceptr> base{0};
+  std::atomic<std::size_t> size{0};
+  std::atomic<std::atomic<Slab*>*> slabs{nullptr};  // small regions only
 };
 
 // Pages mapped at `addr` whose map failed (access or a later page) and whose undo, the unmap,
@@ -165,6 +204,12 @@ class alignas(64) ThreadCache {
  public:
   VmmPool* pool = nullptr;
   std::uint64_t epoch = 0;
+  // The owning thread's per-thread default stream as a key (its bins hold CU_STREAM_PER_THREAD).
+  CUstream per_thread_key = nullptr;
+  // The pool's forget epoch this cache has applied to its bins (VmmPool::sync_forgotten). Read on
+  // the fast path by the owner; written under the mutex by the owner or, after the handshake
+  // below, by a thread that takes the cache's blocks.
+  std::uint64_t forget_seen = 0;
   // The handshake that lets another thread take this cache's blocks (VmmPool::drain_caches)
   // while the owner may be on its lock-free fast path. The owner sets `active` around every use
   // of its bins outside the mutex and then checks `steal`: if set, it leaves and takes the locked
@@ -224,6 +269,7 @@ class VmmPool final : public DevicePool {
   void deallocate(void* ptr, std::size_t bytes, CUstream stream) override;
   bool owns(const void* ptr) const noexcept override;
   void trim() override;
+  void forget(CUstream stream) override;
   void fill_stats(MemoryPoolStats& stats) const noexcept override;
   std::string describe() const override;
   void teardown() noexcept override;
@@ -232,16 +278,17 @@ class VmmPool final : public DevicePool {
 
  private:
   // The owner's side of the cache handshake: true if the owner may use its bins without the
-  // mutex until leave_fast_path(); false if another thread is taking them (use the locked path).
+  // mutex until leave_fast_path(); false if another thread is taking them, or a forget_stream()
+  // call has not been applied to them yet (use the locked path).
   bool enter_fast_path(ThreadCache& cache) const noexcept {
     if (asymmetric_) {
       cache.active.store(true, std::memory_order_relaxed);
       light_fence();
-      if (!cache.steal.load(std::memory_order_acquire)) [[likely]]
+      if (!cache.steal.load(std::memory_order_acquire) && forget_current(cache)) [[likely]]
         return true;
     } else {
       cache.active.exchange(true, std::memory_order_seq_cst);
-      if (!cache.steal.load(std::memory_order_seq_cst)) [[likely]]
+      if (!cache.steal.load(std::memory_order_seq_cst) && forget_current(cache)) [[likely]]
         return true;
     }
     cache.active.store(false, std::memory_order_release);
@@ -250,28 +297,61 @@ class VmmPool final : public DevicePool {
   static void leave_fast_path(ThreadCache& cache) noexcept {
     cache.active.store(false, std::memory_order_release);
   }
+  // One relaxed load: whether the cache's bins have seen every forget_stream() call. A call that
+  // happens before this one (the stream was forgotten, destroyed, and a new one with its handle
+  // value reached this thread) is always seen.
+  bool forget_current(const ThreadCache& cache) const noexcept {
+    return forget_epoch_.value.load(std::memory_order_relaxed) == cache.forget_seen;
+  }
   // Moves the blocks every other thread's cache holds to the shared lists, and gives up those
   // threads' carving slabs, so that trim() can release what they freed. Mutex held.
   void drain_caches(const ThreadCache* self) noexcept;
   // Small blocks.
   ThreadCache& thread_cache();
+  // The key of a stream named by `cache`'s owner (CU_STREAM_PER_THREAD: the owner's).
+  static CUstream key_in(const ThreadCache& cache, CUstream stream) noexcept {
+    if (stream == CU_STREAM_PER_THREAD) return cache.per_thread_key;
+    return stream == CU_STREAM_LEGACY ? nullptr : stream;
+  }
   void* allocate_small(std::size_t bytes, CUstream stream);
   void* refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes, CUstream stream);
   void flush_bin(ThreadCache& cache, int size_class, int keep) noexcept;  // mutex held
-  // A mark on e.stream recorded at or after e's flush, recording one if needed. Mutex held.
-  const MarkRef& covering_mark(const SharedSlot& e);
-  // Whether a shared slot may be used on `stream` now. Mutex held.
-  bool shared_ready(const SharedSlot& e, CUstream stream);
+  // Batches (mutex held).
+  Batch* new_batch(CUstream key, MarkRef mark);
+  Batch* unmarked_batch(CUstream key);
+  void set_mark(Batch* batch, MarkRef mark);
+  void add_shared(Slab* slab, void* ptr, Batch* batch);
+  void drop_batch_ref(Batch* batch) noexcept;
+  // Covers the unmarked batch of `stream` (a stream the current public call names) with one mark.
+  // Never throws: without a mark the blocks stay reusable on their own stream only.
+  void mark_pending(CUstream stream, CUstream key) noexcept;
+  // Whether a shared slot of `batch` may be used on the stream with key `key` now (records a mark
+  // on the legacy stream for its unmarked batch, the one stream always alive). Mutex held.
+  bool batch_ready_for(Batch* batch, CUstream key);
+  // Whether every block of `batch` is idle: its mark has completed. Mutex held.
+  bool batch_idle(Batch* batch);
+  // Applies the forget_stream() calls `cache` has not seen to its bins. Mutex held, and the
+  // owner off its fast path (the owner itself, or after the handshake).
+  void sync_forgotten(ThreadCache& cache) noexcept;
+  void prune_forget_log() noexcept;
+  // Gives every unmarked batch a mark: legacy ones one recorded now, the others a complete one
+  // after a cuCtxSynchronize (which also waits for streams destroyed since, §3.7). Mutex held.
+  void settle_unmarked();
   // Slab ownership and the lists of slabs with shared slots. Mutex held.
   std::vector<Slab*>& list_of(Slab* slab);
   void unlist(Slab* slab);                         // takes a slab with shared slots off its list
   void set_owner(Slab* slab, ThreadCache* owner);  // moves it to the new owner's list
   void disown_all(ThreadCache& cache);
-  // Moves up to `budget` examined shared slots of `slab` that are ready on `stream` to `take`,
-  // while `want` says more are wanted; unlists the slab once it has none left. `slab` must have
-  // shared slots (be listed). Mutex held.
+  // Moves up to `budget` examined shared slots of `slab` that are ready for the stream with key
+  // `key` to `take`, while `want` says more are wanted; unlists the slab once it has none left.
+  // `slab` must have shared slots (be listed). Mutex held.
   template <typename Take, typename Want>
-  void take_shared(Slab* slab, CUstream stream, int& budget, Take&& take, Want&& want);
+  void take_shared(Slab* slab, CUstream key, int& budget, Take&& take, Want&& want);
+  // Like take_shared, but also takes slots whose mark is still pending, making `stream` wait for
+  // each such mark first (once per mark: `waited`). Mutex held.
+  template <typename Take, typename Want>
+  void take_waiting(Slab* slab, CUstream stream, CUstream key, Take&& take, Want&& want,
+                    std::vector<const StreamMark*>& waited);
   void fold_cache_stats(ThreadCache& cache) noexcept;
   // Gives up the thread's carving slabs, so that empty ones can be reclaimed. Mutex held.
   static void release_carving(ThreadCache& cache) noexcept {
@@ -281,23 +361,34 @@ class VmmPool final : public DevicePool {
     }
   }  // owner thread; atomics only
   Slab* slab_of(CUdeviceptr p) const noexcept;
-  Slab* new_slab(int size_class, ThreadCache* owner);    // mutex held
-  void release_slab_page(Slab* slab, bool keep_handle);  // mutex held
+  // A new slab for `owner`; with `create` false only from pages the pool holds (null if none).
+  Slab* new_slab(int size_class, ThreadCache* owner, bool create);  // mutex held
+  void release_slab_page(Slab* slab, bool keep_handle);             // mutex held
   std::size_t reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandle>* into, std::size_t want,
                                   bool wait);  // mutex held
 
   // Large blocks.
   void* allocate_large(std::size_t bytes, CUstream stream);
   void deallocate_large(CUdeviceptr p, std::size_t bytes, CUstream stream);
-  bool range_ready(FreeRange& range, CUstream stream);
+  bool range_ready(FreeRange& range, CUstream key);
   bool range_idle(FreeRange& range);
   void insert_free(CUdeviceptr addr, std::size_t pages, std::vector<MarkRef> marks);
   void erase_free(std::map<CUdeviceptr, FreeRange>::iterator it);
-  CUdeviceptr compose(std::size_t pages, CUstream stream);
-  void acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
-                     std::vector<CUmemGenericAllocationHandle>& out);
+  // A window of `pages` mapped pages for the stream with key `key`; with `create` false only from
+  // pages the pool holds (0 if it holds too few). Mutex held.
+  CUdeviceptr compose(std::size_t pages, CUstream key, bool create);
+  // Gathers `count` pages; with `create` false only pages the pool holds, returning false (and
+  // taking none) if it holds too few. Throws DeviceFull when the driver has no memory left.
+  bool acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
+                     std::vector<CUmemGenericAllocationHandle>& out, bool create);
   int region_of(CUdeviceptr p) const noexcept;
-  int add_region(std::size_t size, bool small);
+  // Reserves a region of `size` bytes (retrying after make_address_space(), then halving down to
+  // `min_size`); throws DeviceFull when even that is refused. Mutex held.
+  int add_region(std::size_t size, std::size_t min_size, bool small);
+  // Gives back the address space of regions with nothing mapped (after moving the pages of empty
+  // slabs and idle free ranges to spare_). Returns whether any region was freed. Mutex held.
+  bool make_address_space() noexcept;
+  void publish_region(int index) noexcept;
   // Maps `count` pages at `addr` and makes them accessible; on failure undoes what it mapped and
   // throws. If the undo fails too, the mapped pages become a StuckMapping and their entries in
   // `handles` are set to 0: the caller must not reuse those. Mutex held.
@@ -309,13 +400,19 @@ class VmmPool final : public DevicePool {
   std::size_t page_ = 0;
   std::size_t small_limit_ = 0;
   std::size_t device_total_ = 0;
+  std::size_t large_region_ = 0;  // the size a large region is reserved with (at least)
+  std::size_t small_region_ = 0;  // the size a small region is reserved with
   std::uint64_t epoch_ = 0;
   CUmemAllocationProp prop_ = {};
   CUmemAccessDesc access_ = {};
 
   mutable std::mutex mutex_;
   std::array<Region, kMaxRegions> regions_;
-  std::atomic<int> region_count_{0};
+  std::array<RegionLookup, kMaxRegions> lookup_;
+  std::atomic<int> region_count_{0};  // slots in use or freed; never decreases while the pool lives
+  // Slab arrays of regions whose address space was given back: a lock-free lookup that raced
+  // the change (for a pointer the pool does not own) may still read one. Freed at teardown.
+  std::vector<std::unique_ptr<std::atomic<Slab*>[]>> retired_slab_arrays_;
 
   std::map<CUdeviceptr, LargeBlock> live_large_;
   std::map<CUdeviceptr, FreeRange> free_by_addr_;
@@ -329,14 +426,22 @@ class VmmPool final : public DevicePool {
   };
   std::array<ClassState, kMaxSizeClasses> classes_;
   std::vector<ThreadCache*> caches_;
-  // The latest mark recorded on each stream that freed small blocks, with its sequence number.
-  struct StreamMarkEntry {
-    CUstream stream;
-    std::uint64_t seq;
-    MarkRef mark;
+  std::vector<Batch*> batches_;   // every batch
+  std::vector<Batch*> unmarked_;  // the batches without a mark, at most one per key
+  // forget_stream() calls that some thread cache has not applied yet: the stream's key and the
+  // batch (key forgotten_stream(), the call's mark) its cached blocks join.
+  struct ForgetEntry {
+    std::uint64_t epoch;
+    CUstream key;
+    Batch* batch;
   };
-  std::vector<StreamMarkEntry> stream_marks_;
-  std::uint64_t flush_seq_ = 0;
+  std::vector<ForgetEntry> forget_log_;
+  // Counts forget_stream() calls; read by every fast path, written rarely: a line of its own.
+  struct alignas(64) ForgetEpoch {
+    std::atomic<std::uint64_t> value{0};
+    char pad[64 - sizeof(std::atomic<std::uint64_t>)];
+  };
+  ForgetEpoch forget_epoch_;
 
   UsageCounters usage_;
   std::size_t pages_held_ = 0;
@@ -384,6 +489,14 @@ VmmPool::VmmPool(int device, bool /*recovery_tier*/) : DevicePool(device), marks
   small_limit_ = std::max(small_limit_, kSmallQuantum);
   std::size_t free_bytes = 0;
   VSR_CU_TRY(api.cuMemGetInfo(&free_bytes, &device_total_));
+  // Regions: a large one holds every page of the device; small ones a sixteenth each (at least
+  // 16 pages, at most half the device), so that one large and a few small fit in 1.5 x.
+  const std::size_t device_pages = std::max<std::size_t>(1, (device_total_ + page_ - 1) / page_);
+  large_region_ = device_pages * page_;
+  small_region_ =
+      std::max<std::size_t>(
+          1, std::min(device_pages / 2, std::max<std::size_t>(16, (device_pages + 15) / 16))) *
+      page_;
   access_.location = prop_.location;
   access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   epoch_ = g_next_epoch.fetch_add(1);
@@ -392,33 +505,161 @@ VmmPool::VmmPool(int device, bool /*recovery_tier*/) : DevicePool(device), marks
 
 // ---- regions -----------------------------------------------------------------------------------
 
-int VmmPool::add_region(std::size_t size, bool small) {
-  const int index = region_count_.load(std::memory_order_relaxed);
-  if (index >= kMaxRegions) throw DeviceFull{size};
+void VmmPool::publish_region(int index) noexcept {
+  const Region& r = regions_[static_cast<std::size_t>(index)];
+  RegionLookup& l = lookup_[static_cast<std::size_t>(index)];
+  const std::uint64_t v = l.version.load(std::memory_order_relaxed);
+  l.version.store(v + 1, std::memory_order_relaxed);
+  l.base.store(r.base, std::memory_order_release);
+  l.size.store(r.size, std::memory_order_release);
+  l.slabs.store(r.small ? r.slabs.get() : nullptr, std::memory_order_release);
+  l.version.store(v + 2, std::memory_order_release);
+}
+
+int VmmPool::add_region(std::size_t size, std::size_t min_size, bool small) {
+  const DriverApi& api = driver();
+  // A free slot: one whose region was given back, else a new one.
+  auto free_slot = [&] {
+    const int n = region_count_.load(std::memory_order_relaxed);
+    for (int i = 0; i < n; ++i) {
+      if (regions_[static_cast<std::size_t>(i)].size == 0) return i;
+    }
+    return n < kMaxRegions ? n : -1;
+  };
+  bool made_space = false;
+  int index = free_slot();
+  if (index < 0) {
+    made_space = true;
+    if (!make_address_space() || (index = free_slot()) < 0) throw DeviceFull{min_size};
+  }
   CUdeviceptr base = 0;
-  const CUresult r = driver().cuMemAddressReserve(&base, size, page_, 0, 0);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{size};
-  if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemAddressReserve", __FILE__, __LINE__);
+  for (;;) {
+    const CUresult r = api.cuMemAddressReserve(&base, size, page_, 0, 0);
+    if (r == CUDA_SUCCESS) break;
+    if (r != CUDA_ERROR_OUT_OF_MEMORY)
+      throw_cuda_error(r, "cuMemAddressReserve", __FILE__, __LINE__);
+    // Address space is short (§3.4.2): give back what empty regions hold, then ask for less.
+    if (!made_space) {
+      made_space = true;
+      if (make_address_space()) {
+        index = free_slot();
+        continue;
+      }
+    }
+    if (size <= min_size) throw DeviceFull{min_size};
+    size = std::max(round_up(size / 2, page_), min_size);
+  }
   Region& region = regions_[static_cast<std::size_t>(index)];
+  try {
+    region.pages = size / page_;
+    if (small) {
+      region.slabs = std::make_unique<std::atomic<Slab*>[]>(region.pages);
+    } else {
+      region.handles.assign(region.pages, 0);
+    }
+  } catch (...) {
+    api.cuMemAddressFree(base, size);
+    region.pages = 0;
+    region.slabs.reset();
+    region.handles.clear();
+    throw;
+  }
   region.base = base;
   region.size = size;
-  region.pages = size / page_;
   region.small = small;
-  if (small) {
-    region.slabs = std::make_unique<std::atomic<Slab*>[]>(region.pages);
-  } else {
-    region.handles.assign(region.pages, 0);
-  }
+  region.vacant.clear();
+  region.bump = 0;
   reserved_bytes_ += size;
-  region_count_.store(index + 1, std::memory_order_release);  // publish to lock-free readers
+  publish_region(index);
+  if (index == region_count_.load(std::memory_order_relaxed)) {
+    region_count_.store(index + 1, std::memory_order_release);  // publish to lock-free readers
+  }
   return index;
+}
+
+bool VmmPool::make_address_space() noexcept {
+  const DriverApi& api = driver_state().api;
+  // Pages of empty, idle slabs and of idle free ranges become spare pages (no memory is given
+  // back), so that the regions they were mapped in may empty.
+  try {
+    std::vector<CUmemGenericAllocationHandle> pages;
+    reclaim_empty_slabs(&pages, static_cast<std::size_t>(-1), false);
+    spare_.insert(spare_.end(), pages.begin(), pages.end());
+  } catch (...) {
+  }
+  for (auto it = free_by_addr_.begin(); it != free_by_addr_.end();) {
+    const CUdeviceptr begin = it->first;
+    const std::size_t pages = it->second.pages;
+    bool idle = false;
+    try {
+      spare_.reserve(spare_.size() + pages);
+      idle = range_idle(it->second);
+    } catch (...) {
+    }
+    if (!idle || api.cuMemUnmap(begin, pages * page_) != CUDA_SUCCESS) {
+      ++it;
+      continue;
+    }
+    Region& region = regions_[static_cast<std::size_t>(region_of(begin))];
+    const std::size_t first = (begin - region.base) / page_;
+    for (std::size_t i = 0; i < pages; ++i) {
+      spare_.push_back(region.handles[first + i]);
+      region.handles[first + i] = 0;
+    }
+    pages_mapped_ -= pages;
+    auto next = std::next(it);
+    erase_free(it);
+    it = next;
+  }
+  bool freed = false;
+  const int n = region_count_.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    Region& r = regions_[static_cast<std::size_t>(i)];
+    if (r.size == 0) continue;
+    bool empty = std::none_of(stuck_.begin(), stuck_.end(),
+                              [&](const StuckMapping& m) { return m.region == i; });
+    if (r.small) {
+      empty = empty && r.vacant.size() == r.bump;
+    } else {
+      empty = empty && std::all_of(r.handles.begin(), r.handles.end(),
+                                   [](CUmemGenericAllocationHandle h) { return h == 0; });
+    }
+    if (!empty || api.cuMemAddressFree(r.base, r.size) != CUDA_SUCCESS) continue;
+    reserved_bytes_ -= r.size;
+    if (r.slabs) {
+      try {
+        retired_slab_arrays_.push_back(std::move(r.slabs));
+      } catch (...) {
+        // Freed at teardown in any case: keep it with the slot.
+      }
+    }
+    r.base = 0;
+    r.size = 0;
+    r.pages = 0;
+    r.small = false;
+    r.handles = {};
+    r.vacant = {};
+    r.bump = 0;
+    publish_region(i);
+    freed = true;
+  }
+  return freed;
 }
 
 int VmmPool::region_of(CUdeviceptr p) const noexcept {
   const int n = region_count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    const Region& r = regions_[static_cast<std::size_t>(i)];
-    if (p >= r.base && p < r.base + r.size) return i;
+    const RegionLookup& l = lookup_[static_cast<std::size_t>(i)];
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    for (;;) {
+      const std::uint64_t v = l.version.load(std::memory_order_acquire);
+      base = l.base.load(std::memory_order_acquire);
+      size = l.size.load(std::memory_order_acquire);
+      if ((v & 1) == 0 && l.version.load(std::memory_order_acquire) == v) break;
+      std::this_thread::yield();  // a slot being rewritten under the mutex: a few stores
+    }
+    if (p >= base && p - base < size) return i;
   }
   return -1;
 }
@@ -428,11 +669,25 @@ bool VmmPool::owns(const void* ptr) const noexcept {
 }
 
 Slab* VmmPool::slab_of(CUdeviceptr p) const noexcept {
-  const int i = region_of(p);
-  if (i < 0) return nullptr;
-  const Region& r = regions_[static_cast<std::size_t>(i)];
-  if (!r.small) return nullptr;
-  return r.slabs[(p - r.base) / page_].load(std::memory_order_acquire);
+  const int n = region_count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    const RegionLookup& l = lookup_[static_cast<std::size_t>(i)];
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    std::atomic<Slab*>* slabs = nullptr;
+    for (;;) {
+      const std::uint64_t v = l.version.load(std::memory_order_acquire);
+      base = l.base.load(std::memory_order_acquire);
+      size = l.size.load(std::memory_order_acquire);
+      slabs = l.slabs.load(std::memory_order_acquire);
+      if ((v & 1) == 0 && l.version.load(std::memory_order_acquire) == v) break;
+      std::this_thread::yield();
+    }
+    if (p >= base && p - base < size) {
+      return slabs != nullptr ? slabs[(p - base) / page_].load(std::memory_order_acquire) : nullptr;
+    }
+  }
+  return nullptr;
 }
 
 void VmmPool::map_pages(CUdeviceptr addr, CUmemGenericAllocationHandle* handles,
@@ -493,8 +748,8 @@ CUresult VmmPool::recover_stuck() noexcept {
 
 // ---- page supply -------------------------------------------------------------------------------
 
-void VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
-                            std::vector<CUmemGenericAllocationHandle>& out) {
+bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
+                            std::vector<CUmemGenericAllocationHandle>& out, bool create) {
   const DriverApi& api = driver();
   try {
     if (!stuck_.empty()) recover_stuck();  // their pages are free once unmapped
@@ -531,6 +786,11 @@ void VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
       it = next;
     }
     if (out.size() < count) reclaim_empty_slabs(&out, count - out.size(), false);
+    if (!create && out.size() < count) {
+      spare_.insert(spare_.end(), out.begin(), out.end());  // all of them stay in the pool
+      out.clear();
+      return false;
+    }
     while (out.size() < count) {
       CUmemGenericAllocationHandle h = 0;
       const CUresult r = api.cuMemCreate(&h, page_, &prop_, 0);
@@ -544,14 +804,15 @@ void VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
     out.clear();
     throw;
   }
+  return true;
 }
 
 // ---- large blocks ------------------------------------------------------------------------------
 
-bool VmmPool::range_ready(FreeRange& range, CUstream stream) {
+bool VmmPool::range_ready(FreeRange& range, CUstream key) {
   std::erase_if(range.marks, [&](const MarkRef& m) { return marks_.completed(m); });
   return std::all_of(range.marks.begin(), range.marks.end(),
-                     [&](const MarkRef& m) { return m->stream == stream; });
+                     [&](const MarkRef& m) { return m->stream == key; });
 }
 
 bool VmmPool::range_idle(FreeRange& range) {
@@ -594,8 +855,8 @@ void VmmPool::insert_free(CUdeviceptr addr, std::size_t pages, std::vector<MarkR
   free_by_size_.emplace(pages, addr);
 }
 
-CUdeviceptr VmmPool::compose(std::size_t pages, CUstream stream) {
-  // Find a window of `pages` pages with no live block and no free range still busy for `stream`:
+CUdeviceptr VmmPool::compose(std::size_t pages, CUstream key, bool create) {
+  // Find a window of `pages` pages with no live block and no free range still busy for `key`:
   // its mapped pages are reused in place, its holes get pages from elsewhere.
   CUdeviceptr window = 0;
   int window_region = -1;
@@ -612,7 +873,7 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream stream) {
     }
     for (auto it = free_by_addr_.lower_bound(region.base);
          it != free_by_addr_.end() && it->first < end; ++it) {
-      if (!range_ready(it->second, stream)) obstacles.emplace_back(it->first, it->second.pages);
+      if (!range_ready(it->second, key)) obstacles.emplace_back(it->first, it->second.pages);
     }
     for (const StuckMapping& m : stuck_) {
       if (m.region == ri) obstacles.emplace_back(m.addr, m.handles.size());
@@ -644,7 +905,7 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream stream) {
     }
   }
   if (window_region < 0) {
-    window_region = add_region(std::max(round_up(2 * device_total_, page_), pages * page_), false);
+    window_region = add_region(std::max(large_region_, pages * page_), pages * page_, false);
     window = regions_[static_cast<std::size_t>(window_region)].base;
   }
   Region& region = regions_[static_cast<std::size_t>(window_region)];
@@ -654,7 +915,7 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream stream) {
   std::size_t holes = 0;
   for (std::size_t i = 0; i < pages; ++i) holes += region.handles[first + i] == 0 ? 1 : 0;
   std::vector<CUmemGenericAllocationHandle> fresh;
-  acquire_pages(holes, window, window_end, fresh);
+  if (!acquire_pages(holes, window, window_end, fresh, create)) return 0;
 
   // Map each run of holes; on failure, the pages mapped so far in this call go back as free.
   std::size_t next_fresh = 0;
@@ -714,20 +975,42 @@ void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
   ThreadCache& cache = thread_cache();
   std::lock_guard lock(mutex_);
   fold_cache_stats(cache);
+  const CUstream key = key_in(cache, stream);
+  mark_pending(stream, key);
   CUdeviceptr addr = 0;
-  for (auto it = free_by_size_.lower_bound(pages); it != free_by_size_.end(); ++it) {
-    auto range = free_by_addr_.find(it->second);
-    if (!range_ready(range->second, stream)) continue;
+  // Takes `pages` from the front of a free range; the rest stays free.
+  auto take_range = [&](std::map<CUdeviceptr, FreeRange>::iterator range) {
     addr = range->first;
     const std::size_t left = range->second.pages - pages;
     std::vector<MarkRef> marks = std::move(range->second.marks);
     erase_free(range);
     if (left > 0) insert_free(addr + pages * page_, left, std::move(marks));
+  };
+  // 1. The smallest free range that is ready for the stream.
+  for (auto it = free_by_size_.lower_bound(pages); it != free_by_size_.end(); ++it) {
+    auto range = free_by_addr_.find(it->second);
+    if (!range_ready(range->second, key)) continue;
+    take_range(range);
     break;
   }
   if (addr == 0) {
     ScopedDeviceContext scope(device_);
-    addr = compose(pages, stream);
+    // 2. A window of ready free pages and pages the pool holds.
+    addr = compose(pages, key, false);
+    // 3. Rather than taking new memory: the smallest free range still busy on other streams,
+    //    with this stream made to wait for its marks (§3.7).
+    if (addr == 0) {
+      auto it = free_by_size_.lower_bound(pages);
+      if (it != free_by_size_.end()) {
+        auto range = free_by_addr_.find(it->second);
+        for (const MarkRef& m : range->second.marks) {
+          if (m->stream != key) marks_.wait_on(m, stream);  // throws: nothing taken yet
+        }
+        take_range(range);
+      }
+    }
+    // 4. New memory.
+    if (addr == 0) addr = compose(pages, key, true);
   }
   live_large_.emplace(addr, LargeBlock{pages, bytes});
   large_live_pages_ += pages;
@@ -750,13 +1033,15 @@ void VmmPool::deallocate_large(CUdeviceptr p, std::size_t bytes, CUstream stream
                                 std::to_string(it->second.bytes) + " bytes but freed with " +
                                 std::to_string(bytes));
   }
-  MarkRef mark = marks_.record(stream);  // may throw: nothing has changed yet
+  const CUstream key = key_in(cache, stream);
+  MarkRef mark = marks_.record(stream, key);  // may throw: nothing has changed yet
   fold_cache_stats(cache);
   const std::size_t pages = it->second.pages;
   live_large_.erase(it);
   large_live_pages_ -= pages;
   usage_.on_free(bytes);
   insert_free(p, pages, {std::move(mark)});
+  mark_pending(stream, key);
 }
 
 // ---- small blocks ------------------------------------------------------------------------------
@@ -767,7 +1052,9 @@ ThreadCache& VmmPool::thread_cache() {
     slot = std::make_unique<ThreadCache>();  // a stale cache's pool is gone: drop it
     slot->pool = this;
     slot->epoch = epoch_;
+    slot->per_thread_key = per_thread_stream_key();
     std::lock_guard lock(mutex_);
+    slot->forget_seen = forget_epoch_.value.load(std::memory_order_relaxed);  // nothing to apply
     caches_.push_back(slot.get());
   }
   return *slot;
@@ -794,7 +1081,7 @@ void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
   ThreadCache& cache = thread_cache();
   Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
   if (!enter_fast_path(cache)) [[unlikely]] {
-    return refill_and_allocate(cache, size_class, bytes, stream);  // another thread drains it
+    return refill_and_allocate(cache, size_class, bytes, stream);  // drained, or a forget pending
   }
   for (int i = bin.count - 1; i >= 0 && i >= bin.count - 4; --i) {
     if (bin.entries[static_cast<std::size_t>(i)].stream != stream) continue;
@@ -817,15 +1104,20 @@ void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
 void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes,
                                    CUstream stream) {
   std::lock_guard lock(mutex_);
+  sync_forgotten(cache);
   fold_cache_stats(cache);
+  const CUstream key = key_in(cache, stream);
   ClassState& state = classes_[static_cast<std::size_t>(size_class)];
   Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
-  // The bin missed: what it holds was freed on other streams. Hand it to the shared list, where
+  // The bin missed: what it holds was freed on other streams. Hand it to the shared lists, where
   // marks make it reusable on any stream once its work completes.
   if (bin.count > 0) flush_bin(cache, size_class, 0);
+  // A call on `stream`: what was freed on it and has no mark yet gets one.
+  mark_pending(stream, key);
   // Every slot taken goes into the (now empty) bin at once, the one handed out included, so that
-  // a driver call failing on the way (a mark recorded or queried) loses none: what was taken
-  // stays in this thread's cache, on `stream`, where it is ready. The request takes the first.
+  // a driver call failing on the way (a mark recorded, queried or waited for) loses none: what
+  // was taken stays in this thread's cache, on `stream`, where it is ready. The request takes the
+  // first.
   const int want = kBinCapacity / 2 + 1;
   auto take = [&](void* ptr, Slab* slab) {
     ++slab->used;
@@ -836,40 +1128,62 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
   // 1. Shared slots of the thread's own slabs, then 2. slabs nobody owns, claimed.
   std::vector<Slab*>& own = cache.with_shared[static_cast<std::size_t>(size_class)];
   for (std::size_t k = own.size(); k-- > 0 && budget > 0 && wanted();) {
-    take_shared(own[k], stream, budget, take, wanted);
+    take_shared(own[k], key, budget, take, wanted);
   }
   while (budget > 0 && wanted() && !state.unowned.empty()) {
     Slab* slab = state.unowned.back();
     set_owner(slab, &cache);
-    take_shared(slab, stream, budget, take, wanted);
+    take_shared(slab, key, budget, take, wanted);
   }
-  // 3. New slots carved from the thread's own slab, or a new slab.
+  // 3. New slots carved from the thread's own slab.
   Slab*& carving = cache.carving[static_cast<std::size_t>(size_class)];
-  while (bin.count == 0 ||
-         (wanted() && carving != nullptr && carving->carved < carving->slot_count)) {
-    if (carving == nullptr || carving->carved == carving->slot_count) {
-      if (bin.count > 0) break;
-      Slab* fresh = nullptr;
+  auto carve = [&] {
+    while (wanted() && carving != nullptr && carving->carved < carving->slot_count) {
+      take(reinterpret_cast<void*>(carving->base + carving->carved * carving->slot_size), carving);
+      ++carving->carved;
+    }
+  };
+  carve();
+  if (bin.count == 0) {
+    // 4. A new slab on a page the pool holds.
+    Slab* fresh = nullptr;
+    try {
+      fresh = new_slab(size_class, &cache, false);
+    } catch (const DeviceFull&) {
+      // No address space for a new region: the steps below decide.
+    }
+    std::vector<const StreamMark*> waited;
+    auto take_waiting_any = [&] {
+      for (std::size_t k = state.slabs.size(); k-- > 0 && wanted();) {
+        if (!state.slabs[k]->shared.empty()) {
+          take_waiting(state.slabs[k], stream, key, take, wanted, waited);
+        }
+      }
+    };
+    // 5. Rather than new memory: slots freed on other streams whose mark is still pending, with
+    //    `stream` made to wait for it.
+    if (fresh == nullptr) take_waiting_any();
+    // 6. A new slab on new memory.
+    if (fresh == nullptr && bin.count == 0) {
       try {
-        fresh = new_slab(size_class, &cache);
+        fresh = new_slab(size_class, &cache, true);
       } catch (const DeviceFull&) {
-        // 4. The device is full: shared slots of other threads' slabs before giving up.
+        // 7. The device is full: shared slots of other threads' slabs before giving up.
         int unlimited = std::numeric_limits<int>::max();
         for (std::size_t k = state.slabs.size(); k-- > 0 && bin.count == 0;) {
           if (!state.slabs[k]->shared.empty()) {
-            take_shared(state.slabs[k], stream, unlimited, take, wanted);
+            take_shared(state.slabs[k], key, unlimited, take, wanted);
           }
         }
         if (bin.count == 0) throw;  // nothing taken
-        break;
       }
+    }
+    if (fresh != nullptr) {
       if (carving != nullptr) carving->carving = false;
       carving = fresh;
       carving->carving = true;
+      carve();
     }
-    Slab* s = carving;
-    take(reinterpret_cast<void*>(s->base + s->carved * s->slot_size), s);
-    ++s->carved;
   }
   // Nothing below throws. The first slot taken is handed out; the rest keep their order.
   const CacheEntry result = bin.entries[0];
@@ -881,7 +1195,7 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
   return result.ptr;
 }
 
-Slab* VmmPool::new_slab(int size_class, ThreadCache* owner) {
+Slab* VmmPool::new_slab(int size_class, ThreadCache* owner, bool create) {
   ScopedDeviceContext scope(device_);
   // Host memory first: nothing may throw once the page is mapped.
   auto slab = std::make_unique<Slab>();
@@ -893,16 +1207,29 @@ Slab* VmmPool::new_slab(int size_class, ThreadCache* owner) {
   slab->owner = owner;
   std::vector<Slab*>& slabs = classes_[static_cast<std::size_t>(size_class)].slabs;
   if (slabs.size() == slabs.capacity()) slabs.reserve(2 * slabs.size() + 1);
-  int ri = -1;
-  const int n = region_count_.load(std::memory_order_relaxed);
-  for (int i = 0; i < n && ri < 0; ++i) {
-    const Region& r = regions_[static_cast<std::size_t>(i)];
-    if (r.small && (!r.vacant.empty() || r.bump < r.pages)) ri = i;
-  }
-  if (ri < 0) ri = add_region(std::max(round_up(device_total_, page_), 64 * page_), true);
-  Region& region = regions_[static_cast<std::size_t>(ri)];
   std::vector<CUmemGenericAllocationHandle> handle;
-  acquire_pages(1, 0, 0, handle);  // may vacate slab pages: choose the page only afterwards
+  handle.reserve(1);
+  int ri = -1;
+  auto find_region = [&] {
+    ri = -1;
+    const int n = region_count_.load(std::memory_order_relaxed);
+    for (int i = 0; i < n && ri < 0; ++i) {
+      const Region& r = regions_[static_cast<std::size_t>(i)];
+      if (r.small && (!r.vacant.empty() || r.bump < r.pages)) ri = i;
+    }
+  };
+  // May vacate slab pages: choose the region and page only afterwards.
+  if (!acquire_pages(1, 0, 0, handle, create)) return nullptr;
+  find_region();
+  if (ri < 0) {
+    try {
+      ri = add_region(small_region_, page_, true);
+    } catch (...) {
+      spare_.push_back(handle[0]);
+      throw;
+    }
+  }
+  Region& region = regions_[static_cast<std::size_t>(ri)];
   const std::size_t page = region.vacant.empty() ? region.bump : region.vacant.back();
   auto take_page = [&] {
     if (region.vacant.empty()) {
@@ -942,6 +1269,7 @@ void VmmPool::release_slab_page(Slab* slab, bool keep_handle) {
   region.vacant.push_back(slab->page);
   ClassState& state = classes_[static_cast<std::size_t>(slab->size_class)];
   if (!slab->shared.empty()) unlist(slab);
+  for (const SharedSlot& e : slab->shared) drop_batch_ref(e.batch);
   std::erase(state.slabs, slab);
   --slab_count_;
   const CUmemGenericAllocationHandle h = slab->handle;
@@ -965,11 +1293,12 @@ std::size_t VmmPool::reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandl
         ++i;
         continue;
       }
+      // Unmap only what no queued work still uses (§7 #2): every slot's mark has completed.
       bool idle = true;
       for (const SharedSlot& e : slab->shared) {
-        if (wait) {
-          marks_.wait(covering_mark(e));
-        } else if (!marks_.completed(covering_mark(e))) {
+        if (wait && e.batch->mark) {
+          marks_.wait(e.batch->mark);
+        } else if (!batch_idle(e.batch)) {
           idle = false;
           break;
         }
@@ -995,40 +1324,161 @@ std::size_t VmmPool::reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandl
   return reclaimed;
 }
 
+// ---- batches and marks of small blocks ---------------------------------------------------------
+
+Batch* VmmPool::new_batch(CUstream key, MarkRef mark) {
+  auto b = std::make_unique<Batch>();
+  b->key = key;
+  b->mark = std::move(mark);
+  b->index = batches_.size();
+  batches_.push_back(b.get());
+  if (!b->mark) {
+    try {
+      unmarked_.push_back(b.get());
+    } catch (...) {
+      batches_.pop_back();
+      throw;
+    }
+  }
+  return b.release();
+}
+
+Batch* VmmPool::unmarked_batch(CUstream key) {
+  for (Batch* b : unmarked_) {
+    if (b->key == key) return b;
+  }
+  return new_batch(key, nullptr);
+}
+
+void VmmPool::set_mark(Batch* batch, MarkRef mark) {
+  if (!batch->mark) std::erase(unmarked_, batch);
+  batch->mark = std::move(mark);
+}
+
+void VmmPool::add_shared(Slab* slab, void* ptr, Batch* batch) {
+  if (slab->shared.empty()) list_of(slab).push_back(slab);
+  slab->shared.push_back(SharedSlot{ptr, batch});
+  ++batch->slots;
+}
+
+void VmmPool::drop_batch_ref(Batch* batch) noexcept {
+  if (--batch->slots != 0 || batch->logged) return;
+  if (!batch->mark) std::erase(unmarked_, batch);
+  Batch* last = batches_.back();
+  last->index = batch->index;
+  batches_[batch->index] = last;
+  batches_.pop_back();
+  delete batch;
+}
+
+void VmmPool::mark_pending(CUstream stream, CUstream key) noexcept {
+  for (Batch* b : unmarked_) {
+    if (b->key != key) continue;
+    try {
+      // Recorded now, the mark covers everything queued on the stream, the frees included (§3.7).
+      set_mark(b, marks_.record(stream, key));
+    } catch (...) {
+      // No mark: the blocks stay reusable on their own stream, and elsewhere after trim().
+    }
+    return;
+  }
+}
+
+bool VmmPool::batch_ready_for(Batch* batch, CUstream key) {
+  if (batch->key == key) return true;
+  return batch_idle(batch);
+}
+
+bool VmmPool::batch_idle(Batch* batch) {
+  if (!batch->mark) {
+    if (batch->key != nullptr) return false;  // no mark yet; only the freeing stream may use it
+    set_mark(batch, marks_.record(nullptr, nullptr));  // the legacy stream is always alive
+  }
+  return marks_.completed(batch->mark);
+}
+
+void VmmPool::settle_unmarked() {
+  if (unmarked_.empty()) return;
+  const DriverApi& api = driver();
+  bool other = false;
+  for (Batch* b : std::vector<Batch*>(unmarked_)) {
+    if (b->key == nullptr) {
+      set_mark(b, marks_.record(nullptr, nullptr));
+    } else {
+      other = true;
+    }
+  }
+  if (!other) return;
+  // Their streams may be gone: only a wait for the whole context covers them (§3.7).
+  VSR_CU_TRY(api.cuCtxSynchronize());
+  auto done = std::make_shared<StreamMark>(StreamMark{forgotten_stream(), nullptr, true});
+  for (Batch* b : std::vector<Batch*>(unmarked_)) set_mark(b, done);
+}
+
+void VmmPool::sync_forgotten(ThreadCache& cache) noexcept {
+  const std::uint64_t now = forget_epoch_.value.load(std::memory_order_relaxed);
+  if (cache.forget_seen == now) return;
+  for (const ForgetEntry& f : forget_log_) {
+    if (f.epoch <= cache.forget_seen) continue;
+    for (int c = 0; c < kMaxSizeClasses; ++c) {
+      Bin& bin = cache.bins[static_cast<std::size_t>(c)];
+      int kept = 0;
+      for (int i = 0; i < bin.count; ++i) {
+        const CacheEntry& e = bin.entries[static_cast<std::size_t>(i)];
+        if (key_in(cache, e.stream) != f.key) {
+          bin.entries[static_cast<std::size_t>(kept++)] = e;
+          continue;
+        }
+        add_shared(e.slab, e.ptr, f.batch);
+        if (--e.slab->used == 0 && !e.slab->carving && e.slab->owner != nullptr) {
+          set_owner(e.slab, nullptr);
+        }
+      }
+      bin.count = kept;
+    }
+  }
+  cache.forget_seen = now;
+  prune_forget_log();
+}
+
+void VmmPool::prune_forget_log() noexcept {
+  if (forget_log_.empty()) return;
+  std::uint64_t oldest = forget_epoch_.value.load(std::memory_order_relaxed);
+  for (const ThreadCache* c : caches_) oldest = std::min(oldest, c->forget_seen);
+  auto end = std::find_if(forget_log_.begin(), forget_log_.end(),
+                          [&](const ForgetEntry& f) { return f.epoch > oldest; });
+  for (auto it = forget_log_.begin(); it != end; ++it) {
+    Batch* b = it->batch;
+    b->logged = false;
+    if (b->slots == 0) {
+      ++b->slots;
+      drop_batch_ref(b);  // deletes it
+    }
+  }
+  forget_log_.erase(forget_log_.begin(), end);
+}
+
 void VmmPool::flush_bin(ThreadCache& cache, int size_class, int keep) noexcept {
   Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
   const int move = bin.count - keep;
   if (move <= 0) return;
-  const std::uint64_t seq = ++flush_seq_;
+  Batch* batch = nullptr;
+  CUstream batch_key = nullptr;
   for (int i = 0; i < move; ++i) {
     const CacheEntry& e = bin.entries[static_cast<std::size_t>(i)];
-    Slab* slab = e.slab;
-    if (slab->shared.empty()) list_of(slab).push_back(slab);
-    slab->shared.push_back(SharedSlot{e.ptr, e.stream, seq});
+    const CUstream key = key_in(cache, e.stream);
+    if (batch == nullptr || key != batch_key) {
+      batch = unmarked_batch(key);  // joins what was freed on that stream and has no mark yet
+      batch_key = key;
+    }
+    add_shared(e.slab, e.ptr, batch);
     // An emptied slab holds none of its owner's blocks: any thread may claim it now.
-    if (--slab->used == 0 && !slab->carving && slab->owner != nullptr) set_owner(slab, nullptr);
+    if (--e.slab->used == 0 && !e.slab->carving && e.slab->owner != nullptr) {
+      set_owner(e.slab, nullptr);
+    }
   }
   std::copy(bin.entries.begin() + move, bin.entries.begin() + bin.count, bin.entries.begin());
   bin.count = keep;
-}
-
-const MarkRef& VmmPool::covering_mark(const SharedSlot& e) {
-  auto it = std::find_if(stream_marks_.begin(), stream_marks_.end(),
-                         [&](const StreamMarkEntry& m) { return m.stream == e.stream; });
-  if (it == stream_marks_.end()) {
-    stream_marks_.push_back({e.stream, 0, nullptr});
-    it = std::prev(stream_marks_.end());
-  }
-  if (!it->mark || it->seq < e.seq) {
-    // Recorded now, the mark covers everything queued on e.stream, the free included (§3.7).
-    it->mark = marks_.record(e.stream);
-    it->seq = flush_seq_;
-  }
-  return it->mark;
-}
-
-bool VmmPool::shared_ready(const SharedSlot& e, CUstream stream) {
-  return e.stream == stream || marks_.completed(covering_mark(e));
 }
 
 std::vector<Slab*>& VmmPool::list_of(Slab* slab) {
@@ -1061,14 +1511,37 @@ void VmmPool::disown_all(ThreadCache& cache) {
 }
 
 template <typename Take, typename Want>
-void VmmPool::take_shared(Slab* slab, CUstream stream, int& budget, Take&& take, Want&& want) {
+void VmmPool::take_shared(Slab* slab, CUstream key, int& budget, Take&& take, Want&& want) {
   std::vector<SharedSlot>& shared = slab->shared;
   for (std::size_t i = shared.size(); i-- > 0 && budget > 0 && want(); --budget) {
-    if (!shared_ready(shared[i], stream)) continue;
-    void* ptr = shared[i].ptr;
+    if (!batch_ready_for(shared[i].batch, key)) continue;
+    const SharedSlot e = shared[i];
     shared[i] = shared.back();
     shared.pop_back();
-    take(ptr, slab);
+    take(e.ptr, slab);
+    drop_batch_ref(e.batch);
+  }
+  if (shared.empty()) unlist(slab);
+}
+
+template <typename Take, typename Want>
+void VmmPool::take_waiting(Slab* slab, CUstream stream, CUstream key, Take&& take, Want&& want,
+                           std::vector<const StreamMark*>& waited) {
+  std::vector<SharedSlot>& shared = slab->shared;
+  for (std::size_t i = shared.size(); i-- > 0 && want();) {
+    Batch* b = shared[i].batch;
+    if (!batch_ready_for(b, key)) {
+      if (!b->mark) continue;  // nothing to wait for: its stream has not been named since
+      if (std::find(waited.begin(), waited.end(), b->mark.get()) == waited.end()) {
+        marks_.wait_on(b->mark, stream);  // throws: what was taken so far stays taken
+        waited.push_back(b->mark.get());
+      }
+    }
+    const SharedSlot e = shared[i];
+    shared[i] = shared.back();
+    shared.pop_back();
+    take(e.ptr, slab);
+    drop_batch_ref(e.batch);
   }
   if (shared.empty()) unlist(slab);
 }
@@ -1091,6 +1564,7 @@ void VmmPool::drain_caches(const ThreadCache* self) noexcept {
       while (c->active.load(asymmetric_ ? std::memory_order_acquire : std::memory_order_seq_cst)) {
         std::this_thread::yield();
       }
+      sync_forgotten(*c);
       release_carving(*c);
       for (int k = 0; k < kMaxSizeClasses; ++k) flush_bin(*c, k, 0);
     }
@@ -1103,10 +1577,24 @@ void VmmPool::retire_cache(ThreadCache& cache) noexcept {
     std::lock_guard lock(mutex_);
     fold_cache_stats(cache);
     ScopedDeviceContext scope(device_);
+    sync_forgotten(cache);
     for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
     release_carving(cache);
     disown_all(cache);
     std::erase(caches_, &cache);
+    prune_forget_log();
+    // What the thread freed on its per-thread stream: nobody else may name that stream, and it
+    // ends with the thread. A mark on the legacy stream covers it: the legacy stream's work
+    // waits for all earlier work of the blocking streams, the per-thread stream included (§3.7).
+    for (Batch* b : std::vector<Batch*>(unmarked_)) {
+      if (b->key != cache.per_thread_key) continue;
+      try {
+        set_mark(b, marks_.record(nullptr, forgotten_stream()));
+        b->key = forgotten_stream();
+      } catch (...) {
+        // Unmarked: usable after trim()'s cuCtxSynchronize.
+      }
+    }
   } catch (...) {
     // Shutdown or a failing driver: the cached slots stay unavailable; nothing else is lost.
     std::lock_guard lock(mutex_);
@@ -1118,12 +1606,14 @@ void VmmPool::retire_cache(ThreadCache& cache) noexcept {
 // ---- public operations -------------------------------------------------------------------------
 
 void* VmmPool::allocate(std::size_t bytes, CUstream stream) {
+  if (stream == CU_STREAM_LEGACY) stream = nullptr;  // one stream (§3.7)
   if (bytes <= small_limit_) return allocate_small(bytes, stream);
   if (bytes > device_total_) throw DeviceFull{bytes, true};  // can never fit; avoids overflow
   return allocate_large(bytes, stream);
 }
 
 void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
+  if (stream == CU_STREAM_LEGACY) stream = nullptr;
   const auto p = reinterpret_cast<CUdeviceptr>(ptr);
   Slab* slab = slab_of(p);
   if (slab == nullptr) return deallocate_large(p, bytes, stream);
@@ -1156,12 +1646,16 @@ void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
     }
     leave_fast_path(cache);
   }
-  // The bin is full, or another thread is draining it: under the mutex, which such a thread holds.
+  // The bin is full, another thread is draining it, or a forget_stream() call is to be applied
+  // first: under the mutex, which such a thread holds.
   try {
     std::lock_guard lock(mutex_);
-    if (bin.count == kBinCapacity) flush_bin(cache, slab->size_class, kBinCapacity / 2);
+    sync_forgotten(cache);
+    const bool flushed = bin.count == kBinCapacity;
+    if (flushed) flush_bin(cache, slab->size_class, kBinCapacity / 2);
     bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
     cache.add(-static_cast<std::int64_t>(bytes), -1);
+    if (flushed) mark_pending(stream, key_in(cache, stream));  // a call on `stream`
   } catch (...) {
     slab->requested[slot].store(static_cast<std::uint32_t>(bytes),
                                 std::memory_order_release);  // changes nothing
@@ -1174,6 +1668,7 @@ void VmmPool::trim() {
   std::lock_guard lock(mutex_);
   const DriverApi& api = driver();
   ScopedDeviceContext scope(device_);
+  sync_forgotten(cache);
   fold_cache_stats(cache);
   release_carving(cache);
   for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
@@ -1206,6 +1701,12 @@ void VmmPool::trim() {
     erase_free(it);
     it = next;
   }
+  // Small blocks: every freed slot needs a mark before its slab's page may go.
+  try {
+    settle_unmarked();
+  } catch (const CudaError& e) {
+    if (!first_error) first_error = e;
+  }
   try {
     reclaim_empty_slabs(nullptr, static_cast<std::size_t>(-1), true);
   } catch (const CudaError& e) {
@@ -1225,6 +1726,44 @@ void VmmPool::trim() {
   }
   spare_ = std::move(kept);
   if (first_error) throw *first_error;
+}
+
+void VmmPool::forget(CUstream stream) {
+  if (stream == CU_STREAM_LEGACY) stream = nullptr;
+  if (stream == nullptr) return;  // the legacy stream lives as long as the context
+  ThreadCache& cache = thread_cache();
+  std::lock_guard lock(mutex_);
+  const CUstream key = key_in(cache, stream);
+  // While `stream` is alive: one mark covers everything freed on it so far (§3.7).
+  MarkRef mark = marks_.record(stream, forgotten_stream());  // throws: nothing has changed
+  Batch* forgotten = new_batch(forgotten_stream(), mark);
+  forgotten->logged = true;
+  try {
+    forget_log_.push_back(
+        {forget_epoch_.value.load(std::memory_order_relaxed) + 1, key, forgotten});
+  } catch (...) {
+    forgotten->logged = false;
+    ++forgotten->slots;
+    drop_batch_ref(forgotten);
+    throw;
+  }
+  // From here on nothing throws.
+  for (Batch* b : batches_) {
+    if (b == forgotten || b->key != key) continue;
+    b->key = forgotten_stream();
+    if (!b->mark) set_mark(b, mark);
+  }
+  for (auto& [addr, range] : free_by_addr_) {
+    for (const MarkRef& m : range.marks) {
+      if (m->stream == key) m->stream = forgotten_stream();
+    }
+  }
+  // Every thread cache applies the call to its bins on its next use (its fast path sees the new
+  // epoch); this thread's at once.
+  forget_epoch_.value.store(forget_log_.back().epoch, std::memory_order_release);
+  sync_forgotten(cache);
+  if (forget_log_.size() > kMaxForgetLog) drain_caches(&cache);  // idle threads' caches too
+  prune_forget_log();
 }
 
 void VmmPool::fill_stats(MemoryPoolStats& s) const noexcept {
@@ -1282,7 +1821,10 @@ void VmmPool::teardown() noexcept {
   try {
     ScopedDeviceContext scope(device_);
     api.cuCtxSynchronize();  // whatever freed small blocks is done before their pages go
-    stream_marks_.clear();
+    for (Batch* b : batches_) delete b;
+    batches_.clear();
+    unmarked_.clear();
+    forget_log_.clear();
     for (auto& [addr, range] : free_by_addr_) {
       for (const MarkRef& m : range.marks) {
         if (m && !m->complete) api.cuEventSynchronize(m->event);
@@ -1309,7 +1851,7 @@ void VmmPool::teardown() noexcept {
         api.cuMemRelease(r.handles[p]);
         r.handles[p] = 0;
       }
-      api.cuMemAddressFree(r.base, r.size);
+      if (r.size != 0) api.cuMemAddressFree(r.base, r.size);
     }
     for (const StuckMapping& m : stuck_) {
       if (api.cuMemUnmap(m.addr, m.handles.size() * page_) == CUDA_SUCCESS) {
@@ -1325,11 +1867,67 @@ void VmmPool::teardown() noexcept {
     // Teardown is best effort: a failing driver leaves nothing further to do.
   }
   region_count_.store(0);
+  retired_slab_arrays_.clear();
   caches_.clear();
   pages_held_ = pages_mapped_ = reserved_bytes_ = large_live_pages_ = slab_count_ = 0;
 }
 
 }  // namespace
+
+std::string vmm_self_test(int device) {
+  const DriverApi& api = driver();
+  ScopedDeviceContext scope(device);
+  {
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    auto failed = [](const char* call, CUresult r) {
+      return std::string(call) + " returned " + cu_result_name(r);
+    };
+    std::size_t page = 0;
+    CUresult r = api.cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != CUDA_SUCCESS) return failed("cuMemGetAllocationGranularity", r);
+    if (page == 0) return "cuMemGetAllocationGranularity reported 0 bytes";
+    CUdeviceptr base = 0;
+    r = api.cuMemAddressReserve(&base, page, page, 0, 0);
+    if (r != CUDA_SUCCESS) return failed("cuMemAddressReserve", r);
+    // The cleanup calls are retried once: a transient failure must not leak the page or the
+    // reservation (the pool itself retries them likewise).
+    auto free_address = [&] {
+      if (api.cuMemAddressFree(base, page) != CUDA_SUCCESS) api.cuMemAddressFree(base, page);
+    };
+    CUmemGenericAllocationHandle handle = 0;
+    r = api.cuMemCreate(&handle, page, &prop, 0);
+    if (r != CUDA_SUCCESS) {
+      free_address();
+      // A device with no page left proves nothing about VMM: the pool reports the OOM itself.
+      return r == CUDA_ERROR_OUT_OF_MEMORY ? std::string() : failed("cuMemCreate", r);
+    }
+    std::string result;
+    r = api.cuMemMap(base, page, 0, handle, 0);
+    if (r != CUDA_SUCCESS) {
+      result = failed("cuMemMap", r);
+    } else {
+      CUmemAccessDesc access = {};
+      access.location = prop.location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      r = api.cuMemSetAccess(base, page, &access, 1);
+      if (r != CUDA_SUCCESS) result = failed("cuMemSetAccess", r);
+      if (api.cuMemUnmap(base, page) != CUDA_SUCCESS &&
+          api.cuMemUnmap(base, page) != CUDA_SUCCESS && result.empty()) {
+        result = "cuMemUnmap failed";
+      }
+    }
+    // Released exactly once (§7 #5): a sticky error (7xx) may come from a release that worked.
+    if (const CUresult rr = api.cuMemRelease(handle);
+        rr != CUDA_SUCCESS && (rr < 700 || rr > 799)) {
+      api.cuMemRelease(handle);
+    }
+    free_address();
+    return result;
+  }
+}
 
 std::unique_ptr<DevicePool> make_vmm_pool(int device, bool recovery_tier) {
   if (device < 0 || device >= kMaxDevices) {

@@ -19,11 +19,16 @@
 namespace vsr_test {
 
 /// Tears the pools down, checks the emulator holds nothing, applies emulator options and the
-/// tier's environment, and tears down again at scope exit.
+/// tier's environment, and tears down again at scope exit. Meanwhile no driver call may name a
+/// destroyed stream or event or a released handle (stale_handles), and nothing may be unmapped or
+/// freed under queued work (unmap_with_pending_work): checked at scope exit (issue 10).
 class FreshPool {
  public:
   explicit FreshPool(const char* tier_env = nullptr, std::size_t device_memory = 512u << 20,
                      const char* vmm = "1") {
+    const vsr_emu_outstanding o = emulator().outstanding();
+    stale_before_ = o.stale_handles;
+    unmap_before_ = o.unmap_with_pending_work;
     vibespatial::raster::detail::reset_memory_pools();
     emulator().set_fail(nullptr);
     REQUIRE(emulator().set_option("DEVICE_MEMORY", std::to_string(device_memory).c_str()) == 0);
@@ -38,10 +43,41 @@ class FreshPool {
     emulator().set_option("VMM", "1");
     unsetenv("VIBESPATIAL_GPU_POOL_ONLY");
     unsetenv("VIBESPATIAL_GPU_MANAGED_MEMORY");
+    const vsr_emu_outstanding o = emulator().outstanding();
+    CHECK_MESSAGE(o.stale_handles == stale_before_, "driver calls named destroyed streams/events");
+    CHECK_MESSAGE(o.unmap_with_pending_work == unmap_before_,
+                  "memory was unmapped or freed under queued work");
   }
   FreshPool(const FreshPool&) = delete;
   FreshPool& operator=(const FreshPool&) = delete;
+
+ private:
+  std::size_t stale_before_ = 0;
+  std::size_t unmap_before_ = 0;
 };
+
+/// Sets an emulator option for the scope, then puts it back to what the environment gave.
+class EmulatorOption {
+ public:
+  EmulatorOption(const char* name, const char* value) : name_(name) {
+    REQUIRE(emulator().set_option(name, value) == 0);
+  }
+  ~EmulatorOption() { emulator().set_option(name_, "default"); }
+  EmulatorOption(const EmulatorOption&) = delete;
+  EmulatorOption& operator=(const EmulatorOption&) = delete;
+
+ private:
+  const char* name_;
+};
+
+/// Free device memory as the driver reports it now (cuMemGetInfo, in the current context): a
+/// context costs memory, so tests that fill the device size it from this, never from the total.
+inline std::size_t driver_free_bytes() {
+  vibespatial::raster::detail::bind_current_device();
+  std::size_t free_b = 0, total_b = 0;
+  REQUIRE(vibespatial::raster::detail::driver().cuMemGetInfo(&free_b, &total_b) == CUDA_SUCCESS);
+  return free_b;
+}
 
 /// Nothing the pool created is left in the emulator (after reset_memory_pools()).
 inline void check_nothing_outstanding() {

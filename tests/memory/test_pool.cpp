@@ -107,30 +107,41 @@ TEST_SUITE("pool") {
   }
 
   TEST_CASE("fragmentation: a request larger than any free range still succeeds") {
-    // 64 MiB device, 2 MiB pages. Fill it with 4 MiB blocks, free every other one: 32 MiB is
-    // free but no two free blocks are adjacent. A contiguous-slab pool cannot serve 24 MiB; this
-    // pool remaps the free pages into a fresh range without asking the driver for more memory.
+    // 64 MiB device, 2 MiB pages. Fill it with 4 MiB blocks (as many as the driver's free memory
+    // holds: a context costs some), free every other one: half is free but no two free blocks
+    // are adjacent. A contiguous-slab pool cannot serve a request of all but two of the freed
+    // blocks; this pool remaps the free pages into a fresh range without asking the driver for
+    // more memory.
     FreshPool fresh(nullptr, 64 * MiB);
+    const int n = static_cast<int>(driver_free_bytes() / (4 * MiB));
+    REQUIRE(n >= 12);
     std::vector<void*> blocks;
-    for (int i = 0; i < 16; ++i) blocks.push_back(device_allocate(4 * MiB));
-    for (int i = 0; i < 16; ++i) fill_pattern(blocks[static_cast<std::size_t>(i)], 4 * MiB, i);
+    for (int i = 0; i < n; ++i) blocks.push_back(device_allocate(4 * MiB));
+    for (int i = 0; i < n; ++i) fill_pattern(blocks[static_cast<std::size_t>(i)], 4 * MiB, i);
     CHECK_THROWS_AS(device_allocate(4 * MiB), OutOfMemoryError);  // truly full
-    for (int i = 0; i < 16; i += 2) device_deallocate(blocks[static_cast<std::size_t>(i)], 4 * MiB);
+    const std::size_t held = *memory_pool_stats().pool_size;
+    int freed = 0;
+    for (int i = 0; i < n; i += 2, ++freed) {
+      device_deallocate(blocks[static_cast<std::size_t>(i)], 4 * MiB);
+    }
     MemoryPoolStats s = memory_pool_stats();
     CHECK(s.largest_free_block == 4 * MiB);
-    CHECK(s.pool_free_bytes == 32 * MiB);
-    void* big = device_allocate(24 * MiB);
+    // The freed blocks, and the page the failed request left (the pool keeps what it created).
+    CHECK(s.pool_free_bytes == held - static_cast<std::size_t>(n - freed) * 4 * MiB);
+    CHECK(s.pool_free_bytes >= static_cast<std::size_t>(freed) * 4 * MiB);
+    const std::size_t big_bytes = static_cast<std::size_t>(freed - 2) * 4 * MiB;
+    void* big = device_allocate(big_bytes);
     REQUIRE(big != nullptr);
-    fill_pattern(big, 24 * MiB, 99);
-    for (int i = 1; i < 16; i += 2) {
+    fill_pattern(big, big_bytes, 99);
+    for (int i = 1; i < n; i += 2) {
       CHECK(check_pattern(blocks[static_cast<std::size_t>(i)], 4 * MiB, i));  // untouched
     }
-    CHECK(check_pattern(big, 24 * MiB, 99));
+    CHECK(check_pattern(big, big_bytes, 99));
     s = memory_pool_stats();
-    CHECK(*s.pool_size == 64 * MiB);  // no growth: the same pages, remapped
+    CHECK(*s.pool_size == held);  // no growth: the same pages, remapped
     CHECK(s.oom_recoveries == 0);
-    device_deallocate(big, 24 * MiB);
-    for (int i = 1; i < 16; i += 2) device_deallocate(blocks[static_cast<std::size_t>(i)], 4 * MiB);
+    device_deallocate(big, big_bytes);
+    for (int i = 1; i < n; i += 2) device_deallocate(blocks[static_cast<std::size_t>(i)], 4 * MiB);
     detail::reset_memory_pools();
     check_nothing_outstanding();
   }
@@ -175,10 +186,13 @@ TEST_SUITE("pool") {
     FreshPool fresh(nullptr, 32 * MiB);
     std::vector<void*> small;
     for (int i = 0; i < 100; ++i) small.push_back(device_allocate(1024));
-    // 1 slab page (2 MiB) holds them all; the other 30 MiB serve a large block.
-    void* big = device_allocate(30 * MiB);
+    // 1 slab page (2 MiB) holds them all; every page the driver has left serves a large block.
+    CHECK(*memory_pool_stats().pool_size == 2 * MiB);
+    const std::size_t rest = driver_free_bytes() / (2 * MiB) * (2 * MiB);
+    REQUIRE(rest >= 28 * MiB);
+    void* big = device_allocate(rest);
     CHECK(big != nullptr);
-    device_deallocate(big, 30 * MiB);
+    device_deallocate(big, rest);
     for (void* p : small) device_deallocate(p, 1024);
   }
 
@@ -357,7 +371,7 @@ TEST_SUITE("pool") {
     CHECK_NOTHROW(memory_pool_stats());
   }
 
-  TEST_CASE("stream order: reuse at once on the freeing stream, elsewhere only when done") {
+  TEST_CASE("stream order: reuse at once on the freeing stream, on another only in order") {
     FreshPool fresh;
     const detail::DriverApi& api = detail::driver();
     detail::bind_current_device();
@@ -377,13 +391,18 @@ TEST_SUITE("pool") {
       void* same = device_allocate(size, s1);
       CHECK(same == p);
       device_deallocate(same, size, s1);
-      // Other stream while s1's work is pending: a different block.
+      // Other stream while s1's work is pending: a different block, or this one with s2 made to
+      // wait for s1's free (the pool holds nothing else: rather than new memory).
       void* other = device_allocate(size, s2);
-      CHECK(other != p);
+      if (other == p) {
+        CHECK(api.cuStreamQuery(s2) == CUDA_ERROR_NOT_READY);
+      } else {
+        CHECK(api.cuStreamQuery(s2) == CUDA_SUCCESS);
+      }
       device_deallocate(other, size, s2);
-      // Flush thread caches so the cross-stream path is the central one.
       std::set<void*> freed_on_s1 = {p};
       if (size <= 4096) {
+        CHECK(other != p);  // a slab with free slots left: carved, not waited for
         std::vector<void*> churn;
         for (int i = 0; i < 40; ++i) churn.push_back(device_allocate(size, s1));
         for (void* q : churn) {
@@ -395,8 +414,11 @@ TEST_SUITE("pool") {
       }
       REQUIRE(emulator().stream_pause(s1, 0) == 0);
       REQUIRE(api.cuStreamSynchronize(s1) == CUDA_SUCCESS);
-      // s1's work is done: s2 may now reuse what s1 freed (the shared list is scanned a bounded
-      // number of entries per refill, so it may take a few refills).
+      REQUIRE(api.cuStreamSynchronize(s2) == CUDA_SUCCESS);
+      // s1's work is done, but small blocks freed on it have no mark yet (the pool names s1 only
+      // in calls on s1): forget_stream(s1) records one, and s2 may then reuse them (the shared
+      // list is scanned a bounded number of entries per refill, so it may take a few refills).
+      forget_stream(s1);
       std::vector<void*> taken;
       bool reused = false;
       for (int i = 0; i < 512 && !reused; ++i) {
@@ -405,9 +427,12 @@ TEST_SUITE("pool") {
         reused = freed_on_s1.count(q) != 0;
       }
       CHECK(reused);
+      CHECK(api.cuStreamQuery(s2) == CUDA_SUCCESS);  // without a wait: the mark had completed
       for (void* q : taken) device_deallocate(q, size, s2);
       REQUIRE(api.cuStreamSynchronize(s2) == CUDA_SUCCESS);
     }
+    forget_stream(s1);
+    forget_stream(s2);
     detail::reset_memory_pools();
     api.cuStreamDestroy(s1);
     api.cuStreamDestroy(s2);

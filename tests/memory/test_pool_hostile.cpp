@@ -123,6 +123,7 @@ TEST_SUITE("pool") {
     // stream.
     constexpr std::size_t kDevice = 32 * MiB;
     FreshPool fresh("VIBESPATIAL_GPU_POOL_ONLY", kDevice);
+    const std::size_t all_pages = driver_free_bytes() / (2 * MiB) * (2 * MiB);  // a context costs
     const detail::DriverApi& api = detail::driver();
     CUstream a = new_stream(), b = new_stream(), c = new_stream();
     const char* const faults[] = {"cuCtxGetCurrent", "cuStreamQuery", "cuEventCreate",
@@ -178,9 +179,12 @@ TEST_SUITE("pool") {
     // Every page went back: nothing pins a slab.
     CHECK(*memory_pool_stats().pool_size == 0);
     void* all = nullptr;
-    CHECK_NOTHROW(all = device_allocate(kDevice));
-    if (all != nullptr) device_deallocate(all, kDevice);
-    for (CUstream s : {a, b, c}) api.cuStreamDestroy(s);
+    CHECK_NOTHROW(all = device_allocate(all_pages));
+    if (all != nullptr) device_deallocate(all, all_pages);
+    for (CUstream s : {a, b, c}) {
+      forget_stream(s);
+      api.cuStreamDestroy(s);
+    }
     detail::reset_memory_pools();
     check_nothing_outstanding();
   }
@@ -260,13 +264,16 @@ TEST_SUITE("pool") {
       });
       t.parked.wait();
     };
+    // Every page the driver has (a context costs some memory), 4 blocks each.
+    const std::size_t pages = driver_free_bytes() / (2 * MiB);
+    REQUIRE(pages >= 3);
     Parked first, second, third;
     fill_free_park(first);
     REQUIRE(memory_pool_stats().small_block_limit == kBlock);
-    CHECK(first.filled == 16);
+    CHECK(first.filled == 4 * pages);
     // The second thread's OOM chain takes the blocks the first one caches.
     fill_free_park(second);
-    CHECK(second.filled == 16);
+    CHECK(second.filled == 4 * pages);
     CHECK(*memory_pool_stats().current_bytes == 0);
     // free_pool_memory() gives back what the parked second thread caches.
     free_pool_memory();
@@ -274,10 +281,10 @@ TEST_SUITE("pool") {
     CHECK(emulator().outstanding().physical_bytes == 0);
     // A large request's chain, from this thread, reaches the third thread's cache.
     fill_free_park(third);
-    CHECK(third.filled == 16);
+    CHECK(third.filled == 4 * pages);
     void* big = nullptr;
-    CHECK_NOTHROW(big = device_allocate(8 * MiB));
-    if (big != nullptr) device_deallocate(big, 8 * MiB);
+    CHECK_NOTHROW(big = device_allocate(pages * 2 * MiB));
+    if (big != nullptr) device_deallocate(big, pages * 2 * MiB);
     leave.count_down();
     for (Parked* t : {&first, &second, &third}) t->thread.join();
     CHECK(*memory_pool_stats().current_count == 0);
@@ -348,10 +355,11 @@ TEST_SUITE("pool") {
       const char* vmm;
       std::size_t bytes;
       const char* fault;
-      bool hold;  // keep work queued on the freeing stream (tier C's cuMemFree would wait for it)
+      bool hold;  // keep work queued on the freeing stream (else let it finish before the free)
     };
     // Large blocks record a stream mark (a context query, then an event or a synchronisation);
-    // tier C frees with cuMemFree. Small blocks of tiers A/B free with no driver call.
+    // tier C records one too and, the stream being idle, calls cuMemFree in the free (with work
+    // queued it would wait for a later call). Small blocks of tiers A/B free with no driver call.
     const Config configs[] = {
         {nullptr, "1", 5 * MiB, "cuCtxGetCurrent:1", true},
         {nullptr, "1", 5 * MiB, "cuEventRecord:1,cuStreamSynchronize:1,cuCtxSynchronize:1", true},
@@ -372,6 +380,7 @@ TEST_SUITE("pool") {
       if (cfg.hold) emulator().stream_pause(busy, 1);  // the freeing stream has work queued
       detail::driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(p) + cfg.bytes - 1, 0xab, 1,
                                        busy);
+      if (!cfg.hold) REQUIRE(detail::driver().cuStreamSynchronize(busy) == CUDA_SUCCESS);
       const MemoryPoolStats before = memory_pool_stats();
       REQUIRE(emulator().set_fail(cfg.fault) == 0);
       CHECK_THROWS_AS(device_deallocate(p, cfg.bytes, busy), CudaError);
@@ -387,6 +396,7 @@ TEST_SUITE("pool") {
       emulator().stream_pause(busy, 0);
       detail::driver().cuStreamSynchronize(busy);
       CHECK_NOTHROW(free_pool_memory());
+      forget_stream(busy);
       detail::reset_memory_pools();
       detail::driver().cuStreamDestroy(busy);
       check_nothing_outstanding();

@@ -59,6 +59,7 @@ TEST_SUITE("pool") {
         }
         if (stream != nullptr) {
           api.cuStreamSynchronize(stream);
+          forget_stream(stream);  // before its handle value can be recycled
           api.cuStreamDestroy(stream);
         }
       });

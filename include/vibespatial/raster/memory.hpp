@@ -20,6 +20,9 @@
 //   B         default where the device supports virtual memory management: the VMM pool plus a
 //             bounded recovery chain on OOM (handlers, then give every free page back, then retry).
 //   fallback  devices without VMM: a caching pool over cuMemAlloc, sizes rounded to 512 bytes.
+// "Supports VMM" means the device says so and a one-page self-test of the VMM calls passes when
+// the pool is configured (some sandboxed drivers claim support and then fail them);
+// MemoryPoolStats::tier_reason says why a device has its tier.
 // Both variables take 1/true/yes/on or 0/false/no/off (any case), or are unset (off); any other
 // value, the empty string included, makes configuration fail (std::invalid_argument). Both true:
 // tier C, with a one-line warning on stderr.
@@ -30,7 +33,38 @@
 // that costs one context query per allocation; with one device, one on a thread's first
 // allocation only (a context the thread unbinds later is not bound again).
 // All functions are thread-safe. Memory is valid in the device's primary context, so Thrust, CUB
-// and user kernels can use it directly.
+// and user kernels can use it directly. The VMM pool reserves about the device's memory of
+// virtual address space for large blocks and a sixteenth of it per region of small blocks, and
+// works where address space is scarce (1.5 x device memory): a refused reservation is retried
+// after giving back empty regions, then smaller.
+//
+// Streams. device_allocate and device_deallocate take the stream the block is used on; the pool
+// keeps blocks in stream order without synchronising the device:
+//   - A block freed on stream S may be handed out again at once for S (work queued later on S
+//     runs after the work that used it).
+//   - For another stream it is handed out only once a *mark* covering the free has completed: an
+//     event recorded on S after the free, never by naming S later. Large blocks (and every block
+//     of the fallback tier and tier C) record the mark when freed. Small blocks are freed with no
+//     driver call; their mark is recorded by a later call on S that takes the pool's slow path
+//     (an allocation on S that misses the thread's cache, a free on S that fills it), or by
+//     forget_stream(S).
+//   - Rather than taking new memory from the driver (or running the OOM chain), a request reuses
+//     a block freed on another stream whose mark is still pending by making its own stream wait
+//     for the mark (cuStreamWaitEvent): the request's later work is then ordered after the free.
+//   - Blocks whose stream was never named again (no mark) become reusable everywhere in
+//     free_pool_memory() (and so in tier B's OOM chain), which synchronises the context.
+//   - The pool calls the driver with a stream only while a call that passed that stream runs, or
+//     through the event of a mark recorded then; the legacy stream it may name at any time.
+//   - NULL and CU_STREAM_LEGACY are one stream, the context's legacy stream. CU_STREAM_PER_THREAD
+//     is a different stream on each thread: a block freed on thread A's per-thread stream is not
+//     "the same stream" for thread B, and its mark is recorded by thread A (when A exits, by a
+//     mark on the legacy stream, which waits for the per-thread streams' earlier work). The
+//     _ptds/_ptsz meaning of NULL is not used: NULL is always the legacy stream.
+//   - Stream handles are recycled by the driver (RMM #649): a stream created after another was
+//     destroyed may have the same handle value. Call forget_stream(S) before destroying a stream S
+//     on which you freed pool memory. A stream destroyed without it is harmless as long as no new
+//     stream gets its handle value; if one does, blocks freed on the old stream may be handed to
+//     the new one as "the same stream" while the old stream's work still uses them.
 //
 // fork(): CUDA cannot be used in a child process after fork() without exec(). In a child forked
 // from a process that had used the pool (configured it or registered a handler), every function
@@ -62,8 +96,14 @@ namespace vibespatial::raster {
 /// over-report by at most what each thread allocated since its last exchange with the shared
 /// pool (at most 4 MiB or 64 requests per thread).
 struct MemoryPoolStats {
-  std::string tier;         ///< "A", "B", "C", "fallback", or "" before configuration (and when
-                            ///< no_such_device, or in a forked child)
+  std::string tier;  ///< "A", "B", "C", "fallback", or "" before configuration (and when
+                     ///< no_such_device, or in a forked child)
+  /// Why this device has its tier, in words: the variable that chose it, or that the device
+  /// supports VMM, or why it does not (e.g. "device 0 claims virtual memory management support,
+  /// but its VMM self-test failed (cuMemMap returned CUDA_ERROR_NOT_SUPPORTED): a caching pool
+  /// over cuMemAlloc (fallback)"). Empty when `tier` is, and for a device of a configured process
+  /// that has not allocated yet (except the device configured).
+  std::string tier_reason;
   bool configured = false;  ///< configure_memory_pool() has succeeded
   int device = 0;           ///< the device this snapshot describes
   /// memory_pool_stats(device) was asked about a device this process does not have: a negative
@@ -101,9 +141,12 @@ VSR_EXPORT std::string configure_memory_pool();
 
 /// Gives unused physical memory back to the driver, on every device's pool: unmaps and releases
 /// every free page (waiting for the stream work that freed it, event by event), empty slabs
-/// included, also blocks that other threads freed and still hold in their thread caches. Live
-/// blocks stay where they are, with their contents; safe to call with live allocations. Tier C:
-/// no-op. Fallback: frees every cached block. No-op before configuration.
+/// included, also blocks that other threads freed and still hold in their thread caches. Small
+/// blocks freed on a stream that has no mark yet (see "Streams") are waited for with one
+/// cuCtxSynchronize, which also waits for the work of streams destroyed since; afterwards they
+/// are reusable on any stream. Live blocks stay where they are, with their contents; safe to call
+/// with live allocations. Tier C: releases the blocks whose free waits for their stream's work,
+/// after it. Fallback: frees every cached block. No-op before configuration.
 /// @throws CudaError if the driver fails; the pool stays consistent and usable, and what could
 ///         not be given back (e.g. a page whose unmap failed) is tried again by the next call.
 /// @throws DriverUnavailableError in a forked child.
@@ -122,7 +165,9 @@ VSR_EXPORT MemoryPoolStats memory_pool_stats(int device) noexcept;
 /// default stream). Configures the pool on first use. Alignment: 256 bytes at least; large
 /// blocks are granule-aligned. `bytes == 0` returns nullptr.
 /// Fast path: a cached small block freed by this thread on the same stream is returned with no
-/// lock and no driver call.
+/// lock and no driver call. Otherwise a block freed on another stream may be returned with
+/// `stream` made to wait for that stream's mark (cuStreamWaitEvent) rather than new memory taken
+/// (see "Streams"); `stream` must be alive.
 /// @throws OutOfMemoryError (a std::bad_alloc) when the request cannot be satisfied (tier B after
 ///         its recovery chain; at once when called from inside an OOM handler); its message says
 ///         what was asked for and what the pool held.
@@ -132,18 +177,39 @@ VSR_EXPORT MemoryPoolStats memory_pool_stats(int device) noexcept;
 VSR_EXPORT void* device_allocate(std::size_t bytes, CUstream stream = nullptr);
 
 /// Frees a block from device_allocate. `bytes` must be the size it was allocated with. The block
-/// may be reused at once on `stream`, and on other streams once the work queued on `stream` at
-/// this call has completed (an event, queried; never a device-wide synchronisation).
-/// `device_deallocate(nullptr, 0)` is a no-op (outside a forked child).
-/// Small blocks of tiers A/B are freed with no driver call. Large blocks, and every block of the
-/// fallback tier, record a mark of `stream` (a context query, then a stream query and an event,
-/// or a synchronisation of `stream` when no event can be recorded); tier C calls cuMemFree.
+/// may be reused at once on `stream`, and on other streams once a mark of `stream` recorded at or
+/// after this call has completed, or behind a wait for that mark (see "Streams" above; an event,
+/// queried; never a device-wide synchronisation). `stream` must be alive: its work so far is
+/// what may still use the block. `device_deallocate(nullptr, 0)` is a no-op (outside a forked
+/// child).
+/// Small blocks of tiers A/B are freed with no driver call (a free that fills the thread's cache
+/// may record a mark of `stream`; a failure there is not an error). Large blocks, and every block
+/// of the fallback tier and tier C, record a mark of `stream` (a context query, then a stream
+/// query and an event, or a synchronisation of `stream` when no event can be recorded); tier C
+/// then calls cuMemFree once the mark has completed (at once if `stream` was idle, else in a
+/// later call of the pool).
 /// @throws std::invalid_argument, changing nothing, when `ptr` was not handed out by the pool,
 ///         was already freed, or `bytes` differs from the allocation's size.
 /// @throws CudaError, changing nothing, when one of those driver calls fails: the block is still
 ///         live, with its contents, and a later call with the same arguments frees it.
 /// @throws DriverUnavailableError in a forked child.
 VSR_EXPORT void device_deallocate(void* ptr, std::size_t bytes, CUstream stream = nullptr);
+
+/// Tells the pool that `stream` is about to be destroyed: call it after the last device_deallocate
+/// on `stream` and before cuStreamDestroy, while the stream is still alive. CUDA recycles stream
+/// handles (RMM issue #649), and the pool would otherwise treat a new stream with the same handle
+/// as the old one, handing it blocks the old stream's work may still use. It records one mark on
+/// `stream` in every device's pool (a stream query, and an event if the stream is busy); every
+/// block and free range freed on `stream`, in every thread's cache too, stops being "the same
+/// stream" for its handle value and becomes reusable on any stream once that mark completes (or
+/// behind a wait for it). Other threads apply it to their caches on their next allocation or free
+/// (a cheap check of a counter on the fast path). NULL and CU_STREAM_LEGACY: a no-op (the legacy
+/// stream lives as long as the context); CU_STREAM_PER_THREAD: the calling thread's per-thread
+/// stream. A no-op before configuration. Thread-safe; may be called again.
+/// @throws CudaError when no mark can be recorded on `stream` (e.g. it was already destroyed);
+///         the pools that could not record one are unchanged, so a later call may retry.
+/// @throws DriverUnavailableError in a forked child.
+VSR_EXPORT void forget_stream(CUstream stream);
 
 /// An OOM handler: called with the size of a request the device cannot satisfy (tier B); returns
 /// true if it freed something (through device_deallocate: the pool holds none of its locks while
