@@ -102,10 +102,18 @@ void move_locked(detail::RasterStorage& s, Residency target) {
   if (target == Residency::device) {
     const int device = detail::bind_current_device();
     void* d = device_allocate(s.total_bytes, nullptr);
-    const CUresult r = api.cuMemcpyHtoD(detail::to_device_ptr(d), s.host.get(), s.total_bytes);
+    // A copy from pageable memory may still be in flight when cuMemcpyHtoD returns (§3.6): the
+    // raster promises pixels on the device when the call returns, usable from any stream, so the
+    // legacy stream (which the copy ran on) is waited for.
+    CUresult r = api.cuMemcpyHtoD(detail::to_device_ptr(d), s.host.get(), s.total_bytes);
+    const char* what = "cuMemcpyHtoD";
+    if (r == CUDA_SUCCESS) {
+      r = api.cuStreamSynchronize(CU_STREAM_LEGACY);
+      what = "cuStreamSynchronize";
+    }
     if (r != CUDA_SUCCESS) {
       device_deallocate(d, s.total_bytes, nullptr);
-      detail::throw_cuda_error(r, "cuMemcpyHtoD", __FILE__, __LINE__);
+      detail::throw_cuda_error(r, what, __FILE__, __LINE__);
     }
     s.device = d;
     s.device_id = device;

@@ -6,10 +6,12 @@
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/memory.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 using namespace vibespatial::raster;
@@ -82,6 +84,29 @@ TEST_SUITE("owned-raster") {
     CHECK(r.residency() == Residency::host);
     CHECK(h[0] == -7.0f);
     CHECK(pool_current() == 0);
+  }
+
+  TEST_CASE("device_data returns once the copy to the device is complete") {
+    // cuMemcpyHtoD from pageable memory may return with the transfer still in flight (§3.6):
+    // with the legacy stream held, the pixels must not be read before the copy has run. The
+    // stream is released only once the call is seen waiting for it.
+    FreshPool fresh;
+    EmulatorOption async("ASYNC_DEFAULT_STREAMS", "1");
+    detail::bind_current_device();
+    OwnedRasterArray r = float_raster(2, 4, 5, 0.0f);
+    REQUIRE(emulator().stream_pause(nullptr, 1) == 0);
+    std::atomic<bool> done{false};
+    std::thread release([&] {
+      detail::bind_current_device();  // the legacy stream paused is the current context's
+      while (!done.load() && emulator().waiting_threads() == 0) std::this_thread::yield();
+      CHECK(emulator().stream_pause(nullptr, 0) == 0);
+    });
+    const auto* d = static_cast<const float*>(r.device_data());
+    std::vector<float> seen(d, d + 40);  // emulator device pointers are host pointers
+    done = true;
+    release.join();
+    for (int i = 0; i < 40; ++i) CHECK(seen[static_cast<std::size_t>(i)] == static_cast<float>(i));
+    REQUIRE(detail::driver().cuCtxSynchronize() == CUDA_SUCCESS);
   }
 
   TEST_CASE("band views are zero-copy on both residencies") {

@@ -247,8 +247,10 @@ class VSR_EXPORT OwnedRasterArray {
   OwnedRasterArray band(int i) const;
 
   /**
-   * @brief Copies the pixels of the whole storage host <-> device through the pool (synchronous
-   * copies on the legacy default stream); a no-op if already there. The old copy is freed.
+   * @brief Copies the pixels of the whole storage host <-> device through the pool (copies on
+   * the legacy default stream, complete when this returns: the device pointer may be used at
+   * once from any stream, or the host pointer at once); a no-op if already there. The old copy
+   * is freed.
    * @throws OutOfMemoryError / CudaError / DriverUnavailableError; the raster is unchanged then.
    */
   void move_to(Residency target);
@@ -260,7 +262,10 @@ class VSR_EXPORT OwnedRasterArray {
    */
   void copy_to_host(void* dst) const;
 
-  /** @brief The device pointer of the first element; moves the raster to the device first. */
+  /**
+   * @brief The device pointer of the first element; moves the raster to the device first (as
+   * move_to: the copy is complete when this returns).
+   */
   void* device_data();
 
   /** @brief The device pointer of the first element, or null unless on the device; never moves. */
