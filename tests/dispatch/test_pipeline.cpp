@@ -314,7 +314,8 @@ TEST_SUITE("dispatch-pipeline") {
     CHECK(detail::parallel_copy(std::vector<char>(1 << 20).data(),
                                 std::vector<char>(1 << 20).data(), 1 << 20, 4) == 4);
 
-    FreshPool fresh(nullptr, 256 * MiB);
+    // The budget below holds 228 MiB: a device with room for it beside a context's own memory.
+    FreshPool fresh(nullptr, 320 * MiB);
     const OwnedRasterArray r = iota_raster(4, 2048, 2048);  // 16 MiB per band
     GpuDispatchOptions o;
     o.vram_budget = budget_for(16 * MiB, 2);

@@ -44,9 +44,10 @@ class FreshPool {
     unsetenv("VIBESPATIAL_GPU_POOL_ONLY");
     unsetenv("VIBESPATIAL_GPU_MANAGED_MEMORY");
     const vsr_emu_outstanding o = emulator().outstanding();
-    CHECK_MESSAGE(o.stale_handles == stale_before_, "driver calls named destroyed streams/events");
-    CHECK_MESSAGE(o.unmap_with_pending_work == unmap_before_,
-                  "memory was unmapped or freed under queued work");
+    const std::size_t calls_naming_destroyed_handles = o.stale_handles - stale_before_;
+    const std::size_t unmaps_or_frees_under_queued_work = o.unmap_with_pending_work - unmap_before_;
+    CHECK(calls_naming_destroyed_handles == 0);
+    CHECK(unmaps_or_frees_under_queued_work == 0);
   }
   FreshPool(const FreshPool&) = delete;
   FreshPool& operator=(const FreshPool&) = delete;
