@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Raster file I/O through GDAL's C API (io.hpp).
+#include "common/text_escape.hpp"
+
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/io.hpp>
 
@@ -46,9 +48,15 @@ class QuietErrors {
   QuietErrors& operator=(const QuietErrors&) = delete;
 };
 
+/// @p text (a path, a driver name, a CRS) as it goes into an exception message: printable, so
+/// every message is valid UTF-8 without terminal control characters.
+std::string shown(const std::string& text) {
+  return detail::printable(text);
+}
+
 std::string gdal_message() {
   const char* msg = CPLGetLastErrorMsg();
-  return (msg != nullptr && *msg != '\0') ? std::string(": ") + msg : std::string();
+  return (msg != nullptr && *msg != '\0') ? ": " + detail::printable(msg) : std::string();
 }
 
 [[noreturn]] void fail(const std::string& what) {
@@ -66,7 +74,7 @@ Dataset open_readonly(const std::string& path) {
       GDALOpenEx(path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR, nullptr,
                  nullptr, nullptr);
   if (ds == nullptr) {
-    throw std::invalid_argument("cannot open raster '" + path + "'" + gdal_message());
+    throw std::invalid_argument("cannot open raster '" + shown(path) + "'" + gdal_message());
   }
   return Dataset(ds);
 }
@@ -76,7 +84,7 @@ void close_checked(Dataset& ds, const std::string& path) {
   CPLErrorReset();
   ds.reset();
   if (CPLGetLastErrorType() == CE_Failure || CPLGetLastErrorType() == CE_Fatal) {
-    fail("cannot finish writing '" + path + "'");
+    fail("cannot finish writing '" + shown(path) + "'");
   }
 }
 
@@ -108,7 +116,7 @@ DType dtype_from_band(GDALRasterBandH band, const std::string& path) {
     case GDT_Float64:
       return DType::float64;
     default:
-      throw std::runtime_error("raster '" + path + "' has GDAL data type " +
+      throw std::runtime_error("raster '" + shown(path) + "' has GDAL data type " +
                                GDALGetDataTypeName(GDALGetRasterDataType(band)) +
                                ", which vibespatial-raster does not support");
   }
@@ -185,7 +193,7 @@ RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path,
   meta.width = GDALGetRasterXSize(ds);
   meta.height = GDALGetRasterYSize(ds);
   const int count = GDALGetRasterCount(ds);
-  if (count < 1) throw std::runtime_error("raster '" + path + "' has no bands");
+  if (count < 1) throw std::runtime_error("raster '" + shown(path) + "' has no bands");
   std::vector<int> selected = bands;
   if (selected.empty()) {
     for (int b = 1; b <= count; ++b) selected.push_back(b);
@@ -193,7 +201,7 @@ RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path,
   for (int b : selected) {
     if (b < 1 || b > count) {
       throw std::invalid_argument("band index " + std::to_string(b) + " is outside [1, " +
-                                  std::to_string(count) + "] for raster '" + path + "'");
+                                  std::to_string(count) + "] for raster '" + shown(path) + "'");
     }
   }
   meta.band_count = static_cast<int>(selected.size());
@@ -203,12 +211,12 @@ RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path,
   for (int b : selected) {
     GDALRasterBandH band = GDALGetRasterBand(ds, b);
     if (dtype_from_band(band, path) != meta.dtype) {
-      throw std::runtime_error("raster '" + path + "': band " + std::to_string(b) +
+      throw std::runtime_error("raster '" + shown(path) + "': band " + std::to_string(b) +
                                " has a different data type than band " +
                                std::to_string(selected.front()));
     }
     if (!same_nodata(band_nodata(band, meta.dtype), meta.nodata)) {
-      throw std::runtime_error("raster '" + path + "': band " + std::to_string(b) +
+      throw std::runtime_error("raster '" + shown(path) + "': band " + std::to_string(b) +
                                " has a different nodata value than band " +
                                std::to_string(selected.front()) +
                                " (one nodata per raster is supported)");
@@ -246,7 +254,8 @@ void raster_io(GDALDatasetH ds, GDALRWFlag flag, const RasterWindow& w, void* bu
       gdal_type(dtype), static_cast<int>(bands.size()), bands.data(), item, item * line_elems,
       item * band_elems, nullptr);
   if (err != CE_None) {
-    fail(std::string(flag == GF_Read ? "cannot read" : "cannot write") + " raster '" + path + "'");
+    fail(std::string(flag == GF_Read ? "cannot read" : "cannot write") + " raster '" + shown(path) +
+         "'");
   }
 }
 
@@ -262,7 +271,7 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
     throw std::invalid_argument(
         "window (col_off " + std::to_string(w.col_off) + ", row_off " + std::to_string(w.row_off) +
         ", width " + std::to_string(w.width) + ", height " + std::to_string(w.height) +
-        ") is not inside raster '" + path + "' of " + std::to_string(meta.width) + " x " +
+        ") is not inside raster '" + shown(path) + "' of " + std::to_string(meta.width) + " x " +
         std::to_string(meta.height) + " pixels");
   }
   OwnedRasterArray out =
@@ -283,12 +292,13 @@ Dataset create_dataset(const std::string& path, DType dtype, int band_count, std
   }
   GDALDriverH driver = GDALGetDriverByName(options.driver.c_str());
   if (driver == nullptr) {
-    throw std::invalid_argument("write_raster: unknown GDAL driver '" + options.driver + "'");
+    throw std::invalid_argument("write_raster: unknown GDAL driver '" + shown(options.driver) +
+                                "'");
   }
   const bool gtiff = options.driver == "GTiff";
   if (dtype == DType::int8 && !VSR_GDAL_HAS_INT8 && !gtiff) {
     throw std::invalid_argument("write_raster: int8 needs GDAL >= 3.7 for driver '" +
-                                options.driver + "' (this GDAL is " GDAL_RELEASE_NAME ")");
+                                shown(options.driver) + "' (this GDAL is " GDAL_RELEASE_NAME ")");
   }
   std::string wkt;
   if (!crs.empty()) {
@@ -300,7 +310,8 @@ Dataset create_dataset(const std::string& path, DType dtype, int band_count, std
     CPLFree(text);
     OSRDestroySpatialReference(srs);
     if (!ok)
-      throw std::invalid_argument("write_raster: GDAL does not understand CRS '" + crs + "'");
+      throw std::invalid_argument("write_raster: GDAL does not understand CRS '" + shown(crs) +
+                                  "'");
   }
 
   CPLStringList opts;
@@ -319,14 +330,14 @@ Dataset create_dataset(const std::string& path, DType dtype, int band_count, std
   }
   GDALDatasetH ds = GDALCreate(driver, path.c_str(), static_cast<int>(width),
                                static_cast<int>(height), band_count, gdal_type(dtype), opts.List());
-  if (ds == nullptr) fail("cannot create raster '" + path + "'");
+  if (ds == nullptr) fail("cannot create raster '" + shown(path) + "'");
   Dataset owned(ds);
   std::array<double, 6> gt = affine.to_gdal();
   if (GDALSetGeoTransform(ds, gt.data()) != CE_None) {
-    fail("cannot set the geotransform of '" + path + "'");
+    fail("cannot set the geotransform of '" + shown(path) + "'");
   }
   if (!wkt.empty() && GDALSetProjection(ds, wkt.c_str()) != CE_None) {
-    fail("cannot set the CRS of '" + path + "'");
+    fail("cannot set the CRS of '" + shown(path) + "'");
   }
   if (nodata) {
     for (int b = 1; b <= band_count; ++b) set_band_nodata(GDALGetRasterBand(ds, b), dtype, *nodata);

@@ -109,6 +109,29 @@ OwnedRasterArray pattern_raster(DType dtype, int bands, std::int64_t h, std::int
                                      Affine{0.5, 0, 1000, 0, -0.5, 2000}, "EPSG:32633");
 }
 
+/// Whether @p s is valid UTF-8 with no C0/C1 control character and no DEL (checked here, apart
+/// from the library's escaping code).
+bool clean_utf8(const std::string& s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = c < 0x80           ? 1
+                    : (c >> 5) == 0x6  ? 2
+                    : (c >> 4) == 0xE  ? 3
+                    : (c >> 3) == 0x1E ? 4
+                                       : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    std::uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1FU) : n == 3 ? (c & 0x0FU) : (c & 0x07U);
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto t = static_cast<unsigned char>(s[i + k]);
+      if ((t & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (t & 0x3FU);
+    }
+    if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F)) return false;
+    i += n;
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("io_available is true in a GDAL build") {
@@ -277,6 +300,36 @@ TEST_CASE("errors carry clear messages") {
                        doctest::Contains("does not understand CRS"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(write_raster(dir.file("no/such/dir/x.tif"), r),
                        doctest::Contains("cannot create"), std::runtime_error);
+}
+
+TEST_CASE("exception messages are valid UTF-8 without control characters, whatever the path") {
+  TempDir dir;
+  const std::string hostile = dir.file("bad-\xff\xfe-\x1b[31mred-\xc2\x9b.tif");
+  const auto message_of = [](const auto& call) {
+    try {
+      call();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    FAIL("no exception");
+    return std::string();
+  };
+  const std::string m1 = message_of([&] { read_raster_metadata(hostile); });
+  CHECK(clean_utf8(m1));
+  CHECK(m1.find("\\xFF\\xFE") != std::string::npos);
+  const std::string m2 = message_of([&] { read_raster(hostile); });
+  CHECK(clean_utf8(m2));
+  const OwnedRasterArray r = pattern_raster(DType::uint8, 1, 4, 4, std::nullopt);
+  const std::string m3 = message_of([&] { write_raster(dir.file("no\x1b/\xff/x.tif"), r); });
+  CHECK(clean_utf8(m3));
+  const std::string m4 =
+      message_of([&] { write_raster(dir.file("x.tif"), r, WriteOptions{.driver = "\x1b\xff"}); });
+  CHECK(clean_utf8(m4));
+  CHECK(clean_utf8(message_of([&] {
+    write_raster(dir.file("x.tif"),
+                 OwnedRasterArray::from_host(r.host_data(), r.dtype(), 1, 4, 4, std::nullopt,
+                                             Affine{}, "\x1b[2J\xff"));
+  })));
 }
 
 TEST_CASE("streamed focal mean with halo equals the whole-raster result, tile by tile") {

@@ -2,6 +2,8 @@
 // Command-line parsing shared by the tools: integers and byte sizes with unit suffixes.
 #pragma once
 
+#include "escape.hpp"
+
 #include <cctype>
 #include <charconv>
 #include <cstdint>
@@ -13,9 +15,9 @@
 
 namespace vsr_cli {
 
-/// A bad command line; the tools print it and exit 2.
+/// A bad command line; the tools print it and exit 2. The message is printable() already.
 struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit UsageError(const std::string& what) : std::runtime_error(printable(what)) {}
 };
 
 /// Parses a whole integer for `option`; throws UsageError naming the option.

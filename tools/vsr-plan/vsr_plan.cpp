@@ -60,8 +60,10 @@ struct Arguments {
   bool help = false;
 };
 
+using vsr_cli::json_string;
 using vsr_cli::parse_integer;
 using vsr_cli::parse_size;
+using vsr_cli::printable;
 
 Arguments parse_arguments(int argc, char** argv) {
   Arguments args;
@@ -123,15 +125,6 @@ Arguments parse_arguments(int argc, char** argv) {
   if (!args.height) throw UsageError("--height is required");
   if (!args.width) throw UsageError("--width is required");
   return args;
-}
-
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char ch : text) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    out += ch;
-  }
-  return out + "\"";
 }
 
 void print_json(std::ostream& out, const Arguments& args, std::uint64_t budget, bool auto_budget,
@@ -230,13 +223,13 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::invalid_argument& error) {
-    std::cerr << "vsr-plan: " << error.what() << '\n';
+    std::cerr << "vsr-plan: " << printable(error.what()) << '\n';
     return 2;
   } catch (const std::overflow_error& error) {
-    std::cerr << "vsr-plan: " << error.what() << '\n';
+    std::cerr << "vsr-plan: " << printable(error.what()) << '\n';
     return 2;
   } catch (const std::exception& error) {
-    std::cerr << "vsr-plan: " << error.what() << '\n';
+    std::cerr << "vsr-plan: " << printable(error.what()) << '\n';
     return 1;
   }
 }

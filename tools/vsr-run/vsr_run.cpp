@@ -71,6 +71,7 @@ The sample raster is deterministic: float32, nodata NaN, about 1% of the pixels 
 
 using vsr_cli::parse_integer;
 using vsr_cli::parse_size;
+using vsr_cli::printable;
 using vsr_cli::UsageError;
 
 enum class Op { stats, rescale, focal_mean, ndvi };
@@ -288,7 +289,7 @@ int run(const Arguments& args) {
     input_label = "sample";
   } else {
     meta = vsr::read_raster_metadata(args.input);
-    input_label = args.input + " (" + meta.driver + ")";
+    input_label = printable(args.input) + " (" + meta.driver + ")";
   }
   char shape[160];
   std::snprintf(shape, sizeof shape, "%d x %lld x %lld %s", meta.band_count,
@@ -431,7 +432,7 @@ int run(const Arguments& args) {
     }
     if (!args.output.empty()) {
       const vsr::RasterMetadata out = vsr::read_raster_metadata(args.output);
-      output_label = args.output + " (" + std::string(vsr::to_string(out.dtype)) + ", " +
+      output_label = printable(args.output) + " (" + std::string(vsr::to_string(out.dtype)) + ", " +
                      std::to_string(out.band_count) + " band(s), " + out.driver + ")";
     }
   }
@@ -506,7 +507,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "vsr-run: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "vsr-run: error: %s\n", e.what());
+    std::fprintf(stderr, "vsr-run: error: %s\n", printable(e.what()).c_str());
     return 1;
   }
 }

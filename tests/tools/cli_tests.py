@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Tests that run the command-line tools (vsr-run, vsr-info, vsr-plan, vsr-bench) as a user does.
+
+Input rasters are made in the test by vsr-test-raster (GDAL's C API, not the library under test);
+results are read back by the same helper and checked against computations written here in plain
+Python. Each case is one meson test: cli_tests.py --case NAME --build-root DIR.
+Exit status: 0 pass, 1 fail, 77 skip.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+class Skip(Exception):
+    pass
+
+
+class Env:
+    def __init__(self, build_root, tmp):
+        self.root = build_root
+        self.tmp = tmp
+        self.vsr_run = os.path.join(build_root, "tools", "vsr-run", "vsr-run")
+        self.vsr_info = os.path.join(build_root, "tools", "vsr-info", "vsr-info")
+        self.vsr_plan = os.path.join(build_root, "tools", "vsr-plan", "vsr-plan")
+        self.vsr_bench = os.path.join(build_root, "tools", "vsr-bench", "vsr-bench")
+        self.raster_tool = os.path.join(build_root, "tests", "tools", "vsr-test-raster")
+
+    def path(self, name):
+        """A path in this case's temporary directory (bytes names allowed)."""
+        if isinstance(name, bytes):
+            return os.path.join(os.fsencode(self.tmp), name)
+        return os.path.join(self.tmp, name)
+
+    def make(self, path, *options):
+        subprocess.run([self.raster_tool, "make", path] + [str(o) for o in options], check=True)
+        return path
+
+    def dump(self, path):
+        out = subprocess.run([self.raster_tool, "dump", path], check=True,
+                             stdout=subprocess.PIPE).stdout
+        return json.loads(out)
+
+    def run(self, tool, *args, env=None, **kwargs):
+        """Runs a tool; returns the CompletedProcess with bytes stdout and stderr."""
+        e = dict(os.environ)
+        if env:
+            e.update(env)
+        return subprocess.run([tool] + list(args), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=e, **kwargs)
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def strict_text(data, what):
+    """Decodes bytes as UTF-8 (strict) and checks that no terminal control character is left."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AssertionError("%s is not valid UTF-8 (%s): %r" % (what, e, data))
+    for ch in text:
+        if ord(ch) < 0x20 and ch not in "\n\t" or 0x7F <= ord(ch) <= 0x9F:
+            raise AssertionError("%s holds control character %r: %r" % (what, ch, text))
+    return text
+
+
+def expect_exit(proc, code, what):
+    check(proc.returncode == code, "%s: exit %d, expected %d\nstdout: %s\nstderr: %s" % (
+        what, proc.returncode, code, proc.stdout.decode("utf-8", "replace"),
+        proc.stderr.decode("utf-8", "replace")))
+
+
+# --- issue 17 item 16: user bytes escaped -------------------------------------------------------
+
+HOSTILE = b"bad-\xff\xfe-\x1b[31mred\x1b[0m-\xe2\x80\xaeevil"
+
+
+@case
+def info_escapes_user_bytes(env):
+    lib = env.path(HOSTILE + b".so")
+    p = env.run(env.vsr_info, "--json", env={"VIBESPATIAL_CUDA_DRIVER": os.fsdecode(lib)})
+    text = strict_text(p.stdout, "vsr-info --json")
+    doc = json.loads(text)
+    check(doc["available"] is False, "driver %r should not load" % lib)
+    # The exact path, invalid bytes as U+FFFD; the raw document held no control character.
+    check(doc["library"] == lib.decode("utf-8", "replace"), doc["library"])
+    p = env.run(env.vsr_info, env={"VIBESPATIAL_CUDA_DRIVER": os.fsdecode(lib)})
+    text = strict_text(p.stdout, "vsr-info")
+    check("\\xFF\\xFE" in text and "\\x1B[31m" in text and "\\u{202E}" in text, text)
+    p = env.run(env.vsr_info, os.fsdecode(HOSTILE))
+    expect_exit(p, 2, "vsr-info with a bad argument")
+    strict_text(p.stderr, "vsr-info error")
+
+
+@case
+def run_escapes_user_bytes(env):
+    missing = env.path(HOSTILE + b".tif")
+    p = env.run(env.vsr_run, "--op", "stats", "--input", os.fsdecode(missing))
+    expect_exit(p, 1, "vsr-run on a missing file")
+    text = strict_text(p.stderr, "vsr-run error")
+    check("\\xFF\\xFE" in text and "\\x1B[31m" in text, text)
+    p = env.run(env.vsr_run, "--op", os.fsdecode(HOSTILE))
+    expect_exit(p, 2, "vsr-run --op <hostile>")
+    strict_text(p.stderr, "vsr-run usage error")
+    # A real file with such a name: the summary names it escaped.
+    real = env.make(env.path(HOSTILE + b"-real.tif"), "--width", 8, "--height", 8)
+    p = env.run(env.vsr_run, "--op", "stats", "--input", os.fsdecode(real))
+    expect_exit(p, 0, "vsr-run stats on a file with a hostile name")
+    text = strict_text(p.stdout, "vsr-run summary")
+    check("\\xFF\\xFE" in text, text)
+    out = env.path(HOSTILE + b"-out.tif")
+    p = env.run(env.vsr_run, "--op", "focal-mean", "--input", os.fsdecode(real), "--output",
+                os.fsdecode(out))
+    expect_exit(p, 0, "vsr-run focal-mean to a hostile name")
+    strict_text(p.stdout, "vsr-run summary")
+    check(os.path.exists(out), "output written under its exact name")
+
+
+@case
+def plan_escapes_user_bytes(env):
+    p = env.run(env.vsr_plan, "--height", "10", "--width", "10", "--dtype",
+                os.fsdecode(HOSTILE))
+    expect_exit(p, 2, "vsr-plan --dtype <hostile>")
+    strict_text(p.stderr, "vsr-plan error")
+    p = env.run(env.vsr_plan, os.fsdecode(HOSTILE))
+    expect_exit(p, 2, "vsr-plan <hostile>")
+    strict_text(p.stderr, "vsr-plan error")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build-root", required=True)
+    ap.add_argument("--case", required=True, choices=sorted(CASES))
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vsr-cli-") as tmp:
+        env = Env(a.build_root, tmp)
+        try:
+            CASES[a.case](env)
+        except Skip as s:
+            print("SKIP: %s" % s)
+            return 77
+        except AssertionError as e:
+            print("FAIL: %s" % e, file=sys.stderr)
+            return 1
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
