@@ -141,6 +141,37 @@ def plan_escapes_user_bytes(env):
     strict_text(p.stderr, "vsr-plan error")
 
 
+# --- issue 17 item 15: unknown or empty values are errors ----------------------------------------
+
+@case
+def empty_and_unknown_values_are_errors(env):
+    bad = [
+        (env.vsr_run, ["--input", ""]),
+        (env.vsr_run, ["--output", ""]),
+        (env.vsr_run, ["--input="]),
+        (env.vsr_run, ["--op", "focal-mean", "--output="]),
+        (env.vsr_run, ["--budget", ""]),
+        (env.vsr_run, ["--op"]),
+        (env.vsr_run, ["--progress=yes"]),
+        (env.vsr_plan, ["--height", "4", "--width", "4", "--budget", ""]),
+        (env.vsr_bench, ["alloc", "--seed", "abc"]),
+        (env.vsr_bench, ["alloc", "--seed", "12x"]),
+        (env.vsr_bench, ["alloc", "--seed", ""]),
+        (env.vsr_bench, ["alloc", "--sections", "bogus"]),
+        (env.vsr_bench, ["alloc", "--sections", "malloc,bogus"]),
+        (env.vsr_bench, ["alloc", "--sections", ""]),
+        (env.vsr_bench, ["alloc", "--sections", "malloc,"]),
+        (env.vsr_bench, ["dispatch", "--sections", "bogus"]),
+        (env.vsr_bench, ["dispatch", "--seed", "1"]),
+        (env.vsr_bench, ["nosuch"]),
+    ]
+    for tool, args in bad:
+        p = env.run(tool, *args)
+        expect_exit(p, 2, "%s %r" % (os.path.basename(tool), args))
+        text = strict_text(p.stderr, "error message")
+        check(text.strip() != "", "%s %r printed no message" % (tool, args))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-root", required=True)

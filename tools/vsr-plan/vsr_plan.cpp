@@ -67,22 +67,11 @@ using vsr_cli::printable;
 
 Arguments parse_arguments(int argc, char** argv) {
   Arguments args;
-  const std::vector<std::string_view> words(argv + 1, argv + argc);
-  for (std::size_t i = 0; i < words.size(); ++i) {
-    std::string_view option = words[i];
-    std::optional<std::string_view> inline_value;
-    if (const auto eq = option.find('='); option.starts_with("--") && eq != option.npos) {
-      inline_value = option.substr(eq + 1);
-      option = option.substr(0, eq);
-    }
-    const auto value = [&]() -> std::string_view {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= words.size()) throw UsageError(std::string(option) + ": needs a value");
-      return words[++i];
-    };
-    const auto flag = [&]() {
-      if (inline_value) throw UsageError(std::string(option) + ": takes no value");
-    };
+  vsr_cli::ArgScanner words(argc, argv);
+  while (words.next()) {
+    const std::string_view option = words.option();
+    const auto value = [&] { return words.value(); };
+    const auto flag = [&] { words.flag(); };
 
     if (option == "-h" || option == "--help") {
       flag();

@@ -90,16 +90,14 @@ struct Arguments {
 
 Arguments parse_arguments(int argc, char** argv) {
   Arguments args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view option = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) throw UsageError(std::string(option) + " needs a value");
-      return argv[++i];
-    };
-    if (option == "-h" || option == "--help") {
+  vsr_cli::ArgScanner words(argc, argv);
+  while (words.next()) {
+    const std::string_view option = words.option();
+    if (words.is("-h", "--help")) {
+      words.flag();
       args.help = true;
-    } else if (option == "--op") {
-      const std::string_view name = value();
+    } else if (words.is("--op")) {
+      const std::string_view name = words.value();
       if (name == "stats") {
         args.op = Op::stats;
       } else if (name == "rescale") {
@@ -113,33 +111,34 @@ Arguments parse_arguments(int argc, char** argv) {
                          "' (stats, rescale, focal-mean or ndvi)");
       }
       args.op_name = name;
-    } else if (option == "--input") {
-      args.input = value();
-    } else if (option == "--output") {
-      args.output = value();
-    } else if (option == "--budget") {
-      const std::string_view text = value();
+    } else if (words.is("--input")) {
+      args.input = words.value();
+    } else if (words.is("--output")) {
+      args.output = words.value();
+    } else if (words.is("--budget")) {
+      const std::string_view text = words.value();
       if (text == "auto") {
         args.budget.reset();
       } else {
         args.budget = parse_size(option, text);
       }
-    } else if (option == "--sample-size") {
-      args.sample_size = parse_integer<std::int64_t>(option, value());
+    } else if (words.is("--sample-size")) {
+      args.sample_size = parse_integer<std::int64_t>(option, words.value());
       if (args.sample_size < 1 || args.sample_size > 65536) {
         throw UsageError("--sample-size must be in [1, 65536]");
       }
-    } else if (option == "--bands") {
-      args.bands = parse_integer<int>(option, value());
+    } else if (words.is("--bands")) {
+      args.bands = parse_integer<int>(option, words.value());
       if (args.bands < 1 || args.bands > 256) throw UsageError("--bands must be in [1, 256]");
-    } else if (option == "--nir") {
-      args.nir = parse_integer<int>(option, value());
-    } else if (option == "--red") {
-      args.red = parse_integer<int>(option, value());
-    } else if (option == "--progress") {
+    } else if (words.is("--nir")) {
+      args.nir = parse_integer<int>(option, words.value());
+    } else if (words.is("--red")) {
+      args.red = parse_integer<int>(option, words.value());
+    } else if (words.is("--progress")) {
+      words.flag();
       args.progress = true;
     } else {
-      throw UsageError("unknown option '" + std::string(option) + "' (see --help)");
+      words.unknown();
     }
   }
   if (args.op == Op::stats && !args.output.empty()) {
