@@ -172,6 +172,27 @@ def empty_and_unknown_values_are_errors(env):
         check(text.strip() != "", "%s %r printed no message" % (tool, args))
 
 
+# --- issue 17 item 14: a budget of 0 is refused, never "no GPU" ----------------------------------
+
+@case
+def budget_zero_is_refused(env):
+    for tool, args in [(env.vsr_run, ["--budget", "0"]), (env.vsr_run, ["--budget=0K"]),
+                       (env.vsr_run, ["--op", "focal-mean", "--budget", "0GiB"]),
+                       (env.vsr_plan, ["--height", "4096", "--width", "4096", "--budget", "0"])]:
+        p = env.run(tool, *args)
+        expect_exit(p, 2, "%s %r" % (os.path.basename(tool), args))
+        text = strict_text(p.stderr, "error message")
+        check("budget of 0" in text, text)
+    # The smallest positive budget plans tiles and says they do not fit; auto still works.
+    p = env.run(env.vsr_plan, "--height", "4096", "--width", "4096", "--budget", "1")
+    expect_exit(p, 0, "vsr-plan --budget 1")
+    text = strict_text(p.stdout, "vsr-plan table")
+    check("tiled" in text and "fits budget       no" in text, text)
+    p = env.run(env.vsr_run, "--op", "stats", "--sample-size", "300", "--budget", "1")
+    expect_exit(p, 0, "vsr-run --budget 1")
+    check(b"does NOT fit the budget" in p.stdout, p.stdout)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-root", required=True)

@@ -95,6 +95,18 @@ inline std::uint64_t parse_size(std::string_view option, std::string_view text) 
                    "' (use K, M, G, T, KiB, MiB, GiB or TiB)");
 }
 
+/// A VRAM budget given by the user: a positive byte size. 0 is refused: no pass fits in 0 bytes,
+/// and the planner reads a budget of 0 as "no GPU" (whole raster, no tiling), which is not what a
+/// user asking for 0 bytes means.
+inline std::uint64_t parse_budget(std::string_view option, std::string_view text) {
+  const std::uint64_t bytes = parse_size(option, text);
+  if (bytes == 0) {
+    throw UsageError(std::string(option) +
+                     ": a budget of 0 bytes fits no pass; give a positive size, or auto");
+  }
+  return bytes;
+}
+
 /**
  * Walks argv: `while (args.next()) { if (args.is("--x")) use(args.value()); ... }`.
  * A word `--name=value` is the option `--name` with an inline value; other words are options as

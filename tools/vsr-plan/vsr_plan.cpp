@@ -41,7 +41,7 @@ options:
   --buffers-per-band N     device buffers per band (default 2: input + output)
   --scratch BYTES          fixed scratch bytes of the operation per pass (default 0)
   --halo N                 overlap pixels per tile side (default 0)
-  --budget BYTES|auto      VRAM budget; auto asks the device (default auto; 0 with no GPU)
+  --budget BYTES|auto      VRAM budget, > 0; auto asks the device (default auto; 0 with no GPU)
   --per-band               bands are independent: allow band batches
   --json                   print JSON instead of a table
   -h, --help               print this help
@@ -98,7 +98,7 @@ Arguments parse_arguments(int argc, char** argv) {
       if (text == "auto") {
         args.options.vram_budget.reset();
       } else {
-        args.options.vram_budget = parse_size(option, text);
+        args.options.vram_budget = vsr_cli::parse_budget(option, text);
       }
     } else if (option == "--per-band") {
       flag();

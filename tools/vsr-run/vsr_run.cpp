@@ -55,8 +55,8 @@ options:
                        ndvi        (nir - red) / (nir + red), see --nir / --red
   --input FILE       raster file read through GDAL (default: a generated sample raster)
   --output FILE      write the result there (GeoTIFF; needs GDAL); not for --op stats
-  --budget BYTES     VRAM budget for planning, or auto (default auto: what the device has free;
-                     0 with no GPU, which plans the whole raster at once)
+  --budget BYTES     VRAM budget for planning, > 0, or auto (default auto: what the device has
+                     free; 0 with no GPU, which plans the whole raster at once)
   --sample-size N    sample raster side in pixels (default 2048)
   --bands N          sample raster band count (default 4)
   --nir N, --red N   1-based bands for ndvi (default 4 and 3 with 4+ bands, else 2 and 1)
@@ -120,7 +120,7 @@ Arguments parse_arguments(int argc, char** argv) {
       if (text == "auto") {
         args.budget.reset();
       } else {
-        args.budget = parse_size(option, text);
+        args.budget = vsr_cli::parse_budget(option, text);
       }
     } else if (words.is("--sample-size")) {
       args.sample_size = parse_integer<std::int64_t>(option, words.value());
