@@ -13,6 +13,7 @@
 #include <ogr_srs_api.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -68,15 +69,47 @@ struct DatasetCloser {
 };
 using Dataset = std::unique_ptr<void, DatasetCloser>;
 
-Dataset open_readonly(const std::string& path) {
+/// Whether @p path makes GDAL leave the local file system: a /vsi... virtual file system path or
+/// a URL ("scheme://").
+bool is_virtual_path(const std::string& path) {
+  if (path.rfind("/vsi", 0) == 0) return true;
+  const std::size_t colon = path.find("://");
+  if (colon == std::string::npos || colon == 0) return false;
+  return std::all_of(path.begin(), path.begin() + static_cast<std::ptrdiff_t>(colon), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '+' || c == '-' || c == '.';
+  });
+}
+
+Dataset open_readonly(const std::string& path, const OpenOptions& open = {}) {
   register_drivers();
-  GDALDatasetH ds =
-      GDALOpenEx(path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR, nullptr,
-                 nullptr, nullptr);
-  if (ds == nullptr) {
-    throw std::invalid_argument("cannot open raster '" + shown(path) + "'" + gdal_message());
+  if (!open.allow_virtual && is_virtual_path(path)) {
+    throw std::invalid_argument("cannot open raster '" + shown(path) +
+                                "': GDAL virtual file systems and URLs are refused unless allowed "
+                                "(OpenOptions::allow_virtual; vsr-run --allow-virtual)");
   }
-  return Dataset(ds);
+  std::vector<std::string> drivers = open.drivers.empty() ? default_input_drivers() : open.drivers;
+  if (open.allow_virtual) drivers.emplace_back("VRT");
+  CPLStringList allowed;
+  for (const std::string& d : drivers) allowed.AddString(d.c_str());
+  GDALDatasetH ds =
+      GDALOpenEx(path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR,
+                 allowed.List(), nullptr, nullptr);
+  if (ds != nullptr) return Dataset(ds);
+  std::string why = gdal_message();
+  // Say so when the file is a raster of a format that is not allowed.
+  if (GDALDriverH found = GDALIdentifyDriverEx(path.c_str(), GDAL_OF_RASTER, nullptr, nullptr);
+      found != nullptr) {
+    const std::string name = GDALGetDriverShortName(found);
+    if (std::find(drivers.begin(), drivers.end(), name) == drivers.end()) {
+      std::string list;
+      for (const std::string& d : drivers) list += (list.empty() ? "" : ", ") + d;
+      why = ": its format (" + shown(name) + ") is not an allowed input format (" + list + ")" +
+            (name == "VRT" ? "; a VRT reads the files it names, allow it with "
+                             "OpenOptions::allow_virtual (vsr-run --allow-virtual)"
+                           : "; add it to OpenOptions::drivers to allow it");
+    }
+  }
+  throw std::invalid_argument("cannot open raster '" + shown(path) + "'" + why);
 }
 
 /// Closes @p ds and reports a failure to flush (GDALClose returns void before GDAL 3.7).
@@ -367,16 +400,30 @@ bool io_available() noexcept {
   return true;
 }
 
+std::vector<std::string> default_input_drivers() {
+  return {"GTiff", "PNG",  "JPEG",    "GIF",  "BMP",   "WEBP", "JP2OpenJPEG",
+          "ENVI",  "EHdr", "AAIGrid", "GSBG", "GS7BG", "NITF"};
+}
+
 RasterMetadata read_raster_metadata(const std::string& path) {
+  return read_raster_metadata(path, OpenOptions{});
+}
+
+RasterMetadata read_raster_metadata(const std::string& path, const OpenOptions& open) {
   QuietErrors quiet;
-  Dataset ds = open_readonly(path);
+  Dataset ds = open_readonly(path, open);
   return metadata_of(ds.get(), path, {});
 }
 
 OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow> window,
                              std::vector<int> bands) {
+  return read_raster(path, window, std::move(bands), OpenOptions{});
+}
+
+OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow> window,
+                             std::vector<int> bands, const OpenOptions& open) {
   QuietErrors quiet;
-  Dataset ds = open_readonly(path);
+  Dataset ds = open_readonly(path, open);
   return read_open(ds.get(), path, window, std::move(bands));
 }
 
@@ -398,13 +445,23 @@ void write_raster(const std::string& path, const OwnedRasterArray& raster,
 void process_raster_streamed(const std::string& in, const std::string& out, const BandOp& op,
                              const RasterPlan& plan, const WriteOptions& options,
                              std::function<void(std::int64_t, std::int64_t)> progress) {
+  StreamOptions stream;
+  stream.write = options;
+  stream.progress = std::move(progress);
+  process_raster_file(in, out, op, plan, stream);
+}
+
+void process_raster_file(const std::string& in, const std::string& out, const BandOp& op,
+                         const RasterPlan& plan, const StreamOptions& stream) {
+  const WriteOptions& options = stream.write;
+  const auto& progress = stream.progress;
   if (!op) throw std::invalid_argument("process_raster_streamed: empty op");
   if (plan.halo < 0) {
     throw std::invalid_argument("process_raster_streamed: negative halo " +
                                 std::to_string(plan.halo));
   }
   QuietErrors quiet;
-  Dataset src = open_readonly(in);
+  Dataset src = open_readonly(in, stream.open);
   const RasterMetadata meta = metadata_of(src.get(), in, {});
   std::int64_t th = meta.height, tw = meta.width;
   if (plan.strategy == TilingStrategy::tiled) {

@@ -21,12 +21,25 @@ bool io_available() noexcept {
   return false;
 }
 
+std::vector<std::string> default_input_drivers() {
+  return {};
+}
+
 RasterMetadata read_raster_metadata(const std::string& /*path*/) {
+  unavailable("read_raster_metadata");
+}
+
+RasterMetadata read_raster_metadata(const std::string& /*path*/, const OpenOptions& /*open*/) {
   unavailable("read_raster_metadata");
 }
 
 OwnedRasterArray read_raster(const std::string& /*path*/, std::optional<RasterWindow> /*window*/,
                              std::vector<int> /*bands*/) {
+  unavailable("read_raster");
+}
+
+OwnedRasterArray read_raster(const std::string& /*path*/, std::optional<RasterWindow> /*window*/,
+                             std::vector<int> /*bands*/, const OpenOptions& /*open*/) {
   unavailable("read_raster");
 }
 
@@ -40,6 +53,12 @@ void process_raster_streamed(const std::string& /*in*/, const std::string& /*out
                              const WriteOptions& /*options*/,
                              std::function<void(std::int64_t, std::int64_t)> /*progress*/) {
   unavailable("process_raster_streamed");
+}
+
+void process_raster_file(const std::string& /*in*/, const std::string& /*out*/,
+                         const BandOp& /*op*/, const RasterPlan& /*plan*/,
+                         const StreamOptions& /*options*/) {
+  unavailable("process_raster_file");
 }
 
 }  // namespace vibespatial::raster

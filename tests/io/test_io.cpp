@@ -13,9 +13,11 @@
 #include <gdal_version.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -240,14 +242,16 @@ TEST_CASE("nodata: NaN on multi-band float32, integer, absent, and disagreeing b
   make_tiff_f32(p_int, 4, 3, 2, gt, {-9999.0, -9999.0}, ramp(2, 3, 4));
   CHECK(read_raster_metadata(p_int).nodata == std::optional<double>(-9999.0));
 
+  // HFA (not a default input format: its header can name a spill file) keeps a nodata per band.
   const std::string p_mixed = dir.file("mixed.img");
   make_tiff_f32(p_mixed, 4, 3, 3, gt, {-1.0, -1.0, -2.0}, ramp(3, 3, 4), nullptr, "HFA");
-  CHECK_THROWS_WITH_AS(read_raster_metadata(p_mixed), doctest::Contains("different nodata value"),
-                       std::runtime_error);
-  CHECK_THROWS_AS(read_raster(p_mixed), std::runtime_error);
+  const OpenOptions hfa{.drivers = {"HFA"}};
+  CHECK_THROWS_WITH_AS(read_raster_metadata(p_mixed, hfa),
+                       doctest::Contains("different nodata value"), std::runtime_error);
+  CHECK_THROWS_AS(read_raster(p_mixed, {}, {}, hfa), std::runtime_error);
   // Bands that agree can still be read on their own.
-  CHECK(read_raster(p_mixed, {}, {1, 2}).nodata() == std::optional<double>(-1.0));
-  CHECK(read_raster(p_mixed, {}, {3}).nodata() == std::optional<double>(-2.0));
+  CHECK(read_raster(p_mixed, {}, {1, 2}, hfa).nodata() == std::optional<double>(-1.0));
+  CHECK(read_raster(p_mixed, {}, {3}, hfa).nodata() == std::optional<double>(-2.0));
 }
 
 TEST_CASE("windows and band subsets") {
@@ -330,6 +334,65 @@ TEST_CASE("exception messages are valid UTF-8 without control characters, whatev
                  OwnedRasterArray::from_host(r.host_data(), r.dtype(), 1, 4, 4, std::nullopt,
                                              Affine{}, "\x1b[2J\xff"));
   })));
+}
+
+TEST_CASE(
+    "inputs: only raster file formats open by default; VRT and /vsi paths need allow_virtual") {
+  TempDir dir;
+  // A "secret" local file and a .tif holding VRT XML that reads it as a raw Byte band.
+  const std::string secret = dir.file("secret.txt");
+  const std::string text = "root:x:0:0:secret";
+  {
+    std::FILE* f = std::fopen(secret.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+  const std::string vrt = dir.file("innocent.tif");
+  {
+    std::FILE* f = std::fopen(vrt.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    std::fprintf(f,
+                 "<VRTDataset rasterXSize=\"%zu\" rasterYSize=\"1\">\n"
+                 "  <VRTRasterBand dataType=\"Byte\" band=\"1\" subClass=\"VRTRawRasterBand\">\n"
+                 "    <SourceFilename relativetoVRT=\"0\">%s</SourceFilename>\n"
+                 "    <ImageOffset>0</ImageOffset><PixelOffset>1</PixelOffset>"
+                 "<LineOffset>%zu</LineOffset>\n"
+                 "  </VRTRasterBand>\n</VRTDataset>\n",
+                 text.size(), secret.c_str(), text.size());
+    std::fclose(f);
+  }
+  CHECK_THROWS_WITH_AS(read_raster_metadata(vrt),
+                       doctest::Contains("format (VRT) is not an allowed"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(read_raster(vrt), doctest::Contains("allow_virtual"), std::invalid_argument);
+  CHECK_THROWS_AS(read_raster(vrt, {}, {}, OpenOptions{.drivers = {"GTiff"}}),
+                  std::invalid_argument);
+  // Asked for, the VRT opens and reads the file it names (which is why it is opt-in).
+  const OwnedRasterArray leaked =
+      read_raster(vrt, {}, {}, OpenOptions{.drivers = {}, .allow_virtual = true});
+  const std::vector<std::uint8_t> bytes = as_vector<std::uint8_t>(leaked);
+  CHECK(std::string(bytes.begin(), bytes.end()) == text);
+
+  // Virtual file systems and URLs are refused before GDAL sees them.
+  const std::string tif = dir.file("plain.tif");
+  make_tiff_f32(tif, 4, 3, 1, {0, 1, 0, 0, 0, -1}, {std::nullopt}, ramp(1, 3, 4));
+  CHECK(read_raster(tif).width() == 4);
+  const std::vector<std::string> virtual_paths = {"/vsicurl/http://127.0.0.1:9/x.tif",
+                                                  "/vsigzip/" + tif, "http://127.0.0.1:9/x.tif",
+                                                  "/vsimem/x.tif"};
+  for (const std::string& p : virtual_paths) {
+    CAPTURE(p);
+    CHECK_THROWS_WITH_AS(read_raster_metadata(p), doctest::Contains("virtual file systems"),
+                         std::invalid_argument);
+  }
+  // Formats outside the list are named in the error; a list of one's own opens them.
+  const std::string img = dir.file("x.img");
+  make_tiff_f32(img, 4, 3, 1, {0, 1, 0, 0, 0, -1}, {std::nullopt}, ramp(1, 3, 4), nullptr, "HFA");
+  CHECK_THROWS_WITH_AS(read_raster(img), doctest::Contains("format (HFA)"), std::invalid_argument);
+  CHECK(read_raster(img, {}, {}, OpenOptions{.drivers = {"HFA"}}).width() == 4);
+  const std::vector<std::string> defaults = default_input_drivers();
+  CHECK(std::find(defaults.begin(), defaults.end(), "GTiff") != defaults.end());
+  CHECK(std::find(defaults.begin(), defaults.end(), "VRT") == defaults.end());
 }
 
 TEST_CASE("streamed focal mean with halo equals the whole-raster result, tile by tile") {

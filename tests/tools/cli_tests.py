@@ -193,6 +193,39 @@ def budget_zero_is_refused(env):
     check(b"does NOT fit the budget" in p.stdout, p.stdout)
 
 
+# --- issue 17 item 5: only raster file formats open an input -------------------------------------
+
+@case
+def vrt_disguised_as_tif_is_refused(env):
+    secret_bytes = b"root:x:0:0:very-secret-data"
+    secret = env.path("secret.txt")
+    with open(secret, "wb") as f:
+        f.write(secret_bytes)
+    vrt = env.path("innocent.tif")
+    with open(vrt, "w") as f:
+        f.write('<VRTDataset rasterXSize="%d" rasterYSize="1">'
+                '<VRTRasterBand dataType="Byte" band="1" subClass="VRTRawRasterBand">'
+                '<SourceFilename relativetoVRT="0">%s</SourceFilename><ImageOffset>0</ImageOffset>'
+                '<PixelOffset>1</PixelOffset><LineOffset>%d</LineOffset></VRTRasterBand>'
+                '</VRTDataset>' % (len(secret_bytes), secret, len(secret_bytes)))
+    out = env.path("out.tif")
+    for args in (["--op", "stats", "--input", vrt],
+                 ["--op", "focal-mean", "--input", vrt, "--output", out]):
+        p = env.run(env.vsr_run, *args)
+        expect_exit(p, 1, "vsr-run on a VRT named .tif")
+        text = strict_text(p.stderr, "error")
+        check("VRT" in text and "--allow-virtual" in text, text)
+        check(not os.path.exists(out), "no output for a refused input")
+    p = env.run(env.vsr_run, "--op", "stats", "--input", "/vsicurl/http://127.0.0.1:9/x.tif")
+    expect_exit(p, 1, "vsr-run on a /vsicurl/ path")
+    check(b"virtual file systems" in p.stderr, p.stderr)
+    # Asked for, the VRT is read (and what it reads is the secret: that is why it is opt-in).
+    p = env.run(env.vsr_run, "--op", "stats", "--input", vrt, "--allow-virtual")
+    expect_exit(p, 0, "vsr-run --allow-virtual")
+    row = [l for l in p.stdout.decode().splitlines() if l.startswith("1 ")][0].split()
+    check(int(row[1]) == len(secret_bytes) and float(row[3]) == max(secret_bytes), row)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-root", required=True)

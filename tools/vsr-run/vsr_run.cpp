@@ -55,6 +55,9 @@ options:
                        ndvi        (nir - red) / (nir + red), see --nir / --red
   --input FILE       raster file read through GDAL (default: a generated sample raster)
   --output FILE      write the result there (GeoTIFF; needs GDAL); not for --op stats
+  --allow-virtual    also open VRT files, GDAL virtual file systems (/vsi...) and URLs as input;
+                     refused by default, since a VRT reads whatever files its XML names (only
+                     raster file formats open an input otherwise: GTiff/COG, PNG, JPEG, ...)
   --budget BYTES     VRAM budget for planning, > 0, or auto (default auto: what the device has
                      free; 0 with no GPU, which plans the whole raster at once)
   --sample-size N    sample raster side in pixels (default 2048)
@@ -85,6 +88,7 @@ struct Arguments {
   int bands = 4;
   std::optional<int> nir, red;
   bool progress = false;
+  bool allow_virtual = false;
   bool help = false;
 };
 
@@ -137,6 +141,9 @@ Arguments parse_arguments(int argc, char** argv) {
     } else if (words.is("--progress")) {
       words.flag();
       args.progress = true;
+    } else if (words.is("--allow-virtual")) {
+      words.flag();
+      args.allow_virtual = true;
     } else {
       words.unknown();
     }
@@ -279,6 +286,8 @@ int run(const Arguments& args) {
   }
 
   // The raster: a file's header first, so the plan is made before any pixel is read.
+  vsr::OpenOptions open;
+  open.allow_virtual = args.allow_virtual;
   std::optional<vsr::OwnedRasterArray> raster;
   vsr::RasterMetadata meta;
   std::string input_label;
@@ -287,7 +296,7 @@ int run(const Arguments& args) {
     meta = raster->metadata();
     input_label = "sample";
   } else {
-    meta = vsr::read_raster_metadata(args.input);
+    meta = vsr::read_raster_metadata(args.input, open);
     input_label = printable(args.input) + " (" + meta.driver + ")";
   }
   char shape[160];
@@ -334,7 +343,7 @@ int run(const Arguments& args) {
   std::vector<Moments> stats;
 
   if (args.op == Op::stats) {
-    if (!raster) raster = vsr::read_raster(args.input);
+    if (!raster) raster = vsr::read_raster(args.input, {}, {}, open);
     stats.resize(static_cast<std::size_t>(meta.band_count));
     const std::int64_t th = tiled ? plan.tile_shape->first : meta.height;
     const std::int64_t tw = tiled ? plan.tile_shape->second : meta.width;
@@ -377,7 +386,7 @@ int run(const Arguments& args) {
       };
     } else {
       // The valid range of the whole raster, so every tile maps the same way.
-      if (!raster) raster = vsr::read_raster(args.input);
+      if (!raster) raster = vsr::read_raster(args.input, {}, {}, open);
       double lo = std::numeric_limits<double>::infinity(), hi = -lo;
       for (const auto& s : vsr::band_statistics(*raster)) {
         if (s.count > 0) lo = std::min(lo, s.min), hi = std::max(hi, s.max);
@@ -392,11 +401,13 @@ int run(const Arguments& args) {
       // The main job: the file goes through tile by tile, one tile live, the output written
       // as the tiles come (a whole plan is one tile).
       raster.reset();
-      vsr::process_raster_streamed(args.input, args.output,
-                                   compute_op(mode, f, true, popts.per_band), plan, {},
-                                   tile_progress);
+      vsr::StreamOptions stream;
+      stream.open = open;
+      stream.progress = tile_progress;
+      vsr::process_raster_file(args.input, args.output, compute_op(mode, f, true, popts.per_band),
+                               plan, stream);
     } else {
-      if (!raster) raster = vsr::read_raster(args.input);
+      if (!raster) raster = vsr::read_raster(args.input, {}, {}, open);
       std::optional<vsr::OwnedRasterArray> result;
       if (args.op == Op::ndvi) {
         if (tiled) {

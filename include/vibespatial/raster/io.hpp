@@ -17,6 +17,10 @@
 // - dtypes: all ten. int8 needs GDAL >= 3.7 (GDT_Int8); with older GDAL an int8 raster is
 //   written as Byte with PIXELTYPE=SIGNEDBYTE (GTiff) and read back as int8. uint64/int64 need
 //   GDAL >= 3.5.
+// - Inputs: only the raster file formats of default_input_drivers() open an input unless
+//   OpenOptions says otherwise. VRT (whose XML names other files to read, any file on the
+//   machine), GDAL's virtual file systems (/vsicurl/, /vsizip/, ...) and URLs need
+//   OpenOptions::allow_virtual: a file named "x.tif" holding VRT XML is refused, not followed.
 // - Thread-safety: every call opens its own dataset, so concurrent calls on distinct files are
 //   safe; concurrent writes to the same file are not.
 #pragma once
@@ -28,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -43,6 +48,25 @@ struct RasterWindow {
 
   friend bool operator==(const RasterWindow&, const RasterWindow&) = default;
 };
+
+/// How an input file is opened.
+struct OpenOptions {
+  /// GDAL driver short names that may open the input; empty: default_input_drivers().
+  std::vector<std::string> drivers;
+  /// Also allow inputs that make GDAL read other files or other machines: the VRT driver (added
+  /// to the drivers), GDAL virtual file system paths ("/vsi...") and URLs ("scheme://...").
+  /// Off by default: only a local file of an allowed format opens.
+  bool allow_virtual = false;
+};
+
+/**
+ * @brief The GDAL drivers that open an input by default: raster file formats whose pixels come
+ * from the named file alone (GTiff, which also reads COGs, PNG, JPEG, GIF, BMP, WEBP,
+ * JP2OpenJPEG, ENVI, EHdr, AAIGrid, GSBG, GS7BG, NITF). Formats whose header can name another
+ * file to read (VRT, HFA's spill files, PCIDSK's linked channels, ERS, netCDF, HDF5) are not in
+ * the list; add them to OpenOptions::drivers to accept such files knowingly. Thread-safe.
+ */
+VSR_EXPORT std::vector<std::string> default_input_drivers();
 
 /// How write_raster creates a file.
 struct WriteOptions {
@@ -61,6 +85,10 @@ struct WriteOptions {
  */
 VSR_EXPORT RasterMetadata read_raster_metadata(const std::string& path);
 
+/// read_raster_metadata opening @p path as @p open allows (a refused driver or path is
+/// std::invalid_argument, naming the option that would allow it).
+VSR_EXPORT RasterMetadata read_raster_metadata(const std::string& path, const OpenOptions& open);
+
 /**
  * @brief Reads @p window (default: the whole raster) of the 1-based @p bands (default: all, in
  * order; a band may be repeated) of @p path into a new host raster. The affine is shifted to the
@@ -74,6 +102,10 @@ VSR_EXPORT OwnedRasterArray read_raster(const std::string& path,
                                         std::optional<RasterWindow> window = {},
                                         std::vector<int> bands = {});
 
+/// read_raster opening @p path as @p open allows.
+VSR_EXPORT OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow> window,
+                                        std::vector<int> bands, const OpenOptions& open);
+
 /**
  * @brief Writes @p raster (host or device resident; a device raster is copied to the host, not
  * moved) to @p path, replacing any existing file: its dtype, every band, affine, CRS and nodata
@@ -84,8 +116,25 @@ VSR_EXPORT OwnedRasterArray read_raster(const std::string& path,
 VSR_EXPORT void write_raster(const std::string& path, const OwnedRasterArray& raster,
                              const WriteOptions& options = {});
 
+/// How process_raster_file reads, writes and reports.
+struct StreamOptions {
+  OpenOptions open;    ///< how the input is opened
+  WriteOptions write;  ///< how the output is created (process_raster_file only)
+  /// Called after each tile of each pass with (tiles done, total), if set.
+  std::function<void(std::int64_t done, std::int64_t total)> progress;
+};
+
 /**
- * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out.
+ * @brief process_raster_streamed (below) with the input opened as options.open allows, written
+ * as options.write says and progress reported to options.progress.
+ * @throws as process_raster_streamed.
+ */
+VSR_EXPORT void process_raster_file(const std::string& in, const std::string& out, const BandOp& op,
+                                    const RasterPlan& plan, const StreamOptions& options);
+
+/**
+ * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out:
+ * process_raster_file with the default OpenOptions, @p options and @p progress.
  *
  * Tiles are row-major over plan.tile_shape (a whole or band_batches plan is one tile: the whole
  * raster). Each tile is read with plan.halo extra pixels per side, clamped at the raster edges
