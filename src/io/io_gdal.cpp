@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Raster file I/O through GDAL's C API (io.hpp).
 #include "common/text_escape.hpp"
+#include "io/output_file.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/io.hpp>
@@ -36,17 +37,38 @@ void register_drivers() {
   std::call_once(once, [] { GDALAllRegister(); });
 }
 
-/// Silences GDAL's default stderr error printing for the current thread during one call; the
-/// messages are still recorded (CPLGetLastErrorMsg) and put into the exceptions thrown.
+/// Silences GDAL's default stderr error printing for the current thread during one call and
+/// records every failure GDAL reports meanwhile, also those that do not show in a call's return
+/// value (a dirty block written back when the cache evicts it, a flush inside GDALClose): check()
+/// turns them into an exception. The last message stays available (CPLGetLastErrorMsg).
 class QuietErrors {
  public:
   QuietErrors() {
-    CPLPushErrorHandler(CPLQuietErrorHandler);
+    CPLPushErrorHandlerEx(&QuietErrors::record, this);
     CPLErrorReset();
   }
   ~QuietErrors() { CPLPopErrorHandler(); }
   QuietErrors(const QuietErrors&) = delete;
   QuietErrors& operator=(const QuietErrors&) = delete;
+
+  /// Throws std::runtime_error(@p what + GDAL's first message) if GDAL reported a failure
+  /// since construction.
+  void check(const std::string& what) const {
+    if (failures_ > 0) throw std::runtime_error(what + ": " + detail::printable(first_));
+  }
+
+ private:
+  static void CPL_STDCALL record(CPLErr type, CPLErrorNum /*num*/, const char* msg) {
+    auto* self = static_cast<QuietErrors*>(CPLGetErrorHandlerUserData());
+    if (self == nullptr || (type != CE_Failure && type != CE_Fatal)) return;
+    try {
+      if (self->failures_++ == 0) self->first_ = msg != nullptr ? msg : "unknown GDAL error";
+    } catch (...) {
+    }
+  }
+
+  int failures_ = 0;
+  std::string first_;
 };
 
 /// @p text (a path, a driver name, a CRS) as it goes into an exception message: printable, so
@@ -112,13 +134,15 @@ Dataset open_readonly(const std::string& path, const OpenOptions& open = {}) {
   throw std::invalid_argument("cannot open raster '" + shown(path) + "'" + why);
 }
 
-/// Closes @p ds and reports a failure to flush (GDALClose returns void before GDAL 3.7).
-void close_checked(Dataset& ds, const std::string& path) {
-  CPLErrorReset();
+/// Flushes and closes the written dataset @p ds, then throws if GDAL reported any failure while
+/// it was written, flushed or closed (GDALFlushCache and GDALClose return void before GDAL 3.7,
+/// so @p errors is what tells).
+void close_checked(Dataset& ds, const std::string& path, const QuietErrors& errors) {
+  errors.check("cannot write '" + shown(path) + "'");
+  GDALFlushCache(ds.get());
+  errors.check("cannot write '" + shown(path) + "' (flushing)");
   ds.reset();
-  if (CPLGetLastErrorType() == CE_Failure || CPLGetLastErrorType() == CE_Fatal) {
-    fail("cannot finish writing '" + shown(path) + "'");
-  }
+  errors.check("cannot write '" + shown(path) + "' (closing)");
 }
 
 DType dtype_from_band(GDALRasterBandH band, const std::string& path) {
@@ -315,9 +339,11 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
   return out;
 }
 
-Dataset create_dataset(const std::string& path, DType dtype, int band_count, std::int64_t height,
-                       std::int64_t width, const std::optional<double>& nodata,
-                       const Affine& affine, const std::string& crs, const WriteOptions& options) {
+/// Creates the dataset @p file (the temporary file of @p path, which messages name).
+Dataset create_dataset(const std::string& file, const std::string& path, DType dtype,
+                       int band_count, std::int64_t height, std::int64_t width,
+                       const std::optional<double>& nodata, const Affine& affine,
+                       const std::string& crs, const WriteOptions& options) {
   register_drivers();
   if (height > INT_MAX || width > INT_MAX) {
     throw std::invalid_argument("write_raster: " + std::to_string(width) + " x " +
@@ -361,7 +387,7 @@ Dataset create_dataset(const std::string& path, DType dtype, int band_count, std
     // Files beyond 4 GiB need BigTIFF; IF_SAFER decides from the uncompressed size.
     opts.SetNameValue("BIGTIFF", "IF_SAFER");
   }
-  GDALDatasetH ds = GDALCreate(driver, path.c_str(), static_cast<int>(width),
+  GDALDatasetH ds = GDALCreate(driver, file.c_str(), static_cast<int>(width),
                                static_cast<int>(height), band_count, gdal_type(dtype), opts.List());
   if (ds == nullptr) fail("cannot create raster '" + shown(path) + "'");
   Dataset owned(ds);
@@ -430,16 +456,18 @@ OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow
 void write_raster(const std::string& path, const OwnedRasterArray& raster,
                   const WriteOptions& options) {
   QuietErrors quiet;
-  Dataset ds =
-      create_dataset(path, raster.dtype(), raster.band_count(), raster.height(), raster.width(),
-                     raster.nodata(), raster.affine(), raster.crs(), options);
   std::vector<std::byte> scratch;
   const void* pixels = host_pixels(raster, scratch);
+  detail::PendingOutput pending(path);  // declared before the dataset: removed after its close
+  Dataset ds =
+      create_dataset(pending.path(), path, raster.dtype(), raster.band_count(), raster.height(),
+                     raster.width(), raster.nodata(), raster.affine(), raster.crs(), options);
   std::vector<int> bands = all_bands(raster.band_count());
   raster_io(ds.get(), GF_Write, RasterWindow{0, 0, raster.width(), raster.height()},
             const_cast<void*>(pixels), raster.dtype(), bands, raster.width(),
             raster.width() * raster.height(), path);
-  close_checked(ds, path);
+  close_checked(ds, path, quiet);
+  pending.commit();
 }
 
 void process_raster_streamed(const std::string& in, const std::string& out, const BandOp& op,
@@ -476,6 +504,9 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
   const std::int64_t total = rows * cols;
   const std::int64_t halo = plan.halo;
 
+  // Declared before the output dataset, so that on an error the dataset is closed first and its
+  // temporary file removed after.
+  std::optional<detail::PendingOutput> pending;
   Dataset dst;
   DType out_dtype = DType::float32;
   int out_bands = 0;
@@ -507,8 +538,9 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
         out_bands = result.band_count();
         out_nodata = result.nodata();
         out_band_map = all_bands(out_bands);
-        dst = create_dataset(out, out_dtype, out_bands, meta.height, meta.width, out_nodata,
-                             meta.affine, meta.crs, options);
+        pending.emplace(out);
+        dst = create_dataset(pending->path(), out, out_dtype, out_bands, meta.height, meta.width,
+                             out_nodata, meta.affine, meta.crs, options);
       } else if (result.dtype() != out_dtype || result.band_count() != out_bands ||
                  !same_nodata(result.nodata(), out_nodata)) {
         throw std::invalid_argument(
@@ -522,11 +554,16 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
       raster_io(dst.get(), GF_Write, RasterWindow{c0, r0, ew, eh},
                 const_cast<std::byte*>(base + offset), out_dtype, out_band_map, phys.width,
                 phys.width * phys.height, out);
+      // A failure reported off the calls' return values (e.g. an evicted block that could not be
+      // written back) fails the run here, not at the end.
+      quiet.check("cannot process '" + shown(in) + "' into '" + shown(out) + "'");
       ++done;
       if (progress) progress(done, total);
     }
   }
-  close_checked(dst, out);
+  close_checked(dst, out, quiet);
+  src.reset();  // the input closed before the output replaces it (in place: the same file)
+  pending->commit();
 }
 
 }  // namespace vibespatial::raster

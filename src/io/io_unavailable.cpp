@@ -21,6 +21,10 @@ bool io_available() noexcept {
   return false;
 }
 
+void remove_partial_outputs_on_signals() noexcept {
+  // Nothing is ever written without GDAL, so there is nothing to remove.
+}
+
 std::vector<std::string> default_input_drivers() {
   return {};
 }

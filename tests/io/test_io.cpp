@@ -11,6 +11,7 @@
 #include <cpl_error.h>
 #include <gdal.h>
 #include <gdal_version.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -504,4 +505,93 @@ TEST_CASE("streamed: bad arguments and ops that break the contract") {
   CHECK_THROWS_AS(
       process_raster_streamed(dir.file("missing.tif"), dir.file("o.tif"), identity, plan),
       std::invalid_argument);
+}
+
+namespace {
+
+std::vector<char> file_bytes(const std::string& path) {
+  std::vector<char> v;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  REQUIRE(f != nullptr);
+  char buf[65536];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) v.insert(v.end(), buf, buf + n);
+  std::fclose(f);
+  return v;
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("outputs are all or nothing: a failing op or write leaves the target as it was") {
+  TempDir dir;
+  const std::string in = dir.file("in.tif");
+  make_tiff_f32(in, 64, 64, 2, {0, 1, 0, 0, 0, -1}, {std::nullopt, std::nullopt}, ramp(2, 64, 64));
+  const std::vector<char> in_bytes = file_bytes(in);
+  RasterPlan plan;
+  plan.strategy = TilingStrategy::tiled;
+  plan.tile_shape = std::pair<std::int64_t, std::int64_t>{16, 16};
+  plan.bands_per_pass = 2;
+  plan.halo = 1;
+  int calls = 0;
+  const BandOp fails_at_5 = [&calls](const OwnedRasterArray& t) {
+    if (++calls == 5) throw std::runtime_error("tile 5 failed");
+    return focal_mean_3x3(t);
+  };
+
+  // In place: the input survives byte for byte, and no temporary file is left.
+  CHECK_THROWS_WITH(process_raster_streamed(in, in, fails_at_5, plan), "tile 5 failed");
+  CHECK(calls == 5);
+  CHECK(file_bytes(in) == in_bytes);
+  CHECK(names_in(dir.path) == std::vector<std::string>{"in.tif"});
+
+  // Over an existing output (with a stale .aux.xml): both survive; a new output never appears.
+  const std::string out = dir.file("out.tif");
+  {
+    std::FILE* f = std::fopen(out.c_str(), "wb");
+    std::fputs("old", f);
+    std::fclose(f);
+    f = std::fopen((out + ".aux.xml").c_str(), "wb");
+    std::fputs("<PAMDataset/>", f);
+    std::fclose(f);
+  }
+  ::chmod(out.c_str(), 0640);
+  calls = 0;
+  CHECK_THROWS(process_raster_streamed(in, out, fails_at_5, plan));
+  CHECK(file_bytes(out) == std::vector<char>{'o', 'l', 'd'});
+  CHECK(names_in(dir.path) == std::vector<std::string>{"in.tif", "out.tif", "out.tif.aux.xml"});
+  calls = 0;
+  CHECK_THROWS(process_raster_streamed(in, dir.file("new.tif"), fails_at_5, plan));
+  CHECK(names_in(dir.path) == std::vector<std::string>{"in.tif", "out.tif", "out.tif.aux.xml"});
+
+  // write_raster failing after the temporary file exists (a CRS GDAL rejects) changes nothing.
+  const OwnedRasterArray r = read_raster(in);
+  CHECK_THROWS(write_raster(out, OwnedRasterArray::from_host(r.host_data(), r.dtype(), 2, 64, 64,
+                                                             std::nullopt, Affine{}, "no crs")));
+  CHECK(file_bytes(out) == std::vector<char>{'o', 'l', 'd'});
+  CHECK(names_in(dir.path) == std::vector<std::string>{"in.tif", "out.tif", "out.tif.aux.xml"});
+
+  // Success replaces the file (keeping its permissions) and drops the stale sidecar; in place
+  // too, where the result is the whole-raster result.
+  const OwnedRasterArray whole = focal_mean_3x3(r);
+  process_raster_streamed(
+      in, out, [](const OwnedRasterArray& t) { return focal_mean_3x3(t); }, plan);
+  CHECK(bytes_of(read_raster(out)) == bytes_of(whole));
+  CHECK((fs::status(out).permissions() & fs::perms::all) ==
+        (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read));
+  process_raster_streamed(
+      in, in, [](const OwnedRasterArray& t) { return focal_mean_3x3(t); }, plan);
+  CHECK(bytes_of(read_raster(in)) == bytes_of(whole));
+  CHECK(names_in(dir.path) == std::vector<std::string>{"in.tif", "out.tif"});
+  write_raster(dir.file("w.tif"), whole);
+  CHECK(bytes_of(read_raster(dir.file("w.tif"))) == bytes_of(whole));
+
+  // A directory that cannot take a temporary file: a clear error, nothing written.
+  CHECK_THROWS_WITH_AS(write_raster(dir.file("no/such/dir/x.tif"), whole),
+                       doctest::Contains("cannot create a temporary file"), std::runtime_error);
 }

@@ -8,8 +8,11 @@ Python. Each case is one meson test: cli_tests.py --case NAME --build-root DIR.
 Exit status: 0 pass, 1 fail, 77 skip.
 """
 import argparse
+import fcntl
+import hashlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -224,6 +227,124 @@ def vrt_disguised_as_tif_is_refused(env):
     expect_exit(p, 0, "vsr-run --allow-virtual")
     row = [l for l in p.stdout.decode().splitlines() if l.startswith("1 ")][0].split()
     check(int(row[1]) == len(secret_bytes) and float(row[3]) == max(secret_bytes), row)
+
+
+# --- issue 17 item 2: nothing lost on interruption or failure -------------------------------------
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def only_files(env, expected, what):
+    """The case's directory holds exactly `expected` (no output, no temporary, no sidecar)."""
+    left = sorted(os.listdir(env.tmp))
+    check(left == sorted(expected), "%s: directory holds %s, expected %s" % (what, left, expected))
+
+
+def interrupted_run(env, sig, args):
+    """Starts vsr-run with a 4 KiB stderr pipe and --progress, waits for its first progress line,
+    sends `sig` and returns the exit status. The run cannot finish first: it has far more tiles
+    than the pipe holds progress lines, and nothing reads the pipe after the first line."""
+    p = subprocess.Popen([env.vsr_run] + args + ["--progress"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    try:
+        fcntl.fcntl(p.stderr.fileno(), fcntl.F_SETPIPE_SZ, 4096)
+        line = p.stderr.readline()
+        check(line.startswith(b"[vsr-run]"), "first stderr line %r" % line)
+        p.send_signal(sig)
+        return p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        p.stderr.close()
+
+
+@case
+def signal_leaves_input_and_no_output(env):
+    # 4096 x 4096 with a 100K budget: 256 tiles of 256 x 256, and 256 progress lines.
+    src = env.make(env.path("in.tif"), "--width", 4096, "--height", 4096, "--block", 256,
+                   "--sparse", "--nodata", "-9999")
+    before = digest(src)
+    rc = interrupted_run(env, signal.SIGINT,
+                         ["--op", "focal-mean", "--input", src, "--output", src, "--budget", "100K"])
+    check(rc == -signal.SIGINT, "in place: exit status %d, expected death by SIGINT" % rc)
+    check(digest(src) == before, "in place: the input changed")
+    only_files(env, ["in.tif"], "SIGINT in place")
+    out = env.path("out.tif")
+    rc = interrupted_run(env, signal.SIGTERM,
+                         ["--op", "focal-mean", "--input", src, "--output", out, "--budget", "100K"])
+    check(rc == -signal.SIGTERM, "out of place: exit status %d, expected death by SIGTERM" % rc)
+    only_files(env, ["in.tif"], "SIGTERM out of place")
+    # Replacing an existing output: the old one survives the signal.
+    with open(out, "wb") as f:
+        f.write(b"old output")
+    rc = interrupted_run(env, signal.SIGINT,
+                         ["--op", "rescale", "--input", src, "--output", out, "--budget", "100K"])
+    check(rc == -signal.SIGINT, "exit status %d" % rc)
+    with open(out, "rb") as f:
+        check(f.read() == b"old output", "the old output changed")
+    only_files(env, ["in.tif", "out.tif"], "SIGINT over an old output")
+
+
+@case
+def read_error_leaves_input_and_no_output(env):
+    src = env.make(env.path("in.tif"), "--width", 1024, "--height", 1024, "--block", 256,
+                   "--compress", "DEFLATE")
+    # Band 1's blocks 9..15 hold 0xFF bytes: reading them fails after 8 good tiles.
+    subprocess.run([env.raster_tool, "corrupt", src, "--from-block", "9"], check=True)
+    before = digest(src)
+    for op in ("focal-mean", "rescale"):
+        for target in (src, env.path("out.tif")):
+            args = ["--op", op, "--input", src, "--output", target, "--budget", "100K"]
+            p = env.run(env.vsr_run, *args)
+            expect_exit(p, 1, "vsr-run %s on a damaged file" % op)
+            strict_text(p.stderr, "error")
+            check(digest(src) == before, "%s: the input changed" % op)
+            only_files(env, ["in.tif"], "%s -> %s after a read error" % (op, target))
+
+
+def limited_file_size(limit, ignore_sigxfsz):
+    def setup():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        if ignore_sigxfsz:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    return setup
+
+
+@case
+def full_disk_leaves_input_and_no_output(env):
+    # Files may not grow past 16 KiB (RLIMIT_FSIZE): a full disk as far as the writer can tell.
+    # The outputs here would be about 100 KB (DEFLATE).
+    limit = 16 * 1024
+    src = env.make(env.path("in.tif"), "--width", 1024, "--height", 1024, "--block", 256)
+    before = digest(src)
+    for target in (src, env.path("out.tif")):
+        for op in ("focal-mean", "rescale"):
+            # SIGXFSZ ignored: writes fail with EFBIG, GDAL reports it, vsr-run exits 1.
+            p = subprocess.run([env.vsr_run, "--op", op, "--input", src, "--output", target,
+                                "--budget", "100K"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE,
+                               preexec_fn=limited_file_size(limit, True))
+            expect_exit(p, 1, "%s with a full disk" % op)
+            strict_text(p.stderr, "error")
+            check(digest(src) == before, "the input changed")
+            only_files(env, ["in.tif"], "%s -> %s on a full disk" % (op, target))
+        # SIGXFSZ at its default: the process dies of it, and the handler removed the file.
+        p = subprocess.run([env.vsr_run, "--op", "focal-mean", "--input", src, "--output", target,
+                            "--budget", "100K"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           preexec_fn=limited_file_size(limit, False))
+        check(p.returncode == -signal.SIGXFSZ, "exit status %d, expected SIGXFSZ" % p.returncode)
+        check(digest(src) == before, "the input changed")
+        only_files(env, ["in.tif"], "SIGXFSZ -> %s" % target)
+    # The sample path (write_raster, not streamed) is all or nothing too.
+    out = env.path("sample.tif")
+    p = subprocess.run([env.vsr_run, "--op", "rescale", "--sample-size", "300", "--output", out],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       preexec_fn=limited_file_size(limit, True))
+    expect_exit(p, 1, "sample rescale with a full disk")
+    only_files(env, ["in.tif"], "sample on a full disk")
 
 
 def main():

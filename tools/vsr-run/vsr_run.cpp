@@ -6,7 +6,12 @@
 // by dispatch_per_band_gpu or tile by tile; with the host driver emulator or no driver at all the
 // host ops run (the CUDA ops cannot run on the emulator), labelled as such in the summary.
 //
-// Exit status: 0 on success, 2 for bad arguments (message on stderr), 1 for any other error.
+// Output: written to a temporary file beside --output and renamed into place only when complete,
+// so an error, a full disk or a signal (SIGINT, SIGTERM, ...) leaves the old file as it was (or no
+// file) and no temporary file; --output may name the input itself.
+//
+// Exit status: 0 on success, 2 for bad arguments (message on stderr), 1 for any other error; a
+// run ended by a signal dies of that signal.
 #include "../common/cli.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
@@ -54,7 +59,9 @@ options:
                        focal-mean  3x3 mean of the valid pixels (float32/float64), halo 1
                        ndvi        (nir - red) / (nir + red), see --nir / --red
   --input FILE       raster file read through GDAL (default: a generated sample raster)
-  --output FILE      write the result there (GeoTIFF; needs GDAL); not for --op stats
+  --output FILE      write the result there (GeoTIFF; needs GDAL); not for --op stats. Written
+                     to a temporary file beside it and renamed into place when complete: an
+                     error or a signal leaves FILE as it was. FILE may be the input itself.
   --allow-virtual    also open VRT files, GDAL virtual file systems (/vsi...) and URLs as input;
                      refused by default, since a VRT reads whatever files its XML names (only
                      raster file formats open an input otherwise: GTiff/COG, PNG, JPEG, ...)
@@ -263,6 +270,9 @@ vsr::BandOp compute_op(Mode mode,
 
 int run(const Arguments& args) {
   const auto start = std::chrono::steady_clock::now();
+  // An interrupted or killed run leaves no partial output: the output is written to a temporary
+  // file beside it, which these handlers remove before the signal ends the process.
+  vsr::remove_partial_outputs_on_signals();
   const bool show_progress = args.progress || ::isatty(2) != 0;
   const vsr::DriverInfo info = vsr::driver_info();
   Mode mode = Mode::none;

@@ -21,6 +21,15 @@
 //   OpenOptions says otherwise. VRT (whose XML names other files to read, any file on the
 //   machine), GDAL's virtual file systems (/vsicurl/, /vsizip/, ...) and URLs need
 //   OpenOptions::allow_virtual: a file named "x.tif" holding VRT XML is refused, not followed.
+// - Outputs are all or nothing: write_raster, process_raster_streamed and process_raster_file
+//   write to a temporary file beside the target (same directory, a unique hidden name
+//   ".<stem>.vsr-XXXXXX<ext>"), check GDAL's errors on every write, the flush and the close, and
+//   only then rename it over the target (rename(2): atomic on one file system; sidecar files a
+//   driver writes, e.g. .aux.xml, are renamed first). On any error the temporary file is removed
+//   and the target is untouched: an existing file survives byte for byte, a new one does not
+//   appear. A process killed by a signal leaves no temporary file behind when it called
+//   remove_partial_outputs_on_signals() (vsr-run does); SIGKILL can leave one (named as above).
+//   The output's permissions are an existing target's, else 0666 less the umask.
 // - Thread-safety: every call opens its own dataset, so concurrent calls on distinct files are
 //   safe; concurrent writes to the same file are not.
 #pragma once
@@ -68,6 +77,17 @@ struct OpenOptions {
  */
 VSR_EXPORT std::vector<std::string> default_input_drivers();
 
+/**
+ * @brief Installs handlers for SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE, SIGXCPU and SIGXFSZ
+ * (each only where its disposition is the default) that remove the temporary files of the
+ * writes in progress (unlink, async-signal-safe) and then re-raise the signal with its default
+ * action, so the process still dies of it (exit status as before, e.g. 130 in a shell for
+ * SIGINT) and the targets stay untouched. For programs: a library call never installs handlers
+ * on its own. Idempotent and thread-safe; throws nothing. Up to 64 writes in progress at once
+ * are covered; more still work but their temporary files may survive a signal.
+ */
+VSR_EXPORT void remove_partial_outputs_on_signals() noexcept;
+
 /// How write_raster creates a file.
 struct WriteOptions {
   std::string driver = "GTiff";      ///< a GDAL driver with Create() support
@@ -108,10 +128,12 @@ VSR_EXPORT OwnedRasterArray read_raster(const std::string& path, std::optional<R
 
 /**
  * @brief Writes @p raster (host or device resident; a device raster is copied to the host, not
- * moved) to @p path, replacing any existing file: its dtype, every band, affine, CRS and nodata
- * (on every band).
+ * moved) to @p path, replacing any existing file only once the new one is complete (see
+ * "Outputs" above): its dtype, every band, affine, CRS and nodata (on every band).
  * @throws std::invalid_argument for an unknown driver or a CRS GDAL does not understand;
- *         std::runtime_error when GDAL cannot create or write the file (its message included).
+ *         std::runtime_error when the temporary file cannot be created, GDAL cannot create,
+ *         write, flush or close it (its message included; e.g. a full disk), or the rename
+ *         fails. @p path is then as it was.
  */
 VSR_EXPORT void write_raster(const std::string& path, const OwnedRasterArray& raster,
                              const WriteOptions& options = {});
@@ -133,8 +155,8 @@ VSR_EXPORT void process_raster_file(const std::string& in, const std::string& ou
                                     const RasterPlan& plan, const StreamOptions& options);
 
 /**
- * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out:
- * process_raster_file with the default OpenOptions, @p options and @p progress.
+ * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out (all
+ * or nothing): process_raster_file with the default OpenOptions, @p options and @p progress.
  *
  * Tiles are row-major over plan.tile_shape (a whole or band_batches plan is one tile: the whole
  * raster). Each tile is read with plan.halo extra pixels per side, clamped at the raster edges
@@ -149,7 +171,7 @@ VSR_EXPORT void process_raster_file(const std::string& in, const std::string& ou
  * @throws std::invalid_argument for an empty @p op, a negative halo, a tiled plan without a
  *         positive tile_shape, or a tile result of the wrong shape or of a dtype, band count or
  *         nodata differing from the first tile's; what read_raster / write_raster throw;
- *         whatever @p op throws. On error a partly written @p out may remain.
+ *         whatever @p op throws. On any error @p out is as it was (see "Outputs" above).
  */
 VSR_EXPORT void process_raster_streamed(
     const std::string& in, const std::string& out, const BandOp& op, const RasterPlan& plan,
