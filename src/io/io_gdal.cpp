@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Raster file I/O through GDAL's C API (io.hpp).
+#include "common/checked_math.hpp"
 #include "common/text_escape.hpp"
 #include "io/output_file.hpp"
 
@@ -12,12 +13,15 @@
 #include <gdal.h>
 #include <gdal_version.h>
 #include <ogr_srs_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -316,8 +320,30 @@ void raster_io(GDALDatasetH ds, GDALRWFlag flag, const RasterWindow& w, void* bu
   }
 }
 
+std::string bytes_text(std::uint64_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (1ULL << 40)) {
+    std::snprintf(buf, sizeof buf, "%.1f TiB", b / static_cast<double>(1ULL << 40));
+  } else if (bytes >= (1ULL << 30)) {
+    std::snprintf(buf, sizeof buf, "%.1f GiB", b / static_cast<double>(1ULL << 30));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / static_cast<double>(1ULL << 20));
+  }
+  return buf;
+}
+
+std::string window_text(const RasterWindow& w, int bands, DType dtype) {
+  return std::to_string(bands) + " x " + std::to_string(w.height) + " x " +
+         std::to_string(w.width) + " " + std::string(to_string(dtype));
+}
+
+/// Reads @p window of @p bands; with @p check_memory, a read larger than the host memory
+/// available is refused before anything is allocated (the streamed paths check their passes
+/// up front instead).
 OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
-                           std::optional<RasterWindow> window, std::vector<int> bands) {
+                           std::optional<RasterWindow> window, std::vector<int> bands,
+                           bool check_memory = true) {
   if (bands.empty()) {
     for (int b = 1; b <= GDALGetRasterCount(ds); ++b) bands.push_back(b);
   }
@@ -330,6 +356,22 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
         ", width " + std::to_string(w.width) + ", height " + std::to_string(w.height) +
         ") is not inside raster '" + shown(path) + "' of " + std::to_string(meta.width) + " x " +
         std::to_string(meta.height) + " pixels");
+  }
+  if (check_memory) {
+    const std::uint64_t bytes = detail::checked_mul(
+        detail::checked_mul(
+            static_cast<std::uint64_t>(w.width) * static_cast<std::uint64_t>(w.height),
+            static_cast<std::uint64_t>(meta.band_count), "raster pixel count"),
+        itemsize(meta.dtype), "raster byte count");
+    const std::uint64_t limit = available_host_memory();
+    if (bytes > limit) {
+      throw HostMemoryLimitError(bytes, limit,
+                                 "reading " + window_text(w, meta.band_count, meta.dtype) +
+                                     " of '" + shown(path) + "' needs " + bytes_text(bytes) +
+                                     " of host memory, more than the " + bytes_text(limit) +
+                                     " available; read it in windows or tiles (process_raster_file,"
+                                     " for_each_raster_tile)");
+    }
   }
   OwnedRasterArray out =
       OwnedRasterArray::allocate(Residency::host, meta.dtype, meta.band_count, w.height, w.width,
@@ -479,30 +521,190 @@ void process_raster_streamed(const std::string& in, const std::string& out, cons
   process_raster_file(in, out, op, plan, stream);
 }
 
-void process_raster_file(const std::string& in, const std::string& out, const BandOp& op,
-                         const RasterPlan& plan, const StreamOptions& stream) {
-  const WriteOptions& options = stream.write;
-  const auto& progress = stream.progress;
-  if (!op) throw std::invalid_argument("process_raster_streamed: empty op");
+namespace {
+
+/// How a streamed run goes through a file: its passes (bands_per_pass of the selected bands at a
+/// time) and tiles.
+struct StreamLayout {
+  std::vector<int> bands;  ///< selected, 1-based
+  int per_pass = 1;        ///< bands per pass
+  std::int64_t th = 0, tw = 0, rows = 0, cols = 0, halo = 0;
+  std::int64_t passes = 1, tiles_per_pass = 1;
+  bool per_band = false;  ///< several passes: bands are independent
+  std::int64_t total() const { return passes * tiles_per_pass; }
+};
+
+StreamLayout layout_of(GDALDatasetH ds, const RasterMetadata& meta, const RasterPlan& plan,
+                       const std::vector<int>& selected, const char* who) {
   if (plan.halo < 0) {
-    throw std::invalid_argument("process_raster_streamed: negative halo " +
-                                std::to_string(plan.halo));
+    throw std::invalid_argument(std::string(who) + ": negative halo " + std::to_string(plan.halo));
   }
-  QuietErrors quiet;
-  Dataset src = open_readonly(in, stream.open);
-  const RasterMetadata meta = metadata_of(src.get(), in, {});
-  std::int64_t th = meta.height, tw = meta.width;
+  if (plan.bands_per_pass < 1) {
+    throw std::invalid_argument(std::string(who) + ": bands_per_pass " +
+                                std::to_string(plan.bands_per_pass) + " < 1");
+  }
+  StreamLayout l;
+  l.bands = selected.empty() ? all_bands(GDALGetRasterCount(ds)) : selected;
+  const int n = static_cast<int>(l.bands.size());
+  // A whole plan is one pass whatever bands_per_pass says (a default RasterPlan says 1).
+  l.per_band = plan.strategy != TilingStrategy::whole && plan.bands_per_pass < n;
+  l.per_pass = l.per_band ? plan.bands_per_pass : n;
+  l.passes = (n + l.per_pass - 1) / l.per_pass;
+  l.th = meta.height;
+  l.tw = meta.width;
   if (plan.strategy == TilingStrategy::tiled) {
     if (!plan.tile_shape || plan.tile_shape->first <= 0 || plan.tile_shape->second <= 0) {
-      throw std::invalid_argument(
-          "process_raster_streamed: tiled plan without a positive tile_shape");
+      throw std::invalid_argument(std::string(who) + ": tiled plan without a positive tile_shape");
     }
-    th = std::min(plan.tile_shape->first, meta.height);
-    tw = std::min(plan.tile_shape->second, meta.width);
+    l.th = std::min(plan.tile_shape->first, meta.height);
+    l.tw = std::min(plan.tile_shape->second, meta.width);
   }
-  const std::int64_t rows = (meta.height + th - 1) / th, cols = (meta.width + tw - 1) / tw;
-  const std::int64_t total = rows * cols;
-  const std::int64_t halo = plan.halo;
+  l.halo = plan.halo;
+  l.rows = (meta.height + l.th - 1) / l.th;
+  l.cols = (meta.width + l.tw - 1) / l.tw;
+  l.tiles_per_pass = l.rows * l.cols;
+  return l;
+}
+
+/// Bytes of one GDAL block of @p ds holding one band's data: the block of band 1, times the band
+/// count when the file interleaves pixels (a block then carries every band).
+std::uint64_t block_bytes(GDALDatasetH ds) {
+  GDALRasterBandH band = GDALGetRasterBand(ds, 1);
+  int bx = 0, by = 0;
+  GDALGetBlockSize(band, &bx, &by);
+  std::uint64_t bytes =
+      static_cast<std::uint64_t>(std::max(bx, 1)) * static_cast<std::uint64_t>(std::max(by, 1)) *
+      static_cast<std::uint64_t>(GDALGetDataTypeSizeBytes(GDALGetRasterDataType(band)));
+  const char* interleave = GDALGetMetadataItem(ds, "INTERLEAVE", "IMAGE_STRUCTURE");
+  if (interleave != nullptr && std::strcmp(interleave, "PIXEL") == 0) {
+    bytes = detail::checked_mul(bytes, static_cast<std::uint64_t>(GDALGetRasterCount(ds)),
+                                "block byte count");
+  }
+  return bytes;
+}
+
+constexpr std::uint64_t cache_headroom = 64ULL << 20;
+
+std::uint64_t cache_for(GDALDatasetH ds, const RasterMetadata& meta, const StreamLayout& l) {
+  GDALRasterBandH band = GDALGetRasterBand(ds, 1);
+  int bx = 0, by = 0;
+  GDALGetBlockSize(band, &bx, &by);
+  const std::uint64_t block = block_bytes(ds);
+  // The blocks under one row of tiles (halo included) of the bands of one pass, so that a block
+  // shared by neighbouring tiles is decoded once.
+  const std::uint64_t block_rows =
+      static_cast<std::uint64_t>((l.th + 2 * l.halo + by - 1) / std::max(by, 1) + 1);
+  const std::uint64_t blocks_across =
+      static_cast<std::uint64_t>((meta.width + bx - 1) / std::max(bx, 1));
+  const char* interleave = GDALGetMetadataItem(ds, "INTERLEAVE", "IMAGE_STRUCTURE");
+  const bool pixel = interleave != nullptr && std::strcmp(interleave, "PIXEL") == 0;
+  const std::uint64_t row = detail::checked_mul(
+      detail::checked_mul(block_rows, blocks_across, "cache size"),
+      pixel ? block : detail::checked_mul(block, static_cast<std::uint64_t>(l.per_pass), "cache"),
+      "cache size");
+  const std::uint64_t floor = detail::checked_mul(block, 2, "cache size");
+  return std::clamp(row, floor, detail::checked_add(floor, cache_headroom, "cache size"));
+}
+
+/// Refuses up front a run whose pass needs more host memory than the limit.
+void check_pass_memory(GDALDatasetH ds, const RasterMetadata& meta, const StreamLayout& l,
+                       const StreamOptions& options, const std::string& path, const char* who) {
+  const std::uint64_t ph = static_cast<std::uint64_t>(std::min(meta.height, l.th + 2 * l.halo));
+  const std::uint64_t pw = static_cast<std::uint64_t>(std::min(meta.width, l.tw + 2 * l.halo));
+  const std::uint64_t px =
+      detail::checked_mul(detail::checked_mul(ph, pw, "tile pixel count"),
+                          static_cast<std::uint64_t>(l.per_pass), "tile pixel count");
+  // The tile, and twice a result of up to 8 bytes a pixel (the result and a stacked or host copy).
+  const std::uint64_t tile = detail::checked_mul(px, itemsize(meta.dtype) + 16, "pass bytes");
+  const std::uint64_t cache =
+      options.gdal_cache_bytes
+          ? *options.gdal_cache_bytes
+          : static_cast<std::uint64_t>(std::max<GIntBig>(0, GDALGetCacheMax64()));
+  // GDAL decodes whole blocks: at least one is held beside the cache.
+  const std::uint64_t needed = detail::checked_add(detail::checked_add(tile, cache, "pass bytes"),
+                                                   block_bytes(ds), "pass bytes");
+  const std::uint64_t limit =
+      options.host_memory_limit != 0 ? options.host_memory_limit : available_host_memory();
+  if (needed > limit) {
+    throw HostMemoryLimitError(
+        needed, limit,
+        std::string(who) + ": a pass over '" + shown(path) + "' (" + std::to_string(l.per_pass) +
+            " band(s) of " + std::to_string(ph) + " x " + std::to_string(pw) + " " +
+            std::string(to_string(meta.dtype)) + ", GDAL blocks of " + bytes_text(block_bytes(ds)) +
+            ", cache " + bytes_text(cache) + ") needs " + bytes_text(needed) +
+            " of host memory, more than the " + bytes_text(limit) +
+            (options.host_memory_limit != 0 ? " allowed" : " available") +
+            "; plan smaller tiles (a smaller budget) or fewer bands per pass");
+  }
+}
+
+/// Opens @p in, lays out the run and checks its memory; the caller then walks the tiles.
+struct OpenStream {
+  Dataset src;
+  RasterMetadata meta;
+  StreamLayout layout;
+};
+
+OpenStream open_stream(const std::string& in, const RasterPlan& plan, const StreamOptions& options,
+                       const char* who) {
+  OpenStream s;
+  s.src = open_readonly(in, options.open);
+  s.meta = metadata_of(s.src.get(), in, options.bands);
+  s.layout = layout_of(s.src.get(), s.meta, plan, options.bands, who);
+  check_pass_memory(s.src.get(), s.meta, s.layout, options, in, who);
+  if (options.gdal_cache_bytes) GDALSetCacheMax64(static_cast<GIntBig>(*options.gdal_cache_bytes));
+  return s;
+}
+
+/// Calls @p f(tile, where) for every tile of every pass, one tile live at a time.
+template <class F>
+void walk_tiles(const OpenStream& s, const std::string& in, F&& f) {
+  const StreamLayout& l = s.layout;
+  const RasterMetadata& meta = s.meta;
+  std::int64_t index = 0;
+  for (std::int64_t pass = 0; pass < l.passes; ++pass) {
+    const int first = static_cast<int>(pass) * l.per_pass;
+    const int count = std::min(l.per_pass, static_cast<int>(l.bands.size()) - first);
+    const std::vector<int> pass_bands(l.bands.begin() + first, l.bands.begin() + first + count);
+    for (std::int64_t r0 = 0; r0 < meta.height; r0 += l.th) {
+      for (std::int64_t c0 = 0; c0 < meta.width; c0 += l.tw) {
+        const std::int64_t eh = std::min(l.th, meta.height - r0);
+        const std::int64_t ew = std::min(l.tw, meta.width - c0);
+        const std::int64_t pr0 = std::max<std::int64_t>(0, r0 - l.halo);
+        const std::int64_t pc0 = std::max<std::int64_t>(0, c0 - l.halo);
+        const std::int64_t pr1 = std::min(meta.height, r0 + eh + l.halo);
+        const std::int64_t pc1 = std::min(meta.width, c0 + ew + l.halo);
+        TileInfo where;
+        where.index = index++;
+        where.total = l.total();
+        where.window = RasterWindow{c0, r0, ew, eh};
+        where.read = RasterWindow{pc0, pr0, pc1 - pc0, pr1 - pr0};
+        where.first_band = first;
+        where.band_count = count;
+        f(read_open(s.src.get(), in, where.read, pass_bands, false), where);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::uint64_t gdal_cache_for_plan(const std::string& in, const RasterPlan& plan,
+                                  const StreamOptions& options) {
+  QuietErrors quiet;
+  Dataset src = open_readonly(in, options.open);
+  const RasterMetadata meta = metadata_of(src.get(), in, options.bands);
+  return cache_for(src.get(), meta,
+                   layout_of(src.get(), meta, plan, options.bands, "gdal_cache_for_plan"));
+}
+
+void process_raster_file(const std::string& in, const std::string& out, const BandOp& op,
+                         const RasterPlan& plan, const StreamOptions& options) {
+  static constexpr const char* who = "process_raster_file";
+  if (!op) throw std::invalid_argument(std::string(who) + ": empty op");
+  QuietErrors quiet;
+  OpenStream s = open_stream(in, plan, options, who);
+  const StreamLayout& l = s.layout;
 
   // Declared before the output dataset, so that on an error the dataset is closed first and its
   // temporary file removed after.
@@ -511,59 +713,73 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
   DType out_dtype = DType::float32;
   int out_bands = 0;
   std::optional<double> out_nodata;
-  std::vector<int> out_band_map;
-  std::int64_t done = 0;
-  for (std::int64_t r0 = 0; r0 < meta.height; r0 += th) {
-    for (std::int64_t c0 = 0; c0 < meta.width; c0 += tw) {
-      const std::int64_t eh = std::min(th, meta.height - r0), ew = std::min(tw, meta.width - c0);
-      const std::int64_t pr0 = std::max<std::int64_t>(0, r0 - halo);
-      const std::int64_t pc0 = std::max<std::int64_t>(0, c0 - halo);
-      const std::int64_t pr1 = std::min(meta.height, r0 + eh + halo);
-      const std::int64_t pc1 = std::min(meta.width, c0 + ew + halo);
-      const RasterWindow phys{pc0, pr0, pc1 - pc0, pr1 - pr0};
-      // The input tile is released before the result is written: one tile live at a time.
-      const OwnedRasterArray result = [&] {
-        const OwnedRasterArray tile = read_open(src.get(), in, phys, {});
-        return op(tile);
-      }();
-      if (result.height() != phys.height || result.width() != phys.width) {
-        throw std::invalid_argument(
-            "process_raster_streamed: op returned " + std::to_string(result.height()) + " x " +
-            std::to_string(result.width()) + " for a " + std::to_string(phys.height) + " x " +
-            std::to_string(phys.width) + " tile");
-      }
-      if (!dst) {
-        // Created from the first result: the output dtype and nodata are the op's.
-        out_dtype = result.dtype();
-        out_bands = result.band_count();
-        out_nodata = result.nodata();
-        out_band_map = all_bands(out_bands);
-        pending.emplace(out);
-        dst = create_dataset(pending->path(), out, out_dtype, out_bands, meta.height, meta.width,
-                             out_nodata, meta.affine, meta.crs, options);
-      } else if (result.dtype() != out_dtype || result.band_count() != out_bands ||
-                 !same_nodata(result.nodata(), out_nodata)) {
-        throw std::invalid_argument(
-            "process_raster_streamed: tile " + std::to_string(done) +
-            " result differs from the first tile's in dtype, band count or nodata");
-      }
-      std::vector<std::byte> scratch;
-      const auto* base = static_cast<const std::byte*>(host_pixels(result, scratch));
-      const std::size_t offset =
-          static_cast<std::size_t>((r0 - pr0) * phys.width + (c0 - pc0)) * itemsize(out_dtype);
-      raster_io(dst.get(), GF_Write, RasterWindow{c0, r0, ew, eh},
-                const_cast<std::byte*>(base + offset), out_dtype, out_band_map, phys.width,
-                phys.width * phys.height, out);
-      // A failure reported off the calls' return values (e.g. an evicted block that could not be
-      // written back) fails the run here, not at the end.
-      quiet.check("cannot process '" + shown(in) + "' into '" + shown(out) + "'");
-      ++done;
-      if (progress) progress(done, total);
+  walk_tiles(s, in, [&](OwnedRasterArray tile_in, const TileInfo& where) {
+    // The input tile is released before the result is written: one tile live at a time.
+    const OwnedRasterArray result = [&] {
+      const OwnedRasterArray tile = std::move(tile_in);
+      return op(tile);
+    }();
+    const RasterWindow& phys = where.read;
+    if (result.height() != phys.height || result.width() != phys.width) {
+      throw std::invalid_argument(
+          std::string(who) + ": op returned " + std::to_string(result.height()) + " x " +
+          std::to_string(result.width()) + " for a " + std::to_string(phys.height) + " x " +
+          std::to_string(phys.width) + " tile");
     }
-  }
+    if (l.per_band && result.band_count() != where.band_count) {
+      throw std::invalid_argument(
+          std::string(who) + ": op returned " + std::to_string(result.band_count()) +
+          " band(s) for a pass of " + std::to_string(where.band_count) +
+          " (a plan with fewer bands per pass than bands treats bands as independent)");
+    }
+    if (!dst) {
+      // Created from the first result: the output dtype and nodata are the op's.
+      out_dtype = result.dtype();
+      out_bands = l.per_band ? static_cast<int>(l.bands.size()) : result.band_count();
+      out_nodata = result.nodata();
+      pending.emplace(out);
+      dst = create_dataset(pending->path(), out, out_dtype, out_bands, s.meta.height, s.meta.width,
+                           out_nodata, s.meta.affine, s.meta.crs, options.write);
+    } else if (result.dtype() != out_dtype || (!l.per_band && result.band_count() != out_bands) ||
+               !same_nodata(result.nodata(), out_nodata)) {
+      throw std::invalid_argument(std::string(who) + ": tile " + std::to_string(where.index) +
+                                  " result differs from the first tile's in dtype, band count "
+                                  "or nodata");
+    }
+    std::vector<std::byte> scratch;
+    const auto* base = static_cast<const std::byte*>(host_pixels(result, scratch));
+    const std::size_t offset =
+        static_cast<std::size_t>((where.window.row_off - phys.row_off) * phys.width +
+                                 (where.window.col_off - phys.col_off)) *
+        itemsize(out_dtype);
+    std::vector<int> out_band_map;
+    const int first_out = l.per_band ? where.first_band : 0;
+    for (int b = 0; b < result.band_count(); ++b) out_band_map.push_back(first_out + b + 1);
+    raster_io(dst.get(), GF_Write, where.window, const_cast<std::byte*>(base + offset), out_dtype,
+              out_band_map, phys.width, phys.width * phys.height, out);
+    // A failure reported off the calls' return values (e.g. an evicted block that could not be
+    // written back) fails the run here, not at the end.
+    quiet.check("cannot process '" + shown(in) + "' into '" + shown(out) + "'");
+    if (options.progress) options.progress(where.index + 1, where.total);
+  });
   close_checked(dst, out, quiet);
-  src.reset();  // the input closed before the output replaces it (in place: the same file)
+  s.src.reset();  // the input closed before the output replaces it (in place: the same file)
   pending->commit();
+}
+
+void for_each_raster_tile(
+    const std::string& in, const RasterPlan& plan,
+    const std::function<void(const OwnedRasterArray& tile, const TileInfo& where)>& visit,
+    const StreamOptions& options) {
+  static constexpr const char* who = "for_each_raster_tile";
+  if (!visit) throw std::invalid_argument(std::string(who) + ": empty visitor");
+  QuietErrors quiet;
+  const OpenStream s = open_stream(in, plan, options, who);
+  walk_tiles(s, in, [&](OwnedRasterArray tile, const TileInfo& where) {
+    quiet.check("cannot read '" + shown(in) + "'");
+    visit(tile, where);
+    if (options.progress) options.progress(where.index + 1, where.total);
+  });
 }
 
 }  // namespace vibespatial::raster

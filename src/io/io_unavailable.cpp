@@ -59,6 +59,18 @@ void process_raster_streamed(const std::string& /*in*/, const std::string& /*out
   unavailable("process_raster_streamed");
 }
 
+std::uint64_t gdal_cache_for_plan(const std::string& /*in*/, const RasterPlan& /*plan*/,
+                                  const StreamOptions& /*options*/) {
+  unavailable("gdal_cache_for_plan");
+}
+
+void for_each_raster_tile(
+    const std::string& /*in*/, const RasterPlan& /*plan*/,
+    const std::function<void(const OwnedRasterArray&, const TileInfo&)>& /*visit*/,
+    const StreamOptions& /*options*/) {
+  unavailable("for_each_raster_tile");
+}
+
 void process_raster_file(const std::string& /*in*/, const std::string& /*out*/,
                          const BandOp& /*op*/, const RasterPlan& /*plan*/,
                          const StreamOptions& /*options*/) {

@@ -595,3 +595,105 @@ TEST_CASE("outputs are all or nothing: a failing op or write leaves the target a
   CHECK_THROWS_WITH_AS(write_raster(dir.file("no/such/dir/x.tif"), whole),
                        doctest::Contains("cannot create a temporary file"), std::runtime_error);
 }
+
+TEST_CASE("streamed passes read only the plan's bands; reductions stream; memory is checked") {
+  TempDir dir;
+  const int H = 300, W = 260, B = 5;
+  std::vector<float> px = ramp(B, H, W);
+  for (std::size_t i = 0; i < px.size(); i += 89) px[i] = -1.0F;
+  const std::string in = dir.file("in.tif");
+  make_tiff_f32(in, W, H, B, {0, 1, 0, 0, 0, -1}, {-1.0, -1.0, -1.0, -1.0, -1.0}, px);
+  const OwnedRasterArray whole_in = read_raster(in);
+
+  PlanOptions opts;
+  opts.per_band = true;
+  opts.halo = 1;
+  opts.vram_budget = 600000;  // one band does not fit: tiled, one band per pass
+  const RasterPlan plan = plan_from_metadata(read_raster_metadata(in), opts);
+  REQUIRE(plan.strategy == TilingStrategy::tiled);
+  REQUIRE(plan.bands_per_pass == 1);
+
+  // Reductions: every tile carries one band, the merged counts, minima and maxima are exact.
+  std::vector<std::int64_t> count(B, 0);
+  std::vector<double> lo(B, 1e300), hi(B, -1e300);
+  std::int64_t tiles = 0;
+  RasterPlan no_halo = plan;
+  no_halo.halo = 0;
+  for_each_raster_tile(in, no_halo, [&](const OwnedRasterArray& tile, const TileInfo& where) {
+    CHECK(tile.band_count() == 1);
+    CHECK(where.band_count == 1);
+    CHECK(where.index == tiles++);
+    CHECK(where.total == plan.n_tiles * B);
+    const BandStatistics s = band_statistics(tile)[0];
+    const auto b = static_cast<std::size_t>(where.first_band);
+    count[b] += s.count;
+    if (s.count > 0) lo[b] = std::min(lo[b], s.min), hi[b] = std::max(hi[b], s.max);
+  });
+  CHECK(tiles == plan.n_tiles * B);
+  const std::vector<BandStatistics> expected = band_statistics(whole_in);
+  for (int b = 0; b < B; ++b) {
+    CHECK(count[static_cast<std::size_t>(b)] == expected[static_cast<std::size_t>(b)].count);
+    CHECK(lo[static_cast<std::size_t>(b)] == expected[static_cast<std::size_t>(b)].min);
+    CHECK(hi[static_cast<std::size_t>(b)] == expected[static_cast<std::size_t>(b)].max);
+  }
+
+  // Per-band passes: the op sees one band at a time, the output has every band in place.
+  int max_bands_seen = 0;
+  const BandOp focal = [&](const OwnedRasterArray& t) {
+    max_bands_seen = std::max(max_bands_seen, t.band_count());
+    return focal_mean_3x3(t);
+  };
+  StreamOptions so;
+  process_raster_file(in, dir.file("out.tif"), focal, plan, so);
+  CHECK(max_bands_seen == 1);
+  CHECK(bytes_of(read_raster(dir.file("out.tif"))) == bytes_of(focal_mean_3x3(whole_in)));
+
+  // A band selection: bands 4 and 2, in that order.
+  so.bands = {4, 2};
+  process_raster_file(in, dir.file("sel.tif"), focal, plan, so);
+  const OwnedRasterArray sel = read_raster(dir.file("sel.tif"));
+  CHECK(sel.band_count() == 2);
+  CHECK(bytes_of(sel) == bytes_of(focal_mean_3x3(read_raster(in, {}, {4, 2}))));
+
+  // A per-band pass whose op returns another band count is refused.
+  const BandOp two = [](const OwnedRasterArray& t) {
+    return OwnedRasterArray::from_band_stack({t, t}, t);
+  };
+  CHECK_THROWS_WITH_AS(process_raster_file(in, dir.file("x.tif"), two, plan, StreamOptions{}),
+                       doctest::Contains("band(s) for a pass of 1"), std::invalid_argument);
+
+  // A host memory limit below what a pass needs: refused before reading, nothing written.
+  StreamOptions tight;
+  tight.host_memory_limit = 100000;
+  tight.gdal_cache_bytes = gdal_cache_for_plan(in, plan);
+  CHECK(*tight.gdal_cache_bytes >= 2 * 256 * 260 * 4);
+  CHECK_THROWS_AS(process_raster_file(in, dir.file("y.tif"), focal, plan, tight),
+                  HostMemoryLimitError);
+  CHECK_THROWS_AS(for_each_raster_tile(
+                      in, plan, [](const OwnedRasterArray&, const TileInfo&) {}, tight),
+                  HostMemoryLimitError);
+  CHECK(!fs::exists(dir.file("y.tif")));
+}
+
+TEST_CASE("a read larger than host memory is refused up front, with the amount") {
+  TempDir dir;
+  // 100000 x 100000 x 500 float32 (20 TB) in a sparse, pixel-interleaved file of about a MB.
+  const std::string path = dir.file("huge.tif");
+  GDALAllRegister();
+  const char* co[] = {"SPARSE_OK=TRUE", "INTERLEAVE=PIXEL", "BLOCKYSIZE=1", "BIGTIFF=YES", nullptr};
+  GDALDatasetH ds = GDALCreate(GDALGetDriverByName("GTiff"), path.c_str(), 100000, 100000, 500,
+                               GDT_Float32, const_cast<char**>(co));
+  REQUIRE(ds != nullptr);
+  GDALClose(ds);
+  try {
+    (void)read_raster(path);
+    FAIL("no exception");
+  } catch (const HostMemoryLimitError& e) {
+    CHECK(e.needed_bytes() == 100000ULL * 100000ULL * 500ULL * 4ULL);
+    CHECK(e.limit_bytes() == available_host_memory());
+    CHECK(std::string(e.what()).find("TiB of host memory") != std::string::npos);
+  }
+  // A window of it reads.
+  CHECK(read_raster(path, RasterWindow{5, 5, 3, 2}, {7}).byte_size() == 24);
+  CHECK(available_host_memory() > 0);
+}

@@ -347,6 +347,74 @@ def full_disk_leaves_input_and_no_output(env):
     only_files(env, ["in.tif"], "sample on a full disk")
 
 
+# --- issue 17 item 6: memory bounded by the plan ---------------------------------------------------
+
+MiB = 1024 * 1024
+
+
+def run_rss(env, args):
+    """Runs vsr-run; returns (exit status, stdout, stderr, peak RSS in bytes of that child)."""
+    p = subprocess.Popen([env.vsr_run] + [str(a) for a in args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    out, err = p.stdout.read(), p.stderr.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    p.stdout.close()
+    p.stderr.close()
+    return p.returncode, out, err, usage.ru_maxrss * 1024
+
+
+@case
+def memory_bounded_by_plan(env):
+    # What vsr-run itself takes (libraries, GDAL, the emulator): a run over an 8 x 8 file.
+    tiny = env.make(env.path("tiny.tif"), "--width", 8, "--height", 8)
+    rc, _, err, baseline = run_rss(env, ["--op", "focal-mean", "--input", tiny, "--output",
+                                         env.path("tiny-out.tif")])
+    check(rc == 0, err)
+    # A 1 KB sparse file: 32 bands of 2048 x 2048 float32 (512 MiB of pixels), pixel-interleaved,
+    # so that a GDAL block carries all 32 bands (8 MiB). With an 8 MB budget the plan reads one
+    # band per pass in tiles of 4 MiB; GDAL's cache is capped at 2 blocks + 64 MiB. Stated bound:
+    # baseline + budget + cache + 40 MiB of slack (the old code read every band per tile and held
+    # the whole raster for stats and rescale: about 1.1 GB here).
+    src = env.make(env.path("sparse32.tif"), "--width", 2048, "--height", 2048, "--bands", 32,
+                   "--block", 256, "--interleave", "pixel", "--sparse", "--nodata", "-9999")
+    check(os.path.getsize(src) < 64 * 1024, "the input is a small sparse file")
+    bound = baseline + 8 * MiB + (16 * MiB + 64 * MiB) + 40 * MiB
+    for op in ("stats", "rescale", "focal-mean"):
+        args = ["--op", op, "--input", src, "--budget", "8M"]
+        if op != "stats":
+            args += ["--output", env.path("out-%s.tif" % op)]
+        rc, out, err, rss = run_rss(env, args)
+        check(rc == 0, "%s: %s" % (op, err))
+        check(b"1 band(s) per pass" in out, out)
+        check(rss < bound, "%s: peak RSS %.0f MiB above the bound %.0f MiB (baseline %.0f MiB)" % (
+            op, rss / MiB, bound / MiB, baseline / MiB))
+    # A 372-byte file whose single block is 16384 x 16384 float32 (1 GiB): refused up front when
+    # it does not fit the host memory allowed, with a message instead of a 1.3 GB allocation.
+    big = env.make(env.path("oneblock.tif"), "--width", 16384, "--height", 16384, "--block",
+                   16384, "--sparse")
+    rc, _, err, rss = run_rss(env, ["--op", "stats", "--input", big, "--budget", "8M",
+                                    "--host-memory", "512M"])
+    check(rc == 1, "one huge block: exit %d" % rc)
+    text = strict_text(err, "error")
+    check("GDAL blocks of 1.0 GiB" in text and "host memory" in text, text)
+    check(rss < baseline + 32 * MiB, "refusing took %.0f MiB" % (rss / MiB))
+    # A 1.2 MB sparse file of 100000 x 100000 x 500 float32 (20 TB): a whole-raster plan is
+    # refused with the amount, not a bare std::bad_alloc.
+    huge = env.make(env.path("huge.tif"), "--width", 100000, "--height", 100000, "--bands", 500,
+                    "--interleave", "pixel", "--sparse", "--co", "BLOCKYSIZE=1")
+    for op in ("stats", "rescale", "focal-mean"):
+        args = ["--op", op, "--input", huge, "--budget", "100T"]
+        if op != "stats":
+            args += ["--output", env.path("huge-out.tif")]
+        rc, _, err, rss = run_rss(env, args)
+        check(rc == 1, "%s on the huge file: exit %d" % (op, rc))
+        text = strict_text(err, "error")
+        check("TiB of host memory" in text and "bad_alloc" not in text, text)
+        check(rss < baseline + 32 * MiB, "refusing took %.0f MiB" % (rss / MiB))
+    check(not os.path.exists(env.path("huge-out.tif")), "no output")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-root", required=True)

@@ -62,6 +62,9 @@ options:
   --output FILE      write the result there (GeoTIFF; needs GDAL); not for --op stats. Written
                      to a temporary file beside it and renamed into place when complete: an
                      error or a signal leaves FILE as it was. FILE may be the input itself.
+  --host-memory BYTES
+                     refuse up front a file run whose pass (tile, result, GDAL's blocks and
+                     block cache) needs more host memory than this (default: what is available)
   --allow-virtual    also open VRT files, GDAL virtual file systems (/vsi...) and URLs as input;
                      refused by default, since a VRT reads whatever files its XML names (only
                      raster file formats open an input otherwise: GTiff/COG, PNG, JPEG, ...)
@@ -96,6 +99,7 @@ struct Arguments {
   std::optional<int> nir, red;
   bool progress = false;
   bool allow_virtual = false;
+  std::optional<std::uint64_t> host_memory;  ///< empty: what is available
   bool help = false;
 };
 
@@ -148,6 +152,9 @@ Arguments parse_arguments(int argc, char** argv) {
     } else if (words.is("--progress")) {
       words.flag();
       args.progress = true;
+    } else if (words.is("--host-memory")) {
+      args.host_memory = parse_size(option, words.value());
+      if (*args.host_memory == 0) throw UsageError("--host-memory must be > 0");
     } else if (words.is("--allow-virtual")) {
       words.flag();
       args.allow_virtual = true;
@@ -276,13 +283,14 @@ int run(const Arguments& args) {
   const bool show_progress = args.progress || ::isatty(2) != 0;
   const vsr::DriverInfo info = vsr::driver_info();
   Mode mode = Mode::none;
-  std::string driver_label = "none (" + info.reason + "): host ops on the CPU";
+  std::string driver_label = "none (" + printable(info.reason) + "): host ops on the CPU";
   if (info.available && info.emulated) {
     mode = Mode::emulator;
-    driver_label = "emulator (" + info.library + "): host ops on the CPU";
+    driver_label = "emulator (" + printable(info.library) + "): host ops on the CPU";
   } else if (info.available && vsr::ops_built_with_cuda()) {
     mode = Mode::gpu;
-    driver_label = "GPU " + (info.devices.empty() ? std::string("?") : info.devices[0].name) +
+    driver_label = "GPU " +
+                   printable(info.devices.empty() ? std::string("?") : info.devices[0].name) +
                    ": device ops (CUDA)";
   } else if (info.available) {
     driver_label = "GPU present, but this build has no CUDA ops: host ops on the CPU";
@@ -350,23 +358,38 @@ int run(const Arguments& args) {
     };
   };
   std::string output_label = "none (use --output FILE.tif to write the result)";
-  std::vector<Moments> stats;
+  std::vector<Moments> stats(static_cast<std::size_t>(meta.band_count));
+
+  // A file goes through tile by tile (passes of the plan's bands), never whole unless the plan
+  // is whole: only one tile and GDAL's capped block cache are in memory.
+  vsr::StreamOptions stream;
+  stream.open = open;
+  stream.host_memory_limit = args.host_memory.value_or(0);
+  if (args.op == Op::ndvi) stream.bands = {nir, red};
+  if (!args.input.empty())
+    stream.gdal_cache_bytes = vsr::gdal_cache_for_plan(args.input, plan, stream);
+  // Statistics of tiles merged per band (exact min/max/count; Chan's update for mean and std).
+  const auto merge_stats = [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo& where) {
+    const std::vector<vsr::BandStatistics> s =
+        on_compute(mode, tile, [](const auto& r) { return vsr::band_statistics(r); });
+    for (int b = 0; b < where.band_count; ++b) {
+      stats[static_cast<std::size_t>(where.first_band + b)].merge(s[static_cast<std::size_t>(b)]);
+    }
+  };
 
   if (args.op == Op::stats) {
-    if (!raster) raster = vsr::read_raster(args.input, {}, {}, open);
-    stats.resize(static_cast<std::size_t>(meta.band_count));
-    const std::int64_t th = tiled ? plan.tile_shape->first : meta.height;
-    const std::int64_t tw = tiled ? plan.tile_shape->second : meta.width;
-    const std::int64_t per_band = ((meta.height + th - 1) / th) * ((meta.width + tw - 1) / tw);
-    std::int64_t done = 0;
-    for (int b = 0; b < meta.band_count; ++b) {
-      const vsr::OwnedRasterArray band = raster->band(b);
-      for (std::int64_t r0 = 0; r0 < meta.height; r0 += th) {
-        for (std::int64_t c0 = 0; c0 < meta.width; c0 += tw) {
-          if (!tiled) {
-            stats[static_cast<std::size_t>(b)].merge(
-                on_compute(mode, band, [](const auto& r) { return vsr::band_statistics(r); })[0]);
-          } else {
+    if (!args.input.empty()) {
+      stream.progress = tile_progress;
+      vsr::for_each_raster_tile(args.input, plan, merge_stats, stream);
+    } else {
+      const std::int64_t th = tiled ? plan.tile_shape->first : meta.height;
+      const std::int64_t tw = tiled ? plan.tile_shape->second : meta.width;
+      const std::int64_t per_band = ((meta.height + th - 1) / th) * ((meta.width + tw - 1) / tw);
+      std::int64_t done = 0;
+      for (int b = 0; b < meta.band_count; ++b) {
+        const vsr::OwnedRasterArray band = raster->band(b);
+        for (std::int64_t r0 = 0; r0 < meta.height; r0 += th) {
+          for (std::int64_t c0 = 0; c0 < meta.width; c0 += tw) {
             const std::int64_t h = std::min(th, meta.height - r0),
                                w = std::min(tw, meta.width - c0);
             const std::size_t item = vsr::itemsize(meta.dtype);
@@ -379,10 +402,14 @@ int run(const Arguments& args) {
             }
             const vsr::OwnedRasterArray tile =
                 vsr::OwnedRasterArray::from_host(buf.data(), meta.dtype, 1, h, w, meta.nodata);
-            stats[static_cast<std::size_t>(b)].merge(
-                on_compute(mode, tile, [](const auto& r) { return vsr::band_statistics(r); })[0]);
+            merge_stats(tile, vsr::TileInfo{.index = done,
+                                            .total = per_band * meta.band_count,
+                                            .window = {},
+                                            .read = {},
+                                            .first_band = b,
+                                            .band_count = 1});
+            progress.update(++done, per_band * meta.band_count, tiled ? "tile" : "band");
           }
-          progress.update(++done, per_band * meta.band_count, tiled ? "tile" : "band");
         }
       }
     }
@@ -391,33 +418,46 @@ int run(const Arguments& args) {
     if (args.op == Op::focal_mean) {
       f = [](const vsr::OwnedRasterArray& r) { return vsr::focal_mean_3x3(r); };
     } else if (args.op == Op::ndvi) {
-      f = [nir, red](const vsr::OwnedRasterArray& r) {
-        return vsr::normalized_difference(r.band(nir - 1), r.band(red - 1));
+      // A file's tiles carry the two bands alone (stream.bands); the sample carries them all.
+      const int a = args.input.empty() ? nir - 1 : 0, b = args.input.empty() ? red - 1 : 1;
+      f = [a, b](const vsr::OwnedRasterArray& r) {
+        return vsr::normalized_difference(r.band(a), r.band(b));
       };
     } else {
-      // The valid range of the whole raster, so every tile maps the same way.
-      if (!raster) raster = vsr::read_raster(args.input, {}, {}, open);
+      // The valid range of the whole raster, so every tile maps the same way: a first streamed
+      // pass over a file.
+      if (!args.input.empty()) {
+        Progress range_progress(show_progress, "rescale (range pass)");
+        stream.progress = [&](std::int64_t done, std::int64_t total) {
+          range_progress.update(done, total, "tile");
+        };
+        vsr::for_each_raster_tile(args.input, plan, merge_stats, stream);
+      } else {
+        const std::vector<vsr::BandStatistics> s = vsr::band_statistics(*raster);
+        for (std::size_t b = 0; b < s.size(); ++b) stats[b].merge(s[b]);
+      }
       double lo = std::numeric_limits<double>::infinity(), hi = -lo;
-      for (const auto& s : vsr::band_statistics(*raster)) {
-        if (s.count > 0) lo = std::min(lo, s.min), hi = std::max(hi, s.max);
+      for (const Moments& m : stats) {
+        if (m.count > 0) lo = std::min(lo, m.min), hi = std::max(hi, m.max);
       }
       if (!(lo < hi)) lo = 0, hi = 1;
       f = [lo, hi](const vsr::OwnedRasterArray& r) {
         return vsr::rescale(r, lo, hi, 0, 1, vsr::DType::float32);
       };
     }
-    const bool streamed = !args.input.empty() && !args.output.empty();
-    if (streamed) {
+    stream.progress = tile_progress;
+    if (!args.input.empty() && !args.output.empty()) {
       // The main job: the file goes through tile by tile, one tile live, the output written
       // as the tiles come (a whole plan is one tile).
-      raster.reset();
-      vsr::StreamOptions stream;
-      stream.open = open;
-      stream.progress = tile_progress;
       vsr::process_raster_file(args.input, args.output, compute_op(mode, f, true, popts.per_band),
                                plan, stream);
+    } else if (!args.input.empty()) {
+      // No output: the op runs tile by tile and its results are dropped (a timing run).
+      const vsr::BandOp op = compute_op(mode, f, true, popts.per_band);
+      vsr::for_each_raster_tile(
+          args.input, plan,
+          [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo&) { (void)op(tile); }, stream);
     } else {
-      if (!raster) raster = vsr::read_raster(args.input, {}, {}, open);
       std::optional<vsr::OwnedRasterArray> result;
       if (args.op == Op::ndvi) {
         if (tiled) {

@@ -30,8 +30,12 @@
 //   appear. A process killed by a signal leaves no temporary file behind when it called
 //   remove_partial_outputs_on_signals() (vsr-run does); SIGKILL can leave one (named as above).
 //   The output's permissions are an existing target's, else 0666 less the umask.
+// - Host memory: a read that needs more host memory than is available (available_host_memory()
+//   or StreamOptions::host_memory_limit) is refused up front with HostMemoryLimitError before
+//   anything is allocated.
 // - Thread-safety: every call opens its own dataset, so concurrent calls on distinct files are
-//   safe; concurrent writes to the same file are not.
+//   safe; concurrent writes to the same file are not. StreamOptions::gdal_cache_bytes changes a
+//   process-wide GDAL setting.
 #pragma once
 
 #include <vibespatial/raster/buffers.hpp>
@@ -77,6 +81,28 @@ struct OpenOptions {
  */
 VSR_EXPORT std::vector<std::string> default_input_drivers();
 
+/// A read was refused up front because it needs more host memory than the limit (what is
+/// available, or StreamOptions::host_memory_limit). Nothing was allocated.
+class VSR_EXPORT HostMemoryLimitError : public std::runtime_error {
+ public:
+  HostMemoryLimitError(std::uint64_t needed_bytes, std::uint64_t limit_bytes,
+                       const std::string& what);
+  /// Bytes the read would need at once.
+  std::uint64_t needed_bytes() const noexcept { return needed_; }
+  /// The limit it was compared with.
+  std::uint64_t limit_bytes() const noexcept { return limit_; }
+
+ private:
+  std::uint64_t needed_, limit_;
+};
+
+/**
+ * @brief Host memory this process can still use, in bytes: the kernel's MemAvailable (or free
+ * physical pages where it is missing), capped by the cgroup's memory.max less its current use.
+ * 0 when nothing can be read. Thread-safe, never throws.
+ */
+VSR_EXPORT std::uint64_t available_host_memory() noexcept;
+
 /**
  * @brief Installs handlers for SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE, SIGXCPU and SIGXFSZ
  * (each only where its disposition is the default) that remove the temporary files of the
@@ -116,6 +142,7 @@ VSR_EXPORT RasterMetadata read_raster_metadata(const std::string& path, const Op
  * bands only).
  * @throws std::invalid_argument for a file that cannot be opened, a window outside the raster or
  *         of non-positive size, a band index outside [1, band count];
+ *         HostMemoryLimitError when the pixels exceed available_host_memory();
  *         std::runtime_error as read_raster_metadata or when GDAL fails to read.
  */
 VSR_EXPORT OwnedRasterArray read_raster(const std::string& path,
@@ -138,40 +165,87 @@ VSR_EXPORT OwnedRasterArray read_raster(const std::string& path, std::optional<R
 VSR_EXPORT void write_raster(const std::string& path, const OwnedRasterArray& raster,
                              const WriteOptions& options = {});
 
-/// How process_raster_file reads, writes and reports.
+/// Where a streamed pass is: tile @p index of @p total (passes x tiles), its effective window
+/// (halo excluded), the window read (halo included, clamped to the raster) and the 0-based
+/// positions of its bands among the selected bands.
+struct TileInfo {
+  std::int64_t index = 0, total = 0;
+  RasterWindow window, read;
+  int first_band = 0, band_count = 0;
+};
+
+/// How process_raster_file and for_each_raster_tile read, write and report.
 struct StreamOptions {
-  OpenOptions open;    ///< how the input is opened
-  WriteOptions write;  ///< how the output is created (process_raster_file only)
+  OpenOptions open;        ///< how the input is opened
+  WriteOptions write;      ///< how the output is created (process_raster_file only)
+  std::vector<int> bands;  ///< 1-based input bands, in order (repeats allowed); empty: all
+  /// Bytes one pass may use on the host (tile, result, GDAL's blocks and cache); 0: what
+  /// available_host_memory() says. A plan needing more is refused with HostMemoryLimitError.
+  std::uint64_t host_memory_limit = 0;
+  /// When set, GDAL's block cache (process-wide: GDALSetCacheMax64) is limited to this many bytes
+  /// for the rest of the process, so that memory stays bounded by the plan; gdal_cache_for_plan()
+  /// gives a value for a plan.
+  std::optional<std::uint64_t> gdal_cache_bytes;
   /// Called after each tile of each pass with (tiles done, total), if set.
   std::function<void(std::int64_t done, std::int64_t total)> progress;
 };
 
 /**
- * @brief process_raster_streamed (below) with the input opened as options.open allows, written
- * as options.write says and progress reported to options.progress.
- * @throws as process_raster_streamed.
+ * @brief A GDAL block cache size for streaming @p in with @p plan: enough for the input blocks of
+ * one row of tiles (so no block is decoded twice), at least two of the file's blocks, and at
+ * most 64 MiB more than that minimum. This is the fixed overhead that peak memory adds to a pass.
+ * @throws as read_raster_metadata.
+ */
+VSR_EXPORT std::uint64_t gdal_cache_for_plan(const std::string& in, const RasterPlan& plan,
+                                             const StreamOptions& options = {});
+
+/**
+ * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out (all
+ * or nothing, see "Outputs" above).
+ *
+ * Passes: a band_batches or tiled plan that carries fewer bands per pass than are selected
+ * (plan.bands_per_pass below the selected band count, as a per-band plan makes) reads
+ * bands_per_pass bands per pass and treats bands as independent: @p op gets a tile of those bands
+ * and must return as many, which become the output's bands at the same positions. Otherwise one
+ * pass carries every selected band and the output has the bands @p op returns. Only one pass's
+ * bands are read.
+ *
+ * Tiles are row-major over plan.tile_shape (a whole or band_batches plan is one tile: the whole
+ * raster). Each tile is read with plan.halo extra pixels per side, clamped at the raster edges
+ * (no padding), with the affine shifted to the read window's origin; @p op returns a raster of
+ * its input's height and width, whose interior (the effective tile) is written. With plan.halo
+ * >= the op's radius the file equals the whole-raster result.
+ *
+ * The output is created on the first tile's result, with that result's dtype and nodata (the
+ * op's, not the input's: an op may change the dtype) and the input's full shape, affine and CRS.
+ * Only one tile is live at a time. Before reading, the host memory of a pass (tile and result,
+ * GDAL's blocks, the cache) is compared with options.host_memory_limit.
+ * @throws std::invalid_argument for an empty @p op, a negative halo, a tiled plan without a
+ *         positive tile_shape, bands_per_pass < 1, or a tile result of the wrong shape or band
+ *         count or of a dtype or nodata differing from the first tile's; HostMemoryLimitError;
+ *         what read_raster / write_raster throw; whatever @p op throws. @p out is then as it was.
  */
 VSR_EXPORT void process_raster_file(const std::string& in, const std::string& out, const BandOp& op,
                                     const RasterPlan& plan, const StreamOptions& options);
 
 /**
+ * @brief Reads the raster file @p in tile by tile as process_raster_file does (same passes, tiles,
+ * halo and memory check) and hands each tile to @p visit with where it is; writes nothing. For
+ * reductions (statistics, ranges) that must not hold the raster.
+ * @throws std::invalid_argument for an empty @p visit or a plan as process_raster_file;
+ *         HostMemoryLimitError; what read_raster throws; whatever @p visit throws.
+ */
+VSR_EXPORT void for_each_raster_tile(
+    const std::string& in, const RasterPlan& plan,
+    const std::function<void(const OwnedRasterArray& tile, const TileInfo& where)>& visit,
+    const StreamOptions& options = {});
+
+/**
  * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out (all
- * or nothing): process_raster_file with the default OpenOptions, @p options and @p progress.
- *
- * Tiles are row-major over plan.tile_shape (a whole or band_batches plan is one tile: the whole
- * raster). Each tile is read with plan.halo extra pixels per side, clamped at the raster edges
- * (no padding), with every band and the affine shifted to the read window's origin; @p op
- * returns a raster of its input's height and width, whose interior (the effective tile) is
- * written. With plan.halo >= the op's radius the file equals the whole-raster result.
- *
- * The output file is created on the first tile's result, with that result's dtype, band count
- * and nodata (the op's, not the input's: an op may change the dtype) and the input's full shape,
- * affine and CRS. Only one tile is live at a time. @p progress, if set, is called after each
- * tile with (tiles done, total tiles).
- * @throws std::invalid_argument for an empty @p op, a negative halo, a tiled plan without a
- *         positive tile_shape, or a tile result of the wrong shape or of a dtype, band count or
- *         nodata differing from the first tile's; what read_raster / write_raster throw;
- *         whatever @p op throws. On any error @p out is as it was (see "Outputs" above).
+ * or nothing): process_raster_file with the default OpenOptions, every band, @p options as the
+ * write options and @p progress, called after each tile with (tiles done, total tiles). Passes,
+ * tiles, halo, the output's creation and the memory check are process_raster_file's.
+ * @throws what process_raster_file throws. On any error @p out is as it was.
  */
 VSR_EXPORT void process_raster_streamed(
     const std::string& in, const std::string& out, const BandOp& op, const RasterPlan& plan,
