@@ -148,7 +148,13 @@ std::vector<std::int64_t> ref_hist(const std::vector<T>& d, std::size_t first, s
     if (!ref_valid(d[i], nd)) continue;
     const double v = static_cast<double>(d[i]);
     if (v < lo || v > hi) continue;
-    long long b = static_cast<long long>(std::floor((v - lo) * (bins / (hi - lo))));
+    // numpy: edges = linspace(lo, hi, bins + 1); the bin is searchsorted(edges, v, 'right') - 1,
+    // the last bin closed.
+    std::vector<double> edges(static_cast<std::size_t>(bins) + 1);
+    for (int k = 0; k <= bins; ++k)
+      edges[static_cast<std::size_t>(k)] = k * ((hi - lo) / bins) + lo;
+    edges.back() = hi;
+    long long b = std::upper_bound(edges.begin(), edges.end(), v) - edges.begin() - 1;
     b = std::min<long long>(b, bins - 1);
     ++h[static_cast<std::size_t>(b)];
   }
@@ -336,6 +342,27 @@ TEST_SUITE("ops") {
     CHECK_THROWS_AS(histogram(r, 0, 0, 1), std::invalid_argument);
     CHECK_THROWS_AS(histogram(r, 4, 1, 1), std::invalid_argument);
     CHECK_THROWS_AS(histogram(r, 4, 0, INFINITY), std::invalid_argument);
+  }
+
+  TEST_CASE("histogram values on bin edges go where numpy.histogram puts them") {
+    // numpy.histogram([0.3, 0.6, 0.7, 0.1, 0.2, 0.5, 0.9, 1.0, 0.0], 10, (0, 1)) counts
+    // [1, 1, 2, 0, 0, 2, 1, 0, 0, 2]: 0.3, 0.6 and 0.7 lie below linspace's edges
+    // 0.30000000000000004, 0.6000000000000001 and 0.7000000000000001.
+    const std::vector<double> v{0.3, 0.6, 0.7, 0.1, 0.2, 0.5, 0.9, 1.0, 0.0};
+    const auto r = OwnedRasterArray::from_host(v.data(), DType::float64, 1, 1, 9);
+    CHECK(histogram(r, 10, 0, 1)[0] == std::vector<std::int64_t>{1, 1, 2, 0, 0, 2, 1, 0, 0, 2});
+    CHECK(histogram(r, 10, 0, 1)[0] == ref_hist(v, 0, v.size(), std::nullopt, 10, 0, 1));
+    // Every multiple of 0.01 on [0, 1] in 7, 10 and 100 bins against the edge search.
+    std::vector<double> grid;
+    for (int i = 0; i <= 100; ++i) grid.push_back(i * 0.01);
+    for (int i = 0; i <= 100; ++i) grid.push_back(i / 100.0);
+    const auto g = OwnedRasterArray::from_host(grid.data(), DType::float64, 1, 1,
+                                               static_cast<std::int64_t>(grid.size()));
+    for (const int bins : {7, 10, 100}) {
+      CAPTURE(bins);
+      CHECK(histogram(g, bins, 0, 1)[0] ==
+            ref_hist(grid, 0, grid.size(), std::nullopt, bins, 0, 1));
+    }
   }
 
   TEST_CASE("histograms of narrow and signed types (CUB's known miscounts)") {

@@ -108,10 +108,14 @@ VSR_EXPORT OwnedRasterArray normalized_difference(const OwnedRasterArray& a,
                                                   const OwnedRasterArray& b);
 
 /**
- * @brief Per-band histogram of the valid pixels over @p bins equal bins on [@p lower, @p upper].
- * Bins are half-open [edge_i, edge_i+1) except the last, which includes @p upper (numpy's rule).
- * The bin of v is floor((v - lower) * (bins / (upper - lower))) in float64, clamped to bins - 1
- * for v == upper; values outside [lower, upper] are not counted.
+ * @brief Per-band histogram of the valid pixels over @p bins equal bins on [@p lower, @p upper],
+ * as numpy.histogram(values.astype(float64), bins, (lower, upper)) counts them: the edges are
+ * numpy.linspace(lower, upper, bins + 1) in float64 (edge i = i * ((upper - lower) / bins) +
+ * lower, the last exactly upper), bins are half-open [edge_i, edge_i+1) except the last, which
+ * includes @p upper, and a value is compared with those edges, so a value on an edge goes where
+ * numpy puts it (0.3 with 10 bins on [0, 1] is in bin 2: edge 3 is 0.30000000000000004). Values
+ * are converted to float64 first (numpy bins float32 data with float32 edges); values outside
+ * [lower, upper] are not counted.
  * @return counts[band][bin].
  * @throws std::invalid_argument if @p bins < 1, a bound is not finite, @p lower >= @p upper, or
  *         band_count * bins exceeds 2^31 - 1; std::runtime_error as band_statistics.
