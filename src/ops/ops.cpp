@@ -199,13 +199,33 @@ RescaleSetup rescale_setup(const OwnedRasterArray& raster, double in_min, double
   if (in_min == in_max) throw std::invalid_argument("vibespatial: rescale: in_min == in_max");
   (void)itemsize(out_dtype);  // throws std::invalid_argument for a bad dtype
   RescaleSetup r{{}, be::RescaleParams{in_min, in_max, out_min, out_max, 0}};
-  if (const auto nd = raster.nodata();
-      nd && representable(*nd, out_dtype) && !(std::isnan(*nd) && !is_float(out_dtype))) {
-    r.out_nodata = *nd;
-    r.params.fill = *nd;
-  } else if (is_float(out_dtype)) {
+  const auto nd = raster.nodata();
+  if (is_float(out_dtype)) {
+    // NaN is never a valid output, so it never takes a valid pixel for nodata.
     r.params.fill = std::numeric_limits<double>::quiet_NaN();
-    if (nd) r.out_nodata = r.params.fill;  // the source had a (non-representable) nodata
+    if (nd) r.out_nodata = r.params.fill;
+  } else if (nd) {
+    // An integer output's nodata must lie outside the output range, where no valid pixel maps:
+    // the source's when it does, else the dtype's largest value, else its smallest.
+    const double lo = std::min(out_min, out_max), hi = std::max(out_min, out_max);
+    double dlo = 0, dhi = 0;
+    int_range(out_dtype, dlo, dhi);
+    if (out_dtype == DType::int64 || out_dtype == DType::uint64) dhi = std::nextafter(dhi, 0.0);
+    double fill = 0;
+    if (representable(*nd, out_dtype) && (*nd < lo || *nd > hi)) {
+      fill = *nd;
+    } else if (dhi > hi) {
+      fill = dhi;
+    } else if (dlo < lo) {
+      fill = dlo;
+    } else {
+      throw std::invalid_argument(
+          "vibespatial: rescale: the output range [" + std::to_string(lo) + ", " +
+          std::to_string(hi) + "] covers every value of " + std::string(to_string(out_dtype)) +
+          ", so none is left for the nodata pixels: narrow the output range or use a float dtype");
+    }
+    r.out_nodata = fill;
+    r.params.fill = fill;
   }
   return r;
 }

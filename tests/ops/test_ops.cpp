@@ -238,13 +238,17 @@ TEST_SUITE("ops") {
     SUBCASE("rescale to uint8, int16 and float32") {
       auto check_rescale = [&](auto out_tag, DType out_dtype) {
         using O = decltype(out_tag);
-        const auto out = rescale(r, lo, hi, 0, 255, out_dtype);
+        // Output range 0..254, so that uint8 has a value left for nodata (255).
+        const auto out = rescale(r, lo, hi, 0, 254, out_dtype);
         CHECK(out.dtype() == out_dtype);
         CHECK(out.residency() == Residency::host);
         const auto got = read<O>(out);
-        const C factor = static_cast<C>(255.0 - 0.0) / static_cast<C>(hi - lo);
-        const O fill = static_cast<O>(kNodata);
-        CHECK(out.nodata() == std::optional<double>(kNodata));
+        const C factor = static_cast<C>(254.0 - 0.0) / static_cast<C>(hi - lo);
+        // The source's nodata (7) lies inside the output range: the dtype's maximum, or NaN.
+        const O fill = std::numeric_limits<O>::is_integer ? std::numeric_limits<O>::max()
+                                                          : std::numeric_limits<O>::quiet_NaN();
+        REQUIRE(out.nodata().has_value());
+        CHECK(same(static_cast<O>(*out.nodata()), fill));
         int bad = 0;
         for (std::size_t i = 0; i < d.size(); ++i) {
           const O want = ref_valid(d[i], kNodata)
@@ -342,6 +346,49 @@ TEST_SUITE("ops") {
     CHECK_THROWS_AS(histogram(r, 0, 0, 1), std::invalid_argument);
     CHECK_THROWS_AS(histogram(r, 4, 1, 1), std::invalid_argument);
     CHECK_THROWS_AS(histogram(r, 4, 0, INFINITY), std::invalid_argument);
+  }
+
+  TEST_CASE("rescale's nodata never takes a valid output value") {
+    // A Byte raster with nodata 0 rescaled to 0..1: its valid minimum maps to 0.0, so the old
+    // choice (the source's nodata, 0) called it nodata.
+    std::vector<std::uint8_t> v{0, 10, 20, 30, 0, 40};
+    const auto r = OwnedRasterArray::from_host(v.data(), DType::uint8, 1, 2, 3, 0.0);
+    const auto f = rescale(r, 10, 40, 0, 1, DType::float32);
+    REQUIRE(f.nodata().has_value());
+    CHECK(std::isnan(*f.nodata()));
+    const auto fv = read<float>(f);
+    CHECK(std::isnan(fv[0]));
+    CHECK(fv[1] == 0.0F);  // the valid minimum is a valid 0
+    CHECK(fv[5] == 1.0F);
+    // Integer outputs: the source's nodata if it lies outside the output range, else the
+    // dtype's largest value, else its smallest; none left: an error.
+    const auto u = rescale(r, 10, 40, 0, 100, DType::uint8);
+    CHECK(u.nodata() == std::optional<double>(255));
+    CHECK(read<std::uint8_t>(u) == std::vector<std::uint8_t>{255, 0, 33, 67, 255, 100});
+    const auto kept = rescale(r, 10, 40, 1, 100, DType::uint8);
+    CHECK(kept.nodata() == std::optional<double>(0));
+    const auto low = rescale(r, 10, 40, 100, 255, DType::uint8);
+    CHECK(low.nodata() == std::optional<double>(0));
+    const auto s = rescale(r, 10, 40, -128, 126, DType::int8);
+    CHECK(s.nodata() == std::optional<double>(127));
+    const auto big = rescale(r, 10, 40, 0, 1000, DType::int64);
+    REQUIRE(big.nodata().has_value());
+    CHECK(*big.nodata() > 1000);
+    CHECK(read<std::int64_t>(big)[0] == static_cast<std::int64_t>(*big.nodata()));
+    CHECK_THROWS_WITH_AS(rescale(r, 10, 40, 0, 255, DType::uint8),
+                         doctest::Contains("none is left for the nodata"), std::invalid_argument);
+    // A NaN nodata to an integer output gets a value too (it wrote valid zeros before).
+    std::vector<float> g{1, NAN, 3};
+    const auto rn = OwnedRasterArray::from_host(g.data(), DType::float32, 1, 1, 3,
+                                                std::numeric_limits<double>::quiet_NaN());
+    const auto un = rescale(rn, 1, 3, 0, 200, DType::uint8);
+    CHECK(un.nodata() == std::optional<double>(255));
+    CHECK(read<std::uint8_t>(un) == std::vector<std::uint8_t>{0, 255, 200});
+    // Every valid output differs from the nodata, for each rule above.
+    for (const auto& [out, valid] : {std::pair{u, 4}, std::pair{kept, 4}, std::pair{low, 4},
+                                     std::pair{s, 4}, std::pair{un, 2}}) {
+      CHECK(band_statistics(out)[0].count == valid);
+    }
   }
 
   TEST_CASE("histogram values on bin edges go where numpy.histogram puts them") {
@@ -462,8 +509,8 @@ TEST_SUITE("ops") {
     const double lo = -100, hi = 100;
     for (DType od : {DType::uint8, DType::int16, DType::float32, DType::float64}) {
       auto out = target(od);
-      rescale_into(r, lo, hi, 0, 255, out);
-      same_result(out, rescale(r, lo, hi, 0, 255, od));
+      rescale_into(r, lo, hi, 0, 250, out);
+      same_result(out, rescale(r, lo, hi, 0, 250, od));
     }
     auto out = target(dtype_of<T>());
     clip_into(r, 3, 90, out);

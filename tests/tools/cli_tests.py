@@ -415,6 +415,38 @@ def memory_bounded_by_plan(env):
     check(not os.path.exists(env.path("huge-out.tif")), "no output")
 
 
+# --- issue 16: results as GDAL and numpy give them ----------------------------------------------
+
+def is_nan(x):
+    return x != x
+
+
+@case
+def rescale_nodata_never_valid(env):
+    # Byte, nodata 0, values 0 (nodata) and 1..250: rescaled to 0..1, the valid minimum (1) maps
+    # to 0.0, which must stay a valid pixel.
+    src = env.make(env.path("b.tif"), "--width", 40, "--height", 30, "--dtype", "uint8",
+                   "--nodata", "0", "--nodata-every", "7")
+    d = env.dump(src)
+    px = d["pixels"][0]
+    valid = [v for v in px if v != 0]
+    lo, hi = min(valid), max(valid)
+    out = env.path("r.tif")
+    p = env.run(env.vsr_run, "--op", "rescale", "--input", src, "--output", out)
+    expect_exit(p, 0, "rescale")
+    r = env.dump(out)
+    check(r["band_info"][0]["dtype"] == "float32", r["band_info"])
+    check(is_nan(r["band_info"][0]["nodata"]), "output nodata %r" % r["band_info"][0]["nodata"])
+    got = r["pixels"][0]
+    for v, g in zip(px, got):
+        if v == 0:
+            check(is_nan(g), "nodata pixel -> %r" % g)
+        else:
+            want = (v - lo) * (1.0 / (hi - lo))
+            check(abs(g - want) <= 1e-6, "%r -> %r, want %r" % (v, g, want))
+    check(sum(1 for g in got if g == 0.0) == px.count(lo), "the valid minimum stays valid")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-root", required=True)
