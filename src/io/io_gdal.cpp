@@ -214,15 +214,15 @@ GDALDataType gdal_type(DType dtype) {
   throw std::invalid_argument("write_raster: bad dtype");
 }
 
-std::optional<double> band_nodata(GDALRasterBandH band, DType dtype) {
+/// Band @p band's nodata, exactly: 64-bit integer rasters through GDAL's Int64/UInt64 calls
+/// (GDALGetRasterNoDataValue would give INT64_MAX as the double 2^63).
+std::optional<NodataValue> band_nodata(GDALRasterBandH band, DType dtype) {
   int has = 0;
-  double value = 0;
+  NodataValue value;
   if (dtype == DType::int64) {
-    const std::int64_t v = GDALGetRasterNoDataValueAsInt64(band, &has);
-    value = static_cast<double>(v);
+    value = NodataValue::from_int64(GDALGetRasterNoDataValueAsInt64(band, &has));
   } else if (dtype == DType::uint64) {
-    const std::uint64_t v = GDALGetRasterNoDataValueAsUInt64(band, &has);
-    value = static_cast<double>(v);
+    value = NodataValue::from_uint64(GDALGetRasterNoDataValueAsUInt64(band, &has));
   } else {
     value = GDALGetRasterNoDataValue(band, &has);
   }
@@ -230,20 +230,18 @@ std::optional<double> band_nodata(GDALRasterBandH band, DType dtype) {
   return value;
 }
 
-void set_band_nodata(GDALRasterBandH band, DType dtype, double nodata) {
+/// Sets band @p band's nodata exactly: 64-bit integers through GDAL's Int64/UInt64 setters (the
+/// double setter stores INT64_MAX as "9" and UINT64_MAX as "1").
+void set_band_nodata(GDALRasterBandH band, DType dtype, const NodataValue& nodata) {
   CPLErr err = CE_None;
-  // 64-bit integers go through the exact setters when the value is an integer in range, so
-  // large sentinels (e.g. INT64_MIN) are not rounded through the string form of a double.
-  if (dtype == DType::int64 && std::trunc(nodata) == nodata && nodata >= -0x1p63 &&
-      nodata < 0x1p63) {
-    err = GDALSetRasterNoDataValueAsInt64(band, static_cast<std::int64_t>(nodata));
-  } else if (dtype == DType::uint64 && std::trunc(nodata) == nodata && nodata >= 0 &&
-             nodata < 0x1p64) {
-    err = GDALSetRasterNoDataValueAsUInt64(band, static_cast<std::uint64_t>(nodata));
+  if (const auto i = nodata.as_int64(); dtype == DType::int64 && i) {
+    err = GDALSetRasterNoDataValueAsInt64(band, *i);
+  } else if (const auto u = nodata.as_uint64(); dtype == DType::uint64 && u) {
+    err = GDALSetRasterNoDataValueAsUInt64(band, *u);
   } else {
-    err = GDALSetRasterNoDataValue(band, nodata);
+    err = GDALSetRasterNoDataValue(band, nodata.to_double());
   }
-  if (err != CE_None) fail("cannot set nodata " + std::to_string(nodata));
+  if (err != CE_None) fail("cannot set nodata " + nodata.to_string());
 }
 
 /// Header of an open dataset; @p bands (1-based) select the bands checked for a common dtype
@@ -268,7 +266,8 @@ RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path,
   meta.band_count = static_cast<int>(selected.size());
   GDALRasterBandH first = GDALGetRasterBand(ds, selected.front());
   meta.dtype = dtype_from_band(first, path);
-  meta.nodata = band_nodata(first, meta.dtype);
+  meta.exact_nodata = band_nodata(first, meta.dtype);
+  if (meta.exact_nodata) meta.nodata = meta.exact_nodata->to_double();
   for (int b : selected) {
     GDALRasterBandH band = GDALGetRasterBand(ds, b);
     if (dtype_from_band(band, path) != meta.dtype) {
@@ -276,7 +275,7 @@ RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path,
                                " has a different data type than band " +
                                std::to_string(selected.front()));
     }
-    if (!same_nodata(band_nodata(band, meta.dtype), meta.nodata)) {
+    if (band_nodata(band, meta.dtype) != meta.exact_nodata) {
       throw std::runtime_error("raster '" + shown(path) + "': band " + std::to_string(b) +
                                " has a different nodata value than band " +
                                std::to_string(selected.front()) +
@@ -375,7 +374,8 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
   }
   OwnedRasterArray out =
       OwnedRasterArray::allocate(Residency::host, meta.dtype, meta.band_count, w.height, w.width,
-                                 meta.nodata, shifted(meta.affine, w.col_off, w.row_off), meta.crs);
+                                 std::nullopt, shifted(meta.affine, w.col_off, w.row_off), meta.crs)
+          .with_nodata(meta.exact_nodata);
   raster_io(ds, GF_Read, w, out.mutable_host_data(), meta.dtype, bands, w.width, w.width * w.height,
             path);
   return out;
@@ -384,7 +384,7 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
 /// Creates the dataset @p file (the temporary file of @p path, which messages name).
 Dataset create_dataset(const std::string& file, const std::string& path, DType dtype,
                        int band_count, std::int64_t height, std::int64_t width,
-                       const std::optional<double>& nodata, const Affine& affine,
+                       const std::optional<NodataValue>& nodata, const Affine& affine,
                        const std::string& crs, const WriteOptions& options) {
   register_drivers();
   if (height > INT_MAX || width > INT_MAX) {
@@ -503,7 +503,7 @@ void write_raster(const std::string& path, const OwnedRasterArray& raster,
   detail::PendingOutput pending(path);  // declared before the dataset: removed after its close
   Dataset ds =
       create_dataset(pending.path(), path, raster.dtype(), raster.band_count(), raster.height(),
-                     raster.width(), raster.nodata(), raster.affine(), raster.crs(), options);
+                     raster.width(), raster.exact_nodata(), raster.affine(), raster.crs(), options);
   std::vector<int> bands = all_bands(raster.band_count());
   raster_io(ds.get(), GF_Write, RasterWindow{0, 0, raster.width(), raster.height()},
             const_cast<void*>(pixels), raster.dtype(), bands, raster.width(),
@@ -712,7 +712,7 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
   Dataset dst;
   DType out_dtype = DType::float32;
   int out_bands = 0;
-  std::optional<double> out_nodata;
+  std::optional<NodataValue> out_nodata;
   walk_tiles(s, in, [&](OwnedRasterArray tile_in, const TileInfo& where) {
     // The input tile is released before the result is written: one tile live at a time.
     const OwnedRasterArray result = [&] {
@@ -736,12 +736,12 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
       // Created from the first result: the output dtype and nodata are the op's.
       out_dtype = result.dtype();
       out_bands = l.per_band ? static_cast<int>(l.bands.size()) : result.band_count();
-      out_nodata = result.nodata();
+      out_nodata = result.exact_nodata();
       pending.emplace(out);
       dst = create_dataset(pending->path(), out, out_dtype, out_bands, s.meta.height, s.meta.width,
                            out_nodata, s.meta.affine, s.meta.crs, options.write);
     } else if (result.dtype() != out_dtype || (!l.per_band && result.band_count() != out_bands) ||
-               !same_nodata(result.nodata(), out_nodata)) {
+               result.exact_nodata() != out_nodata) {
       throw std::invalid_argument(std::string(who) + ": tile " + std::to_string(where.index) +
                                   " result differs from the first tile's in dtype, band count "
                                   "or nodata");

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define VSR_HD __host__ __device__
@@ -105,7 +106,11 @@ struct Valid {
     if constexpr (is_float_v<T>) {
       if (has && spec.value != spec.value) has = false;  // NaN nodata: the NaN test covers it
     }
-    if (has) nodata = static_cast<T>(spec.value);
+    if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint64_t>) {
+      if (has) nodata = static_cast<T>(spec.bits);  // exact: a double cannot hold INT64_MAX
+    } else {
+      if (has) nodata = static_cast<T>(spec.value);
+    }
   }
   VSR_HD bool operator()(T v) const {
     if constexpr (is_float_v<T>) {

@@ -69,10 +69,17 @@ bool representable(double v, DType d) {
 
 be::NodataSpec nodata_spec(const OwnedRasterArray& r) {
   be::NodataSpec s;
-  if (const auto nd = r.nodata(); nd && representable(*nd, r.dtype())) {
+  const auto nd = r.exact_nodata();
+  if (!nd) return s;
+  // 64-bit integers compare against the exact sentinel (INT64_MAX is no double).
+  if (r.dtype() == DType::int64) {
+    if (const auto v = nd->as_int64()) s.has = true, s.bits = static_cast<std::uint64_t>(*v);
+  } else if (r.dtype() == DType::uint64) {
+    if (const auto v = nd->as_uint64()) s.has = true, s.bits = *v;
+  } else if (representable(nd->to_double(), r.dtype())) {
     s.has = true;
-    s.value = *nd;
   }
+  s.value = nd->to_double();
   return s;
 }
 
@@ -102,9 +109,10 @@ void* mutable_pixels(OwnedRasterArray& r) {
   return r.residency() == Residency::device ? r.device_data() : r.mutable_host_data();
 }
 
-OwnedRasterArray like(const OwnedRasterArray& r, DType dtype, std::optional<double> nodata) {
+OwnedRasterArray like(const OwnedRasterArray& r, DType dtype, std::optional<NodataValue> nodata) {
   return OwnedRasterArray::allocate(r.residency(), dtype, r.band_count(), r.height(), r.width(),
-                                    nodata, r.affine(), r.crs());
+                                    std::nullopt, r.affine(), r.crs())
+      .with_nodata(nodata);
 }
 
 void require_finite(double v, const char* what) {
@@ -135,7 +143,8 @@ void check_out(const OwnedRasterArray& input, const OwnedRasterArray& out, DType
 }
 
 /// Gives @p out the result's georeferencing.
-void label(OwnedRasterArray& out, const OwnedRasterArray& source, std::optional<double> nodata) {
+void label(OwnedRasterArray& out, const OwnedRasterArray& source,
+           std::optional<NodataValue> nodata) {
   detail::RasterAccess::set_georeferencing(out, nodata, source.affine(), source.crs());
 }
 
@@ -288,7 +297,7 @@ void run_clip(bool dev, const OwnedRasterArray& raster, double lower, double upp
 OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper) {
   clip_bounds(raster.dtype(), lower, upper);
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
-  OwnedRasterArray out = like(raster, raster.dtype(), raster.nodata());
+  OwnedRasterArray out = like(raster, raster.dtype(), raster.exact_nodata());
   run_clip(dev, raster, lower, upper, out);
   return out;
 }
@@ -297,7 +306,7 @@ void clip_into(const OwnedRasterArray& raster, double lower, double upper, Owned
   clip_bounds(raster.dtype(), lower, upper);
   check_out(raster, out, raster.dtype(), "clip_into", true);
   run_clip(on_device(raster), raster, lower, upper, out);
-  label(out, raster, raster.nodata());
+  label(out, raster, raster.exact_nodata());
 }
 
 namespace {

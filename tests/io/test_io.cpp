@@ -697,3 +697,58 @@ TEST_CASE("a read larger than host memory is refused up front, with the amount")
   CHECK(read_raster(path, RasterWindow{5, 5, 3, 2}, {7}).byte_size() == 24);
   CHECK(available_host_memory() > 0);
 }
+
+TEST_CASE("64-bit integer nodata at the type's limits reads and writes exactly") {
+  TempDir dir;
+  constexpr std::int64_t imax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::uint64_t umax = std::numeric_limits<std::uint64_t>::max();
+  GDALAllRegister();
+  // Int64 with nodata INT64_MAX, UInt64 with nodata UINT64_MAX, set through GDAL's exact calls.
+  const std::vector<std::int64_t> ip{imax, 9, imax - 1, 1, imax, -5};
+  const std::vector<std::uint64_t> up{umax, 1, umax - 1, 9, umax, 0};
+  const std::string ipath = dir.file("i64.tif"), upath = dir.file("u64.tif");
+  {
+    GDALDatasetH ds =
+        GDALCreate(GDALGetDriverByName("GTiff"), ipath.c_str(), 3, 2, 1, GDT_Int64, nullptr);
+    GDALRasterBandH b = GDALGetRasterBand(ds, 1);
+    REQUIRE(GDALSetRasterNoDataValueAsInt64(b, imax) == CE_None);
+    REQUIRE(GDALRasterIO(b, GF_Write, 0, 0, 3, 2, const_cast<std::int64_t*>(ip.data()), 3, 2,
+                         GDT_Int64, 0, 0) == CE_None);
+    GDALClose(ds);
+    ds = GDALCreate(GDALGetDriverByName("GTiff"), upath.c_str(), 3, 2, 1, GDT_UInt64, nullptr);
+    b = GDALGetRasterBand(ds, 1);
+    REQUIRE(GDALSetRasterNoDataValueAsUInt64(b, umax) == CE_None);
+    REQUIRE(GDALRasterIO(b, GF_Write, 0, 0, 3, 2, const_cast<std::uint64_t*>(up.data()), 3, 2,
+                         GDT_UInt64, 0, 0) == CE_None);
+    GDALClose(ds);
+  }
+  const OwnedRasterArray ri = read_raster(ipath);
+  REQUIRE(ri.exact_nodata().has_value());
+  CHECK(ri.exact_nodata()->as_int64() == std::optional<std::int64_t>(imax));
+  CHECK(read_raster_metadata(ipath).exact_nodata == ri.exact_nodata());
+  CHECK(band_statistics(ri)[0].count == 4);  // 9, INT64_MAX - 1, 1, -5
+  const OwnedRasterArray ru = read_raster(upath);
+  CHECK(ru.exact_nodata()->as_uint64() == std::optional<std::uint64_t>(umax));
+  CHECK(band_statistics(ru)[0].count == 4);
+
+  // Written back, GDAL reads the same sentinels (the double setter wrote "9" and "1").
+  write_raster(dir.file("i64-out.tif"), ri);
+  write_raster(dir.file("u64-out.tif"), ru);
+  GDALDatasetH ds = GDALOpen(dir.file("i64-out.tif").c_str(), GA_ReadOnly);
+  int has = 0;
+  CHECK(GDALGetRasterNoDataValueAsInt64(GDALGetRasterBand(ds, 1), &has) == imax);
+  CHECK(has == 1);
+  GDALClose(ds);
+  ds = GDALOpen(dir.file("u64-out.tif").c_str(), GA_ReadOnly);
+  CHECK(GDALGetRasterNoDataValueAsUInt64(GDALGetRasterBand(ds, 1), &has) == umax);
+  GDALClose(ds);
+  // Streamed ops that keep the dtype keep the sentinel.
+  RasterPlan plan;
+  plan.strategy = TilingStrategy::tiled;
+  plan.tile_shape = std::pair<std::int64_t, std::int64_t>{1, 2};
+  process_raster_streamed(
+      ipath, dir.file("clip.tif"), [](const OwnedRasterArray& t) { return clip(t, 0, 5); }, plan);
+  const OwnedRasterArray c = read_raster(dir.file("clip.tif"));
+  CHECK(c.exact_nodata() == ri.exact_nodata());
+  CHECK(as_vector<std::int64_t>(c) == std::vector<std::int64_t>{imax, 5, 5, 1, imax, 0});
+}

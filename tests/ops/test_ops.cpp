@@ -391,6 +391,30 @@ TEST_SUITE("ops") {
     }
   }
 
+  TEST_CASE("64-bit integer nodata at the type's limits marks exactly its pixels") {
+    constexpr std::int64_t imax = std::numeric_limits<std::int64_t>::max();
+    constexpr std::uint64_t umax = std::numeric_limits<std::uint64_t>::max();
+    // INT64_MAX - 1 and UINT64_MAX - 1 share the sentinel's double but are valid pixels.
+    std::vector<std::int64_t> i{imax, 5, imax - 1, -7, imax, 0};
+    const auto ri = OwnedRasterArray::from_host(i.data(), DType::int64, 1, 2, 3)
+                        .with_nodata(NodataValue::from_int64(imax));
+    const BandStatistics si = band_statistics(ri)[0];
+    CHECK(si.count == 4);
+    CHECK(si.max == static_cast<double>(imax - 1));
+    CHECK(si.min == -7);
+    CHECK(histogram(ri, 2, -10, 10)[0] == std::vector<std::int64_t>{1, 2});
+    const auto ci = clip(ri, -1, 100);
+    CHECK(ci.exact_nodata() == ri.exact_nodata());
+    CHECK(read<std::int64_t>(ci) == std::vector<std::int64_t>{imax, 5, 100, -1, imax, 0});
+    CHECK(read<std::int64_t>(fill_nodata(ri, 9)) ==
+          std::vector<std::int64_t>{9, 5, imax - 1, -7, 9, 0});
+    std::vector<std::uint64_t> u{umax, 1, umax - 1, umax};
+    const auto ru = OwnedRasterArray::from_host(u.data(), DType::uint64, 1, 2, 2)
+                        .with_nodata(NodataValue::from_uint64(umax));
+    CHECK(band_statistics(ru)[0].count == 2);
+    CHECK(read<double>(focal_mean_3x3(ru))[0] != read<double>(focal_mean_3x3(ru))[0]);  // NaN
+  }
+
   TEST_CASE("histogram values on bin edges go where numpy.histogram puts them") {
     // numpy.histogram([0.3, 0.6, 0.7, 0.1, 0.2, 0.5, 0.9, 1.0, 0.0], 10, (0, 1)) counts
     // [1, 1, 2, 0, 0, 2, 1, 0, 0, 2]: 0.3, 0.6 and 0.7 lie below linspace's edges

@@ -447,6 +447,34 @@ def rescale_nodata_never_valid(env):
     check(sum(1 for g in got if g == 0.0) == px.count(lo), "the valid minimum stays valid")
 
 
+def stats_rows(stdout):
+    """vsr-run's statistics table: {band: (count, min, max, mean, std)}."""
+    rows = {}
+    for line in stdout.decode().splitlines():
+        parts = line.split()
+        if len(parts) == 6 and parts[0].isdigit():
+            rows[int(parts[0])] = (int(parts[1]),) + tuple(float(x) for x in parts[2:])
+    return rows
+
+
+@case
+def int64_nodata_at_type_limits(env):
+    imax, umax = 2**63 - 1, 2**64 - 1
+    for dtype, nd, values in (("int64", imax, [imax, 9, imax - 1, 1, -5]),
+                              ("uint64", umax, [umax, 1, umax - 1, 9, 0])):
+        src = env.make(env.path(dtype + ".tif"), "--width", 10, "--height", 7, "--dtype", dtype,
+                       "--nodata", str(nd), "--value", "list:" + ",".join(map(str, values)))
+        d = env.dump(src)
+        check(d["band_info"][0]["nodata"] == nd, d["band_info"])
+        px = d["pixels"][0]
+        valid = [v for v in px if v != nd]
+        p = env.run(env.vsr_run, "--op", "stats", "--input", src)
+        expect_exit(p, 0, "stats " + dtype)
+        row = stats_rows(p.stdout)[1]
+        check(row[0] == len(valid), "%s: count %d, want %d" % (dtype, row[0], len(valid)))
+        check(abs(row[2] - max(valid)) <= 1e-5 * max(valid), "%s: max %r" % (dtype, row[2]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-root", required=True)
