@@ -246,8 +246,8 @@ void set_band_nodata(GDALRasterBandH band, DType dtype, const NodataValue& nodat
 
 /// Header of an open dataset; @p bands (1-based) select the bands checked for a common dtype
 /// and nodata, all bands when empty.
-RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path,
-                           const std::vector<int>& bands) {
+RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path, const std::vector<int>& bands,
+                           bool mixed_nodata = false) {
   RasterMetadata meta;
   meta.width = GDALGetRasterXSize(ds);
   meta.height = GDALGetRasterYSize(ds);
@@ -275,7 +275,7 @@ RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path,
                                " has a different data type than band " +
                                std::to_string(selected.front()));
     }
-    if (band_nodata(band, meta.dtype) != meta.exact_nodata) {
+    if (!mixed_nodata && band_nodata(band, meta.dtype) != meta.exact_nodata) {
       throw std::runtime_error("raster '" + shown(path) + "': band " + std::to_string(b) +
                                " has a different nodata value than band " +
                                std::to_string(selected.front()) +
@@ -342,11 +342,11 @@ std::string window_text(const RasterWindow& w, int bands, DType dtype) {
 /// up front instead).
 OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
                            std::optional<RasterWindow> window, std::vector<int> bands,
-                           bool check_memory = true) {
+                           bool check_memory = true, bool mixed_nodata = false) {
   if (bands.empty()) {
     for (int b = 1; b <= GDALGetRasterCount(ds); ++b) bands.push_back(b);
   }
-  const RasterMetadata meta = metadata_of(ds, path, bands);
+  const RasterMetadata meta = metadata_of(ds, path, bands, mixed_nodata);
   const RasterWindow w = window.value_or(RasterWindow{0, 0, meta.width, meta.height});
   if (w.width <= 0 || w.height <= 0 || w.col_off < 0 || w.row_off < 0 ||
       w.col_off > meta.width - w.width || w.row_off > meta.height - w.height) {
@@ -384,7 +384,7 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
 /// Creates the dataset @p file (the temporary file of @p path, which messages name).
 Dataset create_dataset(const std::string& file, const std::string& path, DType dtype,
                        int band_count, std::int64_t height, std::int64_t width,
-                       const std::optional<NodataValue>& nodata, const Affine& affine,
+                       const std::optional<NodataValue>& nodata, const Affine* affine,
                        const std::string& crs, const WriteOptions& options) {
   register_drivers();
   if (height > INT_MAX || width > INT_MAX) {
@@ -429,13 +429,28 @@ Dataset create_dataset(const std::string& file, const std::string& path, DType d
     // Files beyond 4 GiB need BigTIFF; IF_SAFER decides from the uncompressed size.
     opts.SetNameValue("BIGTIFF", "IF_SAFER");
   }
+  if (options.num_threads != 0) {
+    opts.SetNameValue("NUM_THREADS", options.num_threads < 0
+                                         ? "ALL_CPUS"
+                                         : std::to_string(options.num_threads).c_str());
+  }
+  for (const std::string& kv : options.creation_options) {
+    const std::size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw std::invalid_argument("write_raster: creation option '" + shown(kv) +
+                                  "' is not KEY=VALUE");
+    }
+    opts.SetNameValue(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
+  }
   GDALDatasetH ds = GDALCreate(driver, file.c_str(), static_cast<int>(width),
                                static_cast<int>(height), band_count, gdal_type(dtype), opts.List());
   if (ds == nullptr) fail("cannot create raster '" + shown(path) + "'");
   Dataset owned(ds);
-  std::array<double, 6> gt = affine.to_gdal();
-  if (GDALSetGeoTransform(ds, gt.data()) != CE_None) {
-    fail("cannot set the geotransform of '" + shown(path) + "'");
+  if (affine != nullptr) {
+    std::array<double, 6> gt = affine->to_gdal();
+    if (GDALSetGeoTransform(ds, gt.data()) != CE_None) {
+      fail("cannot set the geotransform of '" + shown(path) + "'");
+    }
   }
   if (!wkt.empty() && GDALSetProjection(ds, wkt.c_str()) != CE_None) {
     fail("cannot set the CRS of '" + shown(path) + "'");
@@ -500,16 +515,16 @@ void write_raster(const std::string& path, const OwnedRasterArray& raster,
   QuietErrors quiet;
   std::vector<std::byte> scratch;
   const void* pixels = host_pixels(raster, scratch);
-  detail::PendingOutput pending(path);  // declared before the dataset: removed after its close
-  Dataset ds =
-      create_dataset(pending.path(), path, raster.dtype(), raster.band_count(), raster.height(),
-                     raster.width(), raster.exact_nodata(), raster.affine(), raster.crs(), options);
+  detail::PendingOutput pending(path, options.overwrite);  // before the dataset: removed after it
+  Dataset ds = create_dataset(pending.path(), path, raster.dtype(), raster.band_count(),
+                              raster.height(), raster.width(), raster.exact_nodata(),
+                              &raster.affine(), raster.crs(), options);
   std::vector<int> bands = all_bands(raster.band_count());
   raster_io(ds.get(), GF_Write, RasterWindow{0, 0, raster.width(), raster.height()},
             const_cast<void*>(pixels), raster.dtype(), bands, raster.width(),
             raster.width() * raster.height(), path);
   close_checked(ds, path, quiet);
-  pending.commit();
+  pending.commit(options.overwrite);
 }
 
 void process_raster_streamed(const std::string& in, const std::string& out, const BandOp& op,
@@ -523,19 +538,28 @@ void process_raster_streamed(const std::string& in, const std::string& out, cons
 
 namespace {
 
-/// How a streamed run goes through a file: its passes (bands_per_pass of the selected bands at a
-/// time) and tiles.
+/// How a streamed run goes through a file: its passes (runs of selected bands) and tiles.
 struct StreamLayout {
-  std::vector<int> bands;  ///< selected, 1-based
-  int per_pass = 1;        ///< bands per pass
+  std::vector<int> bands;                               ///< selected, 1-based
+  std::vector<std::optional<NodataValue>> band_nodata;  ///< of each selected band
+  struct Pass {
+    int first = 0, count = 0;  ///< positions among the selected bands
+  };
+  std::vector<Pass> passes;
   std::int64_t th = 0, tw = 0, rows = 0, cols = 0, halo = 0;
-  std::int64_t passes = 1, tiles_per_pass = 1;
-  bool per_band = false;  ///< several passes: bands are independent
-  std::int64_t total() const { return passes * tiles_per_pass; }
+  bool per_band = false;  ///< bands are independent: each pass's result goes to its own bands
+  bool mixed_nodata = false;
+  std::int64_t tiles_per_pass() const { return rows * cols; }
+  std::int64_t total() const { return static_cast<std::int64_t>(passes.size()) * rows * cols; }
+  int max_pass_bands() const {
+    int m = 0;
+    for (const Pass& p : passes) m = std::max(m, p.count);
+    return m;
+  }
 };
 
 StreamLayout layout_of(GDALDatasetH ds, const RasterMetadata& meta, const RasterPlan& plan,
-                       const std::vector<int>& selected, const char* who) {
+                       const StreamOptions& options, const char* who) {
   if (plan.halo < 0) {
     throw std::invalid_argument(std::string(who) + ": negative halo " + std::to_string(plan.halo));
   }
@@ -544,12 +568,32 @@ StreamLayout layout_of(GDALDatasetH ds, const RasterMetadata& meta, const Raster
                                 std::to_string(plan.bands_per_pass) + " < 1");
   }
   StreamLayout l;
-  l.bands = selected.empty() ? all_bands(GDALGetRasterCount(ds)) : selected;
+  l.bands = options.bands.empty() ? all_bands(GDALGetRasterCount(ds)) : options.bands;
+  for (const int b : l.bands) {
+    l.band_nodata.push_back(band_nodata(GDALGetRasterBand(ds, b), meta.dtype));
+    l.mixed_nodata = l.mixed_nodata || l.band_nodata.back() != l.band_nodata.front();
+  }
   const int n = static_cast<int>(l.bands.size());
   // A whole plan is one pass whatever bands_per_pass says (a default RasterPlan says 1).
-  l.per_band = plan.strategy != TilingStrategy::whole && plan.bands_per_pass < n;
-  l.per_pass = l.per_band ? plan.bands_per_pass : n;
-  l.passes = (n + l.per_pass - 1) / l.per_pass;
+  l.per_band =
+      options.per_band || (plan.strategy != TilingStrategy::whole && plan.bands_per_pass < n);
+  if (l.per_band) {
+    // Runs of at most bands_per_pass consecutive bands of one nodata.
+    const int most = options.per_band && plan.strategy == TilingStrategy::whole
+                         ? n
+                         : std::min(plan.bands_per_pass, n);
+    for (int b = 0; b < n; ++b) {
+      const auto i = static_cast<std::size_t>(b);
+      if (l.passes.empty() || l.passes.back().count >= most ||
+          l.band_nodata[i] != l.band_nodata[static_cast<std::size_t>(l.passes.back().first)]) {
+        l.passes.push_back({b, 1});
+      } else {
+        ++l.passes.back().count;
+      }
+    }
+  } else {
+    l.passes.push_back({0, n});
+  }
   l.th = meta.height;
   l.tw = meta.width;
   if (plan.strategy == TilingStrategy::tiled) {
@@ -562,8 +606,12 @@ StreamLayout layout_of(GDALDatasetH ds, const RasterMetadata& meta, const Raster
   l.halo = plan.halo;
   l.rows = (meta.height + l.th - 1) / l.th;
   l.cols = (meta.width + l.tw - 1) / l.tw;
-  l.tiles_per_pass = l.rows * l.cols;
   return l;
+}
+
+bool pixel_interleaved(GDALDatasetH ds) {
+  const char* interleave = GDALGetMetadataItem(ds, "INTERLEAVE", "IMAGE_STRUCTURE");
+  return interleave != nullptr && std::strcmp(interleave, "PIXEL") == 0;
 }
 
 /// Bytes of one GDAL block of @p ds holding one band's data: the block of band 1, times the band
@@ -575,8 +623,7 @@ std::uint64_t block_bytes(GDALDatasetH ds) {
   std::uint64_t bytes =
       static_cast<std::uint64_t>(std::max(bx, 1)) * static_cast<std::uint64_t>(std::max(by, 1)) *
       static_cast<std::uint64_t>(GDALGetDataTypeSizeBytes(GDALGetRasterDataType(band)));
-  const char* interleave = GDALGetMetadataItem(ds, "INTERLEAVE", "IMAGE_STRUCTURE");
-  if (interleave != nullptr && std::strcmp(interleave, "PIXEL") == 0) {
+  if (pixel_interleaved(ds)) {
     bytes = detail::checked_mul(bytes, static_cast<std::uint64_t>(GDALGetRasterCount(ds)),
                                 "block byte count");
   }
@@ -596,11 +643,11 @@ std::uint64_t cache_for(GDALDatasetH ds, const RasterMetadata& meta, const Strea
       static_cast<std::uint64_t>((l.th + 2 * l.halo + by - 1) / std::max(by, 1) + 1);
   const std::uint64_t blocks_across =
       static_cast<std::uint64_t>((meta.width + bx - 1) / std::max(bx, 1));
-  const char* interleave = GDALGetMetadataItem(ds, "INTERLEAVE", "IMAGE_STRUCTURE");
-  const bool pixel = interleave != nullptr && std::strcmp(interleave, "PIXEL") == 0;
   const std::uint64_t row = detail::checked_mul(
       detail::checked_mul(block_rows, blocks_across, "cache size"),
-      pixel ? block : detail::checked_mul(block, static_cast<std::uint64_t>(l.per_pass), "cache"),
+      pixel_interleaved(ds)
+          ? block
+          : detail::checked_mul(block, static_cast<std::uint64_t>(l.max_pass_bands()), "cache"),
       "cache size");
   const std::uint64_t floor = detail::checked_mul(block, 2, "cache size");
   return std::clamp(row, floor, detail::checked_add(floor, cache_headroom, "cache size"));
@@ -611,9 +658,10 @@ void check_pass_memory(GDALDatasetH ds, const RasterMetadata& meta, const Stream
                        const StreamOptions& options, const std::string& path, const char* who) {
   const std::uint64_t ph = static_cast<std::uint64_t>(std::min(meta.height, l.th + 2 * l.halo));
   const std::uint64_t pw = static_cast<std::uint64_t>(std::min(meta.width, l.tw + 2 * l.halo));
+  const int bands = l.max_pass_bands();
   const std::uint64_t px =
       detail::checked_mul(detail::checked_mul(ph, pw, "tile pixel count"),
-                          static_cast<std::uint64_t>(l.per_pass), "tile pixel count");
+                          static_cast<std::uint64_t>(bands), "tile pixel count");
   // The tile, and twice a result of up to 8 bytes a pixel (the result and a stacked or host copy).
   const std::uint64_t tile = detail::checked_mul(px, itemsize(meta.dtype) + 16, "pass bytes");
   const std::uint64_t cache =
@@ -628,7 +676,7 @@ void check_pass_memory(GDALDatasetH ds, const RasterMetadata& meta, const Stream
   if (needed > limit) {
     throw HostMemoryLimitError(
         needed, limit,
-        std::string(who) + ": a pass over '" + shown(path) + "' (" + std::to_string(l.per_pass) +
+        std::string(who) + ": a pass over '" + shown(path) + "' (" + std::to_string(bands) +
             " band(s) of " + std::to_string(ph) + " x " + std::to_string(pw) + " " +
             std::string(to_string(meta.dtype)) + ", GDAL blocks of " + bytes_text(block_bytes(ds)) +
             ", cache " + bytes_text(cache) + ") needs " + bytes_text(needed) +
@@ -643,14 +691,24 @@ struct OpenStream {
   Dataset src;
   RasterMetadata meta;
   StreamLayout layout;
+  bool has_geotransform = true;
 };
 
 OpenStream open_stream(const std::string& in, const RasterPlan& plan, const StreamOptions& options,
                        const char* who) {
   OpenStream s;
   s.src = open_readonly(in, options.open);
-  s.meta = metadata_of(s.src.get(), in, options.bands);
-  s.layout = layout_of(s.src.get(), s.meta, plan, options.bands, who);
+  s.meta = metadata_of(s.src.get(), in, options.bands, /*mixed_nodata=*/true);
+  std::array<double, 6> gt{};
+  s.has_geotransform = GDALGetGeoTransform(s.src.get(), gt.data()) == CE_None;
+  CPLErrorReset();
+  s.layout = layout_of(s.src.get(), s.meta, plan, options, who);
+  if (!s.layout.per_band && s.layout.mixed_nodata && !options.mixed_nodata) {
+    throw std::runtime_error(std::string(who) + ": the bands of '" + shown(in) +
+                             "' differ in nodata and the op takes them together: select bands "
+                             "of one nodata, or set StreamOptions::mixed_nodata and take each "
+                             "band's nodata from read_raster_info");
+  }
   check_pass_memory(s.src.get(), s.meta, s.layout, options, in, who);
   if (options.gdal_cache_bytes) GDALSetCacheMax64(static_cast<GIntBig>(*options.gdal_cache_bytes));
   return s;
@@ -658,14 +716,13 @@ OpenStream open_stream(const std::string& in, const RasterPlan& plan, const Stre
 
 /// Calls @p f(tile, where) for every tile of every pass, one tile live at a time.
 template <class F>
-void walk_tiles(const OpenStream& s, const std::string& in, F&& f) {
+void walk_tiles(const OpenStream& s, const std::string& in, const StreamOptions& options, F&& f) {
   const StreamLayout& l = s.layout;
   const RasterMetadata& meta = s.meta;
   std::int64_t index = 0;
-  for (std::int64_t pass = 0; pass < l.passes; ++pass) {
-    const int first = static_cast<int>(pass) * l.per_pass;
-    const int count = std::min(l.per_pass, static_cast<int>(l.bands.size()) - first);
-    const std::vector<int> pass_bands(l.bands.begin() + first, l.bands.begin() + first + count);
+  for (const StreamLayout::Pass& pass : l.passes) {
+    const std::vector<int> pass_bands(l.bands.begin() + pass.first,
+                                      l.bands.begin() + pass.first + pass.count);
     for (std::int64_t r0 = 0; r0 < meta.height; r0 += l.th) {
       for (std::int64_t c0 = 0; c0 < meta.width; c0 += l.tw) {
         const std::int64_t eh = std::min(l.th, meta.height - r0);
@@ -679,23 +736,92 @@ void walk_tiles(const OpenStream& s, const std::string& in, F&& f) {
         where.total = l.total();
         where.window = RasterWindow{c0, r0, ew, eh};
         where.read = RasterWindow{pc0, pr0, pc1 - pc0, pr1 - pr0};
-        where.first_band = first;
-        where.band_count = count;
-        f(read_open(s.src.get(), in, where.read, pass_bands, false), where);
+        where.first_band = pass.first;
+        where.band_count = pass.count;
+        if (options.stage) options.stage(where, TileStage::read);
+        f(read_open(s.src.get(), in, where.read, pass_bands, false, true), where);
       }
+    }
+  }
+}
+
+/// Copies what options.metadata names from @p src to the new output @p dst.
+void copy_metadata(GDALDatasetH src, GDALDatasetH dst, const StreamLayout& l, int out_bands,
+                   MetadataCopy what) {
+  if (what == MetadataCopy::none) return;
+  if (const char* aop = GDALGetMetadataItem(src, "AREA_OR_POINT", nullptr); aop != nullptr) {
+    GDALSetMetadataItem(dst, "AREA_OR_POINT", aop, nullptr);
+  }
+  if (out_bands != static_cast<int>(l.bands.size())) return;
+  for (int b = 0; b < out_bands; ++b) {
+    GDALRasterBandH from = GDALGetRasterBand(src, l.bands[static_cast<std::size_t>(b)]);
+    GDALRasterBandH to = GDALGetRasterBand(dst, b + 1);
+    if (const char* d = GDALGetDescription(from); d != nullptr && *d != '\0') {
+      GDALSetDescription(to, d);
+    }
+    if (const GDALColorInterp ci = GDALGetRasterColorInterpretation(from); ci != GCI_Undefined) {
+      GDALSetRasterColorInterpretation(to, ci);
+    }
+    if (what != MetadataCopy::all) continue;
+    int has = 0;
+    if (const double scale = GDALGetRasterScale(from, &has); has != 0) {
+      GDALSetRasterScale(to, scale);
+    }
+    if (const double offset = GDALGetRasterOffset(from, &has); has != 0) {
+      GDALSetRasterOffset(to, offset);
+    }
+    if (const char* unit = GDALGetRasterUnitType(from); unit != nullptr && *unit != '\0') {
+      GDALSetRasterUnitType(to, unit);
     }
   }
 }
 
 }  // namespace
 
+RasterFileInfo read_raster_info(const std::string& path, const OpenOptions& open) {
+  QuietErrors quiet;
+  Dataset ds = open_readonly(path, open);
+  RasterFileInfo info;
+  info.metadata = metadata_of(ds.get(), path, {}, /*mixed_nodata=*/true);
+  for (int b = 1; b <= GDALGetRasterCount(ds.get()); ++b) {
+    info.band_nodata.push_back(band_nodata(GDALGetRasterBand(ds.get(), b), info.metadata.dtype));
+  }
+  std::array<double, 6> gt{};
+  info.has_geotransform = GDALGetGeoTransform(ds.get(), gt.data()) == CE_None;
+  return info;
+}
+
+std::string output_driver_for(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  const std::size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return "";
+  std::string ext = path.substr(dot + 1);
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (ext == "tif" || ext == "tiff") return "GTiff";
+  register_drivers();
+  for (int i = 0; i < GDALGetDriverCount(); ++i) {
+    GDALDriverH d = GDALGetDriver(i);
+    if (GDALGetMetadataItem(d, GDAL_DCAP_RASTER, nullptr) == nullptr ||
+        GDALGetMetadataItem(d, GDAL_DCAP_CREATE, nullptr) == nullptr) {
+      continue;
+    }
+    const char* exts = GDALGetMetadataItem(d, GDAL_DMD_EXTENSIONS, nullptr);
+    if (exts == nullptr) continue;
+    const CPLStringList list(CSLTokenizeString2(exts, " ", 0));
+    for (int k = 0; k < list.size(); ++k) {
+      if (EQUAL(list[k], ext.c_str())) return GDALGetDriverShortName(d);
+    }
+  }
+  return "";
+}
+
 std::uint64_t gdal_cache_for_plan(const std::string& in, const RasterPlan& plan,
                                   const StreamOptions& options) {
   QuietErrors quiet;
   Dataset src = open_readonly(in, options.open);
-  const RasterMetadata meta = metadata_of(src.get(), in, options.bands);
+  const RasterMetadata meta = metadata_of(src.get(), in, options.bands, true);
   return cache_for(src.get(), meta,
-                   layout_of(src.get(), meta, plan, options.bands, "gdal_cache_for_plan"));
+                   layout_of(src.get(), meta, plan, options, "gdal_cache_for_plan"));
 }
 
 void process_raster_file(const std::string& in, const std::string& out, const BandOp& op,
@@ -705,6 +831,7 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
   QuietErrors quiet;
   OpenStream s = open_stream(in, plan, options, who);
   const StreamLayout& l = s.layout;
+  const bool gtiff = options.write.driver == "GTiff";
 
   // Declared before the output dataset, so that on an error the dataset is closed first and its
   // temporary file removed after.
@@ -712,8 +839,12 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
   Dataset dst;
   DType out_dtype = DType::float32;
   int out_bands = 0;
-  std::optional<NodataValue> out_nodata;
-  walk_tiles(s, in, [&](OwnedRasterArray tile_in, const TileInfo& where) {
+  std::optional<NodataValue> out_nodata;   // of the current pass's result
+  std::optional<NodataValue> file_nodata;  // GTiff: the one nodata the file has, once set
+  bool file_nodata_set = false;
+  std::int64_t pass_first_tile = -1;
+  walk_tiles(s, in, options, [&](OwnedRasterArray tile_in, const TileInfo& where) {
+    if (options.stage) options.stage(where, TileStage::compute);
     // The input tile is released before the result is written: one tile live at a time.
     const OwnedRasterArray result = [&] {
       const OwnedRasterArray tile = std::move(tile_in);
@@ -732,20 +863,47 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
           " band(s) for a pass of " + std::to_string(where.band_count) +
           " (a plan with fewer bands per pass than bands treats bands as independent)");
     }
+    const bool first_of_pass = where.index % l.tiles_per_pass() == 0;
     if (!dst) {
       // Created from the first result: the output dtype and nodata are the op's.
       out_dtype = result.dtype();
       out_bands = l.per_band ? static_cast<int>(l.bands.size()) : result.band_count();
-      out_nodata = result.exact_nodata();
-      pending.emplace(out);
+      pending.emplace(out, options.write.overwrite);
       dst = create_dataset(pending->path(), out, out_dtype, out_bands, s.meta.height, s.meta.width,
-                           out_nodata, s.meta.affine, s.meta.crs, options.write);
-    } else if (result.dtype() != out_dtype || (!l.per_band && result.band_count() != out_bands) ||
-               result.exact_nodata() != out_nodata) {
+                           std::nullopt, s.has_geotransform ? &s.meta.affine : nullptr, s.meta.crs,
+                           options.write);
+      copy_metadata(s.src.get(), dst.get(), l, out_bands, options.metadata);
+    } else if (result.dtype() != out_dtype || (!l.per_band && result.band_count() != out_bands)) {
       throw std::invalid_argument(std::string(who) + ": tile " + std::to_string(where.index) +
-                                  " result differs from the first tile's in dtype, band count "
-                                  "or nodata");
+                                  " result differs from the first tile's in dtype or band count");
     }
+    if (first_of_pass) {
+      // Each pass's result nodata goes on its own bands.
+      pass_first_tile = where.index;
+      out_nodata = result.exact_nodata();
+      if (gtiff && file_nodata_set && out_nodata != file_nodata) {
+        throw std::invalid_argument(
+            std::string(who) + ": the results of bands " + std::to_string(where.first_band + 1) +
+            ".. have nodata " + (out_nodata ? out_nodata->to_string() : "none") +
+            ", earlier bands " + (file_nodata ? file_nodata->to_string() : "none") +
+            ", and GTiff keeps one nodata for all bands: write these bands to a file of their "
+            "own or to a format with a nodata per band");
+      }
+      file_nodata = out_nodata;
+      file_nodata_set = true;
+      const int first_out = l.per_band ? where.first_band : 0;
+      const int count = l.per_band ? where.band_count : out_bands;
+      if (out_nodata) {
+        for (int b = 0; b < count; ++b) {
+          set_band_nodata(GDALGetRasterBand(dst.get(), first_out + b + 1), out_dtype, *out_nodata);
+        }
+      }
+    } else if (result.exact_nodata() != out_nodata) {
+      throw std::invalid_argument(std::string(who) + ": tile " + std::to_string(where.index) +
+                                  " result differs from tile " + std::to_string(pass_first_tile) +
+                                  "'s in nodata");
+    }
+    if (options.stage) options.stage(where, TileStage::write);
     std::vector<std::byte> scratch;
     const auto* base = static_cast<const std::byte*>(host_pixels(result, scratch));
     const std::size_t offset =
@@ -764,7 +922,7 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
   });
   close_checked(dst, out, quiet);
   s.src.reset();  // the input closed before the output replaces it (in place: the same file)
-  pending->commit();
+  pending->commit(options.write.overwrite);
 }
 
 void for_each_raster_tile(
@@ -775,8 +933,9 @@ void for_each_raster_tile(
   if (!visit) throw std::invalid_argument(std::string(who) + ": empty visitor");
   QuietErrors quiet;
   const OpenStream s = open_stream(in, plan, options, who);
-  walk_tiles(s, in, [&](OwnedRasterArray tile, const TileInfo& where) {
+  walk_tiles(s, in, options, [&](OwnedRasterArray tile, const TileInfo& where) {
     quiet.check("cannot read '" + shown(in) + "'");
+    if (options.stage) options.stage(where, TileStage::compute);
     visit(tile, where);
     if (options.progress) options.progress(where.index + 1, where.total);
   });

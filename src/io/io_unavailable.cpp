@@ -21,8 +21,12 @@ bool io_available() noexcept {
   return false;
 }
 
-void remove_partial_outputs_on_signals() noexcept {
-  // Nothing is ever written without GDAL, so there is nothing to remove.
+std::string output_driver_for(const std::string& /*path*/) {
+  return "";
+}
+
+RasterFileInfo read_raster_info(const std::string& /*path*/, const OpenOptions& /*open*/) {
+  unavailable("read_raster_info");
 }
 
 std::vector<std::string> default_input_drivers() {

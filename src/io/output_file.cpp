@@ -120,7 +120,7 @@ void sync_path(const std::string& path, int flags) noexcept {
 
 }  // namespace
 
-PendingOutput::PendingOutput(const std::string& target) {
+PendingOutput::PendingOutput(const std::string& target, bool overwrite) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path t(target);
@@ -143,6 +143,9 @@ PendingOutput::PendingOutput(const std::string& target) {
   const bool exists = ::stat(target_.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode)) {
     throw std::runtime_error("cannot write '" + printable(target) + "': it is a directory");
+  }
+  if (exists && !overwrite) {
+    throw std::runtime_error("'" + printable(target) + "' exists (overwriting was not asked for)");
   }
   for (int attempt = 0;; ++attempt) {
     temp_stem_ = "." + stem_ + ".vsr-" + random_suffix();
@@ -187,7 +190,7 @@ void PendingOutput::remove_files() noexcept {
   ::unlink(temp_.c_str());
 }
 
-void PendingOutput::commit() {
+void PendingOutput::commit(bool overwrite) {
   std::vector<std::string> sidecars;
   if (DIR* d = ::opendir(dir_.c_str()); d != nullptr) {
     while (const dirent* e = ::readdir(d)) {
@@ -212,14 +215,49 @@ void PendingOutput::commit() {
   }
   // A stale .aux.xml of the old file would otherwise apply its metadata to the new one.
   if (!aux_written) ::unlink((target_ + aux_suffix).c_str());
-  if (::rename(temp_.c_str(), target_.c_str()) != 0) {
-    fail("rename '" + printable(temp_) + "' to '" + printable(target_) + "'", errno);
+  if (overwrite) {
+    if (::rename(temp_.c_str(), target_.c_str()) != 0) {
+      fail("rename '" + printable(temp_) + "' to '" + printable(target_) + "'", errno);
+    }
+  } else {
+    // link(2) never replaces: a target that appeared meanwhile is kept and the run fails.
+    if (::link(temp_.c_str(), target_.c_str()) != 0) {
+      fail("write '" + printable(target_) + "'" +
+               (errno == EEXIST ? std::string(" (it exists; overwriting was not asked for)") : ""),
+           errno);
+    }
+    ::unlink(temp_.c_str());
   }
   committed_ = true;
   sync_path(dir_, O_RDONLY | O_DIRECTORY);
 }
 
 }  // namespace detail
+
+void write_file_atomically(const std::string& path, const std::string& bytes, bool overwrite) {
+  detail::PendingOutput pending(path, overwrite);
+  const int fd = ::open(pending.path().c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+  if (fd < 0)
+    throw std::runtime_error("cannot write '" + detail::printable(path) +
+                             "': " + detail::errno_text(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      throw std::runtime_error("cannot write '" + detail::printable(path) +
+                               "': " + detail::errno_text(err));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0) {
+    throw std::runtime_error("cannot write '" + detail::printable(path) +
+                             "': " + detail::errno_text(errno));
+  }
+  pending.commit(overwrite);
+}
 
 void remove_partial_outputs_on_signals() noexcept {
   static std::atomic<bool> installed{false};

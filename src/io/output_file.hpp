@@ -21,8 +21,9 @@ namespace vibespatial::raster::detail {
 class PendingOutput {
  public:
   /// Creates the temporary file for @p target.
-  /// @throws std::runtime_error (naming the directory and errno) when it cannot be created.
-  explicit PendingOutput(const std::string& target);
+  /// @throws std::runtime_error (naming the directory and errno) when it cannot be created, or
+  /// when @p target exists and @p overwrite is false.
+  explicit PendingOutput(const std::string& target, bool overwrite = true);
   /// Removes the temporary file and its sidecars unless commit() succeeded. Never throws.
   ~PendingOutput();
   PendingOutput(const PendingOutput&) = delete;
@@ -32,10 +33,11 @@ class PendingOutput {
   const std::string& path() const noexcept { return temp_; }
 
   /// Makes the written file the target: fsync of the file, sidecars renamed (a stale
-  /// "<target>.aux.xml" removed when none was written), the file renamed over the target, fsync
-  /// of the directory. @throws std::runtime_error when a rename fails; the temporary files are
-  /// removed then and the target is as it was.
-  void commit();
+  /// "<target>.aux.xml" removed when none was written), the file renamed over the target (with
+  /// @p overwrite false: linked, so an existing target is never replaced), fsync of the
+  /// directory. @throws std::runtime_error when a rename fails or (overwrite false) the target
+  /// exists; the temporary files are removed then and the target is as it was.
+  void commit(bool overwrite = true);
 
  private:
   void remove_files() noexcept;

@@ -112,6 +112,12 @@ OwnedRasterArray pattern_raster(DType dtype, int bands, std::int64_t h, std::int
                                      Affine{0.5, 0, 1000, 0, -0.5, 2000}, "EPSG:32633");
 }
 
+WriteOptions driver_options(const std::string& driver) {
+  WriteOptions w;
+  w.driver = driver;
+  return w;
+}
+
 /// Whether @p s is valid UTF-8 with no C0/C1 control character and no DEL (checked here, apart
 /// from the library's escaping code).
 bool clean_utf8(const std::string& s) {
@@ -196,7 +202,7 @@ TEST_CASE("int8 is stored as GDAL Int8, or as Byte with PIXELTYPE=SIGNEDBYTE bef
   REQUIRE(pt != nullptr);
   CHECK(std::string(pt) == "SIGNEDBYTE");
   // Other drivers have no signed-byte marker: int8 is rejected with a clear message.
-  CHECK_THROWS_WITH_AS(write_raster(dir.file("i8.img"), src, WriteOptions{.driver = "HFA"}),
+  CHECK_THROWS_WITH_AS(write_raster(dir.file("i8.img"), src, driver_options("HFA")),
                        doctest::Contains("int8 needs GDAL >= 3.7"), std::invalid_argument);
 #endif
   GDALClose(ds);
@@ -297,7 +303,7 @@ TEST_CASE("errors carry clear messages") {
                        std::invalid_argument);
   CHECK_THROWS_AS(read_raster(path, {}, {1, 3}), std::invalid_argument);
   const OwnedRasterArray r = read_raster(path);
-  CHECK_THROWS_WITH_AS(write_raster(dir.file("x.tif"), r, WriteOptions{.driver = "NoSuch"}),
+  CHECK_THROWS_WITH_AS(write_raster(dir.file("x.tif"), r, driver_options("NoSuch")),
                        doctest::Contains("unknown GDAL driver"), std::invalid_argument);
   const OwnedRasterArray bad_crs = OwnedRasterArray::from_host(r.host_data(), r.dtype(), 2, 6, 8,
                                                                std::nullopt, Affine{}, "not a crs");
@@ -328,7 +334,7 @@ TEST_CASE("exception messages are valid UTF-8 without control characters, whatev
   const std::string m3 = message_of([&] { write_raster(dir.file("no\x1b/\xff/x.tif"), r); });
   CHECK(clean_utf8(m3));
   const std::string m4 =
-      message_of([&] { write_raster(dir.file("x.tif"), r, WriteOptions{.driver = "\x1b\xff"}); });
+      message_of([&] { write_raster(dir.file("x.tif"), r, driver_options("\x1b\xff")); });
   CHECK(clean_utf8(m4));
   CHECK(clean_utf8(message_of([&] {
     write_raster(dir.file("x.tif"),
@@ -751,4 +757,106 @@ TEST_CASE("64-bit integer nodata at the type's limits reads and writes exactly")
   const OwnedRasterArray c = read_raster(dir.file("clip.tif"));
   CHECK(c.exact_nodata() == ri.exact_nodata());
   CHECK(as_vector<std::int64_t>(c) == std::vector<std::int64_t>{imax, 5, 5, 1, imax, 0});
+}
+
+TEST_CASE("per-band nodata, metadata, creation options, overwrite and format by extension") {
+  TempDir dir;
+  // HFA keeps a nodata per band.
+  const std::string mixed = dir.file("mixed.img");
+  const std::vector<float> px = ramp(3, 20, 30);
+  make_tiff_f32(mixed, 30, 20, 3, {5, 2, 0, 50, 0, -2}, {-1.0, -1.0, 3.5}, px, nullptr, "HFA");
+  const OpenOptions hfa{.drivers = {"HFA"}, .allow_virtual = false};
+  const RasterFileInfo info = read_raster_info(mixed, hfa);
+  REQUIRE(info.band_nodata.size() == 3);
+  CHECK(info.band_nodata[2] == std::optional<NodataValue>(3.5));
+  CHECK(info.metadata.exact_nodata == std::optional<NodataValue>(-1.0));
+  CHECK(info.has_geotransform);
+
+  // Per-band passes never mix nodata: bands 1-2 go together, band 3 alone, each tile carrying
+  // its band's nodata; the HFA output keeps each band's.
+  RasterPlan whole;
+  StreamOptions so;
+  so.open = hfa;
+  so.per_band = true;
+  std::vector<std::pair<int, int>> passes;
+  for_each_raster_tile(
+      mixed, whole,
+      [&](const OwnedRasterArray& tile, const TileInfo& where) {
+        passes.emplace_back(where.first_band, where.band_count);
+        CHECK(tile.exact_nodata() == info.band_nodata[static_cast<std::size_t>(where.first_band)]);
+      },
+      so);
+  CHECK(passes == std::vector<std::pair<int, int>>{{0, 2}, {2, 1}});
+  so.write.driver = "HFA";
+  const BandOp keep = [](const OwnedRasterArray& t) { return clip(t, -1e9, 1e9); };
+  process_raster_file(mixed, dir.file("out.img"), keep, whole, so);
+  CHECK(read_raster_info(dir.file("out.img"), hfa).band_nodata == info.band_nodata);
+  // GTiff holds one nodata: the same run into GTiff is refused, and leaves nothing.
+  so.write.driver = "GTiff";
+  CHECK_THROWS_WITH_AS(process_raster_file(mixed, dir.file("out.tif"), keep, whole, so),
+                       doctest::Contains("GTiff keeps one nodata"), std::invalid_argument);
+  CHECK(!fs::exists(dir.file("out.tif")));
+  // Taken together (not per band), mixed nodata is refused unless asked for.
+  so.per_band = false;
+  CHECK_THROWS_WITH_AS(process_raster_file(mixed, dir.file("out.tif"), keep, whole, so),
+                       doctest::Contains("differ in nodata"), std::runtime_error);
+
+  // Metadata: scale/offset/unit/description/colour and AREA_OR_POINT travel (all), or only the
+  // descriptive part; no geotransform in, none out.
+  const std::string in = dir.file("meta.tif");
+  make_tiff_f32(in, 16, 8, 1, {0, 1, 0, 0, 0, -1}, {std::nullopt}, ramp(1, 8, 16));
+  {
+    GDALDatasetH ds = GDALOpen(in.c_str(), GA_Update);
+    GDALRasterBandH b = GDALGetRasterBand(ds, 1);
+    GDALSetRasterScale(b, 0.25);
+    GDALSetRasterOffset(b, 7);
+    GDALSetRasterUnitType(b, "m");
+    GDALSetDescription(b, "height");
+    GDALSetMetadataItem(ds, "AREA_OR_POINT", "Point", nullptr);
+    GDALClose(ds);
+  }
+  StreamOptions plain;
+  plain.metadata = MetadataCopy::all;
+  process_raster_file(in, dir.file("all.tif"), keep, whole, plain);
+  plain.metadata = MetadataCopy::descriptive;
+  plain.write.creation_options = {"COMPRESS=LZW"};
+  plain.write.num_threads = 2;
+  process_raster_file(in, dir.file("desc.tif"), keep, whole, plain);
+  GDALDatasetH a = GDALOpen(dir.file("all.tif").c_str(), GA_ReadOnly);
+  GDALDatasetH d = GDALOpen(dir.file("desc.tif").c_str(), GA_ReadOnly);
+  int has = 0;
+  CHECK(GDALGetRasterScale(GDALGetRasterBand(a, 1), &has) == 0.25);
+  CHECK(GDALGetRasterOffset(GDALGetRasterBand(a, 1), &has) == 7);
+  CHECK(std::string(GDALGetRasterUnitType(GDALGetRasterBand(a, 1))) == "m");
+  CHECK(std::string(GDALGetDescription(GDALGetRasterBand(d, 1))) == "height");
+  CHECK(std::string(GDALGetMetadataItem(d, "AREA_OR_POINT", nullptr)) == "Point");
+  GDALGetRasterScale(GDALGetRasterBand(d, 1), &has);
+  CHECK(has == 0);
+  CHECK(std::string(GDALGetMetadataItem(d, "COMPRESSION", "IMAGE_STRUCTURE")) == "LZW");
+  GDALClose(a);
+  GDALClose(d);
+  {
+    GDALDatasetH ds = GDALCreate(GDALGetDriverByName("GTiff"), dir.file("nogt.tif").c_str(), 8, 4,
+                                 1, GDT_Float32, nullptr);
+    GDALClose(ds);
+  }
+  CHECK_FALSE(read_raster_info(dir.file("nogt.tif")).has_geotransform);
+  process_raster_file(dir.file("nogt.tif"), dir.file("nogt-out.tif"), keep, whole, plain);
+  CHECK_FALSE(read_raster_info(dir.file("nogt-out.tif")).has_geotransform);
+
+  // overwrite = false: an existing target is refused and kept.
+  StreamOptions no_over;
+  no_over.write.overwrite = false;
+  const std::vector<char> before = file_bytes(dir.file("all.tif"));
+  CHECK_THROWS_WITH_AS(process_raster_file(in, dir.file("all.tif"), keep, whole, no_over),
+                       doctest::Contains("exists"), std::runtime_error);
+  CHECK(file_bytes(dir.file("all.tif")) == before);
+  write_file_atomically(dir.file("s.json"), "{}\n");
+  CHECK_THROWS_AS(write_file_atomically(dir.file("s.json"), "[]\n", false), std::runtime_error);
+  CHECK(file_bytes(dir.file("s.json")) == std::vector<char>{'{', '}', '\n'});
+
+  CHECK(output_driver_for("a/b.TIF") == "GTiff");
+  CHECK(output_driver_for("x.img") == "HFA");
+  CHECK(output_driver_for("x.nosuchext").empty());
+  CHECK(output_driver_for("dir.d/noext").empty());
 }

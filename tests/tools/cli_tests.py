@@ -246,7 +246,8 @@ def interrupted_run(env, sig, args):
     """Starts vsr-run with a 4 KiB stderr pipe and --progress, waits for its first progress line,
     sends `sig` and returns the exit status. The run cannot finish first: it has far more tiles
     than the pipe holds progress lines, and nothing reads the pipe after the first line."""
-    p = subprocess.Popen([env.vsr_run] + args + ["--progress"], stdout=subprocess.DEVNULL,
+    p = subprocess.Popen([env.vsr_run] + args + ["--progress", "--overwrite"],
+                         stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE)
     try:
         fcntl.fcntl(p.stderr.fileno(), fcntl.F_SETPIPE_SZ, 4096)
@@ -297,7 +298,8 @@ def read_error_leaves_input_and_no_output(env):
     before = digest(src)
     for op in ("focal-mean", "rescale"):
         for target in (src, env.path("out.tif")):
-            args = ["--op", op, "--input", src, "--output", target, "--budget", "100K"]
+            args = ["--op", op, "--input", src, "--output", target, "--budget", "100K",
+                    "--overwrite"]
             p = env.run(env.vsr_run, *args)
             expect_exit(p, 1, "vsr-run %s on a damaged file" % op)
             strict_text(p.stderr, "error")
@@ -324,7 +326,7 @@ def full_disk_leaves_input_and_no_output(env):
         for op in ("focal-mean", "rescale"):
             # SIGXFSZ ignored: writes fail with EFBIG, GDAL reports it, vsr-run exits 1.
             p = subprocess.run([env.vsr_run, "--op", op, "--input", src, "--output", target,
-                                "--budget", "100K"], stdout=subprocess.PIPE,
+                                "--budget", "100K", "--overwrite"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE,
                                preexec_fn=limited_file_size(limit, True))
             expect_exit(p, 1, "%s with a full disk" % op)
@@ -333,7 +335,8 @@ def full_disk_leaves_input_and_no_output(env):
             only_files(env, ["in.tif"], "%s -> %s on a full disk" % (op, target))
         # SIGXFSZ at its default: the process dies of it, and the handler removed the file.
         p = subprocess.run([env.vsr_run, "--op", "focal-mean", "--input", src, "--output", target,
-                            "--budget", "100K"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            "--budget", "100K", "--overwrite"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE,
                            preexec_fn=limited_file_size(limit, False))
         check(p.returncode == -signal.SIGXFSZ, "exit status %d, expected SIGXFSZ" % p.returncode)
         check(digest(src) == before, "the input changed")
@@ -473,6 +476,325 @@ def int64_nodata_at_type_limits(env):
         row = stats_rows(p.stdout)[1]
         check(row[0] == len(valid), "%s: count %d, want %d" % (dtype, row[0], len(valid)))
         check(abs(row[2] - max(valid)) <= 1e-5 * max(valid), "%s: max %r" % (dtype, row[2]))
+
+
+# --- issue 16: every op against an independent computation ----------------------------------------
+
+NAN = float("nan")
+
+
+def rel_close(a, b, rel=1e-5, abs_tol=1e-4):
+    if is_nan(a) or is_nan(b):
+        return is_nan(a) and is_nan(b)
+    return abs(a - b) <= max(abs_tol, rel * max(abs(a), abs(b)))
+
+
+def run_ok(env, *args):
+    p = env.run(env.vsr_run, *[str(a) for a in args])
+    expect_exit(p, 0, "vsr-run %s" % " ".join(str(a) for a in args))
+    return p
+
+
+def valid_of(v, nd):
+    return not is_nan(v) and (nd is None or v != nd)
+
+
+def py_focal(band, h, w, nd, edge):
+    out = []
+    for y in range(h):
+        for x in range(w):
+            c = band[y * w + x]
+            if not valid_of(c, nd):
+                out.append(NAN)
+                continue
+            s, n = 0.0, 0
+            for dy in (-1, 0, 1):
+                for dx in (-1, 0, 1):
+                    yy, xx = y + dy, x + dx
+                    if edge == "nearest":
+                        yy, xx = min(max(yy, 0), h - 1), min(max(xx, 0), w - 1)
+                    elif edge == "reflect":
+                        yy = (0 if h == 1 else (-yy if yy < 0 else (2 * (h - 1) - yy if yy >= h else yy)))
+                        xx = (0 if w == 1 else (-xx if xx < 0 else (2 * (w - 1) - xx if xx >= w else xx)))
+                    elif not (0 <= yy < h and 0 <= xx < w):
+                        continue
+                    v = band[yy * w + xx]
+                    if valid_of(v, nd):
+                        s += v
+                        n += 1
+            out.append(s / n if n else NAN)
+    return out
+
+
+def np_hist(values, bins, lo, hi):
+    """numpy.histogram's counts: edges from linspace, a value's bin by search on them."""
+    import bisect
+    step = (hi - lo) / bins
+    edges = [i * step + lo for i in range(bins)] + [hi]
+    counts = [0] * bins
+    for v in values:
+        if lo <= v <= hi:
+            counts[min(bisect.bisect_right(edges, v) - 1, bins - 1)] += 1
+    return edges, counts
+
+
+def round_half_away(x):
+    import math
+    return math.floor(x + 0.5) if x >= 0 else -math.floor(-x + 0.5)
+
+
+@case
+def ops_match_independent_computation(env):
+    W, H, ND = 280, 260, -9999.0
+    src = env.make(env.path("in.tif"), "--width", W, "--height", H, "--bands", 2, "--block", 64,
+                   "--nodata", "-9999", "--nodata-every", 13, "--compress", "DEFLATE")
+    d = env.dump(src)
+    bands = d["pixels"]
+    valid = [[v for v in b if valid_of(v, ND)] for b in bands]
+    # Whole (auto budget) and tiled (100K: 256 x 256 tiles with a halo) must agree exactly.
+    for budget in ("auto", "100K"):
+        # stats
+        doc = json.loads(run_ok(env, "--op", "stats", "-i", src, "--json", "--budget",
+                                budget).stdout)
+        for b, row in enumerate(doc["bands"]):
+            vs = valid[b]
+            mean = sum(vs) / len(vs)
+            std = (sum((v - mean) ** 2 for v in vs) / len(vs)) ** 0.5
+            check(row["count"] == len(vs) and row["min"] == min(vs) and row["max"] == max(vs),
+                  (budget, row))
+            check(rel_close(row["mean"], mean, 1e-9) and rel_close(row["std"], std, 1e-9), row)
+            check(row["nodata"] == "-9999", row)
+        # histogram: default range (each band's min..max) and a given one
+        for extra in ([], ["--range", "0,100"]):
+            doc = json.loads(run_ok(env, "--op", "histogram", "-i", src, "--json", "--bins", 7,
+                                    "--budget", budget, *extra).stdout)
+            for b, row in enumerate(doc["bands"]):
+                lo, hi = (0.0, 100.0) if extra else (min(valid[b]), max(valid[b]))
+                edges, counts = np_hist(valid[b], 7, lo, hi)
+                check(row["edges"] == edges and row["counts"] == counts, (extra, row))
+    outs = {}
+    for budget in ("auto", "100K"):
+        for name, args in (
+                ("rescale", ["--op", "rescale"]),
+                ("rescale-u8", ["--op", "rescale", "--in-range", "0,100", "--out-range", "0,200",
+                                "--ot", "uint8"]),
+                ("clip", ["--op", "clip", "--range", "0,50"]),
+                ("fill", ["--op", "fill-nodata", "--value", "0"]),
+                ("focal-nearest", ["--op", "focal-mean"]),
+                ("focal-reflect", ["--op", "focal-mean", "--edge", "reflect"]),
+                ("focal-nodata", ["--op", "focal-mean", "--edge", "nodata"]),
+                ("nd", ["--op", "normalized-difference", "--nir", "2", "--red", "1"])):
+            out = env.path("%s-%s.tif" % (name, budget))
+            run_ok(env, "-i", src, "-o", out, "--budget", budget, "-q", *args)
+            outs[(name, budget)] = env.dump(out)
+    for name in ("rescale", "rescale-u8", "clip", "fill", "focal-nearest", "focal-reflect",
+                 "focal-nodata", "nd"):
+        whole, tiled = outs[(name, "auto")], outs[(name, "100K")]
+        check(json.dumps(whole["pixels"]) == json.dumps(tiled["pixels"]),
+              "%s: the tiled run differs from the whole run" % name)
+    lo = min(min(v) for v in valid)
+    hi = max(max(v) for v in valid)
+    for b in range(2):
+        px = bands[b]
+        r = outs[("rescale", "auto")]
+        check(is_nan(r["band_info"][b]["nodata"]), r["band_info"])
+        for v, g in zip(px, r["pixels"][b]):
+            check(rel_close(g, (v - lo) / (hi - lo)) if valid_of(v, ND) else is_nan(g),
+                  ("rescale", v, g))
+        r = outs[("rescale-u8", "auto")]
+        check(r["band_info"][b]["dtype"] == "uint8" and r["band_info"][b]["nodata"] == 255,
+              r["band_info"])
+        for v, g in zip(px, r["pixels"][b]):
+            want = round_half_away(min(max(v, 0.0), 100.0) * 2.0) if valid_of(v, ND) else 255
+            check(g == want, ("rescale-u8", v, g, want))
+        r = outs[("clip", "auto")]
+        check(r["band_info"][b]["nodata"] == ND, r["band_info"])
+        for v, g in zip(px, r["pixels"][b]):
+            check(g == (min(max(v, 0.0), 50.0) if valid_of(v, ND) else v), ("clip", v, g))
+        r = outs[("fill", "auto")]
+        check(r["band_info"][b]["nodata"] is None, r["band_info"])
+        for v, g in zip(px, r["pixels"][b]):
+            check(g == (v if valid_of(v, ND) else 0.0), ("fill", v, g))
+        for edge in ("nearest", "reflect", "nodata"):
+            r = outs[("focal-" + edge, "auto")]
+            want = py_focal(px, H, W, ND, edge)
+            bad = [i for i, (g, w_) in enumerate(zip(r["pixels"][b], want)) if not rel_close(g, w_)]
+            check(not bad, "focal %s band %d: %d pixels differ, first %s" % (
+                edge, b + 1, len(bad), bad[:3]))
+    r = outs[("nd", "auto")]
+    check(r["bands"] == 1 and is_nan(r["band_info"][0]["nodata"]), r["band_info"])
+    for a, b_, g in zip(bands[1], bands[0], r["pixels"][0]):
+        if valid_of(a, ND) and valid_of(b_, ND) and a + b_ != 0:
+            check(rel_close(g, (a - b_) / (a + b_)), ("nd", a, b_, g))
+        else:
+            check(is_nan(g), ("nd invalid", a, b_, g))
+
+
+@case
+def band_selection_and_per_band_nodata(env):
+    # A VRT stack of two GeoTIFFs whose bands have nodata -1 and -2 (GTiff holds one per file).
+    W, H = 40, 30
+    one = env.make(env.path("one.tif"), "--width", W, "--height", H, "--value", "list:-1,5,7,-2",
+                   "--nodata", "-1")
+    two = env.make(env.path("two.tif"), "--width", W, "--height", H, "--value", "list:-2,-1,3,9,4",
+                   "--nodata", "-2")
+    vrt = env.path("stack.vrt")
+    with open(vrt, "w") as f:
+        f.write('<VRTDataset rasterXSize="%d" rasterYSize="%d">' % (W, H))
+        for i, (path, nd) in enumerate(((one, -1), (two, -2)), 1):
+            f.write('<VRTRasterBand dataType="Float32" band="%d"><NoDataValue>%d</NoDataValue>'
+                    '<SimpleSource><SourceFilename relativeToVRT="0">%s</SourceFilename>'
+                    '<SourceBand>1</SourceBand></SimpleSource></VRTRasterBand>' % (i, nd, path))
+        f.write('</VRTDataset>')
+    px = [env.dump(one)["pixels"][0], env.dump(two)["pixels"][0]]
+    nds = [-1.0, -2.0]
+    doc = json.loads(run_ok(env, "--op", "stats", "-i", vrt, "--allow-virtual", "-b", "2", "-b",
+                            "1", "--json").stdout)
+    check([r["band"] for r in doc["bands"]] == [2, 1], doc)
+    for row, k in zip(doc["bands"], (1, 0)):
+        vs = [v for v in px[k] if v != nds[k]]
+        check(row["count"] == len(vs) and row["min"] == min(vs) and row["max"] == max(vs), row)
+        check(row["nodata"] == str(int(nds[k])), row)
+    # Per-band ops keep each band's nodata: focal-mean's output nodata is NaN for both.
+    out = env.path("f.tif")
+    run_ok(env, "--op", "focal-mean", "-i", vrt, "--allow-virtual", "-o", out, "-q")
+    f = env.dump(out)
+    for k in range(2):
+        want = py_focal(px[k], H, W, nds[k], "nearest")
+        check(all(rel_close(g, w_) for g, w_ in zip(f["pixels"][k], want)), "focal band %d" % k)
+    # clip keeps -1 and -2: GTiff cannot hold both, HFA can.
+    p = env.run(env.vsr_run, "--op", "clip", "-i", vrt, "--allow-virtual", "--range", "0,6",
+                "-o", env.path("c.tif"))
+    expect_exit(p, 1, "clip of mixed nodata into GTiff")
+    check(b"one nodata" in p.stderr, p.stderr)
+    check(not os.path.exists(env.path("c.tif")), "no partial output")
+    out = env.path("c.img")
+    run_ok(env, "--op", "clip", "-i", vrt, "--allow-virtual", "--range", "0,6", "-o", out, "-q")
+    c = env.dump(out)
+    check(c["driver"] == "HFA" and [b["nodata"] for b in c["band_info"]] == nds, c["band_info"])
+    for k in range(2):
+        check(c["pixels"][k] == [v if v == nds[k] else min(max(v, 0), 6) for v in px[k]],
+              "clip band %d" % k)
+    # One band selected: GTiff is fine.
+    run_ok(env, "--op", "clip", "-i", vrt, "--allow-virtual", "-b", "2", "--range", "0,6", "-o",
+           env.path("c2.tif"), "-q")
+    c2 = env.dump(env.path("c2.tif"))
+    check(c2["bands"] == 1 and c2["band_info"][0]["nodata"] == -2.0, c2["band_info"])
+    # The normalized difference takes each band's own nodata.
+    run_ok(env, "--op", "normalized-difference", "-i", vrt, "--allow-virtual", "--nir", "2",
+           "--red", "1", "-o", env.path("nd.tif"), "-q")
+    nd = env.dump(env.path("nd.tif"))["pixels"][0]
+    for a, b, g in zip(px[1], px[0], nd):
+        if a != -2 and b != -1 and a + b != 0:
+            check(rel_close(g, (a - b) / (a + b)), (a, b, g))
+        else:
+            check(is_nan(g), (a, b, g))
+    p = env.run(env.vsr_run, "--op", "stats", "-i", vrt, "--allow-virtual", "-b", "3")
+    expect_exit(p, 2, "-b 3 of a 2-band file")
+
+
+@case
+def output_control(env):
+    src = env.make(env.path("in.tif"), "--width", 64, "--height", 48, "--bands", 2)
+    out = env.path("o.tif")
+    run_ok(env, "--op", "focal-mean", "-i", src, "-o", out, "-q")
+    check(env.dump(out)["compression"] == "DEFLATE", "default compression")
+    before = digest(out)
+    p = env.run(env.vsr_run, "--op", "clip", "--range", "0,1", "-i", src, "-o", out)
+    expect_exit(p, 2, "an existing output without --overwrite")
+    check(b"--overwrite" in p.stderr and digest(out) == before, p.stderr)
+    run_ok(env, "--op", "focal-mean", "-i", src, "-o", out, "--overwrite", "--co", "COMPRESS=LZW",
+           "--co=PREDICTOR=2", "--threads", "2", "-q")
+    check(env.dump(out)["compression"] == "LZW", "--co COMPRESS=LZW")
+    run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("o.img"), "-q")
+    check(env.dump(env.path("o.img"))["driver"] == "HFA", ".img is HFA")
+    run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("o.bin"), "-of", "ENVI", "-q")
+    check(env.dump(env.path("o.bin"))["driver"] == "ENVI", "-of ENVI")
+    p = env.run(env.vsr_run, "--op", "focal-mean", "-i", src, "-o", env.path("o.nosuchext"))
+    expect_exit(p, 2, "an unknown extension")
+    check(b"-of" in p.stderr, p.stderr)
+    p = env.run(env.vsr_run, "--op", "focal-mean", "-i", src, "-o", env.path("x.tif"), "--co",
+                "NOEQUALS")
+    expect_exit(p, 2, "--co without =")
+    p = env.run(env.vsr_run, "--op", "stats", "-i", src, "--bins", "4")
+    expect_exit(p, 2, "--bins for stats")
+
+
+@case
+def metadata_kept(env):
+    src = env.make(env.path("in.tif"), "--width", 50, "--height", 40, "--bands", 2, "--metadata")
+    d = env.dump(src)
+    run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("f.tif"), "-q")
+    f = env.dump(env.path("f.tif"))
+    check(f["area_or_point"] == "Point" and f["geotransform"] == d["geotransform"], f)
+    for bi, bo in zip(d["band_info"], f["band_info"]):
+        for key in ("scale", "offset", "unit", "description", "color"):
+            check(bi[key] == bo[key], (key, bi, bo))
+    run_ok(env, "--op", "rescale", "-i", src, "-o", env.path("r.tif"), "-q")
+    r = env.dump(env.path("r.tif"))
+    check(r["area_or_point"] == "Point", r)
+    for bi, bo in zip(d["band_info"], r["band_info"]):
+        check(bo["description"] == bi["description"] and bo["color"] == bi["color"], bo)
+        check(bo["scale"] == 1 and bo["offset"] == 0 and bo["unit"] == "", bo)
+    bare = env.make(env.path("bare.tif"), "--width", 20, "--height", 10, "--no-geotransform")
+    run_ok(env, "--op", "focal-mean", "-i", bare, "-o", env.path("b.tif"), "-q")
+    check(env.dump(env.path("b.tif"))["geotransform"] is None, "no geotransform in, none out")
+
+
+@case
+def odd_data_answers(env):
+    inf = env.make(env.path("inf.tif"), "--width", 8, "--height", 8, "--dtype", "float64",
+                   "--value", "list:1,2,inf,3")
+    for op in ("rescale", "histogram"):
+        p = env.run(env.vsr_run, "--op", op, "-i", inf, *(["-o", env.path("x.tif")]
+                                                          if op == "rescale" else []))
+        expect_exit(p, 1, op + " over infinities")
+        text = strict_text(p.stderr, "error")
+        check("infinite" in text and ("--in-range" if op == "rescale" else "--range") in text,
+              text)
+    run_ok(env, "--op", "rescale", "-i", inf, "--in-range", "1,3", "-o", env.path("x.tif"), "-q")
+    got = env.dump(env.path("x.tif"))["pixels"][0]
+    check(got[:4] == [0.0, 0.5, 1.0, 1.0], got[:4])  # inf clamped to the input range
+    const = env.make(env.path("c.tif"), "--width", 8, "--height", 8, "--value", "const:5",
+                     "--nodata", "-1", "--nodata-every", 5)
+    p = run_ok(env, "--op", "rescale", "-i", const, "--out-range", "10,20", "-o",
+               env.path("cr.tif"))
+    check(b"constant raster" in p.stdout, p.stdout)
+    got = env.dump(env.path("cr.tif"))["pixels"][0]
+    check(all(g == 10.0 or is_nan(g) for g in got) and got.count(10.0) > 0, got)
+    for bad in (["--op", "ndvi", "--nir", "1", "--red", "1"],
+                ["--op", "rescale", "--in-range", "3,3"],
+                ["--op", "clip"], ["--op", "fill-nodata"], ["--op", "focal-mean", "--edge", "x"],
+                ["--op", "rescale", "--ot", "complex64"]):
+        p = env.run(env.vsr_run, "-i", const, *bad)
+        expect_exit(p, 2, " ".join(bad))
+
+
+@case
+def stats_json_progress_quiet(env):
+    src = env.make(env.path("in.tif"), "--width", 600, "--height", 300, "--dtype", "float64",
+                   "--value", "list:0.1,0.2,0.30000000000000004,1e-300,12345.678901234567")
+    p = run_ok(env, "--op=stats", "--input=" + src, "--json", "-q")
+    doc = json.loads(p.stdout)
+    check(doc["bands"][0]["min"] == 1e-300 and doc["bands"][0]["max"] == 12345.678901234567, doc)
+    check(p.stderr == b"", "quiet: nothing on stderr")
+    out = env.path("s.json")
+    p = run_ok(env, "--op", "stats", "-i", src, "-o", out)
+    check(b"vsr-run summary" in p.stdout and json.load(open(out))["bands"][0]["count"] == 180000,
+          p.stdout)
+    p = run_ok(env, "--op", "histogram", "-i", src, "-o", env.path("h.json"), "--bins", "3",
+               "-q")
+    check(p.stdout == b"" and sum(json.load(open(env.path("h.json")))["bands"][0]["counts"]) ==
+          180000, p.stdout)
+    # --progress (not a terminal): one line per tile of each pass; 600 x 300 with 100K: 256 x 256
+    # tiles, 2 x 3 of them.
+    p = run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("f.tif"), "--budget",
+               "100K", "--progress")
+    lines = [l for l in p.stderr.decode().splitlines() if l.startswith("[vsr-run]")]
+    check(len(lines) == 6 and lines[-1].endswith("tile 6/6 (100%)"), lines)
+    p = run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("g.tif"), "--budget",
+               "100K", "--progress", "-q")
+    check(p.stdout == b"" and p.stderr == b"", "-q silences progress and summary")
 
 
 def main():

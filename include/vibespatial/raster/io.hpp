@@ -120,7 +120,53 @@ struct WriteOptions {
   std::string compress = "DEFLATE";  ///< GTiff COMPRESS; empty or "NONE": uncompressed
   bool tiled = true;                 ///< GTiff TILED=YES with block x block tiles
   int block = 256;                   ///< tile side (a multiple of 16 for GTiff)
+  /// More creation options, "KEY=VALUE", for any driver, applied after those above (a key given
+  /// here replaces theirs), e.g. "PREDICTOR=2" or "ZLEVEL=9".
+  std::vector<std::string> creation_options;
+  /// Threads GDAL compresses with (GTiff NUM_THREADS): 0 leaves GDAL's default (one thread),
+  /// -1 every CPU, n > 0 that many. Compressed writing is most of a streamed run's time.
+  int num_threads = 0;
+  /// Replace an existing file (the default); false: a target that exists is refused with
+  /// std::runtime_error, also when it appears while the output is written (it is linked into
+  /// place, never renamed over).
+  bool overwrite = true;
 };
+
+/**
+ * @brief The GDAL driver that writes files named like @p path, from its extension: GTiff for
+ * ".tif" / ".tiff", else a raster driver with Create() whose extensions list it (e.g. ".img":
+ * HFA, ".bil": EHdr); empty when none does. Case-insensitive. Thread-safe; throws only
+ * std::bad_alloc (and "" in a build without GDAL).
+ */
+VSR_EXPORT std::string output_driver_for(const std::string& path);
+
+/**
+ * @brief Writes @p bytes to @p path all or nothing (a temporary file beside it, renamed into
+ * place; see "Outputs" above), for text outputs such as statistics. With @p overwrite false an
+ * existing @p path is refused.
+ * @throws std::runtime_error when the file cannot be written or exists (overwrite false).
+ */
+VSR_EXPORT void write_file_atomically(const std::string& path, const std::string& bytes,
+                                      bool overwrite = true);
+
+/// A raster file's header with what varies per band.
+struct RasterFileInfo {
+  /// As read_raster_metadata, except that the bands may differ in nodata: metadata.nodata and
+  /// metadata.exact_nodata are band 1's.
+  RasterMetadata metadata;
+  /// Each band's nodata, exactly (band_nodata[0] is band 1's).
+  std::vector<std::optional<NodataValue>> band_nodata;
+  /// Whether the file has a geotransform (metadata.affine is GDAL's default otherwise).
+  bool has_geotransform = true;
+};
+
+/**
+ * @brief The header of the raster file @p path with each band's nodata; unlike
+ * read_raster_metadata it accepts bands of differing nodata (VRT stacks, HFA).
+ * @throws std::invalid_argument if the file cannot be opened (as @p open allows);
+ *         std::runtime_error for an unsupported or mixed data type, or a build without GDAL.
+ */
+VSR_EXPORT RasterFileInfo read_raster_info(const std::string& path, const OpenOptions& open = {});
 
 /**
  * @brief The header of the raster file @p path: shape, band count, dtype, nodata (band 1's),
@@ -174,6 +220,17 @@ struct TileInfo {
   int first_band = 0, band_count = 0;
 };
 
+/// What a streamed run copies from the input file to the output besides pixels, georeferencing
+/// (affine and CRS; none when the input has no geotransform) and nodata.
+enum class MetadataCopy {
+  none,         ///< nothing more
+  descriptive,  ///< AREA_OR_POINT, and per band its description and colour interpretation
+  all  ///< descriptive, and per band scale, offset and unit: for ops that keep the values' meaning
+};
+
+/// The steps of a tile in a streamed run, as StreamOptions::stage reports them.
+enum class TileStage { read, compute, write };
+
 /// How process_raster_file and for_each_raster_tile read, write and report.
 struct StreamOptions {
   OpenOptions open;        ///< how the input is opened
@@ -188,6 +245,20 @@ struct StreamOptions {
   std::optional<std::uint64_t> gdal_cache_bytes;
   /// Called after each tile of each pass with (tiles done, total), if set.
   std::function<void(std::int64_t done, std::int64_t total)> progress;
+  /// Called before each tile is read, computed and written (a whole-raster pass is one tile:
+  /// this is what moves while it runs), if set.
+  std::function<void(const TileInfo& where, TileStage stage)> stage;
+  /// The bands are independent (a per-band op): passes carry at most plan.bands_per_pass bands
+  /// and never bands of different nodata, so every band keeps its own nodata. Also implied by a
+  /// band_batches or tiled plan with fewer bands per pass than bands.
+  bool per_band = false;
+  /// Accept a pass that is not per-band over bands of different nodata: its tiles then carry the
+  /// first band's nodata, and the op must give the other bands theirs (read_raster_info,
+  /// OwnedRasterArray::with_nodata). Off: such a run is refused (std::runtime_error).
+  bool mixed_nodata = false;
+  /// What the output copies from the input (process_raster_file). Output band i takes input
+  /// band i's (of the selected bands) when the output has as many bands as were selected.
+  MetadataCopy metadata = MetadataCopy::descriptive;
 };
 
 /**
@@ -203,12 +274,14 @@ VSR_EXPORT std::uint64_t gdal_cache_for_plan(const std::string& in, const Raster
  * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out (all
  * or nothing, see "Outputs" above).
  *
- * Passes: a band_batches or tiled plan that carries fewer bands per pass than are selected
- * (plan.bands_per_pass below the selected band count, as a per-band plan makes) reads
- * bands_per_pass bands per pass and treats bands as independent: @p op gets a tile of those bands
- * and must return as many, which become the output's bands at the same positions. Otherwise one
- * pass carries every selected band and the output has the bands @p op returns. Only one pass's
- * bands are read.
+ * Passes: with options.per_band, or a band_batches or tiled plan that carries fewer bands per
+ * pass than are selected (as a per-band plan makes), bands are independent: a pass carries at
+ * most plan.bands_per_pass consecutive selected bands of one nodata, @p op gets a tile of those
+ * bands and must return as many, which become the output's bands at the same positions, each
+ * with its pass's result nodata (GTiff keeps one nodata for all bands: passes whose results
+ * differ in nodata are refused there). Otherwise one pass carries every selected band (the
+ * tile's nodata is the first band's: read_raster_info gives each band's) and the output has the
+ * bands @p op returns. Only one pass's bands are read.
  *
  * Tiles are row-major over plan.tile_shape (a whole or band_batches plan is one tile: the whole
  * raster). Each tile is read with plan.halo extra pixels per side, clamped at the raster edges
@@ -217,7 +290,8 @@ VSR_EXPORT std::uint64_t gdal_cache_for_plan(const std::string& in, const Raster
  * >= the op's radius the file equals the whole-raster result.
  *
  * The output is created on the first tile's result, with that result's dtype and nodata (the
- * op's, not the input's: an op may change the dtype) and the input's full shape, affine and CRS.
+ * op's, not the input's: an op may change the dtype), the input's full shape, affine (none if
+ * the input has no geotransform) and CRS, and the metadata options.metadata names.
  * Only one tile is live at a time. Before reading, the host memory of a pass (tile and result,
  * GDAL's blocks, the cache) is compared with options.host_memory_limit.
  * @throws std::invalid_argument for an empty @p op, a negative halo, a tiled plan without a
