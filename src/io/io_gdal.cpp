@@ -429,7 +429,10 @@ Dataset create_dataset(const std::string& file, const std::string& path, DType d
     // Files beyond 4 GiB need BigTIFF; IF_SAFER decides from the uncompressed size.
     opts.SetNameValue("BIGTIFF", "IF_SAFER");
   }
-  if (options.num_threads != 0) {
+  // NUM_THREADS only where the driver takes it (GTiff does), so others warn about nothing.
+  const char* known = GDALGetMetadataItem(driver, GDAL_DMD_CREATIONOPTIONLIST, nullptr);
+  if (options.num_threads != 0 && known != nullptr &&
+      std::strstr(known, "NUM_THREADS") != nullptr) {
     opts.SetNameValue("NUM_THREADS", options.num_threads < 0
                                          ? "ALL_CPUS"
                                          : std::to_string(options.num_threads).c_str());

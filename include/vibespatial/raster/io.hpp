@@ -123,8 +123,9 @@ struct WriteOptions {
   /// More creation options, "KEY=VALUE", for any driver, applied after those above (a key given
   /// here replaces theirs), e.g. "PREDICTOR=2" or "ZLEVEL=9".
   std::vector<std::string> creation_options;
-  /// Threads GDAL compresses with (GTiff NUM_THREADS): 0 leaves GDAL's default (one thread),
-  /// -1 every CPU, n > 0 that many. Compressed writing is most of a streamed run's time.
+  /// Threads GDAL compresses with (the NUM_THREADS creation option, for drivers that take it:
+  /// GTiff does): 0 leaves GDAL's default (one thread), -1 every CPU, n > 0 that many.
+  /// Compressed writing is most of a streamed run's time.
   int num_threads = 0;
   /// Replace an existing file (the default); false: a target that exists is refused with
   /// std::runtime_error, also when it appears while the output is written (it is linked into
