@@ -31,8 +31,10 @@ class Skip(Exception):
 
 
 class Env:
-    def __init__(self, build_root, tmp):
+    def __init__(self, build_root, tmp, sanitized=False):
         self.root = build_root
+        # A sanitizer build: memory figures mean nothing there (shadow memory, quarantine).
+        self.sanitized = sanitized
         self.tmp = tmp
         self.vsr_run = os.path.join(build_root, "tools", "vsr-run", "vsr-run")
         self.vsr_info = os.path.join(build_root, "tools", "vsr-info", "vsr-info")
@@ -67,6 +69,13 @@ class Env:
 def check(cond, what):
     if not cond:
         raise AssertionError(what)
+
+
+def tool_stderr(data):
+    """stderr without sanitizer reports (a sanitizer build may print some for third-party
+    headers; they are the sanitizer run's business, not the tool's output)."""
+    return b"".join(l for l in data.splitlines(True)
+                    if b"runtime error:" not in l and b"UndefinedBehaviorSanitizer" not in l)
 
 
 def strict_text(data, what):
@@ -252,6 +261,8 @@ def interrupted_run(env, sig, args):
     try:
         fcntl.fcntl(p.stderr.fileno(), fcntl.F_SETPIPE_SZ, 4096)
         line = p.stderr.readline()
+        while line and not line.startswith(b"[vsr-run]") and tool_stderr(line) == b"":
+            line = p.stderr.readline()  # a sanitizer report
         check(line.startswith(b"[vsr-run]"), "first stderr line %r" % line)
         p.send_signal(sig)
         return p.wait(timeout=60)
@@ -390,8 +401,9 @@ def memory_bounded_by_plan(env):
         rc, out, err, rss = run_rss(env, args)
         check(rc == 0, "%s: %s" % (op, err))
         check(b"1 band(s) per pass" in out, out)
-        check(rss < bound, "%s: peak RSS %.0f MiB above the bound %.0f MiB (baseline %.0f MiB)" % (
-            op, rss / MiB, bound / MiB, baseline / MiB))
+        check(env.sanitized or rss < bound,
+              "%s: peak RSS %.0f MiB above the bound %.0f MiB (baseline %.0f MiB)" % (
+                  op, rss / MiB, bound / MiB, baseline / MiB))
     # A 372-byte file whose single block is 16384 x 16384 float32 (1 GiB): refused up front when
     # it does not fit the host memory allowed, with a message instead of a 1.3 GB allocation.
     big = env.make(env.path("oneblock.tif"), "--width", 16384, "--height", 16384, "--block",
@@ -401,7 +413,7 @@ def memory_bounded_by_plan(env):
     check(rc == 1, "one huge block: exit %d" % rc)
     text = strict_text(err, "error")
     check("GDAL blocks of 1.0 GiB" in text and "host memory" in text, text)
-    check(rss < baseline + 32 * MiB, "refusing took %.0f MiB" % (rss / MiB))
+    check(env.sanitized or rss < baseline + 32 * MiB, "refusing took %.0f MiB" % (rss / MiB))
     # A 1.2 MB sparse file of 100000 x 100000 x 500 float32 (20 TB): a whole-raster plan is
     # refused with the amount, not a bare std::bad_alloc.
     huge = env.make(env.path("huge.tif"), "--width", 100000, "--height", 100000, "--bands", 500,
@@ -414,7 +426,7 @@ def memory_bounded_by_plan(env):
         check(rc == 1, "%s on the huge file: exit %d" % (op, rc))
         text = strict_text(err, "error")
         check("TiB of host memory" in text and "bad_alloc" not in text, text)
-        check(rss < baseline + 32 * MiB, "refusing took %.0f MiB" % (rss / MiB))
+        check(env.sanitized or rss < baseline + 32 * MiB, "refusing took %.0f MiB" % (rss / MiB))
     check(not os.path.exists(env.path("huge-out.tif")), "no output")
 
 
@@ -777,7 +789,7 @@ def stats_json_progress_quiet(env):
     p = run_ok(env, "--op=stats", "--input=" + src, "--json", "-q")
     doc = json.loads(p.stdout)
     check(doc["bands"][0]["min"] == 1e-300 and doc["bands"][0]["max"] == 12345.678901234567, doc)
-    check(p.stderr == b"", "quiet: nothing on stderr")
+    check(tool_stderr(p.stderr) == b"", "quiet: nothing on stderr")
     out = env.path("s.json")
     p = run_ok(env, "--op", "stats", "-i", src, "-o", out)
     check(b"vsr-run summary" in p.stdout and json.load(open(out))["bands"][0]["count"] == 180000,
@@ -790,20 +802,21 @@ def stats_json_progress_quiet(env):
     # tiles, 2 x 3 of them.
     p = run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("f.tif"), "--budget",
                "100K", "--progress")
-    lines = [l for l in p.stderr.decode().splitlines() if l.startswith("[vsr-run]")]
+    lines = [l for l in tool_stderr(p.stderr).decode().splitlines() if l.startswith("[vsr-run]")]
     check(len(lines) == 6 and lines[-1].endswith("tile 6/6 (100%)"), lines)
     p = run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("g.tif"), "--budget",
                "100K", "--progress", "-q")
-    check(p.stdout == b"" and p.stderr == b"", "-q silences progress and summary")
+    check(p.stdout == b"" and tool_stderr(p.stderr) == b"", "-q silences progress and summary")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-root", required=True)
     ap.add_argument("--case", required=True, choices=sorted(CASES))
+    ap.add_argument("--sanitized", action="store_true")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="vsr-cli-") as tmp:
-        env = Env(a.build_root, tmp)
+        env = Env(a.build_root, tmp, a.sanitized)
         try:
             CASES[a.case](env)
         except Skip as s:
