@@ -503,22 +503,19 @@ class Latched:
         return self.op(r)
 
 
-def test_a_killed_worker_is_retried_and_the_result_is_identical():
-    cluster, client = start_cluster([{}, {}])
-    try:
-        vd.register(client, idle_free_interval=None)
-        data = sample(2, 512)
-        arr = da.from_array(data, chunks=(1, 256, 256))
-        name = uuid.uuid4().hex
-        op = Latched(ops.focal_mean_3x3, "q" + name, "e" + name)
-        future = client.compute(vd.map_tiles(arr, op, halo=1, nodata=NAN, chunks=None))
-        address, pid = distributed.Queue("q" + name).get(timeout=120)
-        os.kill(pid, signal.SIGKILL)  # mid-job: its task is running
-        distributed.Event("e" + name).set()
-        assert_same(future.result(timeout=300), whole_focal(data))
-        assert pid not in client.run(os.getpid).values()  # the Nanny started a new process
-        for s in vd.memory_pool_stats(client).values():
-            assert s["current_bytes"] == s["baseline_bytes"]
-    finally:
-        client.close()
-        cluster.close()
+def test_a_killed_worker_is_retried_and_the_result_is_identical(client):
+    # Last in the module: it kills one of the shared cluster's workers (its Nanny restarts it).
+    data = sample(2, 512)
+    arr = da.from_array(data, chunks=(1, 256, 256))
+    name = uuid.uuid4().hex
+    op = Latched(staged_focal, "q" + name, "e" + name)  # through the pools, to check them after
+    future = client.compute(vd.map_tiles(arr, op, halo=1, nodata=NAN, device="gpu",
+                                         chunks=None))
+    address, pid = distributed.Queue("q" + name).get(timeout=120)
+    os.kill(pid, signal.SIGKILL)  # mid-job: one of its tasks is running
+    distributed.Event("e" + name).set()
+    assert_same(future.result(timeout=300), whole_focal(data))
+    assert pid not in client.run(os.getpid).values()  # the Nanny started a new process
+    client.wait_for_workers(2, timeout=120)
+    for s in vd.memory_pool_stats(client).values():
+        assert s["current_bytes"] == s["baseline_bytes"]
