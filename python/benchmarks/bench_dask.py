@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     n_chunks = len(chunks[0]) * len(chunks[1]) * len(chunks[2])
     pixels = float(np.prod(shape))
     load_before = os.getloadavg()
-    rows = []
+    rows: list[dict[str, Any]] = []
     tmp = tempfile.mkdtemp(prefix="vsr-bench-dask-")
     src_tif = os.path.join(tmp, "in.tif")
     for n in (1, 2):
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 distributed.wait(out)
                 best = min(best, time.perf_counter() - t0)
                 del out
-            row = {"workers": n, "mode": "/".join(sorted(mode)), "seconds": best,
+            row: dict[str, Any] = {"workers": n, "mode": "/".join(sorted(mode)), "seconds": best,
                    "mpx_per_s": pixels / best / 1e6}
             if args.geotiff:
                 gbest = float("inf")
@@ -119,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             cluster.close()
     load_after = os.getloadavg()
     ratio = rows[1]["mpx_per_s"] / rows[0]["mpx_per_s"]
-    result = {"job": f"focal mean x{passes} (halo {passes}), {args.bands} x {args.size} x "
-                     f"{args.size} float32, {n_chunks} chunks",
-              "cores": os.cpu_count(), "load_before": load_before, "load_after": load_after,
-              "rows": rows, "ratio": ratio}
+    job = (f"focal mean x{passes} (halo {passes}), {args.bands} x {args.size} x {args.size} "
+           f"float32, {n_chunks} chunks")
+    result: dict[str, Any] = {"job": job, "cores": os.cpu_count(), "load_before": load_before,
+                              "load_after": load_after, "rows": rows, "ratio": ratio}
     if args.geotiff:
         result["geotiff_ratio"] = rows[1]["geotiff_mpx_per_s"] / rows[0]["geotiff_mpx_per_s"]
     if args.json:

@@ -32,7 +32,11 @@ import dask.array as da  # noqa: E402
 
 from vibespatial_raster import dispatch, io, ops, testing  # noqa: E402
 from vibespatial_raster import dask as vd  # noqa: E402
-from vibespatial_raster.buffers import OwnedRasterArray, RasterMetadata, TilingStrategy  # noqa: E402
+from vibespatial_raster.buffers import (  # noqa: E402
+    OwnedRasterArray,
+    RasterMetadata,
+    TilingStrategy,
+)
 
 # Workers unpickle this module's ops by value: they need not import the test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -239,6 +243,23 @@ def test_an_op_may_change_dtype_and_band_count():
                      chunks=None)
 
 
+def test_map_tiles_hands_the_op_whole_tiles_and_keeps_its_nodata():
+    data = sample(4, 64)
+    arr = da.from_array(data, chunks=(2, 32, 64))
+    seen = []
+
+    def fill(r):
+        seen.append(r.band_count)
+        return ops.fill_nodata(r, -1)
+
+    out = vd.map_tiles(arr, fill, nodata=NAN, per_band=True, chunks=None)
+    assert not np.isnan(out.compute(scheduler="sync")).any()
+    assert set(seen) == {2}  # tiles of the chunk's bands, not band by band
+    # Planned for a band-independent op, tiles may hold fewer than all bands.
+    planned = vd.map_tiles(arr, fill, nodata=NAN, per_band=True, chunks="plan")
+    assert sum(planned.chunks[0]) == 4
+
+
 def test_bad_ops_and_arguments_raise():
     arr = da.zeros((2, 16, 16), dtype=np.float32, chunks=8)
     with pytest.raises(TypeError, match="callable"):
@@ -431,6 +452,25 @@ def test_geotiff_job_matches_vsr_run_streamed(client, geotiff, tmp_path):
     vd.process_geotiff(src, tmp_path / "rescale.tif", rescale_op(lo, hi), kind="bands",
                        progress=False)
     check_output(tmp_path / "rescale.tif", io.read_raster(tmp_path / "s.tif").to_numpy(), like)
+
+
+class FailsOnTiles:
+    """An op that works on map_tiles' small inference block and fails on real tiles."""
+
+    def __call__(self, r):
+        if r.height > 32:
+            raise RuntimeError("this op fails")
+        return ops.focal_mean_3x3(r)
+
+
+@needs_io
+def test_a_failed_geotiff_job_raises_and_leaves_no_parts(client, geotiff, tmp_path):
+    src, _ = geotiff
+    out = tmp_path / "never.tif"
+    with pytest.raises(RuntimeError, match="this op fails"):
+        vd.process_geotiff(src, out, FailsOnTiles(), halo=1, progress=False)
+    assert not out.exists()
+    assert not list(tmp_path.glob("never.tif.parts-*"))
 
 
 def test_device_tasks_stay_within_the_smallest_budget_and_pools_return(client):

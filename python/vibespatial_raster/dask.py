@@ -287,7 +287,8 @@ class ChunkPlan:
     Attributes:
         chunks: Dask chunks: ((bands...), (rows...), (cols...)), or ((rows...), (cols...)) for
             a 2D array.
-        plan: the planner's decision the chunks follow (for the budget below).
+        plan: the planner's decision the chunks follow (for ``budget``; with ``budget`` 0, for
+            a budget that holds a chunk of Dask's ``array.chunk-size`` per buffer).
         budget: the per-task VRAM budget planned for, in bytes: the smallest among the GPU
             workers (each worker's available VRAM divided by its threads); 0 when no worker has
             a GPU, and the chunks then follow Dask's ``array.chunk-size`` instead.
@@ -451,8 +452,8 @@ def chunk_plan(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int =
         raise ValueError(
             f"plan_chunks: even a {plan.tile_shape} tile of {plan.bands_per_pass} band(s) with "
             f"halo {halo} needs {plan.estimated_vram_per_tile} bytes, more than the usable "
-            f"{_dispatch.usable_vram_budget(plan_budget)} of the smallest worker budget "
-            f"({plan_budget} bytes)")
+            f"{_dispatch.usable_vram_budget(plan_budget)} of the budget planned for "
+            f"({plan_budget} bytes: {'the smallest worker' if worker_budgets else 'given'})")
     bpc = plan.bands_per_pass
     th, tw = (height, width) if plan.tile_shape is None else plan.tile_shape
     th, tw = min(th, height), min(tw, width)
@@ -607,7 +608,7 @@ def _crs_text(crs: Any) -> str | None:
 @dataclass(frozen=True)
 class _TaskSpec:
     device: str
-    per_band: bool
+    each_band: bool  # op per band (map_bands) or per tile (map_tiles)
     buffers_per_band: int
     scratch_bytes: int
     nodata: float | int | None
@@ -629,11 +630,11 @@ def _shifted(affine: Sequence[float], row: int, col: int) -> tuple[float, ...]:
 
 def _execute(block: np.ndarray, op: BandOp, spec: _TaskSpec, row0: int, col0: int) -> Any:
     """Runs ``op`` on one block (bands, h, w) whose top-left pixel is (row0, col0) of the
-    raster; returns the result raster (host)."""
+    raster; returns the op's result raster (on the host or the device)."""
     device = _resolve_device(spec.device)
     raster = OwnedRasterArray.from_numpy(np.ascontiguousarray(block), nodata=spec.nodata,
                                          affine=_shifted(spec.affine, row0, col0), crs=spec.crs)
-    if spec.per_band:
+    if spec.each_band:
         if raster.band_count == 1:
             # As the dispatchers stack several bands: with the source's georeferencing.
             if device == "gpu":
@@ -777,7 +778,8 @@ def _starts(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _map(data: Any, op: BandOp, *, halo: int, per_band: bool, chunks: Any, nodata: Any,
+def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, chunks: Any,
+         nodata: Any,
          affine: tuple[float, ...], crs: str | None, device: str, buffers_per_band: int,
          scratch_bytes: int, client: Any) -> tuple[Any, _ResultInfo]:
     """``op`` over the chunks of the Dask array ``data`` (prepared by :func:`_prepare`)."""
@@ -803,15 +805,15 @@ def _map(data: Any, op: BandOp, *, halo: int, per_band: bool, chunks: Any, nodat
         if tuple(fixed) != data.chunks:
             data = data.rechunk(tuple(fixed))
     rows, cols = data.chunks[-2], data.chunks[-1]
-    spec = _TaskSpec(device, per_band, buffers, scratch, nodata, affine, crs, data.ndim == 2,
+    spec = _TaskSpec(device, each_band, buffers, scratch, nodata, affine, crs, data.ndim == 2,
                      halo, _starts(rows), _starts(cols), tuple(rows), tuple(cols))
     in_bands = 1 if data.ndim == 2 else max(data.chunks[0])
     info = _infer_on_cluster(op, spec, in_bands, np.dtype(data.dtype), client)
     if data.ndim == 3 and info.bands != in_bands:
-        if per_band or len(data.chunks[0]) != 1:
+        if each_band or len(data.chunks[0]) != 1:
             raise ValueError(f"the op returns {info.bands} band(s) for {in_bands}: ops that "
-                             "change the band count need every band in one chunk and "
-                             "per_band=False")
+                             "change the band count need map_tiles with every band in one "
+                             "chunk (per_band=False)")
     elif data.ndim == 2 and info.bands != 1:
         raise ValueError(f"the op returns {info.bands} bands for a 2D (single-band) array")
     spec = replace(spec, out_bands=info.bands)
@@ -825,7 +827,7 @@ def _map(data: Any, op: BandOp, *, halo: int, per_band: bool, chunks: Any, nodat
     if data.ndim == 3:
         band_chunks = ((info.bands,),) if info.bands != in_bands else (data.chunks[0],)
     meta = np.empty((0,) * data.ndim, dtype=info.dtype)
-    token = "vsr-bands" if per_band else "vsr-tiles"
+    token = "vsr-bands" if each_band else "vsr-tiles"
     if halo:
         depth = {data.ndim - 2: halo, data.ndim - 1: halo}
         if data.ndim == 3:
@@ -881,7 +883,8 @@ def map_bands(array: Any, op: BandOp, *, nodata: Any = _UNSET, affine: Any = Non
         chunks: Any = (_split(data.shape[0], bpc, 0), (data.shape[1],), (data.shape[2],))
     else:
         chunks = ((data.shape[0],), (data.shape[1],))
-    result, info = _map(data, op, halo=0, per_band=True, chunks=chunks, nodata=nodata,
+    result, info = _map(data, op, halo=0, each_band=True, per_band=True, chunks=chunks,
+                        nodata=nodata,
                         affine=aff, crs=crs_text, device=device,
                         buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
                         client=client)
@@ -897,7 +900,8 @@ def map_tiles(array: Any, op: BandOp, *, halo: int = 0, nodata: Any = _UNSET,
 
     ``chunks``: "plan" (default) rechunks to :func:`plan_chunks` for ``halo``,
     ``buffers_per_band``, ``scratch_bytes`` and ``per_band`` (False: every band in each tile,
-    for ops that combine bands; True: bands may be split); None keeps the array's chunks; or
+    for ops that combine bands; True: a band-independent op, so tiles may hold fewer bands);
+    None keeps the array's chunks; or
     Dask chunks. The halo comes from the neighbouring chunks through ``dask.array.map_overlap``
     (``boundary="none"``: tiles at the raster's edges are clamped there, not padded), so with
     ``halo`` >= the op's radius the result equals the op on the whole raster. Each tile reaches
@@ -907,7 +911,8 @@ def map_tiles(array: Any, op: BandOp, *, halo: int = 0, nodata: Any = _UNSET,
     Georeferencing, DataArrays and errors as :func:`map_bands`.
     """
     src, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
-    result, info = _map(data, op, halo=halo, per_band=per_band, chunks=chunks, nodata=nodata,
+    result, info = _map(data, op, halo=halo, each_band=False, per_band=per_band, chunks=chunks,
+                        nodata=nodata,
                         affine=aff, crs=crs_text, device=device,
                         buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
                         client=client)
@@ -1030,7 +1035,6 @@ class _PartWriter:
 
     def __setitem__(self, key: tuple[slice, ...], value: np.ndarray) -> None:
         (b, r, c) = key
-        os.makedirs(self.parts_dir, exist_ok=True)
         final = os.path.join(self.parts_dir, _part_name(b.start, r.start, c.start))
         tmp = f"{final}.{os.getpid()}-{threading.get_ident()}.tmp"
         raster = OwnedRasterArray.from_numpy(np.ascontiguousarray(value), nodata=self.nodata,
@@ -1117,6 +1121,13 @@ def _merge_parts(_stored: Any, parts_dir: str, out_path: str,
     return _io.read_raster_metadata(out_path)
 
 
+def _on_workers(client: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a worker (the file system the tasks see), or here without a client."""
+    if client is None:
+        return fn(*args)
+    return client.submit(fn, *args, pure=False).result()
+
+
 def _run_with_progress(graph: Any, progress: bool, client: Any) -> Any:
     client = client if client is not None else _default_client_or_none()
     if client is not None:
@@ -1161,13 +1172,21 @@ def _write(data: Any, path: str, *, nodata: Any, affine: tuple[float, ...], crs:
            client: Any) -> RasterMetadata:
     if data.ndim == 2:
         data = data[np.newaxis]
+    client = client if client is not None else _default_client_or_none()
     parts_dir = f"{path}.parts-{uuid.uuid4().hex[:12]}"
+    # Made and removed where the tasks run: a task still running after a failure finds no
+    # directory to write into.
+    _on_workers(client, os.makedirs, parts_dir)
     target = _PartWriter(parts_dir, nodata, affine, crs)
     stored = da.store(data, cast(Any, target), lock=False, compute=False)
     merged = dask.delayed(_merge_parts, pure=False)(
         stored, parts_dir, path, data.chunks, np.dtype(data.dtype), nodata, affine, crs,
         compress, bool(tiled), int(blocksize))
-    return _run_with_progress(merged, progress, client)
+    try:
+        return _run_with_progress(merged, progress, client)
+    except BaseException:
+        _on_workers(client, shutil.rmtree, parts_dir, True)  # a failed job leaves no parts
+        raise
 
 
 def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op: BandOp, *,
@@ -1207,7 +1226,8 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
     arr = read_raster(p_in, chunks=chunks, buffers_per_band=buffers_per_band, halo=halo,
                       scratch_bytes=scratch_bytes, per_band=per_band, client=client)
     affine, crs = _affine6(meta.affine), _crs_text(meta.crs)
-    result, info = _map(arr, op, halo=halo if kind == "tiles" else 0, per_band=per_band,
+    result, info = _map(arr, op, halo=halo if kind == "tiles" else 0,
+                        each_band=kind == "bands", per_band=per_band,
                         chunks=None, nodata=meta.nodata, affine=affine, crs=crs, device=device,
                         buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
                         client=c)
