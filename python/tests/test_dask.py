@@ -477,8 +477,7 @@ def test_device_tasks_stay_within_the_smallest_budget_and_pools_return(client):
     data = sample(4, 1024)
     arr = da.from_array(data, chunks=(4, 1024, 1024))
     ref = whole_focal(data)
-    cp = vd.chunk_plan(arr, halo=1, per_band=False, client=client)
-    usable = dispatch.usable_vram_budget(cp.budget)
+    usable = dispatch.usable_vram_budget(vd.available_vram_bytes(client)[by_device(client)[SMALL]])
     got = vd.map_tiles(arr, staged_focal, halo=1, nodata=NAN, device="gpu")
     assert_same(got.compute(), ref)
 
