@@ -311,6 +311,44 @@ def test_dataarrays_keep_dims_coords_and_georeferencing():
     assert_same(bands.values, filled.values)
 
 
+@needs_io
+@pytest.mark.parametrize("dtype,nodata", [(np.int8, -128), (np.uint16, 65535),
+                                          (np.float64, None)])
+def test_write_raster_writes_one_geotiff_of_the_chunks(tmp_path, dtype, nodata):
+    rng = np.random.default_rng(1)
+    info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
+    data = (rng.integers(info.min, info.max, (3, 70, 90), endpoint=True).astype(dtype)
+            if info else rng.random((3, 70, 90)).astype(dtype))
+    arr = da.from_array(data, chunks=(2, 32, 40))
+    path = tmp_path / "out.tif"
+    m = vd.write_raster(arr, path, nodata=nodata, affine=UTM, crs="EPSG:32633")
+    assert (m.dtype, m.band_count, m.nodata, m.affine) == (np.dtype(dtype), 3, nodata, UTM)
+    assert "32633" in m.crs
+    np.testing.assert_array_equal(io.read_raster(path).to_numpy(), data)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.tif"]
+    # A 2D array is one band.
+    vd.write_raster(arr[1], tmp_path / "one.tif")
+    np.testing.assert_array_equal(io.read_raster(tmp_path / "one.tif").to_numpy(), data[1:2])
+
+
+def test_dataarrays_georeferenced_the_rioxarray_way():
+    xr = pytest.importorskip("xarray")
+    wkt = "EPSG:32633"
+    ref = xr.Variable((), 0, attrs={"crs_wkt": wkt,
+                                    "GeoTransform": "500000.0 10.0 0.0 5000000.0 0.0 -10.0"})
+    src = xr.DataArray(da.zeros((1, 20, 30), dtype=np.float32, chunks=(1, 10, 10)),
+                       dims=("band", "y", "x"), coords={"spatial_ref": ref})
+    seen = []
+
+    def record(r):
+        seen.append((r.affine, r.crs))
+        return r
+
+    vd.map_tiles(src, record, chunks=None).compute(scheduler="sync")
+    assert (UTM, wkt) in seen  # the first tile's
+    assert ((10.0, 0.0, 500200.0, 0.0, -10.0, 4999900.0), wkt) in seen  # the last tile's
+
+
 # ---------------------------------------------------------------------------------------------
 # A cluster of two worker processes with emulated devices of different sizes
 # ---------------------------------------------------------------------------------------------
