@@ -232,7 +232,8 @@ def test_an_op_may_change_dtype_and_band_count():
     ref = ops.normalized_difference(whole.band(3), whole.band(2)).to_numpy()
     np.testing.assert_array_equal(ndvi.compute(scheduler="threads")[0], ref)
     filled = np.nan_to_num(data, nan=0.0)
-    to_u8 = lambda r: ops.rescale(r, 0, 1500, 0, 255, np.uint8)  # noqa: E731
+    # 1..255: the rescale keeps 0, outside its output range, for the nodata pixels.
+    to_u8 = lambda r: ops.rescale(r, 0, 1500, 1, 255, np.uint8)  # noqa: E731
     as_u8 = vd.map_bands(da.from_array(filled, chunks=(2, 64, 64)), to_u8, nodata=0)
     assert as_u8.dtype == np.uint8
     np.testing.assert_array_equal(as_u8.compute(scheduler="threads"),

@@ -1104,7 +1104,8 @@ def _merge_parts(_stored: Any, parts_dir: str, out_path: str,
             with open(vrt, "w", encoding="utf-8") as fh:
                 fh.write(_vrt_xml(chunks, dtype, nodata, affine, crs, int8_as_byte))
             try:
-                meta = _io.read_raster_metadata(vrt)
+                # Our own VRT over our own parts: the one input a virtual format is allowed for.
+                meta = _io.read_raster_metadata(vrt, allow_virtual=True)
             except (ValueError, RuntimeError):
                 if int8_as_byte or dtype.name != "int8":
                     raise
@@ -1115,7 +1116,8 @@ def _merge_parts(_stored: Any, parts_dir: str, out_path: str,
         n_tiles = math.ceil(sum(chunks[1]) / th) * math.ceil(sum(chunks[2]) / tw)
         plan = RasterPlan(TilingStrategy.TILED, (th, tw), 0, n_tiles, 0, sum(chunks[0]), True)
         _io.process_raster_streamed(vrt, out_path, lambda tile: tile, plan, compress=compress,
-                                    tiled=tiled, blockxsize=blocksize, blockysize=blocksize)
+                                    tiled=tiled, blockxsize=blocksize, blockysize=blocksize,
+                                    allow_virtual=True)
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
     return _io.read_raster_metadata(out_path)
