@@ -869,20 +869,31 @@ NB_MODULE(_core, m) {
         return vsr::rescale(r, in_min, in_max, out_min, out_max, d);
       },
       "raster"_a, "in_min"_a, "in_max"_a, "out_min"_a, "out_max"_a, "dtype"_a);
-  m.def("rescale_into", &vsr::rescale_into, "raster"_a, "in_min"_a, "in_max"_a, "out_min"_a,
-        "out_max"_a, "out"_a, nb::call_guard<nb::gil_scoped_release>());
-  m.def("clip", &vsr::clip, "raster"_a, "lower"_a, "upper"_a,
+  m.def("rescale_into",
+        nb::overload_cast<const vsr::OwnedRasterArray&, double, double, double, double,
+                          vsr::OwnedRasterArray&>(&vsr::rescale_into),
+        "raster"_a, "in_min"_a, "in_max"_a, "out_min"_a, "out_max"_a, "out"_a,
         nb::call_guard<nb::gil_scoped_release>());
-  m.def("clip_into", &vsr::clip_into, "raster"_a, "lower"_a, "upper"_a, "out"_a,
-        nb::call_guard<nb::gil_scoped_release>());
-  m.def("fill_nodata", &vsr::fill_nodata, "raster"_a, "value"_a,
-        nb::call_guard<nb::gil_scoped_release>());
-  m.def("fill_nodata_into", &vsr::fill_nodata_into, "raster"_a, "value"_a, "out"_a,
-        nb::call_guard<nb::gil_scoped_release>());
-  m.def("normalized_difference", &vsr::normalized_difference, "a"_a, "b"_a,
-        nb::call_guard<nb::gil_scoped_release>());
-  m.def("normalized_difference_into", &vsr::normalized_difference_into, "a"_a, "b"_a, "out"_a,
-        nb::call_guard<nb::gil_scoped_release>());
+  m.def("clip", nb::overload_cast<const vsr::OwnedRasterArray&, double, double>(&vsr::clip),
+        "raster"_a, "lower"_a, "upper"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("clip_into",
+        nb::overload_cast<const vsr::OwnedRasterArray&, double, double, vsr::OwnedRasterArray&>(
+            &vsr::clip_into),
+        "raster"_a, "lower"_a, "upper"_a, "out"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("fill_nodata", nb::overload_cast<const vsr::OwnedRasterArray&, double>(&vsr::fill_nodata),
+        "raster"_a, "value"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("fill_nodata_into",
+        nb::overload_cast<const vsr::OwnedRasterArray&, double, vsr::OwnedRasterArray&>(
+            &vsr::fill_nodata_into),
+        "raster"_a, "value"_a, "out"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("normalized_difference",
+        nb::overload_cast<const vsr::OwnedRasterArray&, const vsr::OwnedRasterArray&>(
+            &vsr::normalized_difference),
+        "a"_a, "b"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("normalized_difference_into",
+        nb::overload_cast<const vsr::OwnedRasterArray&, const vsr::OwnedRasterArray&,
+                          vsr::OwnedRasterArray&>(&vsr::normalized_difference_into),
+        "a"_a, "b"_a, "out"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "histogram",
       [](const Raster& r, int bins, double lower, double upper) {
@@ -915,25 +926,25 @@ NB_MODULE(_core, m) {
   m.def("io_available", &vsr::io_available);
   m.def(
       "read_raster_metadata",
-      [](const std::string& path) {
+      [](const std::string& path, bool allow_virtual) {
         vsr::RasterMetadata meta;
         {
           nb::gil_scoped_release release;
-          meta = vsr::read_raster_metadata(path);
+          meta = vsr::read_raster_metadata(path, vsr::OpenOptions{{}, allow_virtual});
         }
         return metadata_tuple(meta);
       },
-      "path"_a);
+      "path"_a, "allow_virtual"_a);
   m.def(
       "read_raster",
       [](const std::string& path, std::optional<std::array<std::int64_t, 4>> window,
-         std::vector<int> bands) {
+         std::vector<int> bands, bool allow_virtual) {
         std::optional<vsr::RasterWindow> w;
         if (window) w = vsr::RasterWindow{(*window)[0], (*window)[1], (*window)[2], (*window)[3]};
         nb::gil_scoped_release release;
-        return vsr::read_raster(path, w, std::move(bands));
+        return vsr::read_raster(path, w, std::move(bands), vsr::OpenOptions{{}, allow_virtual});
       },
-      "path"_a, "window"_a.none(), "bands"_a);
+      "path"_a, "window"_a.none(), "bands"_a, "allow_virtual"_a);
   m.def(
       "write_raster",
       [](const std::string& path, const Raster& r, const std::string& driver,
@@ -949,23 +960,24 @@ NB_MODULE(_core, m) {
          const std::string& strategy, std::optional<std::pair<std::int64_t, std::int64_t>> tile,
          int halo, std::int64_t n_tiles, std::uint64_t estimate, int bands_per_pass, bool fits,
          const std::string& driver, const std::string& compress, bool tiled, int block,
-         std::optional<nb::callable> progress) {
+         std::optional<nb::callable> progress, bool allow_virtual) {
         const vsr::BandOp op = band_op(fn);
         const vsr::RasterPlan plan =
             plan_of(strategy, tile, halo, n_tiles, estimate, bands_per_pass, fits);
-        const vsr::WriteOptions o = write_options(driver, compress, tiled, block);
-        std::function<void(std::int64_t, std::int64_t)> on_tile;
+        vsr::StreamOptions options;
+        options.open.allow_virtual = allow_virtual;
+        options.write = write_options(driver, compress, tiled, block);
         if (progress) {
           auto ref = std::make_shared<PyRef>(nb::borrow<nb::object>(*progress));
-          on_tile = [ref](std::int64_t done, std::int64_t total) {
+          options.progress = [ref](std::int64_t done, std::int64_t total) {
             nb::gil_scoped_acquire gil;
             ref->get()(done, total);
           };
         }
         nb::gil_scoped_release release;
-        vsr::process_raster_streamed(in, out, op, plan, o, on_tile);
+        vsr::process_raster_file(in, out, op, plan, options);
       },
       "in_path"_a, "out_path"_a, "op"_a, "strategy"_a, "tile_shape"_a.none(), "halo"_a, "n_tiles"_a,
       "estimate"_a, "bands_per_pass"_a, "fits_budget"_a, "driver"_a, "compress"_a, "tiled"_a,
-      "block"_a, "progress"_a.none());
+      "block"_a, "progress"_a.none(), "allow_virtual"_a);
 }

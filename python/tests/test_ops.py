@@ -38,9 +38,10 @@ def test_band_statistics_skip_nodata():
 def test_rescale_clip_fill():
     r = raster(DATA, nodata=-9, affine=(2, 0, 0, 0, -2, 0), crs="EPSG:4326")
     out = ops.rescale(r, 0, 100, 0, 1, "float64")
-    want = np.where(DATA == -9, -9, DATA.astype(np.float32) / np.float32(100))
-    assert out.dtype == np.float64 and out.nodata == -9.0
-    assert np.allclose(out.to_numpy(), want)
+    # A float output's nodata is NaN, never a value a valid pixel could take (-9 could be one).
+    want = np.where(DATA == -9, np.nan, DATA.astype(np.float32) / np.float32(100))
+    assert out.dtype == np.float64 and np.isnan(out.nodata)
+    assert np.allclose(out.to_numpy(), want, equal_nan=True)
     assert out.affine == r.affine and out.crs == "EPSG:4326" and out.shape == r.shape
     clipped = ops.clip(r, 2, 30)
     assert np.array_equal(clipped.to_numpy(), np.where(DATA == -9, -9, np.clip(DATA, 2, 30)))

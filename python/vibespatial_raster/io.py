@@ -54,22 +54,28 @@ def _block(blockxsize: int, blockysize: int) -> int:
     return int(blockxsize)
 
 
-def read_raster_metadata(path: str | os.PathLike) -> RasterMetadata:
+def read_raster_metadata(path: str | os.PathLike, *, allow_virtual: bool = False
+                         ) -> RasterMetadata:
     """The header of the raster file at ``path``: shape, band count, dtype, nodata (band 1's),
     affine, CRS (WKT) and driver.
+
+    Only raster file formats whose pixels come from the named file alone open by default;
+    ``allow_virtual=True`` also accepts VRTs (which read the files they name), GDAL's virtual
+    file systems (``/vsi...``) and URLs. Give it only for inputs you trust.
 
     Raises:
         ValueError: the file cannot be opened; RuntimeError: an unsupported data type, bands of
         differing types or nodata, or a build without GDAL.
     """
-    return RasterMetadata._from_core(_core.read_raster_metadata(_path(path)))
+    return RasterMetadata._from_core(_core.read_raster_metadata(_path(path), bool(allow_virtual)))
 
 
 def read_raster(path: str | os.PathLike, *, window: RasterWindow | Sequence[int] | None = None,
-                bands: Sequence[int] | None = None) -> OwnedRasterArray:
+                bands: Sequence[int] | None = None, allow_virtual: bool = False
+                ) -> OwnedRasterArray:
     """Read ``window`` (default: all; a RasterWindow or (col_off, row_off, width, height)) of
     the 1-based ``bands`` (default: all) into a new host raster; its affine is shifted to the
-    window's origin.
+    window's origin. ``allow_virtual`` as :func:`read_raster_metadata`.
 
     Raises:
         ValueError: a file that cannot be opened, a window outside the raster or empty, a band
@@ -83,7 +89,8 @@ def read_raster(path: str | os.PathLike, *, window: RasterWindow | Sequence[int]
             w = tuple(int(v) for v in window)
         if len(w) != 4:
             raise ValueError("window must be (col_off, row_off, width, height)")
-    native = _core.read_raster(_path(path), w, [int(b) for b in (bands or [])])
+    native = _core.read_raster(_path(path), w, [int(b) for b in (bands or [])],
+                               bool(allow_virtual))
     return OwnedRasterArray._wrap(native)
 
 
@@ -106,7 +113,8 @@ def process_raster_streamed(in_path: str | os.PathLike, out_path: str | os.PathL
                             op_fn: BandOp, plan: RasterPlan, *, halo: int | None = None,
                             compress: str | None = "deflate", tiled: bool = True,
                             blockxsize: int = 256, blockysize: int = 256, driver: str = "GTiff",
-                            progress: Callable[[int, int], Any] | None = None) -> None:
+                            progress: Callable[[int, int], Any] | None = None,
+                            allow_virtual: bool = False) -> None:
     """Process the file ``in_path`` tile by tile following ``plan`` and write ``out_path``.
 
     Each tile is read with ``halo`` (default: ``plan.halo``) extra pixels per side, clamped at
@@ -114,7 +122,8 @@ def process_raster_streamed(in_path: str | os.PathLike, out_path: str | os.PathL
     output takes the first tile result's dtype, band count and nodata (ops may change the dtype:
     unlike the Python original, nothing is cast back to the source dtype) and the input's shape,
     affine and CRS. Only one tile is live at a time. ``progress(done, total)`` is called after
-    each tile.
+    each tile. ``allow_virtual`` as :func:`read_raster_metadata`, for the input. The output is
+    all or nothing: written beside ``out_path`` and renamed over it only when complete.
 
     Raises:
         ValueError: a negative halo, a tiled plan without a tile shape, a tile result of the
@@ -130,4 +139,4 @@ def process_raster_streamed(in_path: str | os.PathLike, out_path: str | os.PathL
     _core.process_raster_streamed(_path(in_path), _path(out_path),
                                   _adapter(op_fn, crs=None, two_d=False), *plan._core_args(),
                                   str(driver), _compress(compress), bool(tiled),
-                                  _block(blockxsize, blockysize), progress)
+                                  _block(blockxsize, blockysize), progress, bool(allow_virtual))

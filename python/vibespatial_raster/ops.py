@@ -95,11 +95,14 @@ def rescale(raster: OwnedRasterArray, in_min: float, in_max: float, out_min: flo
             out: OwnedRasterArray | None = None) -> OwnedRasterArray:
     """Linear map of [in_min, in_max] onto [out_min, out_max], as ``dtype`` (default: the
     input's; with ``out``, out's). Integers are rounded half away from zero and saturated;
-    values outside the input range are extrapolated. Invalid pixels become the nodata (or NaN,
-    or 0 for an integer output without a representable nodata).
+    values outside the input range are extrapolated. Invalid pixels get a nodata no valid
+    output can take: NaN for a float output; for an integer output, a value outside the output
+    range (the source's nodata when it is one, else the dtype's largest, else its smallest), or
+    0 with no nodata when the source had none (NaN pixels of a float source).
 
     Raises:
-        ValueError: a bound is not finite, in_min == in_max, or ``out`` does not match.
+        ValueError: a bound is not finite, in_min == in_max, ``out`` does not match, or an
+        integer output range covers the whole dtype while the source has a nodata.
     """
     r = _raster("raster", raster)
     if out is not None:

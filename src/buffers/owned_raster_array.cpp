@@ -91,8 +91,12 @@ std::shared_ptr<detail::RasterStorage> make_storage(const char* who, DType dtype
   return s;
 }
 
-std::string nodata_text(const std::optional<double>& v) {
-  return v ? std::to_string(*v) : std::string("none");
+std::string nodata_text(const std::optional<NodataValue>& v) {
+  return v ? v->to_string() : std::string("none");
+}
+
+std::optional<double> as_double(const std::optional<NodataValue>& v) {
+  return v ? std::optional<double>(v->to_double()) : std::nullopt;
 }
 
 // Moves the storage's pixels to `target`; the caller holds s.mutex.
@@ -176,8 +180,8 @@ OwnedRasterArray OwnedRasterArray::from_band_stack(const std::vector<OwnedRaster
                                                    const OwnedRasterArray& source) {
   if (bands.empty()) throw std::invalid_argument("from_band_stack: no band results to stack");
   const OwnedRasterArray& first = bands.front();
-  const std::optional<double> nodata = source.nodata_;
-  if (nodata && std::isnan(*nodata) && is_integer(first.dtype())) {
+  const std::optional<NodataValue> nodata = source.nodata_;
+  if (nodata && nodata->is_nan() && is_integer(first.dtype())) {
     throw std::invalid_argument(
         "from_band_stack: the source's NaN nodata is not valid for the results' integer dtype " +
         std::string(to_string(first.dtype())));
@@ -199,7 +203,7 @@ OwnedRasterArray OwnedRasterArray::from_band_stack(const std::vector<OwnedRaster
       throw std::invalid_argument(name + " has dtype " + std::string(to_string(b.dtype())) +
                                   ", band 0 has " + std::string(to_string(first.dtype())));
     }
-    if (!same_nodata(b.nodata_, first.nodata_)) {
+    if (b.nodata_ != first.nodata_) {
       throw std::invalid_argument(name + " has nodata " + nodata_text(b.nodata_) + ", band 0 has " +
                                   nodata_text(first.nodata_));
     }
@@ -220,7 +224,8 @@ OwnedRasterArray OwnedRasterArray::from_band_stack(const std::vector<OwnedRaster
 
   OwnedRasterArray out = allocate(any_device ? Residency::device : Residency::host, first.dtype(),
                                   static_cast<int>(total_bands), first.height(), first.width(),
-                                  nodata, source.affine_, source.crs_);
+                                  as_double(nodata), source.affine_, source.crs_);
+  out.nodata_ = nodata;
   const std::size_t step = first.byte_size();
   if (any_device) {
     const auto& api = detail::driver();
@@ -264,7 +269,21 @@ DType OwnedRasterArray::dtype() const {
   return storage_->dtype;
 }
 std::optional<double> OwnedRasterArray::nodata() const {
+  return as_double(nodata_);
+}
+
+std::optional<NodataValue> OwnedRasterArray::exact_nodata() const {
   return nodata_;
+}
+
+OwnedRasterArray OwnedRasterArray::with_nodata(std::optional<NodataValue> nodata) const {
+  if (nodata && nodata->is_nan() && is_integer(dtype())) {
+    throw std::invalid_argument("with_nodata: NaN nodata is not valid for integer dtype " +
+                                std::string(to_string(dtype())));
+  }
+  OwnedRasterArray r = *this;
+  r.nodata_ = nodata;
+  return r;
 }
 const Affine& OwnedRasterArray::affine() const {
   return affine_;
@@ -284,7 +303,8 @@ RasterMetadata OwnedRasterArray::metadata() const {
   m.width = width();
   m.band_count = band_count_;
   m.dtype = dtype();
-  m.nodata = nodata_;
+  m.nodata = as_double(nodata_);
+  m.exact_nodata = nodata_;
   m.affine = affine_;
   m.crs = crs_;
   return m;

@@ -12,7 +12,7 @@ namespace vibespatial::raster::detail {
 
 struct RasterAccess {
   /// Sets @p r's nodata, affine and CRS (this handle only; other handles keep theirs).
-  static void set_georeferencing(OwnedRasterArray& r, std::optional<double> nodata,
+  static void set_georeferencing(OwnedRasterArray& r, std::optional<NodataValue> nodata,
                                  const Affine& affine, const std::string& crs) {
     r.nodata_ = nodata;
     r.affine_ = affine;

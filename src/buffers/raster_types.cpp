@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <array>
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -115,6 +118,94 @@ std::string_view to_string(TilingStrategy strategy) noexcept {
       return "tiled";
   }
   return "unknown";
+}
+
+NodataValue::NodataValue(double value) noexcept : real_(value) {}
+
+NodataValue NodataValue::from_int64(std::int64_t value) noexcept {
+  NodataValue v;
+  // Exactly a double? (-2^63 is; 2^63 - 1 is not: its double is 2^63, outside int64.)
+  const double d = static_cast<double>(value);
+  if (d >= -0x1p63 && d < 0x1p63 && static_cast<std::int64_t>(d) == value) {
+    v.real_ = d;
+  } else {
+    v.kind_ = Kind::int64;
+    v.bits_ = static_cast<std::uint64_t>(value);
+    v.real_ = d;
+  }
+  return v;
+}
+
+NodataValue NodataValue::from_uint64(std::uint64_t value) noexcept {
+  NodataValue v;
+  const double d = static_cast<double>(value);
+  if (d < 0x1p64 && static_cast<std::uint64_t>(d) == value) {
+    v.real_ = d;
+  } else if (value <= static_cast<std::uint64_t>(INT64_MAX)) {
+    return from_int64(static_cast<std::int64_t>(value));
+  } else {
+    v.kind_ = Kind::uint64;
+    v.bits_ = value;
+    v.real_ = d;
+  }
+  return v;
+}
+
+double NodataValue::to_double() const noexcept {
+  return real_;
+}
+
+std::optional<std::int64_t> NodataValue::as_int64() const noexcept {
+  switch (kind_) {
+    case Kind::int64:
+      return static_cast<std::int64_t>(bits_);
+    case Kind::uint64:
+      return std::nullopt;  // above INT64_MAX by construction
+    case Kind::real:
+      break;
+  }
+  if (!(real_ >= -0x1p63 && real_ < 0x1p63) || std::trunc(real_) != real_) return std::nullopt;
+  return static_cast<std::int64_t>(real_);
+}
+
+std::optional<std::uint64_t> NodataValue::as_uint64() const noexcept {
+  switch (kind_) {
+    case Kind::int64: {
+      const auto v = static_cast<std::int64_t>(bits_);
+      return v >= 0 ? std::optional<std::uint64_t>(static_cast<std::uint64_t>(v)) : std::nullopt;
+    }
+    case Kind::uint64:
+      return bits_;
+    case Kind::real:
+      break;
+  }
+  if (!(real_ >= 0 && real_ < 0x1p64) || std::trunc(real_) != real_) return std::nullopt;
+  return static_cast<std::uint64_t>(real_);
+}
+
+bool NodataValue::is_nan() const noexcept {
+  return kind_ == Kind::real && std::isnan(real_);
+}
+
+std::string NodataValue::to_string() const {
+  if (kind_ == Kind::int64) return std::to_string(static_cast<std::int64_t>(bits_));
+  if (kind_ == Kind::uint64) return std::to_string(bits_);
+  if (std::isnan(real_)) return "nan";
+  if (std::isinf(real_)) return real_ > 0 ? "inf" : "-inf";
+  if (const auto i = as_int64(); i && std::fabs(real_) < 0x1p63) return std::to_string(*i);
+  char buf[64];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, real_);
+    if (std::strtod(buf, nullptr) == real_) break;
+  }
+  return buf;
+}
+
+bool operator==(const NodataValue& a, const NodataValue& b) noexcept {
+  if (a.kind_ != b.kind_) return false;
+  if (a.kind_ != NodataValue::Kind::real) return a.bits_ == b.bits_;
+  if (std::isnan(a.real_) || std::isnan(b.real_)) return std::isnan(a.real_) && std::isnan(b.real_);
+  return a.real_ == b.real_;
 }
 
 bool same_nodata(const std::optional<double>& a, const std::optional<double>& b) noexcept {

@@ -1,5 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Raster file I/O through GDAL's C API (io.hpp).
+#include "common/checked_math.hpp"
+#include "common/text_escape.hpp"
+#include "io/output_file.hpp"
+
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/io.hpp>
 
@@ -9,11 +13,15 @@
 #include <gdal.h>
 #include <gdal_version.h>
 #include <ogr_srs_api.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -33,22 +41,49 @@ void register_drivers() {
   std::call_once(once, [] { GDALAllRegister(); });
 }
 
-/// Silences GDAL's default stderr error printing for the current thread during one call; the
-/// messages are still recorded (CPLGetLastErrorMsg) and put into the exceptions thrown.
+/// Silences GDAL's default stderr error printing for the current thread during one call and
+/// records every failure GDAL reports meanwhile, also those that do not show in a call's return
+/// value (a dirty block written back when the cache evicts it, a flush inside GDALClose): check()
+/// turns them into an exception. The last message stays available (CPLGetLastErrorMsg).
 class QuietErrors {
  public:
   QuietErrors() {
-    CPLPushErrorHandler(CPLQuietErrorHandler);
+    CPLPushErrorHandlerEx(&QuietErrors::record, this);
     CPLErrorReset();
   }
   ~QuietErrors() { CPLPopErrorHandler(); }
   QuietErrors(const QuietErrors&) = delete;
   QuietErrors& operator=(const QuietErrors&) = delete;
+
+  /// Throws std::runtime_error(@p what + GDAL's first message) if GDAL reported a failure
+  /// since construction.
+  void check(const std::string& what) const {
+    if (failures_ > 0) throw std::runtime_error(what + ": " + detail::printable(first_));
+  }
+
+ private:
+  static void CPL_STDCALL record(CPLErr type, CPLErrorNum /*num*/, const char* msg) {
+    auto* self = static_cast<QuietErrors*>(CPLGetErrorHandlerUserData());
+    if (self == nullptr || (type != CE_Failure && type != CE_Fatal)) return;
+    try {
+      if (self->failures_++ == 0) self->first_ = msg != nullptr ? msg : "unknown GDAL error";
+    } catch (...) {
+    }
+  }
+
+  int failures_ = 0;
+  std::string first_;
 };
+
+/// @p text (a path, a driver name, a CRS) as it goes into an exception message: printable, so
+/// every message is valid UTF-8 without terminal control characters.
+std::string shown(const std::string& text) {
+  return detail::printable(text);
+}
 
 std::string gdal_message() {
   const char* msg = CPLGetLastErrorMsg();
-  return (msg != nullptr && *msg != '\0') ? std::string(": ") + msg : std::string();
+  return (msg != nullptr && *msg != '\0') ? ": " + detail::printable(msg) : std::string();
 }
 
 [[noreturn]] void fail(const std::string& what) {
@@ -60,24 +95,58 @@ struct DatasetCloser {
 };
 using Dataset = std::unique_ptr<void, DatasetCloser>;
 
-Dataset open_readonly(const std::string& path) {
-  register_drivers();
-  GDALDatasetH ds =
-      GDALOpenEx(path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR, nullptr,
-                 nullptr, nullptr);
-  if (ds == nullptr) {
-    throw std::invalid_argument("cannot open raster '" + path + "'" + gdal_message());
-  }
-  return Dataset(ds);
+/// Whether @p path makes GDAL leave the local file system: a /vsi... virtual file system path or
+/// a URL ("scheme://").
+bool is_virtual_path(const std::string& path) {
+  if (path.rfind("/vsi", 0) == 0) return true;
+  const std::size_t colon = path.find("://");
+  if (colon == std::string::npos || colon == 0) return false;
+  return std::all_of(path.begin(), path.begin() + static_cast<std::ptrdiff_t>(colon), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '+' || c == '-' || c == '.';
+  });
 }
 
-/// Closes @p ds and reports a failure to flush (GDALClose returns void before GDAL 3.7).
-void close_checked(Dataset& ds, const std::string& path) {
-  CPLErrorReset();
-  ds.reset();
-  if (CPLGetLastErrorType() == CE_Failure || CPLGetLastErrorType() == CE_Fatal) {
-    fail("cannot finish writing '" + path + "'");
+Dataset open_readonly(const std::string& path, const OpenOptions& open = {}) {
+  register_drivers();
+  if (!open.allow_virtual && is_virtual_path(path)) {
+    throw std::invalid_argument("cannot open raster '" + shown(path) +
+                                "': GDAL virtual file systems and URLs are refused unless allowed "
+                                "(OpenOptions::allow_virtual; vsr-run --allow-virtual)");
   }
+  std::vector<std::string> drivers = open.drivers.empty() ? default_input_drivers() : open.drivers;
+  if (open.allow_virtual) drivers.emplace_back("VRT");
+  CPLStringList allowed;
+  for (const std::string& d : drivers) allowed.AddString(d.c_str());
+  GDALDatasetH ds =
+      GDALOpenEx(path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR,
+                 allowed.List(), nullptr, nullptr);
+  if (ds != nullptr) return Dataset(ds);
+  std::string why = gdal_message();
+  // Say so when the file is a raster of a format that is not allowed.
+  if (GDALDriverH found = GDALIdentifyDriverEx(path.c_str(), GDAL_OF_RASTER, nullptr, nullptr);
+      found != nullptr) {
+    const std::string name = GDALGetDriverShortName(found);
+    if (std::find(drivers.begin(), drivers.end(), name) == drivers.end()) {
+      std::string list;
+      for (const std::string& d : drivers) list += (list.empty() ? "" : ", ") + d;
+      why = ": its format (" + shown(name) + ") is not an allowed input format (" + list + ")" +
+            (name == "VRT" ? "; a VRT reads the files it names, allow it with "
+                             "OpenOptions::allow_virtual (vsr-run --allow-virtual)"
+                           : "; add it to OpenOptions::drivers to allow it");
+    }
+  }
+  throw std::invalid_argument("cannot open raster '" + shown(path) + "'" + why);
+}
+
+/// Flushes and closes the written dataset @p ds, then throws if GDAL reported any failure while
+/// it was written, flushed or closed (GDALFlushCache and GDALClose return void before GDAL 3.7,
+/// so @p errors is what tells).
+void close_checked(Dataset& ds, const std::string& path, const QuietErrors& errors) {
+  errors.check("cannot write '" + shown(path) + "'");
+  GDALFlushCache(ds.get());
+  errors.check("cannot write '" + shown(path) + "' (flushing)");
+  ds.reset();
+  errors.check("cannot write '" + shown(path) + "' (closing)");
 }
 
 DType dtype_from_band(GDALRasterBandH band, const std::string& path) {
@@ -108,7 +177,7 @@ DType dtype_from_band(GDALRasterBandH band, const std::string& path) {
     case GDT_Float64:
       return DType::float64;
     default:
-      throw std::runtime_error("raster '" + path + "' has GDAL data type " +
+      throw std::runtime_error("raster '" + shown(path) + "' has GDAL data type " +
                                GDALGetDataTypeName(GDALGetRasterDataType(band)) +
                                ", which vibespatial-raster does not support");
   }
@@ -145,15 +214,15 @@ GDALDataType gdal_type(DType dtype) {
   throw std::invalid_argument("write_raster: bad dtype");
 }
 
-std::optional<double> band_nodata(GDALRasterBandH band, DType dtype) {
+/// Band @p band's nodata, exactly: 64-bit integer rasters through GDAL's Int64/UInt64 calls
+/// (GDALGetRasterNoDataValue would give INT64_MAX as the double 2^63).
+std::optional<NodataValue> band_nodata(GDALRasterBandH band, DType dtype) {
   int has = 0;
-  double value = 0;
+  NodataValue value;
   if (dtype == DType::int64) {
-    const std::int64_t v = GDALGetRasterNoDataValueAsInt64(band, &has);
-    value = static_cast<double>(v);
+    value = NodataValue::from_int64(GDALGetRasterNoDataValueAsInt64(band, &has));
   } else if (dtype == DType::uint64) {
-    const std::uint64_t v = GDALGetRasterNoDataValueAsUInt64(band, &has);
-    value = static_cast<double>(v);
+    value = NodataValue::from_uint64(GDALGetRasterNoDataValueAsUInt64(band, &has));
   } else {
     value = GDALGetRasterNoDataValue(band, &has);
   }
@@ -161,31 +230,29 @@ std::optional<double> band_nodata(GDALRasterBandH band, DType dtype) {
   return value;
 }
 
-void set_band_nodata(GDALRasterBandH band, DType dtype, double nodata) {
+/// Sets band @p band's nodata exactly: 64-bit integers through GDAL's Int64/UInt64 setters (the
+/// double setter stores INT64_MAX as "9" and UINT64_MAX as "1").
+void set_band_nodata(GDALRasterBandH band, DType dtype, const NodataValue& nodata) {
   CPLErr err = CE_None;
-  // 64-bit integers go through the exact setters when the value is an integer in range, so
-  // large sentinels (e.g. INT64_MIN) are not rounded through the string form of a double.
-  if (dtype == DType::int64 && std::trunc(nodata) == nodata && nodata >= -0x1p63 &&
-      nodata < 0x1p63) {
-    err = GDALSetRasterNoDataValueAsInt64(band, static_cast<std::int64_t>(nodata));
-  } else if (dtype == DType::uint64 && std::trunc(nodata) == nodata && nodata >= 0 &&
-             nodata < 0x1p64) {
-    err = GDALSetRasterNoDataValueAsUInt64(band, static_cast<std::uint64_t>(nodata));
+  if (const auto i = nodata.as_int64(); dtype == DType::int64 && i) {
+    err = GDALSetRasterNoDataValueAsInt64(band, *i);
+  } else if (const auto u = nodata.as_uint64(); dtype == DType::uint64 && u) {
+    err = GDALSetRasterNoDataValueAsUInt64(band, *u);
   } else {
-    err = GDALSetRasterNoDataValue(band, nodata);
+    err = GDALSetRasterNoDataValue(band, nodata.to_double());
   }
-  if (err != CE_None) fail("cannot set nodata " + std::to_string(nodata));
+  if (err != CE_None) fail("cannot set nodata " + nodata.to_string());
 }
 
 /// Header of an open dataset; @p bands (1-based) select the bands checked for a common dtype
 /// and nodata, all bands when empty.
-RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path,
-                           const std::vector<int>& bands) {
+RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path, const std::vector<int>& bands,
+                           bool mixed_nodata = false) {
   RasterMetadata meta;
   meta.width = GDALGetRasterXSize(ds);
   meta.height = GDALGetRasterYSize(ds);
   const int count = GDALGetRasterCount(ds);
-  if (count < 1) throw std::runtime_error("raster '" + path + "' has no bands");
+  if (count < 1) throw std::runtime_error("raster '" + shown(path) + "' has no bands");
   std::vector<int> selected = bands;
   if (selected.empty()) {
     for (int b = 1; b <= count; ++b) selected.push_back(b);
@@ -193,22 +260,23 @@ RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path,
   for (int b : selected) {
     if (b < 1 || b > count) {
       throw std::invalid_argument("band index " + std::to_string(b) + " is outside [1, " +
-                                  std::to_string(count) + "] for raster '" + path + "'");
+                                  std::to_string(count) + "] for raster '" + shown(path) + "'");
     }
   }
   meta.band_count = static_cast<int>(selected.size());
   GDALRasterBandH first = GDALGetRasterBand(ds, selected.front());
   meta.dtype = dtype_from_band(first, path);
-  meta.nodata = band_nodata(first, meta.dtype);
+  meta.exact_nodata = band_nodata(first, meta.dtype);
+  if (meta.exact_nodata) meta.nodata = meta.exact_nodata->to_double();
   for (int b : selected) {
     GDALRasterBandH band = GDALGetRasterBand(ds, b);
     if (dtype_from_band(band, path) != meta.dtype) {
-      throw std::runtime_error("raster '" + path + "': band " + std::to_string(b) +
+      throw std::runtime_error("raster '" + shown(path) + "': band " + std::to_string(b) +
                                " has a different data type than band " +
                                std::to_string(selected.front()));
     }
-    if (!same_nodata(band_nodata(band, meta.dtype), meta.nodata)) {
-      throw std::runtime_error("raster '" + path + "': band " + std::to_string(b) +
+    if (!mixed_nodata && band_nodata(band, meta.dtype) != meta.exact_nodata) {
+      throw std::runtime_error("raster '" + shown(path) + "': band " + std::to_string(b) +
                                " has a different nodata value than band " +
                                std::to_string(selected.front()) +
                                " (one nodata per raster is supported)");
@@ -246,36 +314,78 @@ void raster_io(GDALDatasetH ds, GDALRWFlag flag, const RasterWindow& w, void* bu
       gdal_type(dtype), static_cast<int>(bands.size()), bands.data(), item, item * line_elems,
       item * band_elems, nullptr);
   if (err != CE_None) {
-    fail(std::string(flag == GF_Read ? "cannot read" : "cannot write") + " raster '" + path + "'");
+    fail(std::string(flag == GF_Read ? "cannot read" : "cannot write") + " raster '" + shown(path) +
+         "'");
   }
 }
 
+std::string bytes_text(std::uint64_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (1ULL << 40)) {
+    std::snprintf(buf, sizeof buf, "%.1f TiB", b / static_cast<double>(1ULL << 40));
+  } else if (bytes >= (1ULL << 30)) {
+    std::snprintf(buf, sizeof buf, "%.1f GiB", b / static_cast<double>(1ULL << 30));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / static_cast<double>(1ULL << 20));
+  }
+  return buf;
+}
+
+std::string window_text(const RasterWindow& w, int bands, DType dtype) {
+  return std::to_string(bands) + " x " + std::to_string(w.height) + " x " +
+         std::to_string(w.width) + " " + std::string(to_string(dtype));
+}
+
+/// Reads @p window of @p bands; with @p check_memory, a read larger than the host memory
+/// available is refused before anything is allocated (the streamed paths check their passes
+/// up front instead).
 OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
-                           std::optional<RasterWindow> window, std::vector<int> bands) {
+                           std::optional<RasterWindow> window, std::vector<int> bands,
+                           bool check_memory = true, bool mixed_nodata = false) {
   if (bands.empty()) {
     for (int b = 1; b <= GDALGetRasterCount(ds); ++b) bands.push_back(b);
   }
-  const RasterMetadata meta = metadata_of(ds, path, bands);
+  const RasterMetadata meta = metadata_of(ds, path, bands, mixed_nodata);
   const RasterWindow w = window.value_or(RasterWindow{0, 0, meta.width, meta.height});
   if (w.width <= 0 || w.height <= 0 || w.col_off < 0 || w.row_off < 0 ||
       w.col_off > meta.width - w.width || w.row_off > meta.height - w.height) {
     throw std::invalid_argument(
         "window (col_off " + std::to_string(w.col_off) + ", row_off " + std::to_string(w.row_off) +
         ", width " + std::to_string(w.width) + ", height " + std::to_string(w.height) +
-        ") is not inside raster '" + path + "' of " + std::to_string(meta.width) + " x " +
+        ") is not inside raster '" + shown(path) + "' of " + std::to_string(meta.width) + " x " +
         std::to_string(meta.height) + " pixels");
+  }
+  if (check_memory) {
+    const std::uint64_t bytes = detail::checked_mul(
+        detail::checked_mul(
+            static_cast<std::uint64_t>(w.width) * static_cast<std::uint64_t>(w.height),
+            static_cast<std::uint64_t>(meta.band_count), "raster pixel count"),
+        itemsize(meta.dtype), "raster byte count");
+    const std::uint64_t limit = available_host_memory();
+    if (bytes > limit) {
+      throw HostMemoryLimitError(bytes, limit,
+                                 "reading " + window_text(w, meta.band_count, meta.dtype) +
+                                     " of '" + shown(path) + "' needs " + bytes_text(bytes) +
+                                     " of host memory, more than the " + bytes_text(limit) +
+                                     " available; read it in windows or tiles (process_raster_file,"
+                                     " for_each_raster_tile)");
+    }
   }
   OwnedRasterArray out =
       OwnedRasterArray::allocate(Residency::host, meta.dtype, meta.band_count, w.height, w.width,
-                                 meta.nodata, shifted(meta.affine, w.col_off, w.row_off), meta.crs);
+                                 std::nullopt, shifted(meta.affine, w.col_off, w.row_off), meta.crs)
+          .with_nodata(meta.exact_nodata);
   raster_io(ds, GF_Read, w, out.mutable_host_data(), meta.dtype, bands, w.width, w.width * w.height,
             path);
   return out;
 }
 
-Dataset create_dataset(const std::string& path, DType dtype, int band_count, std::int64_t height,
-                       std::int64_t width, const std::optional<double>& nodata,
-                       const Affine& affine, const std::string& crs, const WriteOptions& options) {
+/// Creates the dataset @p file (the temporary file of @p path, which messages name).
+Dataset create_dataset(const std::string& file, const std::string& path, DType dtype,
+                       int band_count, std::int64_t height, std::int64_t width,
+                       const std::optional<NodataValue>& nodata, const Affine* affine,
+                       const std::string& crs, const WriteOptions& options) {
   register_drivers();
   if (height > INT_MAX || width > INT_MAX) {
     throw std::invalid_argument("write_raster: " + std::to_string(width) + " x " +
@@ -283,12 +393,13 @@ Dataset create_dataset(const std::string& path, DType dtype, int band_count, std
   }
   GDALDriverH driver = GDALGetDriverByName(options.driver.c_str());
   if (driver == nullptr) {
-    throw std::invalid_argument("write_raster: unknown GDAL driver '" + options.driver + "'");
+    throw std::invalid_argument("write_raster: unknown GDAL driver '" + shown(options.driver) +
+                                "'");
   }
   const bool gtiff = options.driver == "GTiff";
   if (dtype == DType::int8 && !VSR_GDAL_HAS_INT8 && !gtiff) {
     throw std::invalid_argument("write_raster: int8 needs GDAL >= 3.7 for driver '" +
-                                options.driver + "' (this GDAL is " GDAL_RELEASE_NAME ")");
+                                shown(options.driver) + "' (this GDAL is " GDAL_RELEASE_NAME ")");
   }
   std::string wkt;
   if (!crs.empty()) {
@@ -300,7 +411,8 @@ Dataset create_dataset(const std::string& path, DType dtype, int band_count, std
     CPLFree(text);
     OSRDestroySpatialReference(srs);
     if (!ok)
-      throw std::invalid_argument("write_raster: GDAL does not understand CRS '" + crs + "'");
+      throw std::invalid_argument("write_raster: GDAL does not understand CRS '" + shown(crs) +
+                                  "'");
   }
 
   CPLStringList opts;
@@ -317,16 +429,34 @@ Dataset create_dataset(const std::string& path, DType dtype, int band_count, std
     // Files beyond 4 GiB need BigTIFF; IF_SAFER decides from the uncompressed size.
     opts.SetNameValue("BIGTIFF", "IF_SAFER");
   }
-  GDALDatasetH ds = GDALCreate(driver, path.c_str(), static_cast<int>(width),
+  // NUM_THREADS only where the driver takes it (GTiff does), so others warn about nothing.
+  const char* known = GDALGetMetadataItem(driver, GDAL_DMD_CREATIONOPTIONLIST, nullptr);
+  if (options.num_threads != 0 && known != nullptr &&
+      std::strstr(known, "NUM_THREADS") != nullptr) {
+    opts.SetNameValue("NUM_THREADS", options.num_threads < 0
+                                         ? "ALL_CPUS"
+                                         : std::to_string(options.num_threads).c_str());
+  }
+  for (const std::string& kv : options.creation_options) {
+    const std::size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw std::invalid_argument("write_raster: creation option '" + shown(kv) +
+                                  "' is not KEY=VALUE");
+    }
+    opts.SetNameValue(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
+  }
+  GDALDatasetH ds = GDALCreate(driver, file.c_str(), static_cast<int>(width),
                                static_cast<int>(height), band_count, gdal_type(dtype), opts.List());
-  if (ds == nullptr) fail("cannot create raster '" + path + "'");
+  if (ds == nullptr) fail("cannot create raster '" + shown(path) + "'");
   Dataset owned(ds);
-  std::array<double, 6> gt = affine.to_gdal();
-  if (GDALSetGeoTransform(ds, gt.data()) != CE_None) {
-    fail("cannot set the geotransform of '" + path + "'");
+  if (affine != nullptr) {
+    std::array<double, 6> gt = affine->to_gdal();
+    if (GDALSetGeoTransform(ds, gt.data()) != CE_None) {
+      fail("cannot set the geotransform of '" + shown(path) + "'");
+    }
   }
   if (!wkt.empty() && GDALSetProjection(ds, wkt.c_str()) != CE_None) {
-    fail("cannot set the CRS of '" + path + "'");
+    fail("cannot set the CRS of '" + shown(path) + "'");
   }
   if (nodata) {
     for (int b = 1; b <= band_count; ++b) set_band_nodata(GDALGetRasterBand(ds, b), dtype, *nodata);
@@ -356,109 +486,462 @@ bool io_available() noexcept {
   return true;
 }
 
+std::vector<std::string> default_input_drivers() {
+  return {"GTiff", "PNG",  "JPEG",    "GIF",  "BMP",   "WEBP", "JP2OpenJPEG",
+          "ENVI",  "EHdr", "AAIGrid", "GSBG", "GS7BG", "NITF"};
+}
+
 RasterMetadata read_raster_metadata(const std::string& path) {
+  return read_raster_metadata(path, OpenOptions{});
+}
+
+RasterMetadata read_raster_metadata(const std::string& path, const OpenOptions& open) {
   QuietErrors quiet;
-  Dataset ds = open_readonly(path);
+  Dataset ds = open_readonly(path, open);
   return metadata_of(ds.get(), path, {});
 }
 
 OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow> window,
                              std::vector<int> bands) {
+  return read_raster(path, window, std::move(bands), OpenOptions{});
+}
+
+OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow> window,
+                             std::vector<int> bands, const OpenOptions& open) {
   QuietErrors quiet;
-  Dataset ds = open_readonly(path);
+  Dataset ds = open_readonly(path, open);
   return read_open(ds.get(), path, window, std::move(bands));
 }
 
 void write_raster(const std::string& path, const OwnedRasterArray& raster,
                   const WriteOptions& options) {
   QuietErrors quiet;
-  Dataset ds =
-      create_dataset(path, raster.dtype(), raster.band_count(), raster.height(), raster.width(),
-                     raster.nodata(), raster.affine(), raster.crs(), options);
   std::vector<std::byte> scratch;
   const void* pixels = host_pixels(raster, scratch);
+  detail::PendingOutput pending(path, options.overwrite);  // before the dataset: removed after it
+  Dataset ds = create_dataset(pending.path(), path, raster.dtype(), raster.band_count(),
+                              raster.height(), raster.width(), raster.exact_nodata(),
+                              &raster.affine(), raster.crs(), options);
   std::vector<int> bands = all_bands(raster.band_count());
   raster_io(ds.get(), GF_Write, RasterWindow{0, 0, raster.width(), raster.height()},
             const_cast<void*>(pixels), raster.dtype(), bands, raster.width(),
             raster.width() * raster.height(), path);
-  close_checked(ds, path);
+  close_checked(ds, path, quiet);
+  pending.commit(options.overwrite);
 }
 
 void process_raster_streamed(const std::string& in, const std::string& out, const BandOp& op,
                              const RasterPlan& plan, const WriteOptions& options,
                              std::function<void(std::int64_t, std::int64_t)> progress) {
-  if (!op) throw std::invalid_argument("process_raster_streamed: empty op");
-  if (plan.halo < 0) {
-    throw std::invalid_argument("process_raster_streamed: negative halo " +
-                                std::to_string(plan.halo));
+  StreamOptions stream;
+  stream.write = options;
+  stream.progress = std::move(progress);
+  process_raster_file(in, out, op, plan, stream);
+}
+
+namespace {
+
+/// How a streamed run goes through a file: its passes (runs of selected bands) and tiles.
+struct StreamLayout {
+  std::vector<int> bands;                               ///< selected, 1-based
+  std::vector<std::optional<NodataValue>> band_nodata;  ///< of each selected band
+  struct Pass {
+    int first = 0, count = 0;  ///< positions among the selected bands
+  };
+  std::vector<Pass> passes;
+  std::int64_t th = 0, tw = 0, rows = 0, cols = 0, halo = 0;
+  bool per_band = false;  ///< bands are independent: each pass's result goes to its own bands
+  bool mixed_nodata = false;
+  std::int64_t tiles_per_pass() const { return rows * cols; }
+  std::int64_t total() const { return static_cast<std::int64_t>(passes.size()) * rows * cols; }
+  int max_pass_bands() const {
+    int m = 0;
+    for (const Pass& p : passes) m = std::max(m, p.count);
+    return m;
   }
-  QuietErrors quiet;
-  Dataset src = open_readonly(in);
-  const RasterMetadata meta = metadata_of(src.get(), in, {});
-  std::int64_t th = meta.height, tw = meta.width;
+};
+
+StreamLayout layout_of(GDALDatasetH ds, const RasterMetadata& meta, const RasterPlan& plan,
+                       const StreamOptions& options, const char* who) {
+  if (plan.halo < 0) {
+    throw std::invalid_argument(std::string(who) + ": negative halo " + std::to_string(plan.halo));
+  }
+  if (plan.bands_per_pass < 1) {
+    throw std::invalid_argument(std::string(who) + ": bands_per_pass " +
+                                std::to_string(plan.bands_per_pass) + " < 1");
+  }
+  StreamLayout l;
+  l.bands = options.bands.empty() ? all_bands(GDALGetRasterCount(ds)) : options.bands;
+  for (const int b : l.bands) {
+    l.band_nodata.push_back(band_nodata(GDALGetRasterBand(ds, b), meta.dtype));
+    l.mixed_nodata = l.mixed_nodata || l.band_nodata.back() != l.band_nodata.front();
+  }
+  const int n = static_cast<int>(l.bands.size());
+  // A whole plan is one pass whatever bands_per_pass says (a default RasterPlan says 1).
+  l.per_band =
+      options.per_band || (plan.strategy != TilingStrategy::whole && plan.bands_per_pass < n);
+  if (l.per_band) {
+    // Runs of at most bands_per_pass consecutive bands of one nodata.
+    const int most = options.per_band && plan.strategy == TilingStrategy::whole
+                         ? n
+                         : std::min(plan.bands_per_pass, n);
+    for (int b = 0; b < n; ++b) {
+      const auto i = static_cast<std::size_t>(b);
+      if (l.passes.empty() || l.passes.back().count >= most ||
+          l.band_nodata[i] != l.band_nodata[static_cast<std::size_t>(l.passes.back().first)]) {
+        l.passes.push_back({b, 1});
+      } else {
+        ++l.passes.back().count;
+      }
+    }
+  } else {
+    l.passes.push_back({0, n});
+  }
+  l.th = meta.height;
+  l.tw = meta.width;
   if (plan.strategy == TilingStrategy::tiled) {
     if (!plan.tile_shape || plan.tile_shape->first <= 0 || plan.tile_shape->second <= 0) {
-      throw std::invalid_argument(
-          "process_raster_streamed: tiled plan without a positive tile_shape");
+      throw std::invalid_argument(std::string(who) + ": tiled plan without a positive tile_shape");
     }
-    th = std::min(plan.tile_shape->first, meta.height);
-    tw = std::min(plan.tile_shape->second, meta.width);
+    l.th = std::min(plan.tile_shape->first, meta.height);
+    l.tw = std::min(plan.tile_shape->second, meta.width);
   }
-  const std::int64_t rows = (meta.height + th - 1) / th, cols = (meta.width + tw - 1) / tw;
-  const std::int64_t total = rows * cols;
-  const std::int64_t halo = plan.halo;
+  l.halo = plan.halo;
+  l.rows = (meta.height + l.th - 1) / l.th;
+  l.cols = (meta.width + l.tw - 1) / l.tw;
+  return l;
+}
 
+bool pixel_interleaved(GDALDatasetH ds) {
+  const char* interleave = GDALGetMetadataItem(ds, "INTERLEAVE", "IMAGE_STRUCTURE");
+  return interleave != nullptr && std::strcmp(interleave, "PIXEL") == 0;
+}
+
+/// Bytes of one GDAL block of @p ds holding one band's data: the block of band 1, times the band
+/// count when the file interleaves pixels (a block then carries every band).
+std::uint64_t block_bytes(GDALDatasetH ds) {
+  GDALRasterBandH band = GDALGetRasterBand(ds, 1);
+  int bx = 0, by = 0;
+  GDALGetBlockSize(band, &bx, &by);
+  std::uint64_t bytes =
+      static_cast<std::uint64_t>(std::max(bx, 1)) * static_cast<std::uint64_t>(std::max(by, 1)) *
+      static_cast<std::uint64_t>(GDALGetDataTypeSizeBytes(GDALGetRasterDataType(band)));
+  if (pixel_interleaved(ds)) {
+    bytes = detail::checked_mul(bytes, static_cast<std::uint64_t>(GDALGetRasterCount(ds)),
+                                "block byte count");
+  }
+  return bytes;
+}
+
+constexpr std::uint64_t cache_headroom = 64ULL << 20;
+
+std::uint64_t cache_for(GDALDatasetH ds, const RasterMetadata& meta, const StreamLayout& l) {
+  GDALRasterBandH band = GDALGetRasterBand(ds, 1);
+  int bx = 0, by = 0;
+  GDALGetBlockSize(band, &bx, &by);
+  const std::uint64_t block = block_bytes(ds);
+  // The blocks under one row of tiles (halo included) of the bands of one pass, so that a block
+  // shared by neighbouring tiles is decoded once.
+  const std::uint64_t block_rows =
+      static_cast<std::uint64_t>((l.th + 2 * l.halo + by - 1) / std::max(by, 1) + 1);
+  const std::uint64_t blocks_across =
+      static_cast<std::uint64_t>((meta.width + bx - 1) / std::max(bx, 1));
+  const std::uint64_t row = detail::checked_mul(
+      detail::checked_mul(block_rows, blocks_across, "cache size"),
+      pixel_interleaved(ds)
+          ? block
+          : detail::checked_mul(block, static_cast<std::uint64_t>(l.max_pass_bands()), "cache"),
+      "cache size");
+  const std::uint64_t floor = detail::checked_mul(block, 2, "cache size");
+  return std::clamp(row, floor, detail::checked_add(floor, cache_headroom, "cache size"));
+}
+
+/// Refuses up front a run whose pass needs more host memory than the limit.
+void check_pass_memory(GDALDatasetH ds, const RasterMetadata& meta, const StreamLayout& l,
+                       const StreamOptions& options, const std::string& path, const char* who) {
+  const std::uint64_t ph = static_cast<std::uint64_t>(std::min(meta.height, l.th + 2 * l.halo));
+  const std::uint64_t pw = static_cast<std::uint64_t>(std::min(meta.width, l.tw + 2 * l.halo));
+  const int bands = l.max_pass_bands();
+  const std::uint64_t px =
+      detail::checked_mul(detail::checked_mul(ph, pw, "tile pixel count"),
+                          static_cast<std::uint64_t>(bands), "tile pixel count");
+  // The tile, and twice a result of up to 8 bytes a pixel (the result and a stacked or host copy).
+  const std::uint64_t tile = detail::checked_mul(px, itemsize(meta.dtype) + 16, "pass bytes");
+  const std::uint64_t cache =
+      options.gdal_cache_bytes
+          ? *options.gdal_cache_bytes
+          : static_cast<std::uint64_t>(std::max<GIntBig>(0, GDALGetCacheMax64()));
+  // GDAL decodes whole blocks: at least one is held beside the cache.
+  const std::uint64_t needed = detail::checked_add(detail::checked_add(tile, cache, "pass bytes"),
+                                                   block_bytes(ds), "pass bytes");
+  const std::uint64_t limit =
+      options.host_memory_limit != 0 ? options.host_memory_limit : available_host_memory();
+  if (needed > limit) {
+    throw HostMemoryLimitError(
+        needed, limit,
+        std::string(who) + ": a pass over '" + shown(path) + "' (" + std::to_string(bands) +
+            " band(s) of " + std::to_string(ph) + " x " + std::to_string(pw) + " " +
+            std::string(to_string(meta.dtype)) + ", GDAL blocks of " + bytes_text(block_bytes(ds)) +
+            ", cache " + bytes_text(cache) + ") needs " + bytes_text(needed) +
+            " of host memory, more than the " + bytes_text(limit) +
+            (options.host_memory_limit != 0 ? " allowed" : " available") +
+            "; plan smaller tiles (a smaller budget) or fewer bands per pass");
+  }
+}
+
+/// Opens @p in, lays out the run and checks its memory; the caller then walks the tiles.
+struct OpenStream {
+  Dataset src;
+  RasterMetadata meta;
+  StreamLayout layout;
+  bool has_geotransform = true;
+};
+
+OpenStream open_stream(const std::string& in, const RasterPlan& plan, const StreamOptions& options,
+                       const char* who) {
+  OpenStream s;
+  s.src = open_readonly(in, options.open);
+  s.meta = metadata_of(s.src.get(), in, options.bands, /*mixed_nodata=*/true);
+  std::array<double, 6> gt{};
+  s.has_geotransform = GDALGetGeoTransform(s.src.get(), gt.data()) == CE_None;
+  CPLErrorReset();
+  s.layout = layout_of(s.src.get(), s.meta, plan, options, who);
+  if (!s.layout.per_band && s.layout.mixed_nodata && !options.mixed_nodata) {
+    throw std::runtime_error(std::string(who) + ": the bands of '" + shown(in) +
+                             "' differ in nodata and the op takes them together: select bands "
+                             "of one nodata, or set StreamOptions::mixed_nodata and take each "
+                             "band's nodata from read_raster_info");
+  }
+  check_pass_memory(s.src.get(), s.meta, s.layout, options, in, who);
+  if (options.gdal_cache_bytes) GDALSetCacheMax64(static_cast<GIntBig>(*options.gdal_cache_bytes));
+  return s;
+}
+
+/// Calls @p f(tile, where) for every tile of every pass, one tile live at a time.
+template <class F>
+void walk_tiles(const OpenStream& s, const std::string& in, const StreamOptions& options, F&& f) {
+  const StreamLayout& l = s.layout;
+  const RasterMetadata& meta = s.meta;
+  std::int64_t index = 0;
+  for (const StreamLayout::Pass& pass : l.passes) {
+    const std::vector<int> pass_bands(l.bands.begin() + pass.first,
+                                      l.bands.begin() + pass.first + pass.count);
+    for (std::int64_t r0 = 0; r0 < meta.height; r0 += l.th) {
+      for (std::int64_t c0 = 0; c0 < meta.width; c0 += l.tw) {
+        const std::int64_t eh = std::min(l.th, meta.height - r0);
+        const std::int64_t ew = std::min(l.tw, meta.width - c0);
+        const std::int64_t pr0 = std::max<std::int64_t>(0, r0 - l.halo);
+        const std::int64_t pc0 = std::max<std::int64_t>(0, c0 - l.halo);
+        const std::int64_t pr1 = std::min(meta.height, r0 + eh + l.halo);
+        const std::int64_t pc1 = std::min(meta.width, c0 + ew + l.halo);
+        TileInfo where;
+        where.index = index++;
+        where.total = l.total();
+        where.window = RasterWindow{c0, r0, ew, eh};
+        where.read = RasterWindow{pc0, pr0, pc1 - pc0, pr1 - pr0};
+        where.first_band = pass.first;
+        where.band_count = pass.count;
+        if (options.stage) options.stage(where, TileStage::read);
+        f(read_open(s.src.get(), in, where.read, pass_bands, false, true), where);
+      }
+    }
+  }
+}
+
+/// Copies what options.metadata names from @p src to the new output @p dst.
+void copy_metadata(GDALDatasetH src, GDALDatasetH dst, const StreamLayout& l, int out_bands,
+                   MetadataCopy what) {
+  if (what == MetadataCopy::none) return;
+  if (const char* aop = GDALGetMetadataItem(src, "AREA_OR_POINT", nullptr); aop != nullptr) {
+    GDALSetMetadataItem(dst, "AREA_OR_POINT", aop, nullptr);
+  }
+  if (out_bands != static_cast<int>(l.bands.size())) return;
+  for (int b = 0; b < out_bands; ++b) {
+    GDALRasterBandH from = GDALGetRasterBand(src, l.bands[static_cast<std::size_t>(b)]);
+    GDALRasterBandH to = GDALGetRasterBand(dst, b + 1);
+    if (const char* d = GDALGetDescription(from); d != nullptr && *d != '\0') {
+      GDALSetDescription(to, d);
+    }
+    if (const GDALColorInterp ci = GDALGetRasterColorInterpretation(from); ci != GCI_Undefined) {
+      GDALSetRasterColorInterpretation(to, ci);
+    }
+    if (what != MetadataCopy::all) continue;
+    int has = 0;
+    if (const double scale = GDALGetRasterScale(from, &has); has != 0) {
+      GDALSetRasterScale(to, scale);
+    }
+    if (const double offset = GDALGetRasterOffset(from, &has); has != 0) {
+      GDALSetRasterOffset(to, offset);
+    }
+    if (const char* unit = GDALGetRasterUnitType(from); unit != nullptr && *unit != '\0') {
+      GDALSetRasterUnitType(to, unit);
+    }
+  }
+}
+
+}  // namespace
+
+RasterFileInfo read_raster_info(const std::string& path, const OpenOptions& open) {
+  QuietErrors quiet;
+  Dataset ds = open_readonly(path, open);
+  RasterFileInfo info;
+  info.metadata = metadata_of(ds.get(), path, {}, /*mixed_nodata=*/true);
+  for (int b = 1; b <= GDALGetRasterCount(ds.get()); ++b) {
+    info.band_nodata.push_back(band_nodata(GDALGetRasterBand(ds.get(), b), info.metadata.dtype));
+  }
+  std::array<double, 6> gt{};
+  info.has_geotransform = GDALGetGeoTransform(ds.get(), gt.data()) == CE_None;
+  return info;
+}
+
+std::string output_driver_for(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  const std::size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return "";
+  std::string ext = path.substr(dot + 1);
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (ext == "tif" || ext == "tiff") return "GTiff";
+  register_drivers();
+  for (int i = 0; i < GDALGetDriverCount(); ++i) {
+    GDALDriverH d = GDALGetDriver(i);
+    if (GDALGetMetadataItem(d, GDAL_DCAP_RASTER, nullptr) == nullptr ||
+        GDALGetMetadataItem(d, GDAL_DCAP_CREATE, nullptr) == nullptr) {
+      continue;
+    }
+    const char* exts = GDALGetMetadataItem(d, GDAL_DMD_EXTENSIONS, nullptr);
+    if (exts == nullptr) continue;
+    const CPLStringList list(CSLTokenizeString2(exts, " ", 0));
+    for (int k = 0; k < list.size(); ++k) {
+      if (EQUAL(list[k], ext.c_str())) return GDALGetDriverShortName(d);
+    }
+  }
+  return "";
+}
+
+std::uint64_t gdal_cache_for_plan(const std::string& in, const RasterPlan& plan,
+                                  const StreamOptions& options) {
+  QuietErrors quiet;
+  Dataset src = open_readonly(in, options.open);
+  const RasterMetadata meta = metadata_of(src.get(), in, options.bands, true);
+  return cache_for(src.get(), meta,
+                   layout_of(src.get(), meta, plan, options, "gdal_cache_for_plan"));
+}
+
+void process_raster_file(const std::string& in, const std::string& out, const BandOp& op,
+                         const RasterPlan& plan, const StreamOptions& options) {
+  static constexpr const char* who = "process_raster_file";
+  if (!op) throw std::invalid_argument(std::string(who) + ": empty op");
+  QuietErrors quiet;
+  OpenStream s = open_stream(in, plan, options, who);
+  const StreamLayout& l = s.layout;
+  const bool gtiff = options.write.driver == "GTiff";
+
+  // Declared before the output dataset, so that on an error the dataset is closed first and its
+  // temporary file removed after.
+  std::optional<detail::PendingOutput> pending;
   Dataset dst;
   DType out_dtype = DType::float32;
   int out_bands = 0;
-  std::optional<double> out_nodata;
-  std::vector<int> out_band_map;
-  std::int64_t done = 0;
-  for (std::int64_t r0 = 0; r0 < meta.height; r0 += th) {
-    for (std::int64_t c0 = 0; c0 < meta.width; c0 += tw) {
-      const std::int64_t eh = std::min(th, meta.height - r0), ew = std::min(tw, meta.width - c0);
-      const std::int64_t pr0 = std::max<std::int64_t>(0, r0 - halo);
-      const std::int64_t pc0 = std::max<std::int64_t>(0, c0 - halo);
-      const std::int64_t pr1 = std::min(meta.height, r0 + eh + halo);
-      const std::int64_t pc1 = std::min(meta.width, c0 + ew + halo);
-      const RasterWindow phys{pc0, pr0, pc1 - pc0, pr1 - pr0};
-      // The input tile is released before the result is written: one tile live at a time.
-      const OwnedRasterArray result = [&] {
-        const OwnedRasterArray tile = read_open(src.get(), in, phys, {});
-        return op(tile);
-      }();
-      if (result.height() != phys.height || result.width() != phys.width) {
-        throw std::invalid_argument(
-            "process_raster_streamed: op returned " + std::to_string(result.height()) + " x " +
-            std::to_string(result.width()) + " for a " + std::to_string(phys.height) + " x " +
-            std::to_string(phys.width) + " tile");
-      }
-      if (!dst) {
-        // Created from the first result: the output dtype and nodata are the op's.
-        out_dtype = result.dtype();
-        out_bands = result.band_count();
-        out_nodata = result.nodata();
-        out_band_map = all_bands(out_bands);
-        dst = create_dataset(out, out_dtype, out_bands, meta.height, meta.width, out_nodata,
-                             meta.affine, meta.crs, options);
-      } else if (result.dtype() != out_dtype || result.band_count() != out_bands ||
-                 !same_nodata(result.nodata(), out_nodata)) {
-        throw std::invalid_argument(
-            "process_raster_streamed: tile " + std::to_string(done) +
-            " result differs from the first tile's in dtype, band count or nodata");
-      }
-      std::vector<std::byte> scratch;
-      const auto* base = static_cast<const std::byte*>(host_pixels(result, scratch));
-      const std::size_t offset =
-          static_cast<std::size_t>((r0 - pr0) * phys.width + (c0 - pc0)) * itemsize(out_dtype);
-      raster_io(dst.get(), GF_Write, RasterWindow{c0, r0, ew, eh},
-                const_cast<std::byte*>(base + offset), out_dtype, out_band_map, phys.width,
-                phys.width * phys.height, out);
-      ++done;
-      if (progress) progress(done, total);
+  std::optional<NodataValue> out_nodata;   // of the current pass's result
+  std::optional<NodataValue> file_nodata;  // GTiff: the one nodata the file has, once set
+  bool file_nodata_set = false;
+  std::int64_t pass_first_tile = -1;
+  walk_tiles(s, in, options, [&](OwnedRasterArray tile_in, const TileInfo& where) {
+    if (options.stage) options.stage(where, TileStage::compute);
+    // The input tile is released before the result is written: one tile live at a time.
+    const OwnedRasterArray result = [&] {
+      const OwnedRasterArray tile = std::move(tile_in);
+      return op(tile);
+    }();
+    const RasterWindow& phys = where.read;
+    if (result.height() != phys.height || result.width() != phys.width) {
+      throw std::invalid_argument(
+          std::string(who) + ": op returned " + std::to_string(result.height()) + " x " +
+          std::to_string(result.width()) + " for a " + std::to_string(phys.height) + " x " +
+          std::to_string(phys.width) + " tile");
     }
-  }
-  close_checked(dst, out);
+    if (l.per_band && result.band_count() != where.band_count) {
+      throw std::invalid_argument(
+          std::string(who) + ": op returned " + std::to_string(result.band_count()) +
+          " band(s) for a pass of " + std::to_string(where.band_count) +
+          " (a plan with fewer bands per pass than bands treats bands as independent)");
+    }
+    const bool first_of_pass = where.index % l.tiles_per_pass() == 0;
+    if (!dst) {
+      // Created from the first result: the output dtype and nodata are the op's.
+      out_dtype = result.dtype();
+      out_bands = l.per_band ? static_cast<int>(l.bands.size()) : result.band_count();
+      pending.emplace(out, options.write.overwrite);
+      dst = create_dataset(pending->path(), out, out_dtype, out_bands, s.meta.height, s.meta.width,
+                           std::nullopt, s.has_geotransform ? &s.meta.affine : nullptr, s.meta.crs,
+                           options.write);
+      copy_metadata(s.src.get(), dst.get(), l, out_bands, options.metadata);
+    } else if (result.dtype() != out_dtype || (!l.per_band && result.band_count() != out_bands)) {
+      throw std::invalid_argument(std::string(who) + ": tile " + std::to_string(where.index) +
+                                  " result differs from the first tile's in dtype or band count");
+    }
+    if (first_of_pass) {
+      // Each pass's result nodata goes on its own bands.
+      pass_first_tile = where.index;
+      out_nodata = result.exact_nodata();
+      if (gtiff && file_nodata_set && out_nodata != file_nodata) {
+        throw std::invalid_argument(
+            std::string(who) + ": the results of bands " + std::to_string(where.first_band + 1) +
+            ".. have nodata " + (out_nodata ? out_nodata->to_string() : "none") +
+            ", earlier bands " + (file_nodata ? file_nodata->to_string() : "none") +
+            ", and GTiff keeps one nodata for all bands: write these bands to a file of their "
+            "own or to a format with a nodata per band");
+      }
+      file_nodata = out_nodata;
+      file_nodata_set = true;
+      const int first_out = l.per_band ? where.first_band : 0;
+      const int count = l.per_band ? where.band_count : out_bands;
+      if (out_nodata) {
+        for (int b = 0; b < count; ++b) {
+          set_band_nodata(GDALGetRasterBand(dst.get(), first_out + b + 1), out_dtype, *out_nodata);
+        }
+      }
+    } else if (result.exact_nodata() != out_nodata) {
+      throw std::invalid_argument(std::string(who) + ": tile " + std::to_string(where.index) +
+                                  " result differs from tile " + std::to_string(pass_first_tile) +
+                                  "'s in nodata");
+    }
+    if (options.stage) options.stage(where, TileStage::write);
+    std::vector<std::byte> scratch;
+    const auto* base = static_cast<const std::byte*>(host_pixels(result, scratch));
+    const std::size_t offset =
+        static_cast<std::size_t>((where.window.row_off - phys.row_off) * phys.width +
+                                 (where.window.col_off - phys.col_off)) *
+        itemsize(out_dtype);
+    std::vector<int> out_band_map;
+    const int first_out = l.per_band ? where.first_band : 0;
+    for (int b = 0; b < result.band_count(); ++b) out_band_map.push_back(first_out + b + 1);
+    raster_io(dst.get(), GF_Write, where.window, const_cast<std::byte*>(base + offset), out_dtype,
+              out_band_map, phys.width, phys.width * phys.height, out);
+    // A failure reported off the calls' return values (e.g. an evicted block that could not be
+    // written back) fails the run here, not at the end.
+    quiet.check("cannot process '" + shown(in) + "' into '" + shown(out) + "'");
+    if (options.progress) options.progress(where.index + 1, where.total);
+  });
+  close_checked(dst, out, quiet);
+  s.src.reset();  // the input closed before the output replaces it (in place: the same file)
+  pending->commit(options.write.overwrite);
+}
+
+void for_each_raster_tile(
+    const std::string& in, const RasterPlan& plan,
+    const std::function<void(const OwnedRasterArray& tile, const TileInfo& where)>& visit,
+    const StreamOptions& options) {
+  static constexpr const char* who = "for_each_raster_tile";
+  if (!visit) throw std::invalid_argument(std::string(who) + ": empty visitor");
+  QuietErrors quiet;
+  const OpenStream s = open_stream(in, plan, options, who);
+  walk_tiles(s, in, options, [&](OwnedRasterArray tile, const TileInfo& where) {
+    quiet.check("cannot read '" + shown(in) + "'");
+    if (options.stage) options.stage(where, TileStage::compute);
+    visit(tile, where);
+    if (options.progress) options.progress(where.index + 1, where.total);
+  });
 }
 
 }  // namespace vibespatial::raster

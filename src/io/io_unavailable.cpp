@@ -21,12 +21,33 @@ bool io_available() noexcept {
   return false;
 }
 
+std::string output_driver_for(const std::string& /*path*/) {
+  return "";
+}
+
+RasterFileInfo read_raster_info(const std::string& /*path*/, const OpenOptions& /*open*/) {
+  unavailable("read_raster_info");
+}
+
+std::vector<std::string> default_input_drivers() {
+  return {};
+}
+
 RasterMetadata read_raster_metadata(const std::string& /*path*/) {
+  unavailable("read_raster_metadata");
+}
+
+RasterMetadata read_raster_metadata(const std::string& /*path*/, const OpenOptions& /*open*/) {
   unavailable("read_raster_metadata");
 }
 
 OwnedRasterArray read_raster(const std::string& /*path*/, std::optional<RasterWindow> /*window*/,
                              std::vector<int> /*bands*/) {
+  unavailable("read_raster");
+}
+
+OwnedRasterArray read_raster(const std::string& /*path*/, std::optional<RasterWindow> /*window*/,
+                             std::vector<int> /*bands*/, const OpenOptions& /*open*/) {
   unavailable("read_raster");
 }
 
@@ -40,6 +61,24 @@ void process_raster_streamed(const std::string& /*in*/, const std::string& /*out
                              const WriteOptions& /*options*/,
                              std::function<void(std::int64_t, std::int64_t)> /*progress*/) {
   unavailable("process_raster_streamed");
+}
+
+std::uint64_t gdal_cache_for_plan(const std::string& /*in*/, const RasterPlan& /*plan*/,
+                                  const StreamOptions& /*options*/) {
+  unavailable("gdal_cache_for_plan");
+}
+
+void for_each_raster_tile(
+    const std::string& /*in*/, const RasterPlan& /*plan*/,
+    const std::function<void(const OwnedRasterArray&, const TileInfo&)>& /*visit*/,
+    const StreamOptions& /*options*/) {
+  unavailable("for_each_raster_tile");
+}
+
+void process_raster_file(const std::string& /*in*/, const std::string& /*out*/,
+                         const BandOp& /*op*/, const RasterPlan& /*plan*/,
+                         const StreamOptions& /*options*/) {
+  unavailable("process_raster_file");
 }
 
 }  // namespace vibespatial::raster

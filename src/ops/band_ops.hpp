@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define VSR_HD __host__ __device__
@@ -105,7 +106,11 @@ struct Valid {
     if constexpr (is_float_v<T>) {
       if (has && spec.value != spec.value) has = false;  // NaN nodata: the NaN test covers it
     }
-    if (has) nodata = static_cast<T>(spec.value);
+    if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint64_t>) {
+      if (has) nodata = static_cast<T>(spec.bits);  // exact: a double cannot hold INT64_MAX
+    } else {
+      if (has) nodata = static_cast<T>(spec.value);
+    }
   }
   VSR_HD bool operator()(T v) const {
     if constexpr (is_float_v<T>) {
@@ -215,22 +220,34 @@ struct NormDiffOp {
   }
 };
 
-/// Pixel -> global bin id band * bins + bin, or -1 (invalid or out of range). Float64 math.
+/// Pixel -> global bin id band * bins + bin, or -1 (invalid or out of range). Float64 math, with
+/// numpy.histogram's rule: the bin is the i with edge(i) <= v < edge(i + 1) (the last bin also
+/// takes upper), where the edges are numpy.linspace(lower, upper, bins + 1): i * step + lower,
+/// the last exactly upper. As numpy: a first guess ((v - lower) / (upper - lower)) * bins, then
+/// one step down or up where v falls on the other side of the edges (a guess can be 1 ulp off).
 template <class T>
 struct BinIdOp {
   Valid<T> valid;
   const T* data;
   long long band_pixels;
   int bins;
-  double lower, upper, scale;
+  double lower, upper, step;
+  VSR_HD double edge(long long k) const {
+    return k >= bins ? upper : static_cast<double>(k) * step + lower;
+  }
   VSR_HD int operator()(long long i) const {
     const T v = data[i];
     if (!valid(v)) return -1;
     const double d = static_cast<double>(v);
     if (!(d >= lower) || !(d <= upper)) return -1;
-    long long b = static_cast<long long>((d - lower) * scale);
+    long long b = static_cast<long long>(((d - lower) / (upper - lower)) * bins);
     if (b >= bins) b = bins - 1;
     if (b < 0) b = 0;
+    if (d < edge(b)) {
+      --b;
+    } else if (b != bins - 1 && d >= edge(b + 1)) {
+      ++b;
+    }
     return static_cast<int>((i / band_pixels) * bins + b);
   }
 };
@@ -375,7 +392,7 @@ BinIdOp<T> make_bin_op(const void* in, Layout layout, NodataSpec nodata, int bin
                     bins,
                     lower,
                     upper,
-                    static_cast<double>(bins) / (upper - lower)};
+                    (upper - lower) / static_cast<double>(bins)};
 }
 
 }  // namespace vibespatial::raster::detail::ops

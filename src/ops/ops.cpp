@@ -70,10 +70,17 @@ bool representable(double v, DType d) {
 
 be::NodataSpec nodata_spec(const OwnedRasterArray& r) {
   be::NodataSpec s;
-  if (const auto nd = r.nodata(); nd && representable(*nd, r.dtype())) {
+  const auto nd = r.exact_nodata();
+  if (!nd) return s;
+  // 64-bit integers compare against the exact sentinel (INT64_MAX is no double).
+  if (r.dtype() == DType::int64) {
+    if (const auto v = nd->as_int64()) s.has = true, s.bits = static_cast<std::uint64_t>(*v);
+  } else if (r.dtype() == DType::uint64) {
+    if (const auto v = nd->as_uint64()) s.has = true, s.bits = *v;
+  } else if (representable(nd->to_double(), r.dtype())) {
     s.has = true;
-    s.value = *nd;
   }
+  s.value = nd->to_double();
   return s;
 }
 
@@ -103,9 +110,10 @@ void* mutable_pixels(OwnedRasterArray& r) {
   return r.residency() == Residency::device ? r.device_data() : r.mutable_host_data();
 }
 
-OwnedRasterArray like(const OwnedRasterArray& r, DType dtype, std::optional<double> nodata) {
+OwnedRasterArray like(const OwnedRasterArray& r, DType dtype, std::optional<NodataValue> nodata) {
   return OwnedRasterArray::allocate(r.residency(), dtype, r.band_count(), r.height(), r.width(),
-                                    nodata, r.affine(), r.crs());
+                                    std::nullopt, r.affine(), r.crs())
+      .with_nodata(nodata);
 }
 
 void require_finite(double v, const char* what) {
@@ -136,7 +144,8 @@ void check_out(const OwnedRasterArray& input, const OwnedRasterArray& out, DType
 }
 
 /// Gives @p out the result's georeferencing.
-void label(OwnedRasterArray& out, const OwnedRasterArray& source, std::optional<double> nodata) {
+void label(OwnedRasterArray& out, const OwnedRasterArray& source,
+           std::optional<NodataValue> nodata) {
   detail::RasterAccess::set_georeferencing(out, nodata, source.affine(), source.crs());
 }
 
@@ -234,13 +243,33 @@ RescaleSetup rescale_setup(const OwnedRasterArray& raster, double in_min, double
   if (in_min == in_max) throw std::invalid_argument("vibespatial: rescale: in_min == in_max");
   (void)itemsize(out_dtype);  // throws std::invalid_argument for a bad dtype
   RescaleSetup r{{}, be::RescaleParams{in_min, in_max, out_min, out_max, 0}};
-  if (const auto nd = raster.nodata();
-      nd && representable(*nd, out_dtype) && !(std::isnan(*nd) && !is_float(out_dtype))) {
-    r.out_nodata = *nd;
-    r.params.fill = *nd;
-  } else if (is_float(out_dtype)) {
+  const auto nd = raster.nodata();
+  if (is_float(out_dtype)) {
+    // NaN is never a valid output, so it never takes a valid pixel for nodata.
     r.params.fill = std::numeric_limits<double>::quiet_NaN();
-    if (nd) r.out_nodata = r.params.fill;  // the source had a (non-representable) nodata
+    if (nd) r.out_nodata = r.params.fill;
+  } else if (nd) {
+    // An integer output's nodata must lie outside the output range, where no valid pixel maps:
+    // the source's when it does, else the dtype's largest value, else its smallest.
+    const double lo = std::min(out_min, out_max), hi = std::max(out_min, out_max);
+    double dlo = 0, dhi = 0;
+    int_range(out_dtype, dlo, dhi);
+    if (out_dtype == DType::int64 || out_dtype == DType::uint64) dhi = std::nextafter(dhi, 0.0);
+    double fill = 0;
+    if (representable(*nd, out_dtype) && (*nd < lo || *nd > hi)) {
+      fill = *nd;
+    } else if (dhi > hi) {
+      fill = dhi;
+    } else if (dlo < lo) {
+      fill = dlo;
+    } else {
+      throw std::invalid_argument(
+          "vibespatial: rescale: the output range [" + std::to_string(lo) + ", " +
+          std::to_string(hi) + "] covers every value of " + std::string(to_string(out_dtype)) +
+          ", so none is left for the nodata pixels: narrow the output range or use a float dtype");
+    }
+    r.out_nodata = fill;
+    r.params.fill = fill;
   }
   return r;
 }
@@ -317,7 +346,7 @@ OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper
   clip_bounds(raster.dtype(), lower, upper);
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
   return guarded(dev, "clip", [&] {
-    OwnedRasterArray out = like(raster, raster.dtype(), raster.nodata());
+    OwnedRasterArray out = like(raster, raster.dtype(), raster.exact_nodata());
     run_clip(dev, raster, lower, upper, out, stream);
     return out;
   });
@@ -333,7 +362,7 @@ void clip_into(const OwnedRasterArray& raster, double lower, double upper, Owned
   check_out(raster, out, raster.dtype(), "clip_into", true);
   const bool dev = on_device(raster);
   guarded(dev, "clip_into", [&] { run_clip(dev, raster, lower, upper, out, stream); });
-  label(out, raster, raster.nodata());
+  label(out, raster, raster.exact_nodata());
 }
 
 void clip_into(const OwnedRasterArray& raster, double lower, double upper, OwnedRasterArray& out) {

@@ -17,6 +17,9 @@ namespace vibespatial::raster::detail::ops {
 struct NodataSpec {
   bool has = false;
   double value = 0;
+  /// The exact sentinel of an int64 / uint64 raster (two's complement for int64), which value
+  /// (a double) cannot always hold: INT64_MAX, UINT64_MAX.
+  std::uint64_t bits = 0;
 };
 
 /// Shape of a band-major block of pixels.

@@ -285,3 +285,28 @@ TEST_SUITE("owned-raster") {
     CHECK(pool_current() == 0);
   }
 }
+
+TEST_CASE("exact nodata: with_nodata, metadata and band stacks keep a 64-bit sentinel exactly") {
+  constexpr std::int64_t imax = std::numeric_limits<std::int64_t>::max();
+  std::vector<std::int64_t> px{1, imax, 3, imax - 1};
+  const auto plain = OwnedRasterArray::from_host(px.data(), DType::int64, 2, 1, 2);
+  const auto r = plain.with_nodata(NodataValue::from_int64(imax));
+  CHECK_FALSE(plain.exact_nodata().has_value());  // the other handle keeps its own
+  REQUIRE(r.exact_nodata().has_value());
+  CHECK(r.exact_nodata()->as_int64() == std::optional<std::int64_t>(imax));
+  CHECK(r.nodata() == std::optional<double>(0x1p63));
+  CHECK(r.host_data() == plain.host_data());
+  CHECK(r.band(1).exact_nodata() == r.exact_nodata());
+  const RasterMetadata m = r.metadata();
+  CHECK(m.exact_nodata == r.exact_nodata());
+  CHECK(m.nodata == r.nodata());
+  // Stacking compares exact sentinels: INT64_MAX and INT64_MAX - 1 share a double, not a value.
+  const auto other = plain.with_nodata(NodataValue::from_int64(imax - 1));
+  CHECK_THROWS_WITH_AS(OwnedRasterArray::from_band_stack({r.band(0), other.band(1)}, r),
+                       doctest::Contains("9223372036854775806"), std::invalid_argument);
+  const auto stacked = OwnedRasterArray::from_band_stack({r.band(0), r.band(1)}, r);
+  CHECK(stacked.exact_nodata() == r.exact_nodata());
+  CHECK_THROWS_AS(plain.with_nodata(NodataValue(std::numeric_limits<double>::quiet_NaN())),
+                  std::invalid_argument);
+  CHECK_FALSE(r.with_nodata(std::nullopt).nodata().has_value());
+}

@@ -8,11 +8,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 namespace vsr = vibespatial::raster;
 using vsr::DType;
+using vsr::NodataValue;
 
 namespace {
 
@@ -153,4 +155,45 @@ TEST_CASE("RasterPlan defaults") {
   CHECK(plan.estimated_vram_per_tile == 0);
   CHECK(plan.bands_per_pass == 1);
   CHECK(plan.fits_budget);
+}
+
+TEST_CASE("NodataValue holds every double and every 64-bit integer exactly") {
+  constexpr std::int64_t imax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t imin = std::numeric_limits<std::int64_t>::min();
+  constexpr std::uint64_t umax = std::numeric_limits<std::uint64_t>::max();
+  // Integers a double cannot hold stay exact.
+  const NodataValue a = NodataValue::from_int64(imax);
+  CHECK(a.as_int64() == std::optional<std::int64_t>(imax));
+  CHECK(a.as_uint64() == std::optional<std::uint64_t>(static_cast<std::uint64_t>(imax)));
+  CHECK(a.to_double() == 0x1p63);
+  CHECK(a.to_string() == "9223372036854775807");
+  const NodataValue u = NodataValue::from_uint64(umax);
+  CHECK(u.as_uint64() == std::optional<std::uint64_t>(umax));
+  CHECK_FALSE(u.as_int64().has_value());
+  CHECK(u.to_string() == "18446744073709551615");
+  CHECK(NodataValue::from_uint64((1ULL << 53) + 1).as_int64() ==
+        std::optional<std::int64_t>((1LL << 53) + 1));
+  // Neighbours differ although their doubles are equal.
+  CHECK_FALSE(a == NodataValue::from_int64(imax - 1));
+  CHECK(a.to_double() == NodataValue::from_int64(imax - 1).to_double());
+  CHECK_FALSE(a == NodataValue(0x1p63));
+  CHECK_FALSE(u == NodataValue::from_uint64(umax - 1));
+  // Canonical: an integer a double holds equals that double, whatever it came from.
+  CHECK(NodataValue::from_int64(imin) == NodataValue(-0x1p63));
+  CHECK(NodataValue::from_int64(imin).as_int64() == std::optional<std::int64_t>(imin));
+  CHECK(NodataValue::from_int64(-9999) == NodataValue(-9999.0));
+  CHECK(NodataValue::from_uint64(static_cast<std::uint64_t>(imax)) == a);
+  CHECK(NodataValue::from_int64(-9999).to_string() == "-9999");
+  // Doubles.
+  const NodataValue nan(std::numeric_limits<double>::quiet_NaN());
+  CHECK(nan.is_nan());
+  CHECK(nan == NodataValue(std::numeric_limits<double>::quiet_NaN()));
+  CHECK(nan.to_string() == "nan");
+  CHECK_FALSE(nan.as_int64().has_value());
+  CHECK(NodataValue(0.1).to_string() == "0.1");
+  CHECK(NodataValue(-1e300).to_string() == "-1e+300");
+  CHECK(NodataValue(-0.5).as_int64() == std::nullopt);
+  CHECK(NodataValue(-1.0).as_uint64() == std::nullopt);
+  CHECK(NodataValue(std::numeric_limits<double>::infinity()).to_string() == "inf");
+  CHECK(NodataValue(1e20).as_uint64() == std::nullopt);
 }

@@ -11,11 +11,14 @@
 #include <cpl_error.h>
 #include <gdal.h>
 #include <gdal_version.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -109,6 +112,35 @@ OwnedRasterArray pattern_raster(DType dtype, int bands, std::int64_t h, std::int
                                      Affine{0.5, 0, 1000, 0, -0.5, 2000}, "EPSG:32633");
 }
 
+WriteOptions driver_options(const std::string& driver) {
+  WriteOptions w;
+  w.driver = driver;
+  return w;
+}
+
+/// Whether @p s is valid UTF-8 with no C0/C1 control character and no DEL (checked here, apart
+/// from the library's escaping code).
+bool clean_utf8(const std::string& s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = c < 0x80           ? 1
+                    : (c >> 5) == 0x6  ? 2
+                    : (c >> 4) == 0xE  ? 3
+                    : (c >> 3) == 0x1E ? 4
+                                       : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    std::uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1FU) : n == 3 ? (c & 0x0FU) : (c & 0x07U);
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto t = static_cast<unsigned char>(s[i + k]);
+      if ((t & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (t & 0x3FU);
+    }
+    if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F)) return false;
+    i += n;
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("io_available is true in a GDAL build") {
@@ -170,7 +202,7 @@ TEST_CASE("int8 is stored as GDAL Int8, or as Byte with PIXELTYPE=SIGNEDBYTE bef
   REQUIRE(pt != nullptr);
   CHECK(std::string(pt) == "SIGNEDBYTE");
   // Other drivers have no signed-byte marker: int8 is rejected with a clear message.
-  CHECK_THROWS_WITH_AS(write_raster(dir.file("i8.img"), src, WriteOptions{.driver = "HFA"}),
+  CHECK_THROWS_WITH_AS(write_raster(dir.file("i8.img"), src, driver_options("HFA")),
                        doctest::Contains("int8 needs GDAL >= 3.7"), std::invalid_argument);
 #endif
   GDALClose(ds);
@@ -217,14 +249,16 @@ TEST_CASE("nodata: NaN on multi-band float32, integer, absent, and disagreeing b
   make_tiff_f32(p_int, 4, 3, 2, gt, {-9999.0, -9999.0}, ramp(2, 3, 4));
   CHECK(read_raster_metadata(p_int).nodata == std::optional<double>(-9999.0));
 
+  // HFA (not a default input format: its header can name a spill file) keeps a nodata per band.
   const std::string p_mixed = dir.file("mixed.img");
   make_tiff_f32(p_mixed, 4, 3, 3, gt, {-1.0, -1.0, -2.0}, ramp(3, 3, 4), nullptr, "HFA");
-  CHECK_THROWS_WITH_AS(read_raster_metadata(p_mixed), doctest::Contains("different nodata value"),
-                       std::runtime_error);
-  CHECK_THROWS_AS(read_raster(p_mixed), std::runtime_error);
+  const OpenOptions hfa{.drivers = {"HFA"}};
+  CHECK_THROWS_WITH_AS(read_raster_metadata(p_mixed, hfa),
+                       doctest::Contains("different nodata value"), std::runtime_error);
+  CHECK_THROWS_AS(read_raster(p_mixed, {}, {}, hfa), std::runtime_error);
   // Bands that agree can still be read on their own.
-  CHECK(read_raster(p_mixed, {}, {1, 2}).nodata() == std::optional<double>(-1.0));
-  CHECK(read_raster(p_mixed, {}, {3}).nodata() == std::optional<double>(-2.0));
+  CHECK(read_raster(p_mixed, {}, {1, 2}, hfa).nodata() == std::optional<double>(-1.0));
+  CHECK(read_raster(p_mixed, {}, {3}, hfa).nodata() == std::optional<double>(-2.0));
 }
 
 TEST_CASE("windows and band subsets") {
@@ -269,7 +303,7 @@ TEST_CASE("errors carry clear messages") {
                        std::invalid_argument);
   CHECK_THROWS_AS(read_raster(path, {}, {1, 3}), std::invalid_argument);
   const OwnedRasterArray r = read_raster(path);
-  CHECK_THROWS_WITH_AS(write_raster(dir.file("x.tif"), r, WriteOptions{.driver = "NoSuch"}),
+  CHECK_THROWS_WITH_AS(write_raster(dir.file("x.tif"), r, driver_options("NoSuch")),
                        doctest::Contains("unknown GDAL driver"), std::invalid_argument);
   const OwnedRasterArray bad_crs = OwnedRasterArray::from_host(r.host_data(), r.dtype(), 2, 6, 8,
                                                                std::nullopt, Affine{}, "not a crs");
@@ -277,6 +311,95 @@ TEST_CASE("errors carry clear messages") {
                        doctest::Contains("does not understand CRS"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(write_raster(dir.file("no/such/dir/x.tif"), r),
                        doctest::Contains("cannot create"), std::runtime_error);
+}
+
+TEST_CASE("exception messages are valid UTF-8 without control characters, whatever the path") {
+  TempDir dir;
+  const std::string hostile = dir.file("bad-\xff\xfe-\x1b[31mred-\xc2\x9b.tif");
+  const auto message_of = [](const auto& call) {
+    try {
+      call();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    FAIL("no exception");
+    return std::string();
+  };
+  const std::string m1 = message_of([&] { read_raster_metadata(hostile); });
+  CHECK(clean_utf8(m1));
+  CHECK(m1.find("\\xFF\\xFE") != std::string::npos);
+  const std::string m2 = message_of([&] { read_raster(hostile); });
+  CHECK(clean_utf8(m2));
+  const OwnedRasterArray r = pattern_raster(DType::uint8, 1, 4, 4, std::nullopt);
+  const std::string m3 = message_of([&] { write_raster(dir.file("no\x1b/\xff/x.tif"), r); });
+  CHECK(clean_utf8(m3));
+  const std::string m4 =
+      message_of([&] { write_raster(dir.file("x.tif"), r, driver_options("\x1b\xff")); });
+  CHECK(clean_utf8(m4));
+  CHECK(clean_utf8(message_of([&] {
+    write_raster(dir.file("x.tif"),
+                 OwnedRasterArray::from_host(r.host_data(), r.dtype(), 1, 4, 4, std::nullopt,
+                                             Affine{}, "\x1b[2J\xff"));
+  })));
+}
+
+TEST_CASE(
+    "inputs: only raster file formats open by default; VRT and /vsi paths need allow_virtual") {
+  TempDir dir;
+  // A "secret" local file and a .tif holding VRT XML that reads it as a raw Byte band.
+  const std::string secret = dir.file("secret.txt");
+  const std::string text = "root:x:0:0:secret";
+  {
+    std::FILE* f = std::fopen(secret.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+  const std::string vrt = dir.file("innocent.tif");
+  {
+    std::FILE* f = std::fopen(vrt.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    std::fprintf(f,
+                 "<VRTDataset rasterXSize=\"%zu\" rasterYSize=\"1\">\n"
+                 "  <VRTRasterBand dataType=\"Byte\" band=\"1\" subClass=\"VRTRawRasterBand\">\n"
+                 "    <SourceFilename relativetoVRT=\"0\">%s</SourceFilename>\n"
+                 "    <ImageOffset>0</ImageOffset><PixelOffset>1</PixelOffset>"
+                 "<LineOffset>%zu</LineOffset>\n"
+                 "  </VRTRasterBand>\n</VRTDataset>\n",
+                 text.size(), secret.c_str(), text.size());
+    std::fclose(f);
+  }
+  CHECK_THROWS_WITH_AS(read_raster_metadata(vrt),
+                       doctest::Contains("format (VRT) is not an allowed"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(read_raster(vrt), doctest::Contains("allow_virtual"), std::invalid_argument);
+  CHECK_THROWS_AS(read_raster(vrt, {}, {}, OpenOptions{.drivers = {"GTiff"}}),
+                  std::invalid_argument);
+  // Asked for, the VRT opens and reads the file it names (which is why it is opt-in).
+  const OwnedRasterArray leaked =
+      read_raster(vrt, {}, {}, OpenOptions{.drivers = {}, .allow_virtual = true});
+  const std::vector<std::uint8_t> bytes = as_vector<std::uint8_t>(leaked);
+  CHECK(std::string(bytes.begin(), bytes.end()) == text);
+
+  // Virtual file systems and URLs are refused before GDAL sees them.
+  const std::string tif = dir.file("plain.tif");
+  make_tiff_f32(tif, 4, 3, 1, {0, 1, 0, 0, 0, -1}, {std::nullopt}, ramp(1, 3, 4));
+  CHECK(read_raster(tif).width() == 4);
+  const std::vector<std::string> virtual_paths = {"/vsicurl/http://127.0.0.1:9/x.tif",
+                                                  "/vsigzip/" + tif, "http://127.0.0.1:9/x.tif",
+                                                  "/vsimem/x.tif"};
+  for (const std::string& p : virtual_paths) {
+    CAPTURE(p);
+    CHECK_THROWS_WITH_AS(read_raster_metadata(p), doctest::Contains("virtual file systems"),
+                         std::invalid_argument);
+  }
+  // Formats outside the list are named in the error; a list of one's own opens them.
+  const std::string img = dir.file("x.img");
+  make_tiff_f32(img, 4, 3, 1, {0, 1, 0, 0, 0, -1}, {std::nullopt}, ramp(1, 3, 4), nullptr, "HFA");
+  CHECK_THROWS_WITH_AS(read_raster(img), doctest::Contains("format (HFA)"), std::invalid_argument);
+  CHECK(read_raster(img, {}, {}, OpenOptions{.drivers = {"HFA"}}).width() == 4);
+  const std::vector<std::string> defaults = default_input_drivers();
+  CHECK(std::find(defaults.begin(), defaults.end(), "GTiff") != defaults.end());
+  CHECK(std::find(defaults.begin(), defaults.end(), "VRT") == defaults.end());
 }
 
 TEST_CASE("streamed focal mean with halo equals the whole-raster result, tile by tile") {
@@ -388,4 +511,352 @@ TEST_CASE("streamed: bad arguments and ops that break the contract") {
   CHECK_THROWS_AS(
       process_raster_streamed(dir.file("missing.tif"), dir.file("o.tif"), identity, plan),
       std::invalid_argument);
+}
+
+namespace {
+
+std::vector<char> file_bytes(const std::string& path) {
+  std::vector<char> v;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  REQUIRE(f != nullptr);
+  char buf[65536];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) v.insert(v.end(), buf, buf + n);
+  std::fclose(f);
+  return v;
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("outputs are all or nothing: a failing op or write leaves the target as it was") {
+  TempDir dir;
+  const std::string in = dir.file("in.tif");
+  make_tiff_f32(in, 64, 64, 2, {0, 1, 0, 0, 0, -1}, {std::nullopt, std::nullopt}, ramp(2, 64, 64));
+  const std::vector<char> in_bytes = file_bytes(in);
+  RasterPlan plan;
+  plan.strategy = TilingStrategy::tiled;
+  plan.tile_shape = std::pair<std::int64_t, std::int64_t>{16, 16};
+  plan.bands_per_pass = 2;
+  plan.halo = 1;
+  int calls = 0;
+  const BandOp fails_at_5 = [&calls](const OwnedRasterArray& t) {
+    if (++calls == 5) throw std::runtime_error("tile 5 failed");
+    return focal_mean_3x3(t);
+  };
+
+  // In place: the input survives byte for byte, and no temporary file is left.
+  CHECK_THROWS_WITH(process_raster_streamed(in, in, fails_at_5, plan), "tile 5 failed");
+  CHECK(calls == 5);
+  CHECK(file_bytes(in) == in_bytes);
+  CHECK(names_in(dir.path) == std::vector<std::string>{"in.tif"});
+
+  // Over an existing output (with a stale .aux.xml): both survive; a new output never appears.
+  const std::string out = dir.file("out.tif");
+  {
+    std::FILE* f = std::fopen(out.c_str(), "wb");
+    std::fputs("old", f);
+    std::fclose(f);
+    f = std::fopen((out + ".aux.xml").c_str(), "wb");
+    std::fputs("<PAMDataset/>", f);
+    std::fclose(f);
+  }
+  ::chmod(out.c_str(), 0640);
+  calls = 0;
+  CHECK_THROWS(process_raster_streamed(in, out, fails_at_5, plan));
+  CHECK(file_bytes(out) == std::vector<char>{'o', 'l', 'd'});
+  CHECK(names_in(dir.path) == std::vector<std::string>{"in.tif", "out.tif", "out.tif.aux.xml"});
+  calls = 0;
+  CHECK_THROWS(process_raster_streamed(in, dir.file("new.tif"), fails_at_5, plan));
+  CHECK(names_in(dir.path) == std::vector<std::string>{"in.tif", "out.tif", "out.tif.aux.xml"});
+
+  // write_raster failing after the temporary file exists (a CRS GDAL rejects) changes nothing.
+  const OwnedRasterArray r = read_raster(in);
+  CHECK_THROWS(write_raster(out, OwnedRasterArray::from_host(r.host_data(), r.dtype(), 2, 64, 64,
+                                                             std::nullopt, Affine{}, "no crs")));
+  CHECK(file_bytes(out) == std::vector<char>{'o', 'l', 'd'});
+  CHECK(names_in(dir.path) == std::vector<std::string>{"in.tif", "out.tif", "out.tif.aux.xml"});
+
+  // Success replaces the file (keeping its permissions) and drops the stale sidecar; in place
+  // too, where the result is the whole-raster result.
+  const OwnedRasterArray whole = focal_mean_3x3(r);
+  process_raster_streamed(
+      in, out, [](const OwnedRasterArray& t) { return focal_mean_3x3(t); }, plan);
+  CHECK(bytes_of(read_raster(out)) == bytes_of(whole));
+  CHECK((fs::status(out).permissions() & fs::perms::all) ==
+        (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read));
+  process_raster_streamed(
+      in, in, [](const OwnedRasterArray& t) { return focal_mean_3x3(t); }, plan);
+  CHECK(bytes_of(read_raster(in)) == bytes_of(whole));
+  CHECK(names_in(dir.path) == std::vector<std::string>{"in.tif", "out.tif"});
+  write_raster(dir.file("w.tif"), whole);
+  CHECK(bytes_of(read_raster(dir.file("w.tif"))) == bytes_of(whole));
+
+  // A directory that cannot take a temporary file: a clear error, nothing written.
+  CHECK_THROWS_WITH_AS(write_raster(dir.file("no/such/dir/x.tif"), whole),
+                       doctest::Contains("cannot create a temporary file"), std::runtime_error);
+}
+
+TEST_CASE("streamed passes read only the plan's bands; reductions stream; memory is checked") {
+  TempDir dir;
+  const int H = 300, W = 260, B = 5;
+  std::vector<float> px = ramp(B, H, W);
+  for (std::size_t i = 0; i < px.size(); i += 89) px[i] = -1.0F;
+  const std::string in = dir.file("in.tif");
+  make_tiff_f32(in, W, H, B, {0, 1, 0, 0, 0, -1}, {-1.0, -1.0, -1.0, -1.0, -1.0}, px);
+  const OwnedRasterArray whole_in = read_raster(in);
+
+  PlanOptions opts;
+  opts.per_band = true;
+  opts.halo = 1;
+  opts.vram_budget = 600000;  // one band does not fit: tiled, one band per pass
+  const RasterPlan plan = plan_from_metadata(read_raster_metadata(in), opts);
+  REQUIRE(plan.strategy == TilingStrategy::tiled);
+  REQUIRE(plan.bands_per_pass == 1);
+
+  // Reductions: every tile carries one band, the merged counts, minima and maxima are exact.
+  std::vector<std::int64_t> count(B, 0);
+  std::vector<double> lo(B, 1e300), hi(B, -1e300);
+  std::int64_t tiles = 0;
+  RasterPlan no_halo = plan;
+  no_halo.halo = 0;
+  for_each_raster_tile(in, no_halo, [&](const OwnedRasterArray& tile, const TileInfo& where) {
+    CHECK(tile.band_count() == 1);
+    CHECK(where.band_count == 1);
+    CHECK(where.index == tiles++);
+    CHECK(where.total == plan.n_tiles * B);
+    const BandStatistics s = band_statistics(tile)[0];
+    const auto b = static_cast<std::size_t>(where.first_band);
+    count[b] += s.count;
+    if (s.count > 0) lo[b] = std::min(lo[b], s.min), hi[b] = std::max(hi[b], s.max);
+  });
+  CHECK(tiles == plan.n_tiles * B);
+  const std::vector<BandStatistics> expected = band_statistics(whole_in);
+  for (int b = 0; b < B; ++b) {
+    CHECK(count[static_cast<std::size_t>(b)] == expected[static_cast<std::size_t>(b)].count);
+    CHECK(lo[static_cast<std::size_t>(b)] == expected[static_cast<std::size_t>(b)].min);
+    CHECK(hi[static_cast<std::size_t>(b)] == expected[static_cast<std::size_t>(b)].max);
+  }
+
+  // Per-band passes: the op sees one band at a time, the output has every band in place.
+  int max_bands_seen = 0;
+  const BandOp focal = [&](const OwnedRasterArray& t) {
+    max_bands_seen = std::max(max_bands_seen, t.band_count());
+    return focal_mean_3x3(t);
+  };
+  StreamOptions so;
+  process_raster_file(in, dir.file("out.tif"), focal, plan, so);
+  CHECK(max_bands_seen == 1);
+  CHECK(bytes_of(read_raster(dir.file("out.tif"))) == bytes_of(focal_mean_3x3(whole_in)));
+
+  // A band selection: bands 4 and 2, in that order.
+  so.bands = {4, 2};
+  process_raster_file(in, dir.file("sel.tif"), focal, plan, so);
+  const OwnedRasterArray sel = read_raster(dir.file("sel.tif"));
+  CHECK(sel.band_count() == 2);
+  CHECK(bytes_of(sel) == bytes_of(focal_mean_3x3(read_raster(in, {}, {4, 2}))));
+
+  // A per-band pass whose op returns another band count is refused.
+  const BandOp two = [](const OwnedRasterArray& t) {
+    return OwnedRasterArray::from_band_stack({t, t}, t);
+  };
+  CHECK_THROWS_WITH_AS(process_raster_file(in, dir.file("x.tif"), two, plan, StreamOptions{}),
+                       doctest::Contains("band(s) for a pass of 1"), std::invalid_argument);
+
+  // A host memory limit below what a pass needs: refused before reading, nothing written.
+  StreamOptions tight;
+  tight.host_memory_limit = 100000;
+  tight.gdal_cache_bytes = gdal_cache_for_plan(in, plan);
+  CHECK(*tight.gdal_cache_bytes >= 2 * 256 * 260 * 4);
+  CHECK_THROWS_AS(process_raster_file(in, dir.file("y.tif"), focal, plan, tight),
+                  HostMemoryLimitError);
+  CHECK_THROWS_AS(for_each_raster_tile(
+                      in, plan, [](const OwnedRasterArray&, const TileInfo&) {}, tight),
+                  HostMemoryLimitError);
+  CHECK(!fs::exists(dir.file("y.tif")));
+}
+
+TEST_CASE("a read larger than host memory is refused up front, with the amount") {
+  TempDir dir;
+  // 100000 x 100000 x 500 float32 (20 TB) in a sparse, pixel-interleaved file of about a MB.
+  const std::string path = dir.file("huge.tif");
+  GDALAllRegister();
+  const char* co[] = {"SPARSE_OK=TRUE", "INTERLEAVE=PIXEL", "BLOCKYSIZE=1", "BIGTIFF=YES", nullptr};
+  GDALDatasetH ds = GDALCreate(GDALGetDriverByName("GTiff"), path.c_str(), 100000, 100000, 500,
+                               GDT_Float32, const_cast<char**>(co));
+  REQUIRE(ds != nullptr);
+  GDALClose(ds);
+  try {
+    (void)read_raster(path);
+    FAIL("no exception");
+  } catch (const HostMemoryLimitError& e) {
+    CHECK(e.needed_bytes() == 100000ULL * 100000ULL * 500ULL * 4ULL);
+    CHECK(e.limit_bytes() == available_host_memory());
+    CHECK(std::string(e.what()).find("TiB of host memory") != std::string::npos);
+  }
+  // A window of it reads.
+  CHECK(read_raster(path, RasterWindow{5, 5, 3, 2}, {7}).byte_size() == 24);
+  CHECK(available_host_memory() > 0);
+}
+
+TEST_CASE("64-bit integer nodata at the type's limits reads and writes exactly") {
+  TempDir dir;
+  constexpr std::int64_t imax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::uint64_t umax = std::numeric_limits<std::uint64_t>::max();
+  GDALAllRegister();
+  // Int64 with nodata INT64_MAX, UInt64 with nodata UINT64_MAX, set through GDAL's exact calls.
+  const std::vector<std::int64_t> ip{imax, 9, imax - 1, 1, imax, -5};
+  const std::vector<std::uint64_t> up{umax, 1, umax - 1, 9, umax, 0};
+  const std::string ipath = dir.file("i64.tif"), upath = dir.file("u64.tif");
+  {
+    GDALDatasetH ds =
+        GDALCreate(GDALGetDriverByName("GTiff"), ipath.c_str(), 3, 2, 1, GDT_Int64, nullptr);
+    GDALRasterBandH b = GDALGetRasterBand(ds, 1);
+    REQUIRE(GDALSetRasterNoDataValueAsInt64(b, imax) == CE_None);
+    REQUIRE(GDALRasterIO(b, GF_Write, 0, 0, 3, 2, const_cast<std::int64_t*>(ip.data()), 3, 2,
+                         GDT_Int64, 0, 0) == CE_None);
+    GDALClose(ds);
+    ds = GDALCreate(GDALGetDriverByName("GTiff"), upath.c_str(), 3, 2, 1, GDT_UInt64, nullptr);
+    b = GDALGetRasterBand(ds, 1);
+    REQUIRE(GDALSetRasterNoDataValueAsUInt64(b, umax) == CE_None);
+    REQUIRE(GDALRasterIO(b, GF_Write, 0, 0, 3, 2, const_cast<std::uint64_t*>(up.data()), 3, 2,
+                         GDT_UInt64, 0, 0) == CE_None);
+    GDALClose(ds);
+  }
+  const OwnedRasterArray ri = read_raster(ipath);
+  REQUIRE(ri.exact_nodata().has_value());
+  CHECK(ri.exact_nodata()->as_int64() == std::optional<std::int64_t>(imax));
+  CHECK(read_raster_metadata(ipath).exact_nodata == ri.exact_nodata());
+  CHECK(band_statistics(ri)[0].count == 4);  // 9, INT64_MAX - 1, 1, -5
+  const OwnedRasterArray ru = read_raster(upath);
+  CHECK(ru.exact_nodata()->as_uint64() == std::optional<std::uint64_t>(umax));
+  CHECK(band_statistics(ru)[0].count == 4);
+
+  // Written back, GDAL reads the same sentinels (the double setter wrote "9" and "1").
+  write_raster(dir.file("i64-out.tif"), ri);
+  write_raster(dir.file("u64-out.tif"), ru);
+  GDALDatasetH ds = GDALOpen(dir.file("i64-out.tif").c_str(), GA_ReadOnly);
+  int has = 0;
+  CHECK(GDALGetRasterNoDataValueAsInt64(GDALGetRasterBand(ds, 1), &has) == imax);
+  CHECK(has == 1);
+  GDALClose(ds);
+  ds = GDALOpen(dir.file("u64-out.tif").c_str(), GA_ReadOnly);
+  CHECK(GDALGetRasterNoDataValueAsUInt64(GDALGetRasterBand(ds, 1), &has) == umax);
+  GDALClose(ds);
+  // Streamed ops that keep the dtype keep the sentinel.
+  RasterPlan plan;
+  plan.strategy = TilingStrategy::tiled;
+  plan.tile_shape = std::pair<std::int64_t, std::int64_t>{1, 2};
+  process_raster_streamed(
+      ipath, dir.file("clip.tif"), [](const OwnedRasterArray& t) { return clip(t, 0, 5); }, plan);
+  const OwnedRasterArray c = read_raster(dir.file("clip.tif"));
+  CHECK(c.exact_nodata() == ri.exact_nodata());
+  CHECK(as_vector<std::int64_t>(c) == std::vector<std::int64_t>{imax, 5, 5, 1, imax, 0});
+}
+
+TEST_CASE("per-band nodata, metadata, creation options, overwrite and format by extension") {
+  TempDir dir;
+  // HFA keeps a nodata per band.
+  const std::string mixed = dir.file("mixed.img");
+  const std::vector<float> px = ramp(3, 20, 30);
+  make_tiff_f32(mixed, 30, 20, 3, {5, 2, 0, 50, 0, -2}, {-1.0, -1.0, 3.5}, px, nullptr, "HFA");
+  const OpenOptions hfa{.drivers = {"HFA"}, .allow_virtual = false};
+  const RasterFileInfo info = read_raster_info(mixed, hfa);
+  REQUIRE(info.band_nodata.size() == 3);
+  CHECK(info.band_nodata[2] == std::optional<NodataValue>(3.5));
+  CHECK(info.metadata.exact_nodata == std::optional<NodataValue>(-1.0));
+  CHECK(info.has_geotransform);
+
+  // Per-band passes never mix nodata: bands 1-2 go together, band 3 alone, each tile carrying
+  // its band's nodata; the HFA output keeps each band's.
+  RasterPlan whole;
+  StreamOptions so;
+  so.open = hfa;
+  so.per_band = true;
+  std::vector<std::pair<int, int>> passes;
+  for_each_raster_tile(
+      mixed, whole,
+      [&](const OwnedRasterArray& tile, const TileInfo& where) {
+        passes.emplace_back(where.first_band, where.band_count);
+        CHECK(tile.exact_nodata() == info.band_nodata[static_cast<std::size_t>(where.first_band)]);
+      },
+      so);
+  CHECK(passes == std::vector<std::pair<int, int>>{{0, 2}, {2, 1}});
+  so.write.driver = "HFA";
+  const BandOp keep = [](const OwnedRasterArray& t) { return clip(t, -1e9, 1e9); };
+  process_raster_file(mixed, dir.file("out.img"), keep, whole, so);
+  CHECK(read_raster_info(dir.file("out.img"), hfa).band_nodata == info.band_nodata);
+  // GTiff holds one nodata: the same run into GTiff is refused, and leaves nothing.
+  so.write.driver = "GTiff";
+  CHECK_THROWS_WITH_AS(process_raster_file(mixed, dir.file("out.tif"), keep, whole, so),
+                       doctest::Contains("GTiff keeps one nodata"), std::invalid_argument);
+  CHECK(!fs::exists(dir.file("out.tif")));
+  // Taken together (not per band), mixed nodata is refused unless asked for.
+  so.per_band = false;
+  CHECK_THROWS_WITH_AS(process_raster_file(mixed, dir.file("out.tif"), keep, whole, so),
+                       doctest::Contains("differ in nodata"), std::runtime_error);
+
+  // Metadata: scale/offset/unit/description/colour and AREA_OR_POINT travel (all), or only the
+  // descriptive part; no geotransform in, none out.
+  const std::string in = dir.file("meta.tif");
+  make_tiff_f32(in, 16, 8, 1, {0, 1, 0, 0, 0, -1}, {std::nullopt}, ramp(1, 8, 16));
+  {
+    GDALDatasetH ds = GDALOpen(in.c_str(), GA_Update);
+    GDALRasterBandH b = GDALGetRasterBand(ds, 1);
+    GDALSetRasterScale(b, 0.25);
+    GDALSetRasterOffset(b, 7);
+    GDALSetRasterUnitType(b, "m");
+    GDALSetDescription(b, "height");
+    GDALSetMetadataItem(ds, "AREA_OR_POINT", "Point", nullptr);
+    GDALClose(ds);
+  }
+  StreamOptions plain;
+  plain.metadata = MetadataCopy::all;
+  process_raster_file(in, dir.file("all.tif"), keep, whole, plain);
+  plain.metadata = MetadataCopy::descriptive;
+  plain.write.creation_options = {"COMPRESS=LZW"};
+  plain.write.num_threads = 2;
+  process_raster_file(in, dir.file("desc.tif"), keep, whole, plain);
+  GDALDatasetH a = GDALOpen(dir.file("all.tif").c_str(), GA_ReadOnly);
+  GDALDatasetH d = GDALOpen(dir.file("desc.tif").c_str(), GA_ReadOnly);
+  int has = 0;
+  CHECK(GDALGetRasterScale(GDALGetRasterBand(a, 1), &has) == 0.25);
+  CHECK(GDALGetRasterOffset(GDALGetRasterBand(a, 1), &has) == 7);
+  CHECK(std::string(GDALGetRasterUnitType(GDALGetRasterBand(a, 1))) == "m");
+  CHECK(std::string(GDALGetDescription(GDALGetRasterBand(d, 1))) == "height");
+  CHECK(std::string(GDALGetMetadataItem(d, "AREA_OR_POINT", nullptr)) == "Point");
+  GDALGetRasterScale(GDALGetRasterBand(d, 1), &has);
+  CHECK(has == 0);
+  CHECK(std::string(GDALGetMetadataItem(d, "COMPRESSION", "IMAGE_STRUCTURE")) == "LZW");
+  GDALClose(a);
+  GDALClose(d);
+  {
+    GDALDatasetH ds = GDALCreate(GDALGetDriverByName("GTiff"), dir.file("nogt.tif").c_str(), 8, 4,
+                                 1, GDT_Float32, nullptr);
+    GDALClose(ds);
+  }
+  CHECK_FALSE(read_raster_info(dir.file("nogt.tif")).has_geotransform);
+  process_raster_file(dir.file("nogt.tif"), dir.file("nogt-out.tif"), keep, whole, plain);
+  CHECK_FALSE(read_raster_info(dir.file("nogt-out.tif")).has_geotransform);
+
+  // overwrite = false: an existing target is refused and kept.
+  StreamOptions no_over;
+  no_over.write.overwrite = false;
+  const std::vector<char> before = file_bytes(dir.file("all.tif"));
+  CHECK_THROWS_WITH_AS(process_raster_file(in, dir.file("all.tif"), keep, whole, no_over),
+                       doctest::Contains("exists"), std::runtime_error);
+  CHECK(file_bytes(dir.file("all.tif")) == before);
+  write_file_atomically(dir.file("s.json"), "{}\n");
+  CHECK_THROWS_AS(write_file_atomically(dir.file("s.json"), "[]\n", false), std::runtime_error);
+  CHECK(file_bytes(dir.file("s.json")) == std::vector<char>{'{', '}', '\n'});
+
+  CHECK(output_driver_for("a/b.TIF") == "GTiff");
+  CHECK(output_driver_for("x.img") == "HFA");
+  CHECK(output_driver_for("x.nosuchext").empty());
+  CHECK(output_driver_for("dir.d/noext").empty());
 }

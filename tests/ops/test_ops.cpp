@@ -148,7 +148,13 @@ std::vector<std::int64_t> ref_hist(const std::vector<T>& d, std::size_t first, s
     if (!ref_valid(d[i], nd)) continue;
     const double v = static_cast<double>(d[i]);
     if (v < lo || v > hi) continue;
-    long long b = static_cast<long long>(std::floor((v - lo) * (bins / (hi - lo))));
+    // numpy: edges = linspace(lo, hi, bins + 1); the bin is searchsorted(edges, v, 'right') - 1,
+    // the last bin closed.
+    std::vector<double> edges(static_cast<std::size_t>(bins) + 1);
+    for (int k = 0; k <= bins; ++k)
+      edges[static_cast<std::size_t>(k)] = k * ((hi - lo) / bins) + lo;
+    edges.back() = hi;
+    long long b = std::upper_bound(edges.begin(), edges.end(), v) - edges.begin() - 1;
     b = std::min<long long>(b, bins - 1);
     ++h[static_cast<std::size_t>(b)];
   }
@@ -232,13 +238,17 @@ TEST_SUITE("ops") {
     SUBCASE("rescale to uint8, int16 and float32") {
       auto check_rescale = [&](auto out_tag, DType out_dtype) {
         using O = decltype(out_tag);
-        const auto out = rescale(r, lo, hi, 0, 255, out_dtype);
+        // Output range 0..254, so that uint8 has a value left for nodata (255).
+        const auto out = rescale(r, lo, hi, 0, 254, out_dtype);
         CHECK(out.dtype() == out_dtype);
         CHECK(out.residency() == Residency::host);
         const auto got = read<O>(out);
-        const C factor = static_cast<C>(255.0 - 0.0) / static_cast<C>(hi - lo);
-        const O fill = static_cast<O>(kNodata);
-        CHECK(out.nodata() == std::optional<double>(kNodata));
+        const C factor = static_cast<C>(254.0 - 0.0) / static_cast<C>(hi - lo);
+        // The source's nodata (7) lies inside the output range: the dtype's maximum, or NaN.
+        const O fill = std::numeric_limits<O>::is_integer ? std::numeric_limits<O>::max()
+                                                          : std::numeric_limits<O>::quiet_NaN();
+        REQUIRE(out.nodata().has_value());
+        CHECK(same(static_cast<O>(*out.nodata()), fill));
         int bad = 0;
         for (std::size_t i = 0; i < d.size(); ++i) {
           const O want = ref_valid(d[i], kNodata)
@@ -338,6 +348,94 @@ TEST_SUITE("ops") {
     CHECK_THROWS_AS(histogram(r, 4, 0, INFINITY), std::invalid_argument);
   }
 
+  TEST_CASE("rescale's nodata never takes a valid output value") {
+    // A Byte raster with nodata 0 rescaled to 0..1: its valid minimum maps to 0.0, so the old
+    // choice (the source's nodata, 0) called it nodata.
+    std::vector<std::uint8_t> v{0, 10, 20, 30, 0, 40};
+    const auto r = OwnedRasterArray::from_host(v.data(), DType::uint8, 1, 2, 3, 0.0);
+    const auto f = rescale(r, 10, 40, 0, 1, DType::float32);
+    REQUIRE(f.nodata().has_value());
+    CHECK(std::isnan(*f.nodata()));
+    const auto fv = read<float>(f);
+    CHECK(std::isnan(fv[0]));
+    CHECK(fv[1] == 0.0F);  // the valid minimum is a valid 0
+    CHECK(fv[5] == 1.0F);
+    // Integer outputs: the source's nodata if it lies outside the output range, else the
+    // dtype's largest value, else its smallest; none left: an error.
+    const auto u = rescale(r, 10, 40, 0, 100, DType::uint8);
+    CHECK(u.nodata() == std::optional<double>(255));
+    CHECK(read<std::uint8_t>(u) == std::vector<std::uint8_t>{255, 0, 33, 67, 255, 100});
+    const auto kept = rescale(r, 10, 40, 1, 100, DType::uint8);
+    CHECK(kept.nodata() == std::optional<double>(0));
+    const auto low = rescale(r, 10, 40, 100, 255, DType::uint8);
+    CHECK(low.nodata() == std::optional<double>(0));
+    const auto s = rescale(r, 10, 40, -128, 126, DType::int8);
+    CHECK(s.nodata() == std::optional<double>(127));
+    const auto big = rescale(r, 10, 40, 0, 1000, DType::int64);
+    REQUIRE(big.nodata().has_value());
+    CHECK(*big.nodata() > 1000);
+    CHECK(read<std::int64_t>(big)[0] == static_cast<std::int64_t>(*big.nodata()));
+    CHECK_THROWS_WITH_AS(rescale(r, 10, 40, 0, 255, DType::uint8),
+                         doctest::Contains("none is left for the nodata"), std::invalid_argument);
+    // A NaN nodata to an integer output gets a value too (it wrote valid zeros before).
+    std::vector<float> g{1, NAN, 3};
+    const auto rn = OwnedRasterArray::from_host(g.data(), DType::float32, 1, 1, 3,
+                                                std::numeric_limits<double>::quiet_NaN());
+    const auto un = rescale(rn, 1, 3, 0, 200, DType::uint8);
+    CHECK(un.nodata() == std::optional<double>(255));
+    CHECK(read<std::uint8_t>(un) == std::vector<std::uint8_t>{0, 255, 200});
+    // Every valid output differs from the nodata, for each rule above.
+    for (const auto& [out, valid] : {std::pair{u, 4}, std::pair{kept, 4}, std::pair{low, 4},
+                                     std::pair{s, 4}, std::pair{un, 2}}) {
+      CHECK(band_statistics(out)[0].count == valid);
+    }
+  }
+
+  TEST_CASE("64-bit integer nodata at the type's limits marks exactly its pixels") {
+    constexpr std::int64_t imax = std::numeric_limits<std::int64_t>::max();
+    constexpr std::uint64_t umax = std::numeric_limits<std::uint64_t>::max();
+    // INT64_MAX - 1 and UINT64_MAX - 1 share the sentinel's double but are valid pixels.
+    std::vector<std::int64_t> i{imax, 5, imax - 1, -7, imax, 0};
+    const auto ri = OwnedRasterArray::from_host(i.data(), DType::int64, 1, 2, 3)
+                        .with_nodata(NodataValue::from_int64(imax));
+    const BandStatistics si = band_statistics(ri)[0];
+    CHECK(si.count == 4);
+    CHECK(si.max == static_cast<double>(imax - 1));
+    CHECK(si.min == -7);
+    CHECK(histogram(ri, 2, -10, 10)[0] == std::vector<std::int64_t>{1, 2});
+    const auto ci = clip(ri, -1, 100);
+    CHECK(ci.exact_nodata() == ri.exact_nodata());
+    CHECK(read<std::int64_t>(ci) == std::vector<std::int64_t>{imax, 5, 100, -1, imax, 0});
+    CHECK(read<std::int64_t>(fill_nodata(ri, 9)) ==
+          std::vector<std::int64_t>{9, 5, imax - 1, -7, 9, 0});
+    std::vector<std::uint64_t> u{umax, 1, umax - 1, umax};
+    const auto ru = OwnedRasterArray::from_host(u.data(), DType::uint64, 1, 2, 2)
+                        .with_nodata(NodataValue::from_uint64(umax));
+    CHECK(band_statistics(ru)[0].count == 2);
+    CHECK(read<double>(focal_mean_3x3(ru))[0] != read<double>(focal_mean_3x3(ru))[0]);  // NaN
+  }
+
+  TEST_CASE("histogram values on bin edges go where numpy.histogram puts them") {
+    // numpy.histogram([0.3, 0.6, 0.7, 0.1, 0.2, 0.5, 0.9, 1.0, 0.0], 10, (0, 1)) counts
+    // [1, 1, 2, 0, 0, 2, 1, 0, 0, 2]: 0.3, 0.6 and 0.7 lie below linspace's edges
+    // 0.30000000000000004, 0.6000000000000001 and 0.7000000000000001.
+    const std::vector<double> v{0.3, 0.6, 0.7, 0.1, 0.2, 0.5, 0.9, 1.0, 0.0};
+    const auto r = OwnedRasterArray::from_host(v.data(), DType::float64, 1, 1, 9);
+    CHECK(histogram(r, 10, 0, 1)[0] == std::vector<std::int64_t>{1, 1, 2, 0, 0, 2, 1, 0, 0, 2});
+    CHECK(histogram(r, 10, 0, 1)[0] == ref_hist(v, 0, v.size(), std::nullopt, 10, 0, 1));
+    // Every multiple of 0.01 on [0, 1] in 7, 10 and 100 bins against the edge search.
+    std::vector<double> grid;
+    for (int i = 0; i <= 100; ++i) grid.push_back(i * 0.01);
+    for (int i = 0; i <= 100; ++i) grid.push_back(i / 100.0);
+    const auto g = OwnedRasterArray::from_host(grid.data(), DType::float64, 1, 1,
+                                               static_cast<std::int64_t>(grid.size()));
+    for (const int bins : {7, 10, 100}) {
+      CAPTURE(bins);
+      CHECK(histogram(g, bins, 0, 1)[0] ==
+            ref_hist(grid, 0, grid.size(), std::nullopt, bins, 0, 1));
+    }
+  }
+
   TEST_CASE("histograms of narrow and signed types (CUB's known miscounts)") {
     // int8 over its full range, one pixel per value: negative samples must be counted.
     std::vector<std::int8_t> s(256);
@@ -435,8 +533,8 @@ TEST_SUITE("ops") {
     const double lo = -100, hi = 100;
     for (DType od : {DType::uint8, DType::int16, DType::float32, DType::float64}) {
       auto out = target(od);
-      rescale_into(r, lo, hi, 0, 255, out);
-      same_result(out, rescale(r, lo, hi, 0, 255, od));
+      rescale_into(r, lo, hi, 0, 250, out);
+      same_result(out, rescale(r, lo, hi, 0, 250, od));
     }
     auto out = target(dtype_of<T>());
     clip_into(r, 3, 90, out);

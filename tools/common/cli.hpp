@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// Command-line parsing shared by the tools: integers and byte sizes with unit suffixes.
+// Command-line parsing shared by the tools: a word scanner that takes `--name value` and
+// `--name=value`, integers and byte sizes with unit suffixes. Every value is checked: an empty
+// or malformed value is a UsageError (the tools print it and exit 2), never "not given".
 #pragma once
+
+#include "escape.hpp"
 
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -13,9 +19,9 @@
 
 namespace vsr_cli {
 
-/// A bad command line; the tools print it and exit 2.
+/// A bad command line; the tools print it and exit 2. The message is printable() already.
 struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit UsageError(const std::string& what) : std::runtime_error(printable(what)) {}
 };
 
 /// Parses a whole integer for `option`; throws UsageError naming the option.
@@ -28,6 +34,19 @@ Int parse_integer(std::string_view option, std::string_view text) {
   }
   if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
     throw UsageError(std::string(option) + ": '" + std::string(text) + "' is not an integer");
+  }
+  return value;
+}
+
+/// Parses a finite floating-point number for `option`; throws UsageError naming the option.
+inline double parse_double(std::string_view option, std::string_view text) {
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
+    throw UsageError(std::string(option) + ": '" + std::string(text) + "' is not a number");
+  }
+  if (!std::isfinite(value)) {
+    throw UsageError(std::string(option) + ": '" + std::string(text) + "' is not finite");
   }
   return value;
 }
@@ -75,5 +94,78 @@ inline std::uint64_t parse_size(std::string_view option, std::string_view text) 
   throw UsageError(std::string(option) + ": unknown size suffix in '" + std::string(text) +
                    "' (use K, M, G, T, KiB, MiB, GiB or TiB)");
 }
+
+/// A VRAM budget given by the user: a positive byte size. 0 is refused: no pass fits in 0 bytes,
+/// and the planner reads a budget of 0 as "no GPU" (whole raster, no tiling), which is not what a
+/// user asking for 0 bytes means.
+inline std::uint64_t parse_budget(std::string_view option, std::string_view text) {
+  const std::uint64_t bytes = parse_size(option, text);
+  if (bytes == 0) {
+    throw UsageError(std::string(option) +
+                     ": a budget of 0 bytes fits no pass; give a positive size, or auto");
+  }
+  return bytes;
+}
+
+/**
+ * Walks argv: `while (args.next()) { if (args.is("--x")) use(args.value()); ... }`.
+ * A word `--name=value` is the option `--name` with an inline value; other words are options as
+ * they are. value() takes the inline value or the next word and refuses an empty one; flag()
+ * refuses an inline value.
+ */
+class ArgScanner {
+ public:
+  ArgScanner(int argc, char** argv, int first = 1) : words_(argv + first, argv + argc) {}
+
+  /// Moves to the next word; false when none is left.
+  bool next() {
+    if (pos_ >= words_.size()) return false;
+    option_ = words_[pos_++];
+    inline_.reset();
+    if (const auto eq = option_.find('='); option_.starts_with("--") && eq != option_.npos) {
+      inline_ = option_.substr(eq + 1);
+      option_ = option_.substr(0, eq);
+    }
+    return true;
+  }
+
+  /// The current option (for `--name=value`, `--name`).
+  std::string_view option() const { return option_; }
+
+  /// Whether the current option is @p a or @p b.
+  bool is(std::string_view a, std::string_view b = {}) const {
+    return option_ == a || (!b.empty() && option_ == b);
+  }
+
+  /// The option's value: the inline value or the next word. UsageError when there is none or it
+  /// is empty.
+  std::string_view value() {
+    std::string_view v;
+    if (inline_) {
+      v = *inline_;
+    } else {
+      if (pos_ >= words_.size()) throw UsageError(std::string(option_) + ": needs a value");
+      v = words_[pos_++];
+    }
+    if (v.empty()) throw UsageError(std::string(option_) + ": the value is empty");
+    return v;
+  }
+
+  /// Checks that a flag option got no inline value.
+  void flag() const {
+    if (inline_) throw UsageError(std::string(option_) + ": takes no value");
+  }
+
+  /// UsageError for an option no branch took.
+  [[noreturn]] void unknown() const {
+    throw UsageError("unknown option '" + std::string(option_) + "' (see --help)");
+  }
+
+ private:
+  std::vector<std::string_view> words_;
+  std::size_t pos_ = 0;
+  std::string_view option_;
+  std::optional<std::string_view> inline_;
+};
 
 }  // namespace vsr_cli

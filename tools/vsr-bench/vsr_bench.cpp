@@ -13,6 +13,7 @@
 // Exit status: 0 when every section ran (goals missed or not), 1 when one failed (the others still
 // run and the summary names the failure), 2 on bad arguments, 77 when there is no usable driver
 // or device (alloc only: dispatch runs its CPU rows without one and marks the GPU rows n/a).
+#include "../common/cli.hpp"
 #include "driver/cuda_driver.hpp"
 
 #include <vibespatial/raster/dispatch.hpp>
@@ -1529,54 +1530,73 @@ int usage(FILE* to) {
   return 2;
 }
 
-}  // namespace
+/// Checks a --sections list: comma-separated names, each one of @p known.
+std::string checked_sections(std::string_view text, const std::vector<std::string_view>& known) {
+  std::string list(text);
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = list.find(',', start);
+    const std::string_view name =
+        std::string_view(list).substr(start, comma == std::string::npos ? comma : comma - start);
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::string names;
+      for (const std::string_view k : known) names += (names.empty() ? "" : ",") + std::string(k);
+      throw vsr_cli::UsageError("--sections: unknown section '" + std::string(name) +
+                                "' (choose from " + names + ")");
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return list;
+}
 
-int main(int argc, char** argv) {
-  if (argc < 2) return usage(stderr);
-  const std::string cmd = argv[1];
+int parse_and_run(int argc, char** argv) {
+  const std::string_view cmd = argv[1];
   if (cmd == "-h" || cmd == "--help") {
     usage(stdout);
     return 0;
   }
-  if (cmd == "dispatch") {
-    DispatchOptions d;
-    for (int i = 2; i < argc; ++i) {
-      if (std::strcmp(argv[i], "--json") == 0) {
-        d.json = true;
-      } else if (std::strcmp(argv[i], "--quick") == 0) {
-        d.quick = true;
-      } else if (std::strcmp(argv[i], "--sections") == 0 && i + 1 < argc) {
-        d.sections = argv[++i];
-      } else {
-        return usage(stderr);
-      }
-    }
-    try {
-      return run_dispatch(d);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "vsr-bench: %s\n", e.what());
-      return 1;
-    }
+  if (cmd != "dispatch" && cmd != "alloc") {
+    throw vsr_cli::UsageError("unknown command '" + std::string(cmd) + "' (alloc or dispatch)");
   }
-  if (cmd != "alloc") return usage(stderr);
+  const bool dispatch = cmd == "dispatch";
+  DispatchOptions d;
   Options o;
-  for (int i = 2; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0) {
-      o.json = true;
-    } else if (std::strcmp(argv[i], "--quick") == 0) {
-      o.quick = true;
-    } else if (std::strcmp(argv[i], "--sections") == 0 && i + 1 < argc) {
-      o.sections = argv[++i];
-    } else if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
-      o.seed = std::strtoull(argv[++i], nullptr, 10);
+  vsr_cli::ArgScanner words(argc, argv, 2);
+  while (words.next()) {
+    if (words.is("--json")) {
+      words.flag();
+      d.json = o.json = true;
+    } else if (words.is("--quick")) {
+      words.flag();
+      d.quick = o.quick = true;
+    } else if (words.is("--sections")) {
+      if (dispatch) {
+        d.sections = checked_sections(words.value(), {"cpu", "gpu", "pipeline", "focal"});
+      } else {
+        o.sections = checked_sections(words.value(), {"malloc", "driver", "threads", "frag"});
+      }
+    } else if (words.is("--seed") && !dispatch) {
+      o.seed = vsr_cli::parse_integer<std::uint64_t>(words.option(), words.value());
     } else {
-      return usage(stderr);
+      words.unknown();
     }
   }
+  return dispatch ? run_dispatch(d) : run_alloc(o);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage(stderr);
   try {
-    return run_alloc(o);
-  } catch (const std::exception& e) {
+    return parse_and_run(argc, argv);
+  } catch (const vsr_cli::UsageError& e) {
     std::fprintf(stderr, "vsr-bench: %s\n", e.what());
+    usage(stderr);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vsr-bench: %s\n", vsr_cli::printable(e.what()).c_str());
     return 1;
   }
 }

@@ -6,6 +6,8 @@
 //
 // Exit status: 0 when a driver and at least one device are available, 1 when not (the report
 // says why), 2 on bad arguments.
+#include "../common/escape.hpp"
+
 #include <vibespatial/raster/driver.hpp>
 
 #include <cstdio>
@@ -13,37 +15,10 @@
 #include <string>
 
 namespace vsr = vibespatial::raster;
+using vsr_cli::json_string;
+using vsr_cli::printable;
 
 namespace {
-
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
-}
 
 std::string human_bytes(std::size_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -63,18 +38,18 @@ std::string version_string(int v) {
 }
 
 void print_json(const vsr::DriverInfo& info) {
-  std::printf("{\"available\": %s, \"library\": \"%s\", \"emulated\": %s, ",
-              info.available ? "true" : "false", json_escape(info.library).c_str(),
+  std::printf("{\"available\": %s, \"library\": %s, \"emulated\": %s, ",
+              info.available ? "true" : "false", json_string(info.library).c_str(),
               info.emulated ? "true" : "false");
-  std::printf("\"reason\": \"%s\", \"driver_version\": %d, \"devices\": [",
-              json_escape(info.reason).c_str(), info.driver_version);
+  std::printf("\"reason\": %s, \"driver_version\": %d, \"devices\": [",
+              json_string(info.reason).c_str(), info.driver_version);
   for (std::size_t i = 0; i < info.devices.size(); ++i) {
     const vsr::DeviceInfo& d = info.devices[i];
     std::printf(
-        "%s{\"ordinal\": %d, \"name\": \"%s\", \"compute_capability\": \"%d.%d\", "
+        "%s{\"ordinal\": %d, \"name\": %s, \"compute_capability\": \"%d.%d\", "
         "\"vmm\": %s, \"managed\": %s, \"memory_pools\": %s, \"granularity\": %zu, "
         "\"recommended_granularity\": %zu, \"free_bytes\": %zu, \"total_bytes\": %zu}",
-        i ? ", " : "", d.ordinal, json_escape(d.name).c_str(), d.compute_capability_major,
+        i ? ", " : "", d.ordinal, json_string(d.name).c_str(), d.compute_capability_major,
         d.compute_capability_minor, d.virtual_memory_management ? "true" : "false",
         d.managed_memory ? "true" : "false", d.memory_pools ? "true" : "false", d.granularity,
         d.recommended_granularity, d.free_bytes, d.total_bytes);
@@ -85,14 +60,14 @@ void print_json(const vsr::DriverInfo& info) {
 void print_text(const vsr::DriverInfo& info) {
   if (!info.available) {
     std::printf("CUDA driver: not available\n");
-    std::printf("  library tried: %s\n", info.library.c_str());
-    std::printf("  reason:        %s\n", info.reason.c_str());
+    std::printf("  library tried: %s\n", printable(info.library).c_str());
+    std::printf("  reason:        %s\n", printable(info.reason).c_str());
     std::printf("No GPU is usable here. GPU work will fail with a clear error; CPU paths work.\n");
     std::printf("To run on the host driver emulator instead:\n");
     std::printf("  VIBESPATIAL_CUDA_DRIVER=/path/to/libvsr-cuda-emulator.so vsr-info\n");
     return;
   }
-  std::printf("CUDA driver: %s (CUDA %s)\n", info.library.c_str(),
+  std::printf("CUDA driver: %s (CUDA %s)\n", printable(info.library).c_str(),
               version_string(info.driver_version).c_str());
   if (info.emulated) {
     std::printf(
@@ -101,7 +76,7 @@ void print_text(const vsr::DriverInfo& info) {
   }
   std::printf("Devices: %zu\n", info.devices.size());
   for (const vsr::DeviceInfo& d : info.devices) {
-    std::printf("  [%d] %s, compute capability %d.%d\n", d.ordinal, d.name.c_str(),
+    std::printf("  [%d] %s, compute capability %d.%d\n", d.ordinal, printable(d.name).c_str(),
                 d.compute_capability_major, d.compute_capability_minor);
     std::printf("      virtual memory management: %s\n",
                 d.virtual_memory_management ? "yes" : "no (the pool uses the fallback tier)");
@@ -132,7 +107,8 @@ int main(int argc, char** argv) {
           "libcuda.so.1).\n");
       return 0;
     } else {
-      std::fprintf(stderr, "vsr-info: unknown argument '%s' (try --help)\n", argv[i]);
+      std::fprintf(stderr, "vsr-info: unknown argument '%s' (try --help)\n",
+                   printable(argv[i]).c_str());
       return 2;
     }
   }

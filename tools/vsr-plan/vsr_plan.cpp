@@ -41,7 +41,7 @@ options:
   --buffers-per-band N     device buffers per band (default 2: input + output)
   --scratch BYTES          fixed scratch bytes of the operation per pass (default 0)
   --halo N                 overlap pixels per tile side (default 0)
-  --budget BYTES|auto      VRAM budget; auto asks the device (default auto; 0 with no GPU)
+  --budget BYTES|auto      VRAM budget, > 0; auto asks the device (default auto; 0 with no GPU)
   --per-band               bands are independent: allow band batches
   --json                   print JSON instead of a table
   -h, --help               print this help
@@ -60,27 +60,18 @@ struct Arguments {
   bool help = false;
 };
 
+using vsr_cli::json_string;
 using vsr_cli::parse_integer;
 using vsr_cli::parse_size;
+using vsr_cli::printable;
 
 Arguments parse_arguments(int argc, char** argv) {
   Arguments args;
-  const std::vector<std::string_view> words(argv + 1, argv + argc);
-  for (std::size_t i = 0; i < words.size(); ++i) {
-    std::string_view option = words[i];
-    std::optional<std::string_view> inline_value;
-    if (const auto eq = option.find('='); option.starts_with("--") && eq != option.npos) {
-      inline_value = option.substr(eq + 1);
-      option = option.substr(0, eq);
-    }
-    const auto value = [&]() -> std::string_view {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= words.size()) throw UsageError(std::string(option) + ": needs a value");
-      return words[++i];
-    };
-    const auto flag = [&]() {
-      if (inline_value) throw UsageError(std::string(option) + ": takes no value");
-    };
+  vsr_cli::ArgScanner words(argc, argv);
+  while (words.next()) {
+    const std::string_view option = words.option();
+    const auto value = [&] { return words.value(); };
+    const auto flag = [&] { words.flag(); };
 
     if (option == "-h" || option == "--help") {
       flag();
@@ -107,7 +98,7 @@ Arguments parse_arguments(int argc, char** argv) {
       if (text == "auto") {
         args.options.vram_budget.reset();
       } else {
-        args.options.vram_budget = parse_size(option, text);
+        args.options.vram_budget = vsr_cli::parse_budget(option, text);
       }
     } else if (option == "--per-band") {
       flag();
@@ -123,15 +114,6 @@ Arguments parse_arguments(int argc, char** argv) {
   if (!args.height) throw UsageError("--height is required");
   if (!args.width) throw UsageError("--width is required");
   return args;
-}
-
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char ch : text) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    out += ch;
-  }
-  return out + "\"";
 }
 
 void print_json(std::ostream& out, const Arguments& args, std::uint64_t budget, bool auto_budget,
@@ -230,13 +212,13 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::invalid_argument& error) {
-    std::cerr << "vsr-plan: " << error.what() << '\n';
+    std::cerr << "vsr-plan: " << printable(error.what()) << '\n';
     return 2;
   } catch (const std::overflow_error& error) {
-    std::cerr << "vsr-plan: " << error.what() << '\n';
+    std::cerr << "vsr-plan: " << printable(error.what()) << '\n';
     return 2;
   } catch (const std::exception& error) {
-    std::cerr << "vsr-plan: " << error.what() << '\n';
+    std::cerr << "vsr-plan: " << printable(error.what()) << '\n';
     return 1;
   }
 }

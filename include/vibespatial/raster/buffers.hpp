@@ -67,6 +67,45 @@ VSR_EXPORT bool same_nodata(const std::optional<double>& a,
                             const std::optional<double>& b) noexcept;
 
 /**
+ * @brief A nodata sentinel held exactly: any double, and every 64-bit integer, also those a
+ * double cannot hold (INT64_MAX, UINT64_MAX, 2^53 + 1, ...). RasterMetadata::exact_nodata and
+ * OwnedRasterArray::exact_nodata carry it; their `nodata` (a double) is its nearest double.
+ *
+ * The value is canonical: an integer a double holds exactly is stored as that double, so
+ * NodataValue(5.0) == NodataValue::from_int64(5). A plain value type; never throws.
+ */
+class VSR_EXPORT NodataValue {
+ public:
+  /// The double @p value (NaN included). Implicit, so a double nodata converts.
+  NodataValue(double value = 0) noexcept;  // NOLINT(google-explicit-constructor)
+  /// The integer @p value exactly.
+  static NodataValue from_int64(std::int64_t value) noexcept;
+  /// The integer @p value exactly.
+  static NodataValue from_uint64(std::uint64_t value) noexcept;
+
+  /// The nearest double (INT64_MAX gives 2^63).
+  double to_double() const noexcept;
+  /// The value as an int64 when it is an integer in int64's range; empty otherwise.
+  std::optional<std::int64_t> as_int64() const noexcept;
+  /// The value as a uint64 when it is an integer in uint64's range; empty otherwise.
+  std::optional<std::uint64_t> as_uint64() const noexcept;
+  /// Whether the value is NaN.
+  bool is_nan() const noexcept;
+  /// Exact decimal text: an integer's digits ("9223372036854775807", "-9999"), "nan", "inf",
+  /// "-inf", or the shortest text that reads back as the same double ("0.1").
+  std::string to_string() const;
+
+  /// The same value (NaN equals NaN).
+  friend VSR_EXPORT bool operator==(const NodataValue& a, const NodataValue& b) noexcept;
+
+ private:
+  enum class Kind : std::uint8_t { real, int64, uint64 };
+  Kind kind_ = Kind::real;
+  double real_ = 0;
+  std::uint64_t bits_ = 0;  ///< the integer (two's complement for int64) unless real
+};
+
+/**
  * @brief Pixel -> world transform in rasterio order: x = a*col + b*row + c,
  * y = d*col + e*row + f. The default is the identity with a north-up flip (e = -1).
  *
@@ -111,6 +150,9 @@ struct VSR_EXPORT RasterMetadata {
   int band_count = 1;
   DType dtype = DType::float32;
   std::optional<double> nodata;  ///< NaN is a valid nodata value and compares equal to NaN
+  /// The nodata exactly, when set (readers of files and OwnedRasterArray::metadata set it;
+  /// `nodata` is then its nearest double). Empty with `nodata` set: `nodata` is exact.
+  std::optional<NodataValue> exact_nodata;
   Affine affine;
   std::string crs;     ///< WKT, "EPSG:n", or empty
   std::string driver;  ///< e.g. "GTiff"; empty for in-memory rasters
@@ -229,8 +271,18 @@ class VSR_EXPORT OwnedRasterArray {
   std::int64_t width() const;
   /// Element type of every band.
   DType dtype() const;
-  /// The nodata value shared by all bands; empty if none. NaN is a valid value.
+  /// The nodata value shared by all bands; empty if none. NaN is a valid value. For a 64-bit
+  /// integer sentinel a double cannot hold (INT64_MAX), the nearest double: exact_nodata() has
+  /// the value itself.
   std::optional<double> nodata() const;
+  /// The nodata value exactly (see NodataValue); empty if none. The ops test pixels against it.
+  std::optional<NodataValue> exact_nodata() const;
+  /**
+   * @brief A handle on the same pixels (shared storage, as a copy) whose nodata is @p nodata;
+   * affine and CRS as this one's.
+   * @throws std::invalid_argument for a NaN nodata on an integer dtype.
+   */
+  OwnedRasterArray with_nodata(std::optional<NodataValue> nodata) const;
   /// Pixel -> world transform (rasterio order).
   const Affine& affine() const;
   /// Coordinate reference system: WKT, "EPSG:n", or empty.
@@ -289,7 +341,7 @@ class VSR_EXPORT OwnedRasterArray {
   int band_count_ = 0;  ///< bands in this view
   // Georeferencing is per handle, so from_band_stack can give a shared result the source's
   // metadata without changing the other handles (the reference overwrote them in place).
-  std::optional<double> nodata_;
+  std::optional<NodataValue> nodata_;
   Affine affine_;
   std::string crs_;
 };

@@ -17,7 +17,12 @@
  *   the device's primary context; `stream` arguments are CUstream handles (NULL: the legacy
  *   default stream).
  * - The CUDA driver is loaded at run time from VIBESPATIAL_CUDA_DRIVER (default libcuda.so.1);
- *   point it at libvsr-cuda-emulator.so to run on the host emulator. */
+ *   point it at libvsr-cuda-emulator.so to run on the host emulator. When it cannot be loaded,
+ *   or its cuInit fails (no device visible), calls that need it fail with VSR_ERROR_NO_DRIVER
+ *   and a message saying why; nothing aborts.
+ * - In a child forked from a process that used the pool, every pool function fails with
+ *   VSR_ERROR_NO_DRIVER (CUDA cannot be used after fork without exec), never blocking, and
+ *   vsr_memory_pool_stats reports an unconfigured pool. */
 #ifndef VIBESPATIAL_RASTER_C_API_H
 #define VIBESPATIAL_RASTER_C_API_H
 
@@ -145,7 +150,10 @@ typedef struct vsr_raster_plan {
 /** An OOM handler: called (tier B) with the size of a request the device cannot satisfy and
  * the user_data it was registered with; returns nonzero if it freed something. The pool holds
  * none of its locks while handlers run, so a handler may call vsr_device_deallocate (and any
- * other vsr_ function). It may run on any thread that allocates. */
+ * other vsr_ function). It may run on any thread that allocates. An allocation made inside a
+ * handler that finds the device full fails at once with VSR_ERROR_OUT_OF_MEMORY: the recovery
+ * chain never runs inside itself. An error recorded by a handler's own failing call does not
+ * survive the outer call when that succeeds. */
 typedef int (*vsr_oom_handler)(size_t requested_bytes, void* user_data);
 
 /** The project version ("0.1.0"), a static string. Never fails. */
@@ -163,6 +171,8 @@ VSR_EXPORT int vsr_last_cuda_error(void);
  * tier ("A", "B", "C" or "fallback") with its NUL to tier_out, if tier_out is not NULL.
  * VSR_TIER_CAPACITY bytes always suffice. Errors: VSR_ERROR_NO_DRIVER (nothing is cached: a
  * later call tries again); VSR_ERROR_CUDA when the requested tier is impossible;
+ * VSR_ERROR_INVALID_ARGUMENT when VIBESPATIAL_GPU_MANAGED_MEMORY or VIBESPATIAL_GPU_POOL_ONLY
+ * holds anything but 1/true/yes/on or 0/false/no/off (nothing is configured);
  * VSR_ERROR_OUT_OF_RANGE when tier_capacity is too small (the pool is configured all the same,
  * and tier_out, if tier_capacity > 0, holds the truncated, NUL-terminated name). */
 VSR_EXPORT vsr_status vsr_configure_memory_pool(char* tier_out, size_t tier_capacity);
@@ -177,20 +187,25 @@ VSR_EXPORT vsr_status vsr_free_pool_memory(void);
  * sizeof(vsr_pool_stats) are VSR_ERROR_INVALID_ARGUMENT, as is a NULL out. */
 VSR_EXPORT vsr_status vsr_memory_pool_stats(vsr_pool_stats* out);
 
-/** As vsr_memory_pool_stats, for the pool of `device` (the C++ memory_pool_stats(device)). */
+/** As vsr_memory_pool_stats, for the pool of `device` (the C++ memory_pool_stats(device)).
+ * VSR_ERROR_OUT_OF_RANGE for a device that does not exist (a negative ordinal, 64 or more, or,
+ * once the pool is configured, at or above the driver's device count). */
 VSR_EXPORT vsr_status vsr_memory_pool_stats_device(int device, vsr_pool_stats* out);
 
 /** Allocates `bytes` of device memory usable in stream order on `stream` (a CUstream; NULL: the
  * legacy default stream) and writes the pointer to *out. Configures the pool on first use.
  * bytes == 0 writes NULL and succeeds. Errors (*out is set to NULL): VSR_ERROR_INVALID_ARGUMENT
  * (out NULL), VSR_ERROR_OUT_OF_MEMORY (tier B: after OOM handlers, a release of free pages and
- * retries), VSR_ERROR_NO_DRIVER, VSR_ERROR_CUDA. */
+ * retries), VSR_ERROR_NO_DRIVER, VSR_ERROR_CUDA, VSR_ERROR_INVALID_ARGUMENT as
+ * vsr_configure_memory_pool for a bad tier variable. */
 VSR_EXPORT vsr_status vsr_device_allocate(size_t bytes, void* stream, void** out);
 
 /** Frees a block from vsr_device_allocate; `bytes` must be its size. It may be reused at once on
  * `stream`, and on other streams once the work queued on `stream` has completed.
  * (NULL, 0) is a no-op. Errors: VSR_ERROR_INVALID_ARGUMENT, changing nothing, for a pointer the
- * pool did not hand out, one already freed, or a size that differs from the allocation's. */
+ * pool did not hand out, one already freed, or a size that differs from the allocation's;
+ * VSR_ERROR_CUDA when a driver call the free needs fails (recording the stream's mark, or
+ * cuMemFree in tier C): nothing is changed, the block stays live and a retry frees it. */
 VSR_EXPORT vsr_status vsr_device_deallocate(void* ptr, size_t bytes, void* stream);
 
 /** Registers an OOM handler (see vsr_oom_handler) with `user_data` passed back to it, and

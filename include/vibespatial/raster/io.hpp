@@ -17,8 +17,25 @@
 // - dtypes: all ten. int8 needs GDAL >= 3.7 (GDT_Int8); with older GDAL an int8 raster is
 //   written as Byte with PIXELTYPE=SIGNEDBYTE (GTiff) and read back as int8. uint64/int64 need
 //   GDAL >= 3.5.
+// - Inputs: only the raster file formats of default_input_drivers() open an input unless
+//   OpenOptions says otherwise. VRT (whose XML names other files to read, any file on the
+//   machine), GDAL's virtual file systems (/vsicurl/, /vsizip/, ...) and URLs need
+//   OpenOptions::allow_virtual: a file named "x.tif" holding VRT XML is refused, not followed.
+// - Outputs are all or nothing: write_raster, process_raster_streamed and process_raster_file
+//   write to a temporary file beside the target (same directory, a unique hidden name
+//   ".<stem>.vsr-XXXXXX<ext>"), check GDAL's errors on every write, the flush and the close, and
+//   only then rename it over the target (rename(2): atomic on one file system; sidecar files a
+//   driver writes, e.g. .aux.xml, are renamed first). On any error the temporary file is removed
+//   and the target is untouched: an existing file survives byte for byte, a new one does not
+//   appear. A process killed by a signal leaves no temporary file behind when it called
+//   remove_partial_outputs_on_signals() (vsr-run does); SIGKILL can leave one (named as above).
+//   The output's permissions are an existing target's, else 0666 less the umask.
+// - Host memory: a read that needs more host memory than is available (available_host_memory()
+//   or StreamOptions::host_memory_limit) is refused up front with HostMemoryLimitError before
+//   anything is allocated.
 // - Thread-safety: every call opens its own dataset, so concurrent calls on distinct files are
-//   safe; concurrent writes to the same file are not.
+//   safe; concurrent writes to the same file are not. StreamOptions::gdal_cache_bytes changes a
+//   process-wide GDAL setting.
 #pragma once
 
 #include <vibespatial/raster/buffers.hpp>
@@ -28,6 +45,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -44,13 +62,112 @@ struct RasterWindow {
   friend bool operator==(const RasterWindow&, const RasterWindow&) = default;
 };
 
+/// How an input file is opened.
+struct OpenOptions {
+  /// GDAL driver short names that may open the input; empty: default_input_drivers().
+  std::vector<std::string> drivers;
+  /// Also allow inputs that make GDAL read other files or other machines: the VRT driver (added
+  /// to the drivers), GDAL virtual file system paths ("/vsi...") and URLs ("scheme://...").
+  /// Off by default: only a local file of an allowed format opens.
+  bool allow_virtual = false;
+};
+
+/**
+ * @brief The GDAL drivers that open an input by default: raster file formats whose pixels come
+ * from the named file alone (GTiff, which also reads COGs, PNG, JPEG, GIF, BMP, WEBP,
+ * JP2OpenJPEG, ENVI, EHdr, AAIGrid, GSBG, GS7BG, NITF). Formats whose header can name another
+ * file to read (VRT, HFA's spill files, PCIDSK's linked channels, ERS, netCDF, HDF5) are not in
+ * the list; add them to OpenOptions::drivers to accept such files knowingly. Thread-safe.
+ */
+VSR_EXPORT std::vector<std::string> default_input_drivers();
+
+/// A read was refused up front because it needs more host memory than the limit (what is
+/// available, or StreamOptions::host_memory_limit). Nothing was allocated.
+class VSR_EXPORT HostMemoryLimitError : public std::runtime_error {
+ public:
+  HostMemoryLimitError(std::uint64_t needed_bytes, std::uint64_t limit_bytes,
+                       const std::string& what);
+  /// Bytes the read would need at once.
+  std::uint64_t needed_bytes() const noexcept { return needed_; }
+  /// The limit it was compared with.
+  std::uint64_t limit_bytes() const noexcept { return limit_; }
+
+ private:
+  std::uint64_t needed_, limit_;
+};
+
+/**
+ * @brief Host memory this process can still use, in bytes: the kernel's MemAvailable (or free
+ * physical pages where it is missing), capped by the cgroup's memory.max less its current use.
+ * 0 when nothing can be read. Thread-safe, never throws.
+ */
+VSR_EXPORT std::uint64_t available_host_memory() noexcept;
+
+/**
+ * @brief Installs handlers for SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE, SIGXCPU and SIGXFSZ
+ * (each only where its disposition is the default) that remove the temporary files of the
+ * writes in progress (unlink, async-signal-safe) and then re-raise the signal with its default
+ * action, so the process still dies of it (exit status as before, e.g. 130 in a shell for
+ * SIGINT) and the targets stay untouched. For programs: a library call never installs handlers
+ * on its own. Idempotent and thread-safe; throws nothing. Up to 64 writes in progress at once
+ * are covered; more still work but their temporary files may survive a signal.
+ */
+VSR_EXPORT void remove_partial_outputs_on_signals() noexcept;
+
 /// How write_raster creates a file.
 struct WriteOptions {
   std::string driver = "GTiff";      ///< a GDAL driver with Create() support
   std::string compress = "DEFLATE";  ///< GTiff COMPRESS; empty or "NONE": uncompressed
   bool tiled = true;                 ///< GTiff TILED=YES with block x block tiles
   int block = 256;                   ///< tile side (a multiple of 16 for GTiff)
+  /// More creation options, "KEY=VALUE", for any driver, applied after those above (a key given
+  /// here replaces theirs), e.g. "PREDICTOR=2" or "ZLEVEL=9".
+  std::vector<std::string> creation_options;
+  /// Threads GDAL compresses with (the NUM_THREADS creation option, for drivers that take it:
+  /// GTiff does): 0 leaves GDAL's default (one thread), -1 every CPU, n > 0 that many.
+  /// Compressed writing is most of a streamed run's time.
+  int num_threads = 0;
+  /// Replace an existing file (the default); false: a target that exists is refused with
+  /// std::runtime_error, also when it appears while the output is written (it is linked into
+  /// place, never renamed over).
+  bool overwrite = true;
 };
+
+/**
+ * @brief The GDAL driver that writes files named like @p path, from its extension: GTiff for
+ * ".tif" / ".tiff", else a raster driver with Create() whose extensions list it (e.g. ".img":
+ * HFA, ".bil": EHdr); empty when none does. Case-insensitive. Thread-safe; throws only
+ * std::bad_alloc (and "" in a build without GDAL).
+ */
+VSR_EXPORT std::string output_driver_for(const std::string& path);
+
+/**
+ * @brief Writes @p bytes to @p path all or nothing (a temporary file beside it, renamed into
+ * place; see "Outputs" above), for text outputs such as statistics. With @p overwrite false an
+ * existing @p path is refused.
+ * @throws std::runtime_error when the file cannot be written or exists (overwrite false).
+ */
+VSR_EXPORT void write_file_atomically(const std::string& path, const std::string& bytes,
+                                      bool overwrite = true);
+
+/// A raster file's header with what varies per band.
+struct RasterFileInfo {
+  /// As read_raster_metadata, except that the bands may differ in nodata: metadata.nodata and
+  /// metadata.exact_nodata are band 1's.
+  RasterMetadata metadata;
+  /// Each band's nodata, exactly (band_nodata[0] is band 1's).
+  std::vector<std::optional<NodataValue>> band_nodata;
+  /// Whether the file has a geotransform (metadata.affine is GDAL's default otherwise).
+  bool has_geotransform = true;
+};
+
+/**
+ * @brief The header of the raster file @p path with each band's nodata; unlike
+ * read_raster_metadata it accepts bands of differing nodata (VRT stacks, HFA).
+ * @throws std::invalid_argument if the file cannot be opened (as @p open allows);
+ *         std::runtime_error for an unsupported or mixed data type, or a build without GDAL.
+ */
+VSR_EXPORT RasterFileInfo read_raster_info(const std::string& path, const OpenOptions& open = {});
 
 /**
  * @brief The header of the raster file @p path: shape, band count, dtype, nodata (band 1's),
@@ -61,6 +178,10 @@ struct WriteOptions {
  */
 VSR_EXPORT RasterMetadata read_raster_metadata(const std::string& path);
 
+/// read_raster_metadata opening @p path as @p open allows (a refused driver or path is
+/// std::invalid_argument, naming the option that would allow it).
+VSR_EXPORT RasterMetadata read_raster_metadata(const std::string& path, const OpenOptions& open);
+
 /**
  * @brief Reads @p window (default: the whole raster) of the 1-based @p bands (default: all, in
  * order; a band may be repeated) of @p path into a new host raster. The affine is shifted to the
@@ -68,39 +189,138 @@ VSR_EXPORT RasterMetadata read_raster_metadata(const std::string& path);
  * bands only).
  * @throws std::invalid_argument for a file that cannot be opened, a window outside the raster or
  *         of non-positive size, a band index outside [1, band count];
+ *         HostMemoryLimitError when the pixels exceed available_host_memory();
  *         std::runtime_error as read_raster_metadata or when GDAL fails to read.
  */
 VSR_EXPORT OwnedRasterArray read_raster(const std::string& path,
                                         std::optional<RasterWindow> window = {},
                                         std::vector<int> bands = {});
 
+/// read_raster opening @p path as @p open allows.
+VSR_EXPORT OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow> window,
+                                        std::vector<int> bands, const OpenOptions& open);
+
 /**
  * @brief Writes @p raster (host or device resident; a device raster is copied to the host, not
- * moved) to @p path, replacing any existing file: its dtype, every band, affine, CRS and nodata
- * (on every band).
+ * moved) to @p path, replacing any existing file only once the new one is complete (see
+ * "Outputs" above): its dtype, every band, affine, CRS and nodata (on every band).
  * @throws std::invalid_argument for an unknown driver or a CRS GDAL does not understand;
- *         std::runtime_error when GDAL cannot create or write the file (its message included).
+ *         std::runtime_error when the temporary file cannot be created, GDAL cannot create,
+ *         write, flush or close it (its message included; e.g. a full disk), or the rename
+ *         fails. @p path is then as it was.
  */
 VSR_EXPORT void write_raster(const std::string& path, const OwnedRasterArray& raster,
                              const WriteOptions& options = {});
 
+/// Where a streamed pass is: tile @p index of @p total (passes x tiles), its effective window
+/// (halo excluded), the window read (halo included, clamped to the raster) and the 0-based
+/// positions of its bands among the selected bands.
+struct TileInfo {
+  std::int64_t index = 0, total = 0;
+  RasterWindow window, read;
+  int first_band = 0, band_count = 0;
+};
+
+/// What a streamed run copies from the input file to the output besides pixels, georeferencing
+/// (affine and CRS; none when the input has no geotransform) and nodata.
+enum class MetadataCopy {
+  none,         ///< nothing more
+  descriptive,  ///< AREA_OR_POINT, and per band its description and colour interpretation
+  all  ///< descriptive, and per band scale, offset and unit: for ops that keep the values' meaning
+};
+
+/// The steps of a tile in a streamed run, as StreamOptions::stage reports them.
+enum class TileStage { read, compute, write };
+
+/// How process_raster_file and for_each_raster_tile read, write and report.
+struct StreamOptions {
+  OpenOptions open;        ///< how the input is opened
+  WriteOptions write;      ///< how the output is created (process_raster_file only)
+  std::vector<int> bands;  ///< 1-based input bands, in order (repeats allowed); empty: all
+  /// Bytes one pass may use on the host (tile, result, GDAL's blocks and cache); 0: what
+  /// available_host_memory() says. A plan needing more is refused with HostMemoryLimitError.
+  std::uint64_t host_memory_limit = 0;
+  /// When set, GDAL's block cache (process-wide: GDALSetCacheMax64) is limited to this many bytes
+  /// for the rest of the process, so that memory stays bounded by the plan; gdal_cache_for_plan()
+  /// gives a value for a plan.
+  std::optional<std::uint64_t> gdal_cache_bytes;
+  /// Called after each tile of each pass with (tiles done, total), if set.
+  std::function<void(std::int64_t done, std::int64_t total)> progress;
+  /// Called before each tile is read, computed and written (a whole-raster pass is one tile:
+  /// this is what moves while it runs), if set.
+  std::function<void(const TileInfo& where, TileStage stage)> stage;
+  /// The bands are independent (a per-band op): passes carry at most plan.bands_per_pass bands
+  /// and never bands of different nodata, so every band keeps its own nodata. Also implied by a
+  /// band_batches or tiled plan with fewer bands per pass than bands.
+  bool per_band = false;
+  /// Accept a pass that is not per-band over bands of different nodata: its tiles then carry the
+  /// first band's nodata, and the op must give the other bands theirs (read_raster_info,
+  /// OwnedRasterArray::with_nodata). Off: such a run is refused (std::runtime_error).
+  bool mixed_nodata = false;
+  /// What the output copies from the input (process_raster_file). Output band i takes input
+  /// band i's (of the selected bands) when the output has as many bands as were selected.
+  MetadataCopy metadata = MetadataCopy::descriptive;
+};
+
 /**
- * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out.
+ * @brief A GDAL block cache size for streaming @p in with @p plan: enough for the input blocks of
+ * one row of tiles (so no block is decoded twice), at least two of the file's blocks, and at
+ * most 64 MiB more than that minimum. This is the fixed overhead that peak memory adds to a pass.
+ * @throws as read_raster_metadata.
+ */
+VSR_EXPORT std::uint64_t gdal_cache_for_plan(const std::string& in, const RasterPlan& plan,
+                                             const StreamOptions& options = {});
+
+/**
+ * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out (all
+ * or nothing, see "Outputs" above).
+ *
+ * Passes: with options.per_band, or a band_batches or tiled plan that carries fewer bands per
+ * pass than are selected (as a per-band plan makes), bands are independent: a pass carries at
+ * most plan.bands_per_pass consecutive selected bands of one nodata, @p op gets a tile of those
+ * bands and must return as many, which become the output's bands at the same positions, each
+ * with its pass's result nodata (GTiff keeps one nodata for all bands: passes whose results
+ * differ in nodata are refused there). Otherwise one pass carries every selected band (the
+ * tile's nodata is the first band's: read_raster_info gives each band's) and the output has the
+ * bands @p op returns. Only one pass's bands are read.
  *
  * Tiles are row-major over plan.tile_shape (a whole or band_batches plan is one tile: the whole
  * raster). Each tile is read with plan.halo extra pixels per side, clamped at the raster edges
- * (no padding), with every band and the affine shifted to the read window's origin; @p op
- * returns a raster of its input's height and width, whose interior (the effective tile) is
- * written. With plan.halo >= the op's radius the file equals the whole-raster result.
+ * (no padding), with the affine shifted to the read window's origin; @p op returns a raster of
+ * its input's height and width, whose interior (the effective tile) is written. With plan.halo
+ * >= the op's radius the file equals the whole-raster result.
  *
- * The output file is created on the first tile's result, with that result's dtype, band count
- * and nodata (the op's, not the input's: an op may change the dtype) and the input's full shape,
- * affine and CRS. Only one tile is live at a time. @p progress, if set, is called after each
- * tile with (tiles done, total tiles).
+ * The output is created on the first tile's result, with that result's dtype and nodata (the
+ * op's, not the input's: an op may change the dtype), the input's full shape, affine (none if
+ * the input has no geotransform) and CRS, and the metadata options.metadata names.
+ * Only one tile is live at a time. Before reading, the host memory of a pass (tile and result,
+ * GDAL's blocks, the cache) is compared with options.host_memory_limit.
  * @throws std::invalid_argument for an empty @p op, a negative halo, a tiled plan without a
- *         positive tile_shape, or a tile result of the wrong shape or of a dtype, band count or
- *         nodata differing from the first tile's; what read_raster / write_raster throw;
- *         whatever @p op throws. On error a partly written @p out may remain.
+ *         positive tile_shape, bands_per_pass < 1, or a tile result of the wrong shape or band
+ *         count or of a dtype or nodata differing from the first tile's; HostMemoryLimitError;
+ *         what read_raster / write_raster throw; whatever @p op throws. @p out is then as it was.
+ */
+VSR_EXPORT void process_raster_file(const std::string& in, const std::string& out, const BandOp& op,
+                                    const RasterPlan& plan, const StreamOptions& options);
+
+/**
+ * @brief Reads the raster file @p in tile by tile as process_raster_file does (same passes, tiles,
+ * halo and memory check) and hands each tile to @p visit with where it is; writes nothing. For
+ * reductions (statistics, ranges) that must not hold the raster.
+ * @throws std::invalid_argument for an empty @p visit or a plan as process_raster_file;
+ *         HostMemoryLimitError; what read_raster throws; whatever @p visit throws.
+ */
+VSR_EXPORT void for_each_raster_tile(
+    const std::string& in, const RasterPlan& plan,
+    const std::function<void(const OwnedRasterArray& tile, const TileInfo& where)>& visit,
+    const StreamOptions& options = {});
+
+/**
+ * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out (all
+ * or nothing): process_raster_file with the default OpenOptions, every band, @p options as the
+ * write options and @p progress, called after each tile with (tiles done, total tiles). Passes,
+ * tiles, halo, the output's creation and the memory check are process_raster_file's.
+ * @throws what process_raster_file throws. On any error @p out is as it was.
  */
 VSR_EXPORT void process_raster_streamed(
     const std::string& in, const std::string& out, const BandOp& op, const RasterPlan& plan,

@@ -83,11 +83,17 @@ VSR_EXPORT std::vector<BandStatistics> band_statistics(const OwnedRasterArray& r
  * of the input dtype, converted to @p out_dtype (integers: rounded half away from zero and
  * saturated to the dtype's range; values outside the input range are extrapolated, not clamped).
  *
- * Invalid pixels are written as: the raster's nodata when it is representable in @p out_dtype
- * (the result keeps it as nodata); else NaN for a float output (the result's nodata is NaN if the
- * source had a nodata, empty if not); else 0 for an integer output (the result has no nodata).
- * @throws std::invalid_argument if a bound is not finite, @p in_min == @p in_max, or
- *         @p out_dtype is not a dtype; std::runtime_error as band_statistics.
+ * Invalid pixels are written as a nodata that no valid pixel can take: NaN for a float output
+ * (the result's nodata is NaN if the source had a nodata, empty if not); for an integer output
+ * of a source with a nodata, a value outside [min(out_min, out_max), max(out_min, out_max)]: the
+ * source's nodata when it is such a value of @p out_dtype, else the dtype's largest value (for
+ * 64-bit types the largest a double holds), else its smallest; for an integer output of a source
+ * without nodata (NaN pixels of a float source), 0 and no nodata. Valid pixels outside
+ * [in_min, in_max] are extrapolated and saturated, so only they can reach such a nodata: clip
+ * them first where that matters.
+ * @throws std::invalid_argument if a bound is not finite, @p in_min == @p in_max, @p out_dtype
+ *         is not a dtype, or an integer output range covers the whole dtype while the source has
+ *         a nodata (no value is left for it); std::runtime_error as band_statistics.
  */
 VSR_EXPORT OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double in_max,
                                     double out_min, double out_max, DType out_dtype);
@@ -120,10 +126,14 @@ VSR_EXPORT OwnedRasterArray normalized_difference(const OwnedRasterArray& a,
                                                   const OwnedRasterArray& b);
 
 /**
- * @brief Per-band histogram of the valid pixels over @p bins equal bins on [@p lower, @p upper].
- * Bins are half-open [edge_i, edge_i+1) except the last, which includes @p upper (numpy's rule).
- * The bin of v is floor((v - lower) * (bins / (upper - lower))) in float64, clamped to bins - 1
- * for v == upper; values outside [lower, upper] are not counted.
+ * @brief Per-band histogram of the valid pixels over @p bins equal bins on [@p lower, @p upper],
+ * as numpy.histogram(values.astype(float64), bins, (lower, upper)) counts them: the edges are
+ * numpy.linspace(lower, upper, bins + 1) in float64 (edge i = i * ((upper - lower) / bins) +
+ * lower, the last exactly upper), bins are half-open [edge_i, edge_i+1) except the last, which
+ * includes @p upper, and a value is compared with those edges, so a value on an edge goes where
+ * numpy puts it (0.3 with 10 bins on [0, 1] is in bin 2: edge 3 is 0.30000000000000004). Values
+ * are converted to float64 first (numpy bins float32 data with float32 edges); values outside
+ * [lower, upper] are not counted.
  * @return counts[band][bin].
  * @throws std::invalid_argument if @p bins < 1, a bound is not finite, @p lower >= @p upper, or
  *         band_count * bins exceeds 2^31 - 2 (the device counts band_count * bins + 1 levels in

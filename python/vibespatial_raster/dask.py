@@ -1,0 +1,1237 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Raster work on Dask: chunks sized by the planner from each worker's VRAM budget, the pool
+configured on every worker, band and tile maps over Dask arrays, and a streamed GeoTIFF job.
+
+Needs ``dask`` and ``distributed`` (``pip install vibespatial-raster[dask]``); ``xarray`` for
+DataArray inputs. Everything also runs on Dask's local schedulers; with a
+``distributed.Client`` the worker side is:
+
+- :class:`PoolPlugin` (registered with :func:`register`): configures the pool on each worker
+  when it starts (the tier from the worker's usual environment variables), and gives the pool's
+  spare memory back to the driver whenever the worker is idle.
+- :func:`memory_pool_stats`, :func:`available_vram_bytes`, :func:`free_pool_memory`: the
+  per-process functions of the same names, run on every worker; ``{worker address: result}``.
+
+The raster side:
+
+- :func:`plan_chunks` / :func:`chunk_plan`: Dask chunks from the planner and the smallest
+  per-task VRAM budget among the workers: whole bands, band batches or tiles, aligned to the
+  file's internal tiling.
+- :func:`map_bands` / :func:`map_tiles`: apply a band op (``OwnedRasterArray`` in, out, as
+  everywhere in the package) to each chunk of a Dask array or xarray ``DataArray``; the halo of
+  :func:`map_tiles` is exchanged by ``dask.array.map_overlap``.
+- :func:`read_raster`, :func:`write_raster`, :func:`process_geotiff`: a raster file as a Dask
+  array of windows read in parallel, a Dask array written as one GeoTIFF (each task writes its
+  chunk to a part file, then one task merges the parts through a GDAL VRT), and the two joined
+  around an op.
+
+Where a task runs its op (``device=``): ``"auto"`` runs it on the worker's GPU when the worker
+has a real driver and the package was built with the CUDA ops, and on the CPU (host ops)
+otherwise, as ``vsr-run`` does; ``"gpu"`` always stages the chunk through the device (pool
+memory; on the driver emulator the op must then accept device rasters); ``"cpu"`` never.
+
+Files are opened by the workers: paths must name the same file on every worker (one machine,
+or a shared file system).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import struct
+import threading
+import uuid
+import xml.sax.saxutils
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+import dask
+import dask.array as da
+import distributed
+import numpy as np
+from dask.utils import parse_bytes
+
+from . import _core
+from . import dispatch as _dispatch
+from . import io as _io
+from . import memory as _memory
+from . import ops as _ops
+from ._dtypes import planning_dtype, raster_dtype
+from ._errors import DriverUnavailableError
+from .buffers import OwnedRasterArray, RasterMetadata, RasterPlan, Residency, TilingStrategy
+
+__all__ = [
+    "ChunkPlan",
+    "PoolPlugin",
+    "available_vram_bytes",
+    "chunk_plan",
+    "free_pool_memory",
+    "map_bands",
+    "map_tiles",
+    "memory_pool_stats",
+    "plan_chunks",
+    "process_geotiff",
+    "read_raster",
+    "register",
+    "write_raster",
+]
+
+BandOp = Callable[[OwnedRasterArray], OwnedRasterArray]
+
+_UNSET: Any = object()
+_DEVICES = ("auto", "gpu", "cpu")
+_IDENTITY = (1.0, 0.0, 0.0, 0.0, -1.0, 0.0)
+
+# ---------------------------------------------------------------------------------------------
+# Where this process runs ops
+# ---------------------------------------------------------------------------------------------
+
+_mode_lock = threading.Lock()
+_auto_mode: str | None = None
+
+
+def _process_mode() -> str:
+    """"gpu" when this process has a real CUDA driver and the CUDA ops, else "cpu" (the
+    emulator runs no kernels; vsr-run decides the same way)."""
+    global _auto_mode
+    with _mode_lock:
+        if _auto_mode is None:
+            info = _core.driver_info()
+            real = bool(info.get("available")) and not bool(info.get("emulated"))
+            _auto_mode = "gpu" if real and _ops.ops_built_with_cuda() else "cpu"
+        return _auto_mode
+
+
+def _resolve_device(device: str) -> str:
+    return _process_mode() if device == "auto" else device
+
+
+def _check_device(device: Any) -> str:
+    if device not in _DEVICES:
+        raise ValueError(f"device must be one of {', '.join(_DEVICES)}, not {device!r}")
+    return str(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker plugin
+# ---------------------------------------------------------------------------------------------
+
+
+def _idle(worker: Any) -> bool:
+    state = worker.state
+    return not (state.executing or state.long_running or state.ready or state.constrained)
+
+
+class PoolPlugin(distributed.WorkerPlugin):
+    """Sets up vibespatial-raster on each Dask worker.
+
+    On a worker's start (and on every worker already running when registered): applies
+    ``env`` to the worker's environment, configures the pool (the tier from
+    ``VIBESPATIAL_GPU_POOL_ONLY`` / ``VIBESPATIAL_GPU_MANAGED_MEMORY`` as everywhere; a worker
+    without a driver runs its ops on the CPU and has no pool) and records the pool's live bytes
+    as the worker's baseline. Every ``idle_free_interval`` seconds (None: never) a worker with
+    no task running or ready gives the pool's free physical memory back to the driver
+    (:func:`vibespatial_raster.memory.free_pool_memory`, safe with live allocations). On
+    teardown it stops that check and frees once more.
+
+    ``env`` takes effect only if nothing in the worker has used the driver yet: set a worker's
+    own variables (e.g. ``CUDA_VISIBLE_DEVICES``) through the worker's environment instead
+    (``dask worker``'s environment, ``Nanny(env=...)``, dask-cuda).
+    """
+
+    name = "vibespatial-raster"
+
+    def __init__(self, *, env: Mapping[str, str] | None = None,
+                 idle_free_interval: float | None = 5.0) -> None:
+        if idle_free_interval is not None and not idle_free_interval > 0:
+            raise ValueError(f"idle_free_interval must be > 0 seconds or None, not "
+                             f"{idle_free_interval!r}")
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.idle_free_interval = idle_free_interval
+        self.tier: str | None = None
+        self.mode: str | None = None
+        self.baseline_bytes = 0
+        self.idle_frees = 0
+        self._worker: Any = None
+        self._callback: Any = None
+
+    def setup(self, worker: Any) -> None:
+        self._worker = worker
+        os.environ.update(self.env)
+        self.mode = _process_mode()
+        try:
+            self.tier = _memory.configure_memory_pool()
+        except DriverUnavailableError:
+            self.tier = None  # no GPU: the ops run on the CPU
+        self.baseline_bytes = int(_memory.memory_pool_stats().get("current_bytes", 0) or 0)
+        if self.idle_free_interval is not None:
+            from tornado.ioloop import PeriodicCallback
+
+            self._callback = PeriodicCallback(self._tick, self.idle_free_interval * 1000.0)
+            worker.periodic_callbacks["vibespatial-raster-idle-free"] = self._callback
+            self._callback.start()
+
+    def teardown(self, worker: Any) -> None:
+        if self._callback is not None:
+            self._callback.stop()
+            worker.periodic_callbacks.pop("vibespatial-raster-idle-free", None)
+            self._callback = None
+        self.free()
+
+    def _tick(self) -> None:
+        self.free_if_idle()
+
+    def free(self) -> int:
+        """Give the pool's free physical memory back now; returns the bytes given back."""
+        return _free_now()
+
+    def free_if_idle(self) -> int:
+        """:meth:`free` when the worker runs no task and has none ready and the pool holds free
+        memory; returns the bytes given back (0 otherwise)."""
+        worker = self._worker
+        if worker is None or not _idle(worker):
+            return 0
+        if int(_memory.memory_pool_stats().get("pool_free_bytes", 0) or 0) == 0:
+            return 0
+        freed = self.free()
+        self.idle_frees += 1
+        return freed
+
+
+def _free_now() -> int:
+    before = _memory.memory_pool_stats()
+    if not before.get("configured"):
+        return 0
+    _memory.free_pool_memory()
+    after = _memory.memory_pool_stats()
+    return max(0, int(before.get("mapped_bytes", 0)) - int(after.get("mapped_bytes", 0)))
+
+
+def register(client: Any = None, **options: Any) -> PoolPlugin:
+    """Register :class:`PoolPlugin` (``options`` are its arguments) with the cluster of
+    ``client`` (default: the current client); it runs on every worker, present and future.
+    Registering again replaces it."""
+    plugin = PoolPlugin(**options)
+    _client(client).register_plugin(plugin, name=PoolPlugin.name)
+    return plugin
+
+
+def _client(client: Any) -> Any:
+    if client is not None:
+        return client
+    try:
+        return distributed.default_client()
+    except ValueError:
+        raise ValueError("no Dask client: create a distributed.Client or pass client=") from None
+
+
+def _default_client_or_none() -> Any:
+    try:
+        return distributed.default_client()
+    except ValueError:
+        return None
+
+
+def _worker_stats(dask_worker: Any) -> dict:
+    stats = dict(_memory.memory_pool_stats())
+    stats["available_vram_bytes"] = _dispatch.available_vram_bytes()
+    stats["nthreads"] = int(dask_worker.state.nthreads)
+    stats["mode"] = _process_mode()
+    plugin = dask_worker.plugins.get(PoolPlugin.name)
+    if isinstance(plugin, PoolPlugin):
+        stats["baseline_bytes"] = plugin.baseline_bytes
+        stats["idle_frees"] = plugin.idle_frees
+    return stats
+
+
+def _worker_budget(dask_worker: Any) -> tuple[int, int]:
+    return _dispatch.available_vram_bytes(), int(dask_worker.state.nthreads)
+
+
+def _worker_free(dask_worker: Any) -> int:
+    del dask_worker
+    return _free_now()
+
+
+def memory_pool_stats(client: Any = None) -> dict[str, dict]:
+    """:func:`vibespatial_raster.memory.memory_pool_stats` of every worker, by address, plus
+    ``available_vram_bytes``, ``nthreads``, ``mode`` ("gpu" or "cpu": where ``device="auto"``
+    runs ops there) and, with :class:`PoolPlugin`, ``baseline_bytes`` (live pool bytes when the
+    worker started) and ``idle_frees``."""
+    return dict(_client(client).run(_worker_stats))
+
+
+def available_vram_bytes(client: Any = None) -> dict[str, int]:
+    """:func:`vibespatial_raster.dispatch.available_vram_bytes` of every worker, by address
+    (0 for a worker without a GPU)."""
+    return {addr: int(v[0]) for addr, v in _client(client).run(_worker_budget).items()}
+
+
+def free_pool_memory(client: Any = None) -> dict[str, int]:
+    """Give each worker's free pool memory back to its driver now; the bytes each gave back,
+    by address. Safe while tasks run (live allocations stay)."""
+    return {addr: int(v) for addr, v in _client(client).run(_worker_free).items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunk planning
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """What :func:`chunk_plan` decided.
+
+    Attributes:
+        chunks: Dask chunks: ((bands...), (rows...), (cols...)), or ((rows...), (cols...)) for
+            a 2D array.
+        plan: the planner's decision the chunks follow (for ``budget``; with ``budget`` 0, for
+            a budget that holds a chunk of Dask's ``array.chunk-size`` per buffer).
+        budget: the per-task VRAM budget planned for, in bytes: the smallest among the GPU
+            workers (each worker's available VRAM divided by its threads); 0 when no worker has
+            a GPU, and the chunks then follow Dask's ``array.chunk-size`` instead.
+        worker_budgets: each worker's per-task budget, by address ({} without a client).
+        block_shape: the file's internal tile or strip (rows, cols) the chunks align to, or None.
+        chunk_bytes: device bytes the largest chunk needs: (rows + 2 halo) x (cols + 2 halo) x
+            bands x itemsize x buffers_per_band + scratch_bytes; within ``usable_vram_budget(
+            budget)`` whenever ``budget`` > 0.
+    """
+
+    chunks: tuple[tuple[int, ...], ...]
+    plan: RasterPlan
+    budget: int
+    worker_budgets: dict[str, int]
+    block_shape: tuple[int, int] | None
+    chunk_bytes: int
+
+
+def _tiff_block_shape(path: str) -> tuple[int, int] | None:
+    """(rows, cols) of a TIFF's tiles (TileLength, TileWidth) or strips (RowsPerStrip, width)
+    from its first image directory; None for another format or a file without either."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+            if len(head) < 8 or head[:2] not in (b"II", b"MM"):
+                return None
+            e = "<" if head[:2] == b"II" else ">"
+            magic = struct.unpack(e + "H", head[2:4])[0]
+            if magic == 42:
+                ifd = struct.unpack(e + "I", head[4:8])[0]
+                count_fmt, entry_size, value_fmt, value_size = "H", 12, "I", 4
+            elif magic == 43 and len(head) >= 16:
+                ifd = struct.unpack(e + "Q", head[8:16])[0]
+                count_fmt, entry_size, value_fmt, value_size = "Q", 20, "Q", 8
+            else:
+                return None
+            f.seek(ifd)
+            raw = f.read(struct.calcsize(count_fmt))
+            (n,) = struct.unpack(e + count_fmt, raw)
+            entries = f.read(n * entry_size)
+    except OSError:
+        return None
+    tags: dict[int, int] = {}
+    for i in range(n):
+        entry = entries[i * entry_size:(i + 1) * entry_size]
+        if len(entry) < entry_size:
+            break
+        tag, typ = struct.unpack(e + "HH", entry[:4])
+        value = entry[4 + value_size:]
+        if typ == 3:  # SHORT
+            tags[tag] = struct.unpack(e + "H", value[:2])[0]
+        elif typ == 4:  # LONG
+            tags[tag] = struct.unpack(e + "I", value[:4])[0]
+        elif typ == 16 and value_fmt == "Q":  # LONG8
+            tags[tag] = struct.unpack(e + "Q", value[:8])[0]
+    if 322 in tags and 323 in tags:
+        return int(tags[323]), int(tags[322])
+    if 278 in tags and 256 in tags:
+        return int(tags[278]), int(tags[256])
+    return None
+
+
+def _describe(obj: Any) -> tuple[int, int, int, np.dtype, int, str | None]:
+    """(bands, height, width, dtype, ndim, path) of a RasterMetadata, a path, or an array."""
+    if isinstance(obj, RasterMetadata):
+        return obj.band_count, obj.height, obj.width, np.dtype(obj.dtype), 3, None
+    if isinstance(obj, (str, os.PathLike)):
+        path = os.fspath(obj)
+        meta = _io.read_raster_metadata(path)
+        return meta.band_count, meta.height, meta.width, np.dtype(meta.dtype), 3, path
+    shape = getattr(obj, "shape", None)
+    dtype = getattr(obj, "dtype", None)
+    if shape is None or dtype is None:
+        raise TypeError(f"expected a RasterMetadata, a path or an array, not "
+                        f"{type(obj).__name__}")
+    if len(shape) == 3:
+        return int(shape[0]), int(shape[1]), int(shape[2]), np.dtype(dtype), 3, None
+    if len(shape) == 2:
+        return 1, int(shape[0]), int(shape[1]), np.dtype(dtype), 2, None
+    raise ValueError(f"a raster array is (bands, height, width) or (height, width), not "
+                     f"{len(shape)}D")
+
+
+def _int_arg(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
+    v = int(value.__index__())
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {v}")
+    return v
+
+
+def _split(total: int, size: int, halo: int) -> tuple[int, ...]:
+    """Chunks of ``size`` along an axis of ``total``; a last chunk thinner than the halo is
+    evened out with the one before it (map_overlap needs every chunk at least halo thick), so
+    no chunk exceeds ``size``."""
+    size = max(1, min(size, total))
+    chunks = [size] * (total // size)
+    rest = total - size * len(chunks)
+    if rest:
+        chunks.append(rest)
+    if halo and len(chunks) > 1 and chunks[-1] < halo:
+        pair = chunks[-2] + chunks[-1]
+        chunks[-2:] = [pair - pair // 2, pair // 2]
+    return tuple(chunks)
+
+
+def _cpu_budget(buffers: int, scratch: int) -> int:
+    """A budget whose usable part holds a chunk of Dask's ``array.chunk-size`` bytes (per
+    buffer) and the scratch: the planner then sizes chunks for workers without a GPU."""
+    target = parse_bytes(dask.config.get("array.chunk-size")) * buffers + scratch
+    budget = int(math.ceil(target / 0.7)) + 1
+    while _dispatch.usable_vram_budget(budget) < target:
+        budget += 1
+    return budget
+
+
+def _worker_budgets(client: Any) -> dict[str, int]:
+    return {addr: int(avail) // max(1, int(threads))
+            for addr, (avail, threads) in client.run(_worker_budget).items()}
+
+
+def chunk_plan(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int = 0,
+               scratch_bytes: int = 0, client: Any = None, per_band: bool = True,
+               vram_budget: int | None = None, block_shape: tuple[int, int] | None = None,
+               min_chunks: int | None = None) -> ChunkPlan:
+    """:func:`plan_chunks`, with the plan, budgets and chunk size it chose (:class:`ChunkPlan`).
+    """
+    buffers = _int_arg("buffers_per_band", buffers_per_band, 1)
+    halo = _int_arg("halo", halo, 0)
+    scratch = _int_arg("scratch_bytes", scratch_bytes, 0)
+    bands, height, width, dtype, ndim, path = _describe(metadata_or_array)
+    if block_shape is None and path is not None:
+        block_shape = _tiff_block_shape(path)
+    if block_shape is not None:
+        bh, bw = (_int_arg("block_shape", v, 1) for v in block_shape)
+        block_shape = (bh, bw)
+
+    worker_budgets: dict[str, int] = {}
+    c = client if client is not None else _default_client_or_none()
+    if vram_budget is not None:
+        budget = _int_arg("vram_budget", vram_budget, 0)
+    elif c is not None:
+        worker_budgets = _worker_budgets(c)
+        gpu = [b for b in worker_budgets.values() if b > 0]
+        budget = min(gpu) if gpu else 0
+    else:
+        budget = _dispatch.available_vram_bytes()
+    if min_chunks is None:
+        min_chunks = 1
+        if c is not None:
+            workers = c.scheduler_info()["workers"].values()
+            min_chunks = max(1, sum(int(w.get("nthreads", 1)) for w in workers))
+    min_chunks = _int_arg("min_chunks", min_chunks, 1)
+
+    meta = RasterMetadata(height, width, bands, dtype, None, _IDENTITY, None)
+    plan_budget = budget if budget > 0 else _cpu_budget(buffers, scratch)
+    plan = _dispatch.plan_from_metadata(meta, buffers_per_band=buffers, scratch_bytes=scratch,
+                                        halo=halo, vram_budget=plan_budget, per_band=per_band)
+    if not plan.fits_budget:
+        raise ValueError(
+            f"plan_chunks: even a {plan.tile_shape} tile of {plan.bands_per_pass} band(s) with "
+            f"halo {halo} needs {plan.estimated_vram_per_tile} bytes, more than the usable "
+            f"{_dispatch.usable_vram_budget(plan_budget)} of the budget planned for "
+            f"({plan_budget} bytes: {'the smallest worker' if worker_budgets else 'given'})")
+    bpc = plan.bands_per_pass
+    th, tw = (height, width) if plan.tile_shape is None else plan.tile_shape
+    th, tw = min(th, height), min(tw, width)
+    if block_shape is not None:
+        bh, bw = block_shape
+        if th < height and th >= bh:
+            th -= th % bh
+        if tw < width and tw >= bw:
+            tw -= tw % bw
+
+    def count() -> int:
+        return math.ceil(bands / bpc) * math.ceil(height / th) * math.ceil(width / tw)
+
+    # More chunks than the budget needs when the workers would otherwise idle: whole bands
+    # first (no halo to exchange), then rows (aligned to the file's blocks where possible).
+    if count() < min_chunks and per_band and bpc > 1:
+        bpc = max(1, min(bpc, math.ceil(bands / min_chunks)))
+    if count() < min_chunks:
+        others = math.ceil(bands / bpc) * math.ceil(width / tw)
+        rows = math.ceil(height / math.ceil(min_chunks / others))
+        align = block_shape[0] if block_shape is not None else 256
+        if rows >= align:
+            rows -= rows % align
+        th = max(1, min(th, rows, height))
+
+    row_chunks = _split(height, th, halo)
+    col_chunks = _split(width, tw, halo)
+    band_chunks = _split(bands, bpc, 0)
+    itemsize = _core.itemsize(planning_dtype(dtype)[0]) * planning_dtype(dtype)[1]
+    ph = max(row_chunks) + (2 * halo if len(row_chunks) > 1 else 0)
+    pw = max(col_chunks) + (2 * halo if len(col_chunks) > 1 else 0)
+    chunk_bytes = ph * pw * max(band_chunks) * itemsize * buffers + scratch
+    chunks = (band_chunks, row_chunks, col_chunks) if ndim == 3 else (row_chunks, col_chunks)
+    return ChunkPlan(chunks, plan, budget, worker_budgets, block_shape, chunk_bytes)
+
+
+def plan_chunks(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int = 0,
+                scratch_bytes: int = 0, client: Any = None, per_band: bool = True,
+                vram_budget: int | None = None, block_shape: tuple[int, int] | None = None,
+                min_chunks: int | None = None) -> tuple[tuple[int, ...], ...]:
+    """Dask chunks for a raster, from the planner and the smallest worker budget.
+
+    ``metadata_or_array``: a :class:`~vibespatial_raster.buffers.RasterMetadata`, a raster
+    file's path (its header is read, and a TIFF's internal tiles or strips are found), or an
+    array of shape (bands, height, width) or (height, width) (NumPy, Dask, xarray).
+
+    The budget is the smallest per-task VRAM budget among the workers of ``client`` (default:
+    the current client, if any; without one, this process's :func:`available_vram_bytes`):
+    each GPU worker's available VRAM divided by its threads, since its tasks run concurrently
+    on one device; workers without a GPU do not count. ``vram_budget`` overrides it. The
+    planner (:func:`~vibespatial_raster.dispatch.plan_from_metadata`, with ``per_band``: bands
+    independent) then gives whole bands, band batches or tiles of all (``per_band=False``) or
+    single bands; tiles are aligned down to the file's blocks (``block_shape`` (rows, cols)
+    when given or found). With no GPU anywhere, the chunks hold Dask's ``array.chunk-size``
+    per buffer. Chunks are then split further, bands first, until there are ``min_chunks``
+    (default: the cluster's total threads; 1 without a client).
+
+    Returns ((bands...), (rows...), (cols...)), or ((rows...), (cols...)) for a 2D array.
+
+    Raises:
+        ValueError: a negative halo or scratch, buffers_per_band < 1, or a budget that cannot
+        hold even a 256 x 256 tile of one band; TypeError: an argument of the wrong type; what
+        :func:`vibespatial_raster.io.read_raster_metadata` raises for a path.
+    """
+    return chunk_plan(metadata_or_array, buffers_per_band=buffers_per_band, halo=halo,
+                      scratch_bytes=scratch_bytes, client=client, per_band=per_band,
+                      vram_budget=vram_budget, block_shape=block_shape,
+                      min_chunks=min_chunks).chunks
+
+
+# ---------------------------------------------------------------------------------------------
+# Georeferencing of arrays and DataArrays
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_dataarray(obj: Any) -> bool:
+    xr = _xarray_if_imported()
+    return xr is not None and isinstance(obj, xr.DataArray)
+
+
+def _xarray_if_imported() -> Any:
+    import sys
+
+    return sys.modules.get("xarray")
+
+
+def _affine6(value: Any) -> tuple[float, float, float, float, float, float]:
+    if all(hasattr(value, k) for k in "abcdef"):
+        vals = [value.a, value.b, value.c, value.d, value.e, value.f]
+    else:
+        vals = [float(v) for v in value]
+    if len(vals) == 9:
+        vals = vals[:6]
+    if len(vals) != 6:
+        raise ValueError(f"affine must have 6 numbers (a, b, c, d, e, f), not {len(vals)}")
+    return tuple(float(v) for v in vals)  # type: ignore[return-value]
+
+
+def _georef_of(x: Any) -> tuple[tuple[float, ...] | None, Any, Any]:
+    """(affine, crs, nodata) a DataArray carries, as rioxarray and read_raster leave them:
+    attrs ``transform`` / ``crs`` / ``nodata`` / ``_FillValue``, or the ``spatial_ref``
+    coordinate's ``GeoTransform`` / ``crs_wkt``, or regular ``x`` / ``y`` coordinates."""
+    attrs = dict(x.attrs)
+    affine: tuple[float, ...] | None = None
+    crs: Any = attrs.get("crs")
+    ref = x.coords.get("spatial_ref")
+    ref_attrs = dict(ref.attrs) if ref is not None else {}
+    if "transform" in attrs:
+        affine = _affine6(attrs["transform"])
+    elif "GeoTransform" in ref_attrs:
+        g = [float(v) for v in str(ref_attrs["GeoTransform"]).split()]
+        affine = (g[1], g[2], g[0], g[4], g[5], g[3])
+    elif "x" in x.coords and "y" in x.coords and x.sizes.get("x", 0) > 1 and \
+            x.sizes.get("y", 0) > 1:
+        xs = np.asarray(x.coords["x"], dtype=np.float64)
+        ys = np.asarray(x.coords["y"], dtype=np.float64)
+        dx, dy = xs[1] - xs[0], ys[1] - ys[0]
+        if np.allclose(np.diff(xs), dx) and np.allclose(np.diff(ys), dy):
+            affine = (dx, 0.0, xs[0] - dx / 2, 0.0, dy, ys[0] - dy / 2)
+    if crs is None:
+        crs = ref_attrs.get("crs_wkt") or ref_attrs.get("spatial_ref")
+    if crs is None:
+        rio = getattr(x, "rio", None)
+        crs = getattr(rio, "crs", None) if rio is not None else None
+    nodata = _UNSET
+    for key in ("nodata", "_FillValue"):
+        if key in attrs:
+            nodata = attrs[key]
+            break
+    else:
+        if "_FillValue" in x.encoding:
+            nodata = x.encoding["_FillValue"]
+    if nodata is not _UNSET and nodata is not None:
+        nodata = float(nodata) if isinstance(nodata, (float, np.floating)) else nodata
+    return affine, crs, (None if nodata is _UNSET else nodata)
+
+
+def _crs_text(crs: Any) -> str | None:
+    if crs is None:
+        return None
+    if isinstance(crs, str):
+        return crs or None
+    to_wkt = getattr(crs, "to_wkt", None)
+    return str(to_wkt()) if callable(to_wkt) else str(crs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running an op on one block
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _TaskSpec:
+    device: str
+    each_band: bool  # op per band (map_bands) or per tile (map_tiles)
+    buffers_per_band: int
+    scratch_bytes: int
+    nodata: float | int | None
+    affine: tuple[float, ...]
+    crs: str | None
+    two_d: bool
+    halo: int
+    row_starts: tuple[int, ...]
+    col_starts: tuple[int, ...]
+    row_sizes: tuple[int, ...]
+    col_sizes: tuple[int, ...]
+    out_bands: int | None = None
+
+
+def _shifted(affine: Sequence[float], row: int, col: int) -> tuple[float, ...]:
+    a, b, c, d, e, f = affine
+    return (a, b, c + a * col + b * row, d, e, f + d * col + e * row)
+
+
+def _execute(block: np.ndarray, op: BandOp, spec: _TaskSpec, row0: int, col0: int) -> Any:
+    """Runs ``op`` on one block (bands, h, w) whose top-left pixel is (row0, col0) of the
+    raster; returns the op's result raster (on the host or the device)."""
+    device = _resolve_device(spec.device)
+    raster = OwnedRasterArray.from_numpy(np.ascontiguousarray(block), nodata=spec.nodata,
+                                         affine=_shifted(spec.affine, row0, col0), crs=spec.crs)
+    if spec.each_band:
+        if raster.band_count == 1:
+            # As the dispatchers stack several bands: with the source's georeferencing.
+            if device == "gpu":
+                raster.move_to(Residency.DEVICE)
+            band = op(raster.band(0))
+            if not isinstance(band, OwnedRasterArray):
+                raise TypeError(f"the op must return an OwnedRasterArray, not "
+                                f"{type(band).__name__}")
+            out = OwnedRasterArray.from_band_stack([band], source=raster)
+        elif device == "gpu":
+            out = _dispatch.dispatch_per_band_gpu(raster, op,
+                                                  buffers_per_band=spec.buffers_per_band,
+                                                  scratch_bytes=spec.scratch_bytes)
+        else:
+            out = _dispatch.dispatch_per_band_cpu(raster, op)
+    else:
+        if device == "gpu":
+            raster.move_to(Residency.DEVICE)
+        out = op(raster)
+    if not isinstance(out, OwnedRasterArray):
+        raise TypeError(f"the op must return an OwnedRasterArray, not {type(out).__name__}")
+    if (out.height, out.width) != (block.shape[-2], block.shape[-1]):
+        raise ValueError(f"the op returned {out.height} x {out.width} pixels for a "
+                         f"{block.shape[-2]} x {block.shape[-1]} block")
+    del raster
+    return out
+
+
+def _block_result(out: Any, spec: _TaskSpec) -> np.ndarray:
+    data = np.asarray(out.to_numpy()).reshape(out.band_count, out.height, out.width)
+    if spec.out_bands is not None and data.shape[0] != spec.out_bands:
+        raise ValueError(f"the op returned {data.shape[0]} band(s) where the first result had "
+                         f"{spec.out_bands}")
+    return data[0] if spec.two_d else data
+
+
+def _run_block(block: np.ndarray, op: BandOp, spec: _TaskSpec,
+               block_info: dict | None = None) -> np.ndarray:
+    """The task: ``block`` (with its halo on the sides that have neighbours) through ``op``."""
+    assert block_info is not None
+    loc = block_info[0]["chunk-location"]
+    i, j = loc[-2], loc[-1]
+    h = spec.halo
+    row0 = spec.row_starts[i] - (h if i > 0 else 0)
+    col0 = spec.col_starts[j] - (h if j > 0 else 0)
+    expect = (spec.row_sizes[i] + (h if i > 0 else 0) + (h if i < len(spec.row_sizes) - 1 else 0),
+              spec.col_sizes[j] + (h if j > 0 else 0) + (h if j < len(spec.col_sizes) - 1 else 0))
+    if tuple(block.shape[-2:]) != expect:
+        raise RuntimeError(f"block {loc} is {block.shape[-2:]} with its halo, expected {expect}: "
+                           "Dask rechunked the overlap")
+    block3 = block[np.newaxis] if spec.two_d else block
+    return _block_result(_execute(block3, op, spec, row0, col0), spec)
+
+
+@dataclass(frozen=True)
+class _ResultInfo:
+    dtype: np.dtype
+    bands: int
+    nodata: float | int | None
+
+
+def _infer(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype) -> _ResultInfo:
+    """What ``op`` returns for a small block of ``bands`` bands: dtype, bands, nodata."""
+    side = 8 + 2 * spec.halo
+    fill = 0 if spec.nodata is None or (isinstance(spec.nodata, float) and
+                                         math.isnan(spec.nodata)) else spec.nodata
+    sample = np.full((bands, side, side), fill, dtype=dtype)
+    out = _execute(sample, op, spec, 0, 0)
+    return _ResultInfo(np.dtype(out.dtype), int(out.band_count), out.nodata)
+
+
+def _infer_on_cluster(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype,
+                      client: Any) -> _ResultInfo:
+    """:func:`_infer` on a worker (where the op will run, GPU or CPU), or here without one."""
+    client = client if client is not None else _default_client_or_none()
+    if client is None:
+        return _infer(op, spec, bands, dtype)
+    return client.submit(_infer, op, spec, bands, dtype, pure=False).result()
+
+
+# ---------------------------------------------------------------------------------------------
+# map_bands / map_tiles
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_dask(data: Any) -> Any:
+    if isinstance(data, da.Array):
+        return data
+    return da.from_array(np.asarray(data), chunks=-1)
+
+
+def _prepare(array: Any, nodata: Any, affine: Any, crs: Any) -> tuple[Any, Any, tuple, Any, Any]:
+    """(source DataArray or None, dask array, affine, crs, nodata)."""
+    if _is_dataarray(array):
+        a_aff, a_crs, a_nodata = _georef_of(array)
+        if array.ndim not in (2, 3):
+            raise ValueError(f"a raster DataArray is (band, y, x) or (y, x), not {array.dims}")
+        data = _as_dask(array.data)
+        src = array
+        affine = a_aff if affine is None else affine
+        crs = a_crs if crs is None else crs
+        nodata = a_nodata if nodata is _UNSET else nodata
+    else:
+        if not hasattr(array, "shape") or not hasattr(array, "dtype"):
+            raise TypeError(f"expected a Dask or NumPy array or an xarray DataArray, not "
+                            f"{type(array).__name__}")
+        data = _as_dask(array)
+        src = None
+        nodata = None if nodata is _UNSET else nodata
+    if data.ndim not in (2, 3):
+        raise ValueError(f"a raster array is (bands, height, width) or (height, width), not "
+                         f"{data.ndim}D")
+    raster_dtype(data.dtype)
+    return src, data, _affine6(_IDENTITY if affine is None else affine), _crs_text(crs), nodata
+
+
+def _wrap_result(src: Any, result: Any, info: _ResultInfo) -> Any:
+    if src is None:
+        return result
+    import xarray as xr
+
+    attrs = dict(src.attrs)
+    for key in ("_FillValue", "nodata"):
+        if key in attrs or key == "_FillValue":
+            if info.nodata is None:
+                attrs.pop(key, None)
+            else:
+                attrs[key] = info.nodata
+    coords = src.coords
+    if src.ndim == 3 and result.shape[0] != src.shape[0]:
+        band_dim = src.dims[0]
+        coords = {k: v for k, v in src.coords.items() if band_dim not in v.dims}
+    return xr.DataArray(result, dims=src.dims, coords=coords, attrs=attrs, name=src.name)
+
+
+def _starts(sizes: Sequence[int]) -> tuple[int, ...]:
+    out, acc = [], 0
+    for s in sizes:
+        out.append(acc)
+        acc += s
+    return tuple(out)
+
+
+def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, chunks: Any,
+         nodata: Any,
+         affine: tuple[float, ...], crs: str | None, device: str, buffers_per_band: int,
+         scratch_bytes: int, client: Any) -> tuple[Any, _ResultInfo]:
+    """``op`` over the chunks of the Dask array ``data`` (prepared by :func:`_prepare`)."""
+    if not callable(op):
+        raise TypeError(f"op must be callable, not {type(op).__name__}")
+    device = _check_device(device)
+    halo = _int_arg("halo", halo, 0)
+    buffers = _int_arg("buffers_per_band", buffers_per_band, 1)
+    scratch = _int_arg("scratch_bytes", scratch_bytes, 0)
+    if isinstance(chunks, str):
+        if chunks != "plan":
+            raise ValueError(f"chunks must be 'plan', None or Dask chunks, not {chunks!r}")
+        chunks = plan_chunks(data, buffers_per_band=buffers, halo=halo, scratch_bytes=scratch,
+                             client=client, per_band=per_band)
+    if chunks is not None:
+        data = data.rechunk(chunks)
+    if halo:
+        # map_overlap needs every chunk at least halo thick.
+        fixed = list(data.chunks)
+        for ax in (-2, -1):
+            fixed[ax] = _split(sum(fixed[ax]), max(fixed[ax]), halo) \
+                if min(fixed[ax]) < halo else fixed[ax]
+        if tuple(fixed) != data.chunks:
+            data = data.rechunk(tuple(fixed))
+    rows, cols = data.chunks[-2], data.chunks[-1]
+    spec = _TaskSpec(device, each_band, buffers, scratch, nodata, affine, crs, data.ndim == 2,
+                     halo, _starts(rows), _starts(cols), tuple(rows), tuple(cols))
+    in_bands = 1 if data.ndim == 2 else max(data.chunks[0])
+    info = _infer_on_cluster(op, spec, in_bands, np.dtype(data.dtype), client)
+    if data.ndim == 3 and info.bands != in_bands:
+        if each_band or len(data.chunks[0]) != 1:
+            raise ValueError(f"the op returns {info.bands} band(s) for {in_bands}: ops that "
+                             "change the band count need map_tiles with every band in one "
+                             "chunk (per_band=False)")
+    elif data.ndim == 2 and info.bands != 1:
+        raise ValueError(f"the op returns {info.bands} bands for a 2D (single-band) array")
+    spec = replace(spec, out_bands=info.bands)
+
+    def grown(sizes: Sequence[int]) -> tuple[int, ...]:
+        n = len(sizes)
+        return tuple(s + (halo if k > 0 else 0) + (halo if k < n - 1 else 0)
+                     for k, s in enumerate(sizes))
+
+    band_chunks: tuple[tuple[int, ...], ...] = ()
+    if data.ndim == 3:
+        band_chunks = ((info.bands,),) if info.bands != in_bands else (data.chunks[0],)
+    meta = np.empty((0,) * data.ndim, dtype=info.dtype)
+    token = "vsr-bands" if each_band else "vsr-tiles"
+    if halo:
+        depth = {data.ndim - 2: halo, data.ndim - 1: halo}
+        if data.ndim == 3:
+            depth[0] = 0
+        result = da.map_overlap(_run_block, data, op=op, spec=spec, depth=depth,
+                                boundary="none", trim=True,
+                                chunks=band_chunks + (grown(rows), grown(cols)),
+                                dtype=info.dtype, meta=meta, token=token)
+    else:
+        result = da.map_blocks(_run_block, data, op=op, spec=spec,
+                               chunks=band_chunks + (rows, cols), dtype=info.dtype, meta=meta,
+                               token=token)
+    return result, info
+
+
+def map_bands(array: Any, op: BandOp, *, nodata: Any = _UNSET, affine: Any = None,
+              crs: Any = None, device: str = "auto", buffers_per_band: int = 2,
+              scratch_bytes: int = 0, bands_per_chunk: int | None = None,
+              client: Any = None) -> Any:
+    """Apply the band op ``op`` to every band of ``array``; a lazy array of the results.
+
+    ``array``: a Dask (or NumPy) array (bands, height, width) or (height, width), or an xarray
+    ``DataArray`` with those dims. Chunks hold whole bands: ``bands_per_chunk`` of them
+    (default: the band batches :func:`plan_chunks` gives for the smallest worker budget, at
+    least one chunk per worker thread). Each task runs ``op`` on each band of its chunk as a
+    single-band raster with the chunk's nodata, affine and CRS, on the worker's GPU (bands
+    moved there within its budget by ``dispatch_per_band_gpu``) or CPU (``dispatch_per_band_cpu``)
+    as ``device`` says (see the module), and the results are stacked as those dispatchers stack
+    them: with the input's nodata, affine and CRS. ``op`` must return a raster of its input's
+    shape; it is called once at submission on a small block to learn the result's dtype.
+
+    ``nodata``, ``affine`` (rasterio order) and ``crs`` default to the DataArray's (attrs
+    ``nodata`` / ``_FillValue``, ``transform``, ``crs`` or rioxarray's ``spatial_ref``) and
+    else to None, the identity and None. A DataArray comes back as a DataArray with the same
+    dims, coordinates and attrs (``_FillValue`` / ``nodata`` set to the result's nodata).
+
+    Raises:
+        ValueError: a bad ``device``, a budget that cannot hold one whole band (use
+        :func:`map_tiles`), an op returning another shape; TypeError: a non-callable op or a
+        non-raster dtype.
+    """
+    src, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
+    if data.ndim == 3:
+        if bands_per_chunk is None:
+            cp = chunk_plan(data, buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
+                            client=client, per_band=True)
+            if cp.plan.strategy is TilingStrategy.TILED:
+                raise ValueError(
+                    f"map_bands: one whole {data.shape[1]} x {data.shape[2]} band does not fit "
+                    f"the smallest worker budget ({cp.budget} bytes); use map_tiles")
+            bands_per_chunk = max(cp.chunks[0])
+        bpc = _int_arg("bands_per_chunk", bands_per_chunk, 1)
+        chunks: Any = (_split(data.shape[0], bpc, 0), (data.shape[1],), (data.shape[2],))
+    else:
+        chunks = ((data.shape[0],), (data.shape[1],))
+    result, info = _map(data, op, halo=0, each_band=True, per_band=True, chunks=chunks,
+                        nodata=nodata,
+                        affine=aff, crs=crs_text, device=device,
+                        buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
+                        client=client)
+    return _wrap_result(src, result, info)
+
+
+def map_tiles(array: Any, op: BandOp, *, halo: int = 0, nodata: Any = _UNSET,
+              affine: Any = None, crs: Any = None, device: str = "auto", per_band: bool = False,
+              buffers_per_band: int = 2, scratch_bytes: int = 0, chunks: Any = "plan",
+              client: Any = None) -> Any:
+    """Apply ``op`` to every chunk of ``array`` seen as a raster tile with ``halo`` pixels of
+    its neighbours on each side; a lazy array of the results (halos trimmed).
+
+    ``chunks``: "plan" (default) rechunks to :func:`plan_chunks` for ``halo``,
+    ``buffers_per_band``, ``scratch_bytes`` and ``per_band`` (False: every band in each tile,
+    for ops that combine bands; True: a band-independent op, so tiles may hold fewer bands);
+    None keeps the array's chunks; or
+    Dask chunks. The halo comes from the neighbouring chunks through ``dask.array.map_overlap``
+    (``boundary="none"``: tiles at the raster's edges are clamped there, not padded), so with
+    ``halo`` >= the op's radius the result equals the op on the whole raster. Each tile reaches
+    ``op`` as a raster with all the chunk's bands, the affine shifted to the tile's origin, on
+    the worker's GPU or CPU as ``device`` says. ``op`` returns a raster of the tile's height and
+    width; it may change the dtype and, when every band is in one chunk, the band count.
+    Georeferencing, DataArrays and errors as :func:`map_bands`.
+    """
+    src, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
+    result, info = _map(data, op, halo=halo, each_band=False, per_band=per_band, chunks=chunks,
+                        nodata=nodata,
+                        affine=aff, crs=crs_text, device=device,
+                        buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
+                        client=client)
+    return _wrap_result(src, result, info)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------
+
+
+class _WindowReader:
+    """A raster file as an array-like for ``dask.array.from_array``: each chunk is one
+    windowed read through :func:`vibespatial_raster.io.read_raster`."""
+
+    def __init__(self, path: str, meta: RasterMetadata, bands: tuple[int, ...]) -> None:
+        self.path = path
+        self.bands = bands
+        self.dtype = np.dtype(meta.dtype)
+        self.shape = (len(bands), int(meta.height), int(meta.width))
+        self.ndim = 3
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if not isinstance(key, tuple):
+            key = (key,)
+        key = key + (slice(None),) * (3 - len(key))
+        (b0, b1, _), (r0, r1, _), (c0, c1, _) = (
+            k.indices(n) for k, n in zip(key, self.shape))
+        if b1 <= b0 or r1 <= r0 or c1 <= c0:
+            return np.empty((max(0, b1 - b0), max(0, r1 - r0), max(0, c1 - c0)), self.dtype)
+        raster = _io.read_raster(self.path, window=(c0, r0, c1 - c0, r1 - r0),
+                                 bands=list(self.bands[b0:b1]))
+        return np.asarray(raster.to_numpy()).reshape(b1 - b0, r1 - r0, c1 - c0)
+
+
+def _metadata(path: str, client: Any) -> RasterMetadata:
+    if client is None:
+        return _io.read_raster_metadata(path)
+    return client.submit(_io.read_raster_metadata, path, pure=False).result()
+
+
+def read_raster(path: str | os.PathLike, *, chunks: Any = None,
+                bands: Sequence[int] | None = None, xarray: bool = False,
+                buffers_per_band: int = 2, halo: int = 0, scratch_bytes: int = 0,
+                per_band: bool = True, client: Any = None) -> Any:
+    """The raster file at ``path`` as a lazy Dask array (bands, height, width): each chunk is
+    read by its own task (a window of the 1-based ``bands``, default all, through GDAL), so the
+    workers read in parallel.
+
+    ``chunks``: None plans them (:func:`plan_chunks` with ``buffers_per_band``, ``halo``,
+    ``scratch_bytes``, ``per_band``; aligned to the file's tiles); or Dask chunks.
+    ``xarray=True`` returns an xarray ``DataArray`` (dims band, y, x; ``x`` / ``y`` pixel-centre
+    coordinates for a north-up affine; attrs ``crs`` (WKT), ``transform`` (rasterio order),
+    ``_FillValue``; a rioxarray-style ``spatial_ref`` coordinate).
+
+    Raises what :func:`vibespatial_raster.io.read_raster_metadata` raises.
+    """
+    p = os.fspath(path)
+    c = client if client is not None else _default_client_or_none()
+    meta = _metadata(p, c)
+    band_list = tuple(int(b) for b in (bands or range(1, meta.band_count + 1)))
+    for b in band_list:
+        if not 1 <= b <= meta.band_count:
+            raise ValueError(f"band {b} is not in [1, {meta.band_count}]")
+    sub = replace(meta, band_count=len(band_list))
+    if chunks is None:
+        chunks = chunk_plan(sub, buffers_per_band=buffers_per_band, halo=halo,
+                            scratch_bytes=scratch_bytes, client=client, per_band=per_band,
+                            block_shape=_tiff_block_shape(p)).chunks
+    reader = _WindowReader(p, meta, band_list)
+    try:
+        stamp = os.stat(p).st_mtime_ns
+    except OSError:
+        stamp = 0
+    name = "vsr-read-" + dask.base.tokenize(p, stamp, band_list, chunks)
+    arr = da.from_array(reader, chunks=chunks, lock=False, fancy=False, asarray=True,
+                        meta=np.empty((0, 0, 0), dtype=reader.dtype), name=name)
+    if not xarray:
+        return arr
+    return _to_dataarray(arr, sub, band_list)
+
+
+def _to_dataarray(arr: Any, meta: RasterMetadata, bands: tuple[int, ...]) -> Any:
+    import xarray as xr
+
+    a, b, c, d, e, f = meta.affine
+    crs = _crs_text(meta.crs)
+    coords: dict[str, Any] = {"band": list(bands)}
+    if b == 0 and d == 0:
+        coords["x"] = c + a * (np.arange(meta.width) + 0.5)
+        coords["y"] = f + e * (np.arange(meta.height) + 0.5)
+    ref_attrs = {"GeoTransform": " ".join(repr(v) for v in (c, a, b, f, d, e))}
+    if crs:
+        ref_attrs["crs_wkt"] = crs
+        ref_attrs["spatial_ref"] = crs
+    coords["spatial_ref"] = xr.Variable((), 0, attrs=ref_attrs)
+    attrs: dict[str, Any] = {"transform": tuple(meta.affine)}
+    if crs:
+        attrs["crs"] = crs
+    if meta.nodata is not None:
+        attrs["_FillValue"] = meta.nodata
+    return xr.DataArray(arr, dims=("band", "y", "x"), coords=coords, attrs=attrs)
+
+
+_GDAL_TYPES = {"uint8": "Byte", "int8": "Int8", "uint16": "UInt16", "int16": "Int16",
+               "uint32": "UInt32", "int32": "Int32", "uint64": "UInt64", "int64": "Int64",
+               "float32": "Float32", "float64": "Float64"}
+
+
+@dataclass(frozen=True)
+class _PartWriter:
+    """The target of ``dask.array.store``: each chunk becomes a GeoTIFF of its own in
+    ``parts_dir`` (written under a temporary name, then renamed, so a task retried after its
+    worker died leaves one whole file)."""
+
+    parts_dir: str
+    nodata: float | int | None
+    affine: tuple[float, ...]
+    crs: str | None
+
+    def __setitem__(self, key: tuple[slice, ...], value: np.ndarray) -> None:
+        (b, r, c) = key
+        final = os.path.join(self.parts_dir, _part_name(b.start, r.start, c.start))
+        tmp = f"{final}.{os.getpid()}-{threading.get_ident()}.tmp"
+        raster = OwnedRasterArray.from_numpy(np.ascontiguousarray(value), nodata=self.nodata,
+                                             affine=_shifted(self.affine, r.start, c.start),
+                                             crs=self.crs)
+        _io.write_raster(tmp, raster, compress=None, tiled=False)
+        os.replace(tmp, final)
+
+
+def _part_name(b0: int, r0: int, c0: int) -> str:
+    return f"part-b{b0}-r{r0}-c{c0}.tif"
+
+
+def _vrt_xml(chunks: tuple[tuple[int, ...], ...], dtype: np.dtype, nodata: Any,
+             affine: Sequence[float], crs: str | None, int8_as_byte: bool) -> str:
+    esc = xml.sax.saxutils.escape
+    band_chunks, row_chunks, col_chunks = chunks
+    height, width = sum(row_chunks), sum(col_chunks)
+    a, b, c, d, e, f = affine
+    gdal_type = _GDAL_TYPES[dtype.name]
+    if dtype.name == "int8" and int8_as_byte:
+        gdal_type = "Byte"
+    lines = [f'<VRTDataset rasterXSize="{width}" rasterYSize="{height}">']
+    if crs:
+        lines.append(f"  <SRS>{esc(crs)}</SRS>")
+    lines.append(f"  <GeoTransform>{c!r}, {a!r}, {b!r}, {f!r}, {d!r}, {e!r}</GeoTransform>")
+    band = 0
+    for bi, nb in enumerate(band_chunks):
+        b0 = sum(band_chunks[:bi])
+        for k in range(nb):
+            band += 1
+            lines.append(f'  <VRTRasterBand dataType="{gdal_type}" band="{band}">')
+            if dtype.name == "int8" and int8_as_byte:
+                lines.append('    <Metadata domain="IMAGE_STRUCTURE"><MDI key="PIXELTYPE">'
+                             "SIGNEDBYTE</MDI></Metadata>")
+            if nodata is not None:
+                text = "nan" if isinstance(nodata, float) and math.isnan(nodata) else repr(nodata)
+                lines.append(f"    <NoDataValue>{text}</NoDataValue>")
+            r0 = 0
+            for rh in row_chunks:
+                c0 = 0
+                for cw in col_chunks:
+                    lines.append("    <SimpleSource>")
+                    lines.append('      <SourceFilename relativeToVRT="1">'
+                                 f"{esc(_part_name(b0, r0, c0))}</SourceFilename>")
+                    lines.append(f"      <SourceBand>{k + 1}</SourceBand>")
+                    lines.append(f'      <SrcRect xOff="0" yOff="0" xSize="{cw}" ySize="{rh}"/>')
+                    lines.append(f'      <DstRect xOff="{c0}" yOff="{r0}" xSize="{cw}" '
+                                 f'ySize="{rh}"/>')
+                    lines.append("    </SimpleSource>")
+                    c0 += cw
+                r0 += rh
+            lines.append("  </VRTRasterBand>")
+    lines.append("</VRTDataset>")
+    return "\n".join(lines) + "\n"
+
+
+def _merge_parts(_stored: Any, parts_dir: str, out_path: str,
+                 chunks: tuple[tuple[int, ...], ...], dtype: np.dtype, nodata: Any,
+                 affine: tuple[float, ...], crs: str | None, compress: str | None,
+                 tiled: bool, blocksize: int) -> RasterMetadata:
+    """The parts of ``parts_dir`` as one GeoTIFF at ``out_path``: a VRT over them streamed
+    through ``process_raster_streamed`` one chunk-sized tile at a time; the parts are removed."""
+    vrt = os.path.join(parts_dir, "parts.vrt")
+    try:
+        for int8_as_byte in ((False, True) if dtype.name == "int8" else (False,)):
+            with open(vrt, "w", encoding="utf-8") as fh:
+                fh.write(_vrt_xml(chunks, dtype, nodata, affine, crs, int8_as_byte))
+            try:
+                # Our own VRT over our own parts: the one input a virtual format is allowed for.
+                meta = _io.read_raster_metadata(vrt, allow_virtual=True)
+            except (ValueError, RuntimeError):
+                if int8_as_byte or dtype.name != "int8":
+                    raise
+                continue  # a GDAL before 3.7 knows no Int8: signed bytes are Byte there
+            if np.dtype(meta.dtype) == dtype:
+                break
+        th, tw = chunks[1][0], chunks[2][0]
+        n_tiles = math.ceil(sum(chunks[1]) / th) * math.ceil(sum(chunks[2]) / tw)
+        plan = RasterPlan(TilingStrategy.TILED, (th, tw), 0, n_tiles, 0, sum(chunks[0]), True)
+        _io.process_raster_streamed(vrt, out_path, lambda tile: tile, plan, compress=compress,
+                                    tiled=tiled, blockxsize=blocksize, blockysize=blocksize,
+                                    allow_virtual=True)
+    finally:
+        shutil.rmtree(parts_dir, ignore_errors=True)
+    return _io.read_raster_metadata(out_path)
+
+
+def _on_workers(client: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a worker (the file system the tasks see), or here without a client."""
+    if client is None:
+        return fn(*args)
+    return client.submit(fn, *args, pure=False).result()
+
+
+def _run_with_progress(graph: Any, progress: bool, client: Any) -> Any:
+    client = client if client is not None else _default_client_or_none()
+    if client is not None:
+        future = client.compute(graph)
+        if progress:
+            distributed.progress(future, notebook=False)
+        return future.result()
+    if progress:
+        from dask.diagnostics import ProgressBar
+
+        with ProgressBar():
+            return dask.compute(graph)[0]
+    return dask.compute(graph)[0]
+
+
+def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
+                 affine: Any = None, crs: Any = None, compress: str | None = "deflate",
+                 tiled: bool = True, blocksize: int = 256, progress: bool = False,
+                 client: Any = None) -> RasterMetadata:
+    """Compute ``array`` (Dask array (bands, height, width) or (height, width), or a
+    DataArray) and write it as one GeoTIFF at ``path``; returns the written file's metadata.
+
+    Each task writes its chunk to a part file beside ``path`` (``<path>.parts-<id>/``, removed
+    at the end), so the chunks are computed and written in parallel; one last task streams the
+    parts into ``path`` through a GDAL VRT, one chunk-sized tile at a time (compressed as
+    ``compress``, tiled ``blocksize`` square). ``progress=True`` shows Dask's progress bar
+    (``distributed.progress`` with a client, else ``dask.diagnostics.ProgressBar``).
+    Georeferencing as :func:`map_bands`.
+
+    Raises:
+        ValueError / RuntimeError: what :func:`vibespatial_raster.io.write_raster` and GDAL
+        raise; whatever computing ``array`` raises.
+    """
+    _, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
+    return _write(data, os.fspath(path), nodata=nodata, affine=aff, crs=crs_text,
+                  compress=compress, tiled=tiled, blocksize=blocksize, progress=progress,
+                  client=client)
+
+
+def _write(data: Any, path: str, *, nodata: Any, affine: tuple[float, ...], crs: str | None,
+           compress: str | None, tiled: bool, blocksize: int, progress: bool,
+           client: Any) -> RasterMetadata:
+    if data.ndim == 2:
+        data = data[np.newaxis]
+    client = client if client is not None else _default_client_or_none()
+    parts_dir = f"{path}.parts-{uuid.uuid4().hex[:12]}"
+    # Made and removed where the tasks run: a task still running after a failure finds no
+    # directory to write into.
+    _on_workers(client, os.makedirs, parts_dir)
+    target = _PartWriter(parts_dir, nodata, affine, crs)
+    stored = da.store(data, cast(Any, target), lock=False, compute=False)
+    merged = dask.delayed(_merge_parts, pure=False)(
+        stored, parts_dir, path, data.chunks, np.dtype(data.dtype), nodata, affine, crs,
+        compress, bool(tiled), int(blocksize))
+    try:
+        return _run_with_progress(merged, progress, client)
+    except BaseException:
+        _on_workers(client, shutil.rmtree, parts_dir, True)  # a failed job leaves no parts
+        raise
+
+
+def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op: BandOp, *,
+                    kind: str = "tiles", halo: int = 0, device: str = "auto",
+                    per_band: bool | None = None, buffers_per_band: int = 2,
+                    scratch_bytes: int = 0, chunks: Any = None, compress: str | None = "deflate",
+                    tiled: bool = True, blocksize: int = 256, progress: bool = True,
+                    client: Any = None) -> RasterMetadata:
+    """The streaming job: read ``in_path`` in windows in parallel, apply ``op`` and write one
+    GeoTIFF at ``out_path``; returns the output's metadata.
+
+    ``kind="tiles"``: :func:`map_tiles` with ``halo`` (``per_band`` default False);
+    ``kind="bands"``: :func:`map_bands`. ``chunks`` (default: planned for the workers'
+    smallest budget and the file's tiles) as :func:`read_raster`. The output takes the op's
+    dtype, band count and nodata and the input's size, affine and CRS (as
+    :func:`vibespatial_raster.io.process_raster_streamed`); it is written as :func:`write_raster`
+    writes, with Dask's progress bar unless ``progress=False``.
+    """
+    if kind not in ("tiles", "bands"):
+        raise ValueError(f"kind must be 'tiles' or 'bands', not {kind!r}")
+    p_in, p_out = os.fspath(in_path), os.fspath(out_path)
+    c = client if client is not None else _default_client_or_none()
+    meta = _metadata(p_in, c)
+    if kind == "bands":
+        if halo:
+            raise ValueError("kind='bands' processes whole bands: no halo")
+        band_plan = chunk_plan(meta, buffers_per_band=buffers_per_band,
+                               scratch_bytes=scratch_bytes, client=client, per_band=True)
+        if band_plan.plan.strategy is TilingStrategy.TILED:
+            raise ValueError(f"process_geotiff: one whole band does not fit the smallest worker "
+                             f"budget ({band_plan.budget} bytes); use kind='tiles'")
+        bpc = max(band_plan.chunks[0]) if chunks is None else max(chunks[0])
+        chunks = (_split(meta.band_count, bpc, 0), (meta.height,), (meta.width,))
+        per_band = True
+    elif per_band is None:
+        per_band = False
+    arr = read_raster(p_in, chunks=chunks, buffers_per_band=buffers_per_band, halo=halo,
+                      scratch_bytes=scratch_bytes, per_band=per_band, client=client)
+    affine, crs = _affine6(meta.affine), _crs_text(meta.crs)
+    result, info = _map(arr, op, halo=halo if kind == "tiles" else 0,
+                        each_band=kind == "bands", per_band=per_band,
+                        chunks=None, nodata=meta.nodata, affine=affine, crs=crs, device=device,
+                        buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
+                        client=c)
+    return _write(result, p_out, nodata=info.nodata, affine=affine, crs=crs, compress=compress,
+                  tiled=tiled, blocksize=blocksize, progress=progress, client=c)

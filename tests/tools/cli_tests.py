@@ -1,0 +1,833 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Tests that run the command-line tools (vsr-run, vsr-info, vsr-plan, vsr-bench) as a user does.
+
+Input rasters are made in the test by vsr-test-raster (GDAL's C API, not the library under test);
+results are read back by the same helper and checked against computations written here in plain
+Python. Each case is one meson test: cli_tests.py --case NAME --build-root DIR.
+Exit status: 0 pass, 1 fail, 77 skip.
+"""
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+class Skip(Exception):
+    pass
+
+
+class Env:
+    def __init__(self, build_root, tmp, sanitized=False):
+        self.root = build_root
+        # A sanitizer build: memory figures mean nothing there (shadow memory, quarantine).
+        self.sanitized = sanitized
+        self.tmp = tmp
+        self.vsr_run = os.path.join(build_root, "tools", "vsr-run", "vsr-run")
+        self.vsr_info = os.path.join(build_root, "tools", "vsr-info", "vsr-info")
+        self.vsr_plan = os.path.join(build_root, "tools", "vsr-plan", "vsr-plan")
+        self.vsr_bench = os.path.join(build_root, "tools", "vsr-bench", "vsr-bench")
+        self.raster_tool = os.path.join(build_root, "tests", "tools", "vsr-test-raster")
+
+    def path(self, name):
+        """A path in this case's temporary directory (bytes names allowed)."""
+        if isinstance(name, bytes):
+            return os.path.join(os.fsencode(self.tmp), name)
+        return os.path.join(self.tmp, name)
+
+    def make(self, path, *options):
+        subprocess.run([self.raster_tool, "make", path] + [str(o) for o in options], check=True)
+        return path
+
+    def dump(self, path):
+        out = subprocess.run([self.raster_tool, "dump", path], check=True,
+                             stdout=subprocess.PIPE).stdout
+        return json.loads(out)
+
+    def run(self, tool, *args, env=None, **kwargs):
+        """Runs a tool; returns the CompletedProcess with bytes stdout and stderr."""
+        e = dict(os.environ)
+        if env:
+            e.update(env)
+        return subprocess.run([tool] + list(args), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=e, **kwargs)
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def tool_stderr(data):
+    """stderr without sanitizer reports (a sanitizer build may print some for third-party
+    headers; they are the sanitizer run's business, not the tool's output)."""
+    return b"".join(l for l in data.splitlines(True)
+                    if b"runtime error:" not in l and b"UndefinedBehaviorSanitizer" not in l)
+
+
+def strict_text(data, what):
+    """Decodes bytes as UTF-8 (strict) and checks that no terminal control character is left."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AssertionError("%s is not valid UTF-8 (%s): %r" % (what, e, data))
+    for ch in text:
+        if ord(ch) < 0x20 and ch not in "\n\t" or 0x7F <= ord(ch) <= 0x9F:
+            raise AssertionError("%s holds control character %r: %r" % (what, ch, text))
+    return text
+
+
+def expect_exit(proc, code, what):
+    check(proc.returncode == code, "%s: exit %d, expected %d\nstdout: %s\nstderr: %s" % (
+        what, proc.returncode, code, proc.stdout.decode("utf-8", "replace"),
+        proc.stderr.decode("utf-8", "replace")))
+
+
+# --- issue 17 item 16: user bytes escaped -------------------------------------------------------
+
+HOSTILE = b"bad-\xff\xfe-\x1b[31mred\x1b[0m-\xe2\x80\xaeevil"
+
+
+@case
+def info_escapes_user_bytes(env):
+    lib = env.path(HOSTILE + b".so")
+    p = env.run(env.vsr_info, "--json", env={"VIBESPATIAL_CUDA_DRIVER": os.fsdecode(lib)})
+    text = strict_text(p.stdout, "vsr-info --json")
+    doc = json.loads(text)
+    check(doc["available"] is False, "driver %r should not load" % lib)
+    # The exact path, invalid bytes as U+FFFD; the raw document held no control character.
+    check(doc["library"] == lib.decode("utf-8", "replace"), doc["library"])
+    p = env.run(env.vsr_info, env={"VIBESPATIAL_CUDA_DRIVER": os.fsdecode(lib)})
+    text = strict_text(p.stdout, "vsr-info")
+    check("\\xFF\\xFE" in text and "\\x1B[31m" in text and "\\u{202E}" in text, text)
+    p = env.run(env.vsr_info, os.fsdecode(HOSTILE))
+    expect_exit(p, 2, "vsr-info with a bad argument")
+    strict_text(p.stderr, "vsr-info error")
+
+
+@case
+def run_escapes_user_bytes(env):
+    missing = env.path(HOSTILE + b".tif")
+    p = env.run(env.vsr_run, "--op", "stats", "--input", os.fsdecode(missing))
+    expect_exit(p, 1, "vsr-run on a missing file")
+    text = strict_text(p.stderr, "vsr-run error")
+    check("\\xFF\\xFE" in text and "\\x1B[31m" in text, text)
+    p = env.run(env.vsr_run, "--op", os.fsdecode(HOSTILE))
+    expect_exit(p, 2, "vsr-run --op <hostile>")
+    strict_text(p.stderr, "vsr-run usage error")
+    # A real file with such a name: the summary names it escaped.
+    real = env.make(env.path(HOSTILE + b"-real.tif"), "--width", 8, "--height", 8)
+    p = env.run(env.vsr_run, "--op", "stats", "--input", os.fsdecode(real))
+    expect_exit(p, 0, "vsr-run stats on a file with a hostile name")
+    text = strict_text(p.stdout, "vsr-run summary")
+    check("\\xFF\\xFE" in text, text)
+    out = env.path(HOSTILE + b"-out.tif")
+    p = env.run(env.vsr_run, "--op", "focal-mean", "--input", os.fsdecode(real), "--output",
+                os.fsdecode(out))
+    expect_exit(p, 0, "vsr-run focal-mean to a hostile name")
+    strict_text(p.stdout, "vsr-run summary")
+    check(os.path.exists(out), "output written under its exact name")
+
+
+@case
+def plan_escapes_user_bytes(env):
+    p = env.run(env.vsr_plan, "--height", "10", "--width", "10", "--dtype",
+                os.fsdecode(HOSTILE))
+    expect_exit(p, 2, "vsr-plan --dtype <hostile>")
+    strict_text(p.stderr, "vsr-plan error")
+    p = env.run(env.vsr_plan, os.fsdecode(HOSTILE))
+    expect_exit(p, 2, "vsr-plan <hostile>")
+    strict_text(p.stderr, "vsr-plan error")
+
+
+# --- issue 17 item 15: unknown or empty values are errors ----------------------------------------
+
+@case
+def empty_and_unknown_values_are_errors(env):
+    bad = [
+        (env.vsr_run, ["--input", ""]),
+        (env.vsr_run, ["--output", ""]),
+        (env.vsr_run, ["--input="]),
+        (env.vsr_run, ["--op", "focal-mean", "--output="]),
+        (env.vsr_run, ["--budget", ""]),
+        (env.vsr_run, ["--op"]),
+        (env.vsr_run, ["--progress=yes"]),
+        (env.vsr_plan, ["--height", "4", "--width", "4", "--budget", ""]),
+        (env.vsr_bench, ["alloc", "--seed", "abc"]),
+        (env.vsr_bench, ["alloc", "--seed", "12x"]),
+        (env.vsr_bench, ["alloc", "--seed", ""]),
+        (env.vsr_bench, ["alloc", "--sections", "bogus"]),
+        (env.vsr_bench, ["alloc", "--sections", "malloc,bogus"]),
+        (env.vsr_bench, ["alloc", "--sections", ""]),
+        (env.vsr_bench, ["alloc", "--sections", "malloc,"]),
+        (env.vsr_bench, ["dispatch", "--sections", "bogus"]),
+        (env.vsr_bench, ["dispatch", "--seed", "1"]),
+        (env.vsr_bench, ["nosuch"]),
+    ]
+    for tool, args in bad:
+        p = env.run(tool, *args)
+        expect_exit(p, 2, "%s %r" % (os.path.basename(tool), args))
+        text = strict_text(p.stderr, "error message")
+        check(text.strip() != "", "%s %r printed no message" % (tool, args))
+
+
+# --- issue 17 item 14: a budget of 0 is refused, never "no GPU" ----------------------------------
+
+@case
+def budget_zero_is_refused(env):
+    for tool, args in [(env.vsr_run, ["--budget", "0"]), (env.vsr_run, ["--budget=0K"]),
+                       (env.vsr_run, ["--op", "focal-mean", "--budget", "0GiB"]),
+                       (env.vsr_plan, ["--height", "4096", "--width", "4096", "--budget", "0"])]:
+        p = env.run(tool, *args)
+        expect_exit(p, 2, "%s %r" % (os.path.basename(tool), args))
+        text = strict_text(p.stderr, "error message")
+        check("budget of 0" in text, text)
+    # The smallest positive budget plans tiles and says they do not fit; auto still works.
+    p = env.run(env.vsr_plan, "--height", "4096", "--width", "4096", "--budget", "1")
+    expect_exit(p, 0, "vsr-plan --budget 1")
+    text = strict_text(p.stdout, "vsr-plan table")
+    check("tiled" in text and "fits budget       no" in text, text)
+    p = env.run(env.vsr_run, "--op", "stats", "--sample-size", "300", "--budget", "1")
+    expect_exit(p, 0, "vsr-run --budget 1")
+    check(b"does NOT fit the budget" in p.stdout, p.stdout)
+
+
+# --- issue 17 item 5: only raster file formats open an input -------------------------------------
+
+@case
+def vrt_disguised_as_tif_is_refused(env):
+    secret_bytes = b"root:x:0:0:very-secret-data"
+    secret = env.path("secret.txt")
+    with open(secret, "wb") as f:
+        f.write(secret_bytes)
+    vrt = env.path("innocent.tif")
+    with open(vrt, "w") as f:
+        f.write('<VRTDataset rasterXSize="%d" rasterYSize="1">'
+                '<VRTRasterBand dataType="Byte" band="1" subClass="VRTRawRasterBand">'
+                '<SourceFilename relativetoVRT="0">%s</SourceFilename><ImageOffset>0</ImageOffset>'
+                '<PixelOffset>1</PixelOffset><LineOffset>%d</LineOffset></VRTRasterBand>'
+                '</VRTDataset>' % (len(secret_bytes), secret, len(secret_bytes)))
+    out = env.path("out.tif")
+    for args in (["--op", "stats", "--input", vrt],
+                 ["--op", "focal-mean", "--input", vrt, "--output", out]):
+        p = env.run(env.vsr_run, *args)
+        expect_exit(p, 1, "vsr-run on a VRT named .tif")
+        text = strict_text(p.stderr, "error")
+        check("VRT" in text and "--allow-virtual" in text, text)
+        check(not os.path.exists(out), "no output for a refused input")
+    p = env.run(env.vsr_run, "--op", "stats", "--input", "/vsicurl/http://127.0.0.1:9/x.tif")
+    expect_exit(p, 1, "vsr-run on a /vsicurl/ path")
+    check(b"virtual file systems" in p.stderr, p.stderr)
+    # Asked for, the VRT is read (and what it reads is the secret: that is why it is opt-in).
+    p = env.run(env.vsr_run, "--op", "stats", "--input", vrt, "--allow-virtual")
+    expect_exit(p, 0, "vsr-run --allow-virtual")
+    row = [l for l in p.stdout.decode().splitlines() if l.startswith("1 ")][0].split()
+    check(int(row[1]) == len(secret_bytes) and float(row[3]) == max(secret_bytes), row)
+
+
+# --- issue 17 item 2: nothing lost on interruption or failure -------------------------------------
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def only_files(env, expected, what):
+    """The case's directory holds exactly `expected` (no output, no temporary, no sidecar)."""
+    left = sorted(os.listdir(env.tmp))
+    check(left == sorted(expected), "%s: directory holds %s, expected %s" % (what, left, expected))
+
+
+def interrupted_run(env, sig, args):
+    """Starts vsr-run with a 4 KiB stderr pipe and --progress, waits for its first progress line,
+    sends `sig` and returns the exit status. The run cannot finish first: it has far more tiles
+    than the pipe holds progress lines, and nothing reads the pipe after the first line."""
+    p = subprocess.Popen([env.vsr_run] + args + ["--progress", "--overwrite"],
+                         stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    try:
+        fcntl.fcntl(p.stderr.fileno(), fcntl.F_SETPIPE_SZ, 4096)
+        line = p.stderr.readline()
+        while line and not line.startswith(b"[vsr-run]") and tool_stderr(line) == b"":
+            line = p.stderr.readline()  # a sanitizer report
+        check(line.startswith(b"[vsr-run]"), "first stderr line %r" % line)
+        p.send_signal(sig)
+        return p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        p.stderr.close()
+
+
+@case
+def signal_leaves_input_and_no_output(env):
+    # 4096 x 4096 with a 100K budget: 256 tiles of 256 x 256, and 256 progress lines.
+    src = env.make(env.path("in.tif"), "--width", 4096, "--height", 4096, "--block", 256,
+                   "--sparse", "--nodata", "-9999")
+    before = digest(src)
+    rc = interrupted_run(env, signal.SIGINT,
+                         ["--op", "focal-mean", "--input", src, "--output", src, "--budget", "100K"])
+    check(rc == -signal.SIGINT, "in place: exit status %d, expected death by SIGINT" % rc)
+    check(digest(src) == before, "in place: the input changed")
+    only_files(env, ["in.tif"], "SIGINT in place")
+    out = env.path("out.tif")
+    rc = interrupted_run(env, signal.SIGTERM,
+                         ["--op", "focal-mean", "--input", src, "--output", out, "--budget", "100K"])
+    check(rc == -signal.SIGTERM, "out of place: exit status %d, expected death by SIGTERM" % rc)
+    only_files(env, ["in.tif"], "SIGTERM out of place")
+    # Replacing an existing output: the old one survives the signal.
+    with open(out, "wb") as f:
+        f.write(b"old output")
+    rc = interrupted_run(env, signal.SIGINT,
+                         ["--op", "rescale", "--input", src, "--output", out, "--budget", "100K"])
+    check(rc == -signal.SIGINT, "exit status %d" % rc)
+    with open(out, "rb") as f:
+        check(f.read() == b"old output", "the old output changed")
+    only_files(env, ["in.tif", "out.tif"], "SIGINT over an old output")
+
+
+@case
+def read_error_leaves_input_and_no_output(env):
+    src = env.make(env.path("in.tif"), "--width", 1024, "--height", 1024, "--block", 256,
+                   "--compress", "DEFLATE")
+    # Band 1's blocks 9..15 hold 0xFF bytes: reading them fails after 8 good tiles.
+    subprocess.run([env.raster_tool, "corrupt", src, "--from-block", "9"], check=True)
+    before = digest(src)
+    for op in ("focal-mean", "rescale"):
+        for target in (src, env.path("out.tif")):
+            args = ["--op", op, "--input", src, "--output", target, "--budget", "100K",
+                    "--overwrite"]
+            p = env.run(env.vsr_run, *args)
+            expect_exit(p, 1, "vsr-run %s on a damaged file" % op)
+            strict_text(p.stderr, "error")
+            check(digest(src) == before, "%s: the input changed" % op)
+            only_files(env, ["in.tif"], "%s -> %s after a read error" % (op, target))
+
+
+def limited_file_size(limit, ignore_sigxfsz):
+    def setup():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        if ignore_sigxfsz:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    return setup
+
+
+@case
+def full_disk_leaves_input_and_no_output(env):
+    # Files may not grow past 16 KiB (RLIMIT_FSIZE): a full disk as far as the writer can tell.
+    # The outputs here would be about 100 KB (DEFLATE).
+    limit = 16 * 1024
+    src = env.make(env.path("in.tif"), "--width", 1024, "--height", 1024, "--block", 256)
+    before = digest(src)
+    for target in (src, env.path("out.tif")):
+        for op in ("focal-mean", "rescale"):
+            # SIGXFSZ ignored: writes fail with EFBIG, GDAL reports it, vsr-run exits 1.
+            p = subprocess.run([env.vsr_run, "--op", op, "--input", src, "--output", target,
+                                "--budget", "100K", "--overwrite"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE,
+                               preexec_fn=limited_file_size(limit, True))
+            expect_exit(p, 1, "%s with a full disk" % op)
+            strict_text(p.stderr, "error")
+            check(digest(src) == before, "the input changed")
+            only_files(env, ["in.tif"], "%s -> %s on a full disk" % (op, target))
+        # SIGXFSZ at its default: the process dies of it, and the handler removed the file.
+        p = subprocess.run([env.vsr_run, "--op", "focal-mean", "--input", src, "--output", target,
+                            "--budget", "100K", "--overwrite"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE,
+                           preexec_fn=limited_file_size(limit, False))
+        check(p.returncode == -signal.SIGXFSZ, "exit status %d, expected SIGXFSZ" % p.returncode)
+        check(digest(src) == before, "the input changed")
+        only_files(env, ["in.tif"], "SIGXFSZ -> %s" % target)
+    # The sample path (write_raster, not streamed) is all or nothing too.
+    out = env.path("sample.tif")
+    p = subprocess.run([env.vsr_run, "--op", "rescale", "--sample-size", "300", "--output", out],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       preexec_fn=limited_file_size(limit, True))
+    expect_exit(p, 1, "sample rescale with a full disk")
+    only_files(env, ["in.tif"], "sample on a full disk")
+
+
+# --- issue 17 item 6: memory bounded by the plan ---------------------------------------------------
+
+MiB = 1024 * 1024
+
+
+def run_rss(env, args):
+    """Runs vsr-run; returns (exit status, stdout, stderr, peak RSS in bytes of that child)."""
+    p = subprocess.Popen([env.vsr_run] + [str(a) for a in args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    out, err = p.stdout.read(), p.stderr.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    p.stdout.close()
+    p.stderr.close()
+    return p.returncode, out, err, usage.ru_maxrss * 1024
+
+
+@case
+def memory_bounded_by_plan(env):
+    # What vsr-run itself takes (libraries, GDAL, the emulator): a run over an 8 x 8 file.
+    tiny = env.make(env.path("tiny.tif"), "--width", 8, "--height", 8)
+    rc, _, err, baseline = run_rss(env, ["--op", "focal-mean", "--input", tiny, "--output",
+                                         env.path("tiny-out.tif")])
+    check(rc == 0, err)
+    # A 1 KB sparse file: 32 bands of 2048 x 2048 float32 (512 MiB of pixels), pixel-interleaved,
+    # so that a GDAL block carries all 32 bands (8 MiB). With an 8 MB budget the plan reads one
+    # band per pass in tiles of 4 MiB; GDAL's cache is capped at 2 blocks + 64 MiB. Stated bound:
+    # baseline + budget + cache + 40 MiB of slack (the old code read every band per tile and held
+    # the whole raster for stats and rescale: about 1.1 GB here).
+    src = env.make(env.path("sparse32.tif"), "--width", 2048, "--height", 2048, "--bands", 32,
+                   "--block", 256, "--interleave", "pixel", "--sparse", "--nodata", "-9999")
+    check(os.path.getsize(src) < 64 * 1024, "the input is a small sparse file")
+    bound = baseline + 8 * MiB + (16 * MiB + 64 * MiB) + 40 * MiB
+    for op in ("stats", "rescale", "focal-mean"):
+        args = ["--op", op, "--input", src, "--budget", "8M"]
+        if op != "stats":
+            args += ["--output", env.path("out-%s.tif" % op)]
+        rc, out, err, rss = run_rss(env, args)
+        check(rc == 0, "%s: %s" % (op, err))
+        check(b"1 band(s) per pass" in out, out)
+        check(env.sanitized or rss < bound,
+              "%s: peak RSS %.0f MiB above the bound %.0f MiB (baseline %.0f MiB)" % (
+                  op, rss / MiB, bound / MiB, baseline / MiB))
+    # A 372-byte file whose single block is 16384 x 16384 float32 (1 GiB): refused up front when
+    # it does not fit the host memory allowed, with a message instead of a 1.3 GB allocation.
+    big = env.make(env.path("oneblock.tif"), "--width", 16384, "--height", 16384, "--block",
+                   16384, "--sparse")
+    rc, _, err, rss = run_rss(env, ["--op", "stats", "--input", big, "--budget", "8M",
+                                    "--host-memory", "512M"])
+    check(rc == 1, "one huge block: exit %d" % rc)
+    text = strict_text(err, "error")
+    check("GDAL blocks of 1.0 GiB" in text and "host memory" in text, text)
+    check(env.sanitized or rss < baseline + 32 * MiB, "refusing took %.0f MiB" % (rss / MiB))
+    # A 1.2 MB sparse file of 100000 x 100000 x 500 float32 (20 TB): a whole-raster plan is
+    # refused with the amount, not a bare std::bad_alloc.
+    huge = env.make(env.path("huge.tif"), "--width", 100000, "--height", 100000, "--bands", 500,
+                    "--interleave", "pixel", "--sparse", "--co", "BLOCKYSIZE=1")
+    for op in ("stats", "rescale", "focal-mean"):
+        args = ["--op", op, "--input", huge, "--budget", "100T"]
+        if op != "stats":
+            args += ["--output", env.path("huge-out.tif")]
+        rc, _, err, rss = run_rss(env, args)
+        check(rc == 1, "%s on the huge file: exit %d" % (op, rc))
+        text = strict_text(err, "error")
+        check("TiB of host memory" in text and "bad_alloc" not in text, text)
+        check(env.sanitized or rss < baseline + 32 * MiB, "refusing took %.0f MiB" % (rss / MiB))
+    check(not os.path.exists(env.path("huge-out.tif")), "no output")
+
+
+# --- issue 16: results as GDAL and numpy give them ----------------------------------------------
+
+def is_nan(x):
+    return x != x
+
+
+@case
+def rescale_nodata_never_valid(env):
+    # Byte, nodata 0, values 0 (nodata) and 1..250: rescaled to 0..1, the valid minimum (1) maps
+    # to 0.0, which must stay a valid pixel.
+    src = env.make(env.path("b.tif"), "--width", 40, "--height", 30, "--dtype", "uint8",
+                   "--nodata", "0", "--nodata-every", "7")
+    d = env.dump(src)
+    px = d["pixels"][0]
+    valid = [v for v in px if v != 0]
+    lo, hi = min(valid), max(valid)
+    out = env.path("r.tif")
+    p = env.run(env.vsr_run, "--op", "rescale", "--input", src, "--output", out)
+    expect_exit(p, 0, "rescale")
+    r = env.dump(out)
+    check(r["band_info"][0]["dtype"] == "float32", r["band_info"])
+    check(is_nan(r["band_info"][0]["nodata"]), "output nodata %r" % r["band_info"][0]["nodata"])
+    got = r["pixels"][0]
+    for v, g in zip(px, got):
+        if v == 0:
+            check(is_nan(g), "nodata pixel -> %r" % g)
+        else:
+            want = (v - lo) * (1.0 / (hi - lo))
+            check(abs(g - want) <= 1e-6, "%r -> %r, want %r" % (v, g, want))
+    check(sum(1 for g in got if g == 0.0) == px.count(lo), "the valid minimum stays valid")
+
+
+def stats_rows(stdout):
+    """vsr-run's statistics table: {band: (count, min, max, mean, std)}."""
+    rows = {}
+    for line in stdout.decode().splitlines():
+        parts = line.split()
+        if len(parts) == 6 and parts[0].isdigit():
+            rows[int(parts[0])] = (int(parts[1]),) + tuple(float(x) for x in parts[2:])
+    return rows
+
+
+@case
+def int64_nodata_at_type_limits(env):
+    imax, umax = 2**63 - 1, 2**64 - 1
+    for dtype, nd, values in (("int64", imax, [imax, 9, imax - 1, 1, -5]),
+                              ("uint64", umax, [umax, 1, umax - 1, 9, 0])):
+        src = env.make(env.path(dtype + ".tif"), "--width", 10, "--height", 7, "--dtype", dtype,
+                       "--nodata", str(nd), "--value", "list:" + ",".join(map(str, values)))
+        d = env.dump(src)
+        check(d["band_info"][0]["nodata"] == nd, d["band_info"])
+        px = d["pixels"][0]
+        valid = [v for v in px if v != nd]
+        p = env.run(env.vsr_run, "--op", "stats", "--input", src)
+        expect_exit(p, 0, "stats " + dtype)
+        row = stats_rows(p.stdout)[1]
+        check(row[0] == len(valid), "%s: count %d, want %d" % (dtype, row[0], len(valid)))
+        check(abs(row[2] - max(valid)) <= 1e-5 * max(valid), "%s: max %r" % (dtype, row[2]))
+
+
+# --- issue 16: every op against an independent computation ----------------------------------------
+
+NAN = float("nan")
+
+
+def rel_close(a, b, rel=1e-5, abs_tol=1e-4):
+    if is_nan(a) or is_nan(b):
+        return is_nan(a) and is_nan(b)
+    return abs(a - b) <= max(abs_tol, rel * max(abs(a), abs(b)))
+
+
+def run_ok(env, *args):
+    p = env.run(env.vsr_run, *[str(a) for a in args])
+    expect_exit(p, 0, "vsr-run %s" % " ".join(str(a) for a in args))
+    return p
+
+
+def valid_of(v, nd):
+    return not is_nan(v) and (nd is None or v != nd)
+
+
+def py_focal(band, h, w, nd, edge):
+    out = []
+    for y in range(h):
+        for x in range(w):
+            c = band[y * w + x]
+            if not valid_of(c, nd):
+                out.append(NAN)
+                continue
+            s, n = 0.0, 0
+            for dy in (-1, 0, 1):
+                for dx in (-1, 0, 1):
+                    yy, xx = y + dy, x + dx
+                    if edge == "nearest":
+                        yy, xx = min(max(yy, 0), h - 1), min(max(xx, 0), w - 1)
+                    elif edge == "reflect":
+                        yy = (0 if h == 1 else (-yy if yy < 0 else (2 * (h - 1) - yy if yy >= h else yy)))
+                        xx = (0 if w == 1 else (-xx if xx < 0 else (2 * (w - 1) - xx if xx >= w else xx)))
+                    elif not (0 <= yy < h and 0 <= xx < w):
+                        continue
+                    v = band[yy * w + xx]
+                    if valid_of(v, nd):
+                        s += v
+                        n += 1
+            out.append(s / n if n else NAN)
+    return out
+
+
+def np_hist(values, bins, lo, hi):
+    """numpy.histogram's counts: edges from linspace, a value's bin by search on them."""
+    import bisect
+    step = (hi - lo) / bins
+    edges = [i * step + lo for i in range(bins)] + [hi]
+    counts = [0] * bins
+    for v in values:
+        if lo <= v <= hi:
+            counts[min(bisect.bisect_right(edges, v) - 1, bins - 1)] += 1
+    return edges, counts
+
+
+def round_half_away(x):
+    import math
+    return math.floor(x + 0.5) if x >= 0 else -math.floor(-x + 0.5)
+
+
+@case
+def ops_match_independent_computation(env):
+    W, H, ND = 280, 260, -9999.0
+    src = env.make(env.path("in.tif"), "--width", W, "--height", H, "--bands", 2, "--block", 64,
+                   "--nodata", "-9999", "--nodata-every", 13, "--compress", "DEFLATE")
+    d = env.dump(src)
+    bands = d["pixels"]
+    valid = [[v for v in b if valid_of(v, ND)] for b in bands]
+    # Whole (auto budget) and tiled (100K: 256 x 256 tiles with a halo) must agree exactly.
+    for budget in ("auto", "100K"):
+        # stats
+        doc = json.loads(run_ok(env, "--op", "stats", "-i", src, "--json", "--budget",
+                                budget).stdout)
+        for b, row in enumerate(doc["bands"]):
+            vs = valid[b]
+            mean = sum(vs) / len(vs)
+            std = (sum((v - mean) ** 2 for v in vs) / len(vs)) ** 0.5
+            check(row["count"] == len(vs) and row["min"] == min(vs) and row["max"] == max(vs),
+                  (budget, row))
+            check(rel_close(row["mean"], mean, 1e-9) and rel_close(row["std"], std, 1e-9), row)
+            check(row["nodata"] == "-9999", row)
+        # histogram: default range (each band's min..max) and a given one
+        for extra in ([], ["--range", "0,100"]):
+            doc = json.loads(run_ok(env, "--op", "histogram", "-i", src, "--json", "--bins", 7,
+                                    "--budget", budget, *extra).stdout)
+            for b, row in enumerate(doc["bands"]):
+                lo, hi = (0.0, 100.0) if extra else (min(valid[b]), max(valid[b]))
+                edges, counts = np_hist(valid[b], 7, lo, hi)
+                check(row["edges"] == edges and row["counts"] == counts, (extra, row))
+    outs = {}
+    for budget in ("auto", "100K"):
+        for name, args in (
+                ("rescale", ["--op", "rescale"]),
+                ("rescale-u8", ["--op", "rescale", "--in-range", "0,100", "--out-range", "0,200",
+                                "--ot", "uint8"]),
+                ("clip", ["--op", "clip", "--range", "0,50"]),
+                ("fill", ["--op", "fill-nodata", "--value", "0"]),
+                ("focal-nearest", ["--op", "focal-mean"]),
+                ("focal-reflect", ["--op", "focal-mean", "--edge", "reflect"]),
+                ("focal-nodata", ["--op", "focal-mean", "--edge", "nodata"]),
+                ("nd", ["--op", "normalized-difference", "--nir", "2", "--red", "1"])):
+            out = env.path("%s-%s.tif" % (name, budget))
+            run_ok(env, "-i", src, "-o", out, "--budget", budget, "-q", *args)
+            outs[(name, budget)] = env.dump(out)
+    for name in ("rescale", "rescale-u8", "clip", "fill", "focal-nearest", "focal-reflect",
+                 "focal-nodata", "nd"):
+        whole, tiled = outs[(name, "auto")], outs[(name, "100K")]
+        check(json.dumps(whole["pixels"]) == json.dumps(tiled["pixels"]),
+              "%s: the tiled run differs from the whole run" % name)
+    lo = min(min(v) for v in valid)
+    hi = max(max(v) for v in valid)
+    for b in range(2):
+        px = bands[b]
+        r = outs[("rescale", "auto")]
+        check(is_nan(r["band_info"][b]["nodata"]), r["band_info"])
+        for v, g in zip(px, r["pixels"][b]):
+            check(rel_close(g, (v - lo) / (hi - lo)) if valid_of(v, ND) else is_nan(g),
+                  ("rescale", v, g))
+        r = outs[("rescale-u8", "auto")]
+        check(r["band_info"][b]["dtype"] == "uint8" and r["band_info"][b]["nodata"] == 255,
+              r["band_info"])
+        for v, g in zip(px, r["pixels"][b]):
+            want = round_half_away(min(max(v, 0.0), 100.0) * 2.0) if valid_of(v, ND) else 255
+            check(g == want, ("rescale-u8", v, g, want))
+        r = outs[("clip", "auto")]
+        check(r["band_info"][b]["nodata"] == ND, r["band_info"])
+        for v, g in zip(px, r["pixels"][b]):
+            check(g == (min(max(v, 0.0), 50.0) if valid_of(v, ND) else v), ("clip", v, g))
+        r = outs[("fill", "auto")]
+        check(r["band_info"][b]["nodata"] is None, r["band_info"])
+        for v, g in zip(px, r["pixels"][b]):
+            check(g == (v if valid_of(v, ND) else 0.0), ("fill", v, g))
+        for edge in ("nearest", "reflect", "nodata"):
+            r = outs[("focal-" + edge, "auto")]
+            want = py_focal(px, H, W, ND, edge)
+            bad = [i for i, (g, w_) in enumerate(zip(r["pixels"][b], want)) if not rel_close(g, w_)]
+            check(not bad, "focal %s band %d: %d pixels differ, first %s" % (
+                edge, b + 1, len(bad), bad[:3]))
+    r = outs[("nd", "auto")]
+    check(r["bands"] == 1 and is_nan(r["band_info"][0]["nodata"]), r["band_info"])
+    for a, b_, g in zip(bands[1], bands[0], r["pixels"][0]):
+        if valid_of(a, ND) and valid_of(b_, ND) and a + b_ != 0:
+            check(rel_close(g, (a - b_) / (a + b_)), ("nd", a, b_, g))
+        else:
+            check(is_nan(g), ("nd invalid", a, b_, g))
+
+
+@case
+def band_selection_and_per_band_nodata(env):
+    # A VRT stack of two GeoTIFFs whose bands have nodata -1 and -2 (GTiff holds one per file).
+    W, H = 40, 30
+    one = env.make(env.path("one.tif"), "--width", W, "--height", H, "--value", "list:-1,5,7,-2",
+                   "--nodata", "-1")
+    two = env.make(env.path("two.tif"), "--width", W, "--height", H, "--value", "list:-2,-1,3,9,4",
+                   "--nodata", "-2")
+    vrt = env.path("stack.vrt")
+    with open(vrt, "w") as f:
+        f.write('<VRTDataset rasterXSize="%d" rasterYSize="%d">' % (W, H))
+        for i, (path, nd) in enumerate(((one, -1), (two, -2)), 1):
+            f.write('<VRTRasterBand dataType="Float32" band="%d"><NoDataValue>%d</NoDataValue>'
+                    '<SimpleSource><SourceFilename relativeToVRT="0">%s</SourceFilename>'
+                    '<SourceBand>1</SourceBand></SimpleSource></VRTRasterBand>' % (i, nd, path))
+        f.write('</VRTDataset>')
+    px = [env.dump(one)["pixels"][0], env.dump(two)["pixels"][0]]
+    nds = [-1.0, -2.0]
+    doc = json.loads(run_ok(env, "--op", "stats", "-i", vrt, "--allow-virtual", "-b", "2", "-b",
+                            "1", "--json").stdout)
+    check([r["band"] for r in doc["bands"]] == [2, 1], doc)
+    for row, k in zip(doc["bands"], (1, 0)):
+        vs = [v for v in px[k] if v != nds[k]]
+        check(row["count"] == len(vs) and row["min"] == min(vs) and row["max"] == max(vs), row)
+        check(row["nodata"] == str(int(nds[k])), row)
+    # Per-band ops keep each band's nodata: focal-mean's output nodata is NaN for both.
+    out = env.path("f.tif")
+    run_ok(env, "--op", "focal-mean", "-i", vrt, "--allow-virtual", "-o", out, "-q")
+    f = env.dump(out)
+    for k in range(2):
+        want = py_focal(px[k], H, W, nds[k], "nearest")
+        check(all(rel_close(g, w_) for g, w_ in zip(f["pixels"][k], want)), "focal band %d" % k)
+    # clip keeps -1 and -2: GTiff cannot hold both, HFA can.
+    p = env.run(env.vsr_run, "--op", "clip", "-i", vrt, "--allow-virtual", "--range", "0,6",
+                "-o", env.path("c.tif"))
+    expect_exit(p, 1, "clip of mixed nodata into GTiff")
+    check(b"one nodata" in p.stderr, p.stderr)
+    check(not os.path.exists(env.path("c.tif")), "no partial output")
+    out = env.path("c.img")
+    run_ok(env, "--op", "clip", "-i", vrt, "--allow-virtual", "--range", "0,6", "-o", out, "-q")
+    c = env.dump(out)
+    check(c["driver"] == "HFA" and [b["nodata"] for b in c["band_info"]] == nds, c["band_info"])
+    for k in range(2):
+        check(c["pixels"][k] == [v if v == nds[k] else min(max(v, 0), 6) for v in px[k]],
+              "clip band %d" % k)
+    # One band selected: GTiff is fine.
+    run_ok(env, "--op", "clip", "-i", vrt, "--allow-virtual", "-b", "2", "--range", "0,6", "-o",
+           env.path("c2.tif"), "-q")
+    c2 = env.dump(env.path("c2.tif"))
+    check(c2["bands"] == 1 and c2["band_info"][0]["nodata"] == -2.0, c2["band_info"])
+    # The normalized difference takes each band's own nodata.
+    run_ok(env, "--op", "normalized-difference", "-i", vrt, "--allow-virtual", "--nir", "2",
+           "--red", "1", "-o", env.path("nd.tif"), "-q")
+    nd = env.dump(env.path("nd.tif"))["pixels"][0]
+    for a, b, g in zip(px[1], px[0], nd):
+        if a != -2 and b != -1 and a + b != 0:
+            check(rel_close(g, (a - b) / (a + b)), (a, b, g))
+        else:
+            check(is_nan(g), (a, b, g))
+    p = env.run(env.vsr_run, "--op", "stats", "-i", vrt, "--allow-virtual", "-b", "3")
+    expect_exit(p, 2, "-b 3 of a 2-band file")
+
+
+@case
+def output_control(env):
+    src = env.make(env.path("in.tif"), "--width", 64, "--height", 48, "--bands", 2)
+    out = env.path("o.tif")
+    run_ok(env, "--op", "focal-mean", "-i", src, "-o", out, "-q")
+    check(env.dump(out)["compression"] == "DEFLATE", "default compression")
+    before = digest(out)
+    p = env.run(env.vsr_run, "--op", "clip", "--range", "0,1", "-i", src, "-o", out)
+    expect_exit(p, 2, "an existing output without --overwrite")
+    check(b"--overwrite" in p.stderr and digest(out) == before, p.stderr)
+    run_ok(env, "--op", "focal-mean", "-i", src, "-o", out, "--overwrite", "--co", "COMPRESS=LZW",
+           "--co=PREDICTOR=2", "--threads", "2", "-q")
+    check(env.dump(out)["compression"] == "LZW", "--co COMPRESS=LZW")
+    run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("o.img"), "-q")
+    check(env.dump(env.path("o.img"))["driver"] == "HFA", ".img is HFA")
+    run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("o.bin"), "-of", "ENVI", "-q")
+    check(env.dump(env.path("o.bin"))["driver"] == "ENVI", "-of ENVI")
+    p = env.run(env.vsr_run, "--op", "focal-mean", "-i", src, "-o", env.path("o.nosuchext"))
+    expect_exit(p, 2, "an unknown extension")
+    check(b"-of" in p.stderr, p.stderr)
+    p = env.run(env.vsr_run, "--op", "focal-mean", "-i", src, "-o", env.path("x.tif"), "--co",
+                "NOEQUALS")
+    expect_exit(p, 2, "--co without =")
+    p = env.run(env.vsr_run, "--op", "stats", "-i", src, "--bins", "4")
+    expect_exit(p, 2, "--bins for stats")
+
+
+@case
+def metadata_kept(env):
+    src = env.make(env.path("in.tif"), "--width", 50, "--height", 40, "--bands", 2, "--metadata")
+    d = env.dump(src)
+    run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("f.tif"), "-q")
+    f = env.dump(env.path("f.tif"))
+    check(f["area_or_point"] == "Point" and f["geotransform"] == d["geotransform"], f)
+    for bi, bo in zip(d["band_info"], f["band_info"]):
+        for key in ("scale", "offset", "unit", "description", "color"):
+            check(bi[key] == bo[key], (key, bi, bo))
+    run_ok(env, "--op", "rescale", "-i", src, "-o", env.path("r.tif"), "-q")
+    r = env.dump(env.path("r.tif"))
+    check(r["area_or_point"] == "Point", r)
+    for bi, bo in zip(d["band_info"], r["band_info"]):
+        check(bo["description"] == bi["description"] and bo["color"] == bi["color"], bo)
+        check(bo["scale"] == 1 and bo["offset"] == 0 and bo["unit"] == "", bo)
+    bare = env.make(env.path("bare.tif"), "--width", 20, "--height", 10, "--no-geotransform")
+    run_ok(env, "--op", "focal-mean", "-i", bare, "-o", env.path("b.tif"), "-q")
+    check(env.dump(env.path("b.tif"))["geotransform"] is None, "no geotransform in, none out")
+
+
+@case
+def odd_data_answers(env):
+    inf = env.make(env.path("inf.tif"), "--width", 8, "--height", 8, "--dtype", "float64",
+                   "--value", "list:1,2,inf,3")
+    for op in ("rescale", "histogram"):
+        p = env.run(env.vsr_run, "--op", op, "-i", inf, *(["-o", env.path("x.tif")]
+                                                          if op == "rescale" else []))
+        expect_exit(p, 1, op + " over infinities")
+        text = strict_text(p.stderr, "error")
+        check("infinite" in text and ("--in-range" if op == "rescale" else "--range") in text,
+              text)
+    run_ok(env, "--op", "rescale", "-i", inf, "--in-range", "1,3", "-o", env.path("x.tif"), "-q")
+    got = env.dump(env.path("x.tif"))["pixels"][0]
+    check(got[:4] == [0.0, 0.5, 1.0, 1.0], got[:4])  # inf clamped to the input range
+    const = env.make(env.path("c.tif"), "--width", 8, "--height", 8, "--value", "const:5",
+                     "--nodata", "-1", "--nodata-every", 5)
+    p = run_ok(env, "--op", "rescale", "-i", const, "--out-range", "10,20", "-o",
+               env.path("cr.tif"))
+    check(b"constant raster" in p.stdout, p.stdout)
+    got = env.dump(env.path("cr.tif"))["pixels"][0]
+    check(all(g == 10.0 or is_nan(g) for g in got) and got.count(10.0) > 0, got)
+    for bad in (["--op", "ndvi", "--nir", "1", "--red", "1"],
+                ["--op", "rescale", "--in-range", "3,3"],
+                ["--op", "clip"], ["--op", "fill-nodata"], ["--op", "focal-mean", "--edge", "x"],
+                ["--op", "rescale", "--ot", "complex64"]):
+        p = env.run(env.vsr_run, "-i", const, *bad)
+        expect_exit(p, 2, " ".join(bad))
+
+
+@case
+def stats_json_progress_quiet(env):
+    src = env.make(env.path("in.tif"), "--width", 600, "--height", 300, "--dtype", "float64",
+                   "--value", "list:0.1,0.2,0.30000000000000004,1e-300,12345.678901234567")
+    p = run_ok(env, "--op=stats", "--input=" + src, "--json", "-q")
+    doc = json.loads(p.stdout)
+    check(doc["bands"][0]["min"] == 1e-300 and doc["bands"][0]["max"] == 12345.678901234567, doc)
+    check(tool_stderr(p.stderr) == b"", "quiet: nothing on stderr")
+    out = env.path("s.json")
+    p = run_ok(env, "--op", "stats", "-i", src, "-o", out)
+    check(b"vsr-run summary" in p.stdout and json.load(open(out))["bands"][0]["count"] == 180000,
+          p.stdout)
+    p = run_ok(env, "--op", "histogram", "-i", src, "-o", env.path("h.json"), "--bins", "3",
+               "-q")
+    check(p.stdout == b"" and sum(json.load(open(env.path("h.json")))["bands"][0]["counts"]) ==
+          180000, p.stdout)
+    # --progress (not a terminal): one line per tile of each pass; 600 x 300 with 100K: 256 x 256
+    # tiles, 2 x 3 of them.
+    p = run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("f.tif"), "--budget",
+               "100K", "--progress")
+    lines = [l for l in tool_stderr(p.stderr).decode().splitlines() if l.startswith("[vsr-run]")]
+    check(len(lines) == 6 and lines[-1].endswith("tile 6/6 (100%)"), lines)
+    p = run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("g.tif"), "--budget",
+               "100K", "--progress", "-q")
+    check(p.stdout == b"" and tool_stderr(p.stderr) == b"", "-q silences progress and summary")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build-root", required=True)
+    ap.add_argument("--case", required=True, choices=sorted(CASES))
+    ap.add_argument("--sanitized", action="store_true")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vsr-cli-") as tmp:
+        env = Env(a.build_root, tmp, a.sanitized)
+        try:
+            CASES[a.case](env)
+        except Skip as s:
+            print("SKIP: %s" % s)
+            return 77
+        except AssertionError as e:
+            print("FAIL: %s" % e, file=sys.stderr)
+            return 1
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
