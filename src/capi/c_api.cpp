@@ -204,6 +204,10 @@ vsr_status vsr_free_pool_memory(void) {
   return guarded(__func__, [] { vsr::free_pool_memory(); });
 }
 
+vsr_status vsr_forget_stream(void* stream) {
+  return guarded(__func__, [&] { vsr::forget_stream(static_cast<CUstream>(stream)); });
+}
+
 vsr_status vsr_memory_pool_stats(vsr_pool_stats* out) {
   return guarded(__func__, [&] { stats_into(vsr::memory_pool_stats(), out); });
 }

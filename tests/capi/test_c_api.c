@@ -502,6 +502,97 @@ static void test_memcpy(void) {
   CHECK_OK(vsr_device_deallocate(b, sizeof host, NULL));
 }
 
+/* ---- vsr_forget_stream: a recycled stream handle does not inherit busy blocks ---- */
+
+/* The emulator's driver calls, by name, with void* for CUDA handles (no cuda.h here). */
+typedef int (*stream_create_fn)(void**, unsigned);
+typedef int (*stream_fn)(void*);
+typedef int (*event_create_fn)(void**, unsigned);
+typedef int (*event_record_fn)(void*, void*);
+typedef int (*stream_wait_event_fn)(void*, void*, unsigned);
+typedef int (*memset_async_fn)(unsigned long long, unsigned char, size_t, void*);
+typedef int (*stream_pause_fn)(void*, int);
+typedef int (*set_option_fn)(const char*, const char*);
+
+static void* emulator_symbol(void* emulator, const char* name) {
+  void* f = dlsym(emulator, name);
+  CHECK(f != NULL);
+  return f;
+}
+
+static void test_forget_stream(void) {
+  const char* path = getenv("VIBESPATIAL_CUDA_DRIVER");
+  void* emulator;
+  stream_create_fn stream_create;
+  stream_fn stream_destroy, stream_synchronize, stream_query;
+  event_create_fn event_create;
+  stream_fn event_destroy;
+  event_record_fn event_record;
+  stream_wait_event_fn stream_wait_event;
+  memset_async_fn memset_async;
+  stream_pause_fn stream_pause;
+  set_option_fn set_option;
+  void* gate = NULL;
+  void* event = NULL;
+  void* s = NULL;
+  void* s2 = NULL;
+  void* p = NULL;
+  void* q = NULL;
+  const size_t size = 1024;
+  unsigned char back[1024];
+  size_t i;
+
+  CHECK(path != NULL);
+  emulator = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  CHECK(emulator != NULL);
+  *(void**)(&stream_create) = emulator_symbol(emulator, "cuStreamCreate");
+  *(void**)(&stream_destroy) = emulator_symbol(emulator, "cuStreamDestroy_v2");
+  *(void**)(&stream_synchronize) = emulator_symbol(emulator, "cuStreamSynchronize");
+  *(void**)(&stream_query) = emulator_symbol(emulator, "cuStreamQuery");
+  *(void**)(&event_create) = emulator_symbol(emulator, "cuEventCreate");
+  *(void**)(&event_destroy) = emulator_symbol(emulator, "cuEventDestroy_v2");
+  *(void**)(&event_record) = emulator_symbol(emulator, "cuEventRecord");
+  *(void**)(&stream_wait_event) = emulator_symbol(emulator, "cuStreamWaitEvent");
+  *(void**)(&memset_async) = emulator_symbol(emulator, "cuMemsetD8Async");
+  *(void**)(&stream_pause) = emulator_symbol(emulator, "vsr_emu_stream_pause");
+  *(void**)(&set_option) = emulator_symbol(emulator, "vsr_emu_set_option");
+
+  CHECK_OK(vsr_forget_stream(NULL)); /* the legacy stream: a no-op */
+  /* The handle of a destroyed stream goes to the next stream at once, as on the real driver. */
+  CHECK(set_option("RECYCLE_HANDLES", "1") == 0);
+  CHECK_OK(vsr_stream_synchronize(NULL)); /* binds the primary context on this thread */
+  /* S's work waits behind a held stream (a hold that outlives S's destruction). */
+  CHECK(stream_create(&gate, 1) == 0);
+  CHECK(stream_pause(gate, 1) == 0);
+  CHECK(event_create(&event, 2) == 0);
+  CHECK(event_record(event, gate) == 0);
+  CHECK(stream_create(&s, 1) == 0);
+  CHECK(stream_wait_event(s, event, 0) == 0);
+  CHECK_OK(vsr_device_allocate(size, s, &p));
+  CHECK(memset_async((unsigned long long)(uintptr_t)p, 0xaa, size, s) == 0); /* pending */
+  CHECK_OK(vsr_device_deallocate(p, size, s));
+  CHECK_OK(vsr_forget_stream(s));
+  CHECK_OK(vsr_forget_stream(s)); /* may be called again */
+  CHECK(stream_destroy(s) == 0);
+  CHECK(stream_create(&s2, 1) == 0);
+  CHECK(s2 == s); /* the same handle value */
+  CHECK_OK(vsr_device_allocate(size, s2, &q));
+  if (q == p) CHECK(stream_query(s2) == 600); /* CUDA_ERROR_NOT_READY: behind S's free */
+  CHECK(memset_async((unsigned long long)(uintptr_t)q, 0x55, size, s2) == 0);
+  CHECK(stream_pause(gate, 0) == 0);
+  CHECK(stream_synchronize(gate) == 0);
+  CHECK(stream_synchronize(s2) == 0);
+  CHECK_OK(vsr_memcpy(back, q, size, VSR_COPY_DEVICE_TO_HOST, s2));
+  for (i = 0; i < size; ++i) CHECK(back[i] == 0x55); /* S's late write did not land here */
+  CHECK_OK(vsr_device_deallocate(q, size, s2));
+  CHECK_OK(vsr_forget_stream(s2));
+  CHECK(stream_destroy(s2) == 0);
+  CHECK(event_destroy(event) == 0);
+  CHECK(stream_destroy(gate) == 0);
+  CHECK(set_option("RECYCLE_HANDLES", "default") == 0);
+  dlclose(emulator);
+}
+
 /* ---- the error state is per thread ---- */
 
 static void* thread_body(void* arg) {
@@ -554,6 +645,7 @@ static int run_without_driver(const char* mode, const char* reason) {
   s = stats();
   CHECK(s.tier[0] == '\0' && s.configured == 0);
   CHECK_OK(vsr_free_pool_memory());
+  CHECK_OK(vsr_forget_stream(NULL)); /* a no-op before configuration */
   CHECK_FAILS(vsr_memcpy(&available, &s, 8, VSR_COPY_DEVICE_TO_HOST, NULL), VSR_ERROR_NO_DRIVER,
               "vsr_memcpy");
   CHECK_FAILS(vsr_stream_synchronize(NULL), VSR_ERROR_NO_DRIVER, "vsr_stream_synchronize");
@@ -589,6 +681,7 @@ int main(int argc, char** argv) {
   test_oom_handlers();
   test_cuda_errors();
   test_memcpy();
+  test_forget_stream();
   test_thread_local_errors();
   CHECK(stats().current_bytes == 0);
   printf("c-api: %d checks passed (vibespatial-raster %s)\n", g_checks, vsr_version());

@@ -201,12 +201,25 @@ VSR_EXPORT vsr_status vsr_memory_pool_stats_device(int device, vsr_pool_stats* o
 VSR_EXPORT vsr_status vsr_device_allocate(size_t bytes, void* stream, void** out);
 
 /** Frees a block from vsr_device_allocate; `bytes` must be its size. It may be reused at once on
- * `stream`, and on other streams once the work queued on `stream` has completed.
+ * `stream`, and on other streams once the work queued on `stream` up to this call has completed
+ * (or behind a cuStreamWaitEvent on it; the C++ memory.hpp, "Streams"). `stream` must be alive.
  * (NULL, 0) is a no-op. Errors: VSR_ERROR_INVALID_ARGUMENT, changing nothing, for a pointer the
  * pool did not hand out, one already freed, or a size that differs from the allocation's;
  * VSR_ERROR_CUDA when a driver call the free needs fails (recording the stream's mark, or
  * cuMemFree in tier C): nothing is changed, the block stays live and a retry frees it. */
 VSR_EXPORT vsr_status vsr_device_deallocate(void* ptr, size_t bytes, void* stream);
+
+/** Tells the pool that `stream` (a CUstream) is about to be destroyed: call it after the last
+ * vsr_device_deallocate on `stream` and before cuStreamDestroy, while the stream is alive. CUDA
+ * recycles stream handles, and without this call the pool may treat a new stream that gets the
+ * same handle value as the old one, handing it blocks the old stream's queued work still uses.
+ * Afterwards blocks freed on `stream` are reusable on any stream once the work queued on `stream`
+ * so far has completed. NULL (the legacy default stream): a no-op; CU_STREAM_PER_THREAD: the
+ * calling thread's per-thread stream. A no-op before configuration. Thread-safe; may be called
+ * again (the C++ forget_stream). Errors: VSR_ERROR_CUDA when the pool cannot record a mark on
+ * `stream` (e.g. it was already destroyed): the pools that failed are unchanged and a later call
+ * may retry; VSR_ERROR_NO_DRIVER in a forked child. */
+VSR_EXPORT vsr_status vsr_forget_stream(void* stream);
 
 /** Registers an OOM handler (see vsr_oom_handler) with `user_data` passed back to it, and
  * writes its id (never 0) to *id_out. Handlers run in registration order. Errors:
@@ -278,8 +291,7 @@ enum vsr_copy_kind {
  * primary context). Host memory may be pageable. bytes == 0 is a no-op. Thread-safe.
  * Errors: VSR_ERROR_INVALID_ARGUMENT (a bad kind; a NULL dst or src with bytes > 0),
  * VSR_ERROR_NO_DRIVER, VSR_ERROR_CUDA (e.g. an address the driver does not know). */
-VSR_EXPORT vsr_status vsr_memcpy(void* dst, const void* src, size_t bytes, int kind,
-                                 void* stream);
+VSR_EXPORT vsr_status vsr_memcpy(void* dst, const void* src, size_t bytes, int kind, void* stream);
 
 /** Waits until the work queued on `stream` (a CUstream; NULL: the legacy default stream) has
  * completed. Binds device 0's primary context when the calling thread has no current context.
