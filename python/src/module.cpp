@@ -325,6 +325,7 @@ nb::dict stats_dict(const vsr::MemoryPoolStats& s) {
   d["oom_recoveries"] = s.oom_recoveries;
   d["granularity"] = s.granularity;
   d["small_block_limit"] = s.small_block_limit;
+  d["tier_reason"] = s.tier_reason;
   return d;
 }
 
@@ -582,6 +583,9 @@ NB_MODULE(_core, m) {
   m.def("configure_memory_pool", &vsr::configure_memory_pool,
         nb::call_guard<nb::gil_scoped_release>());
   m.def("free_pool_memory", &vsr::free_pool_memory, nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "forget_stream", [](std::uintptr_t stream) { vsr::forget_stream(stream_of(stream)); },
+      "stream"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "memory_pool_stats",
       [](std::optional<int> device) {

@@ -83,4 +83,7 @@ def created_stream(emu):
     yield stream
     emu.vsr_emu_stream_pause(stream, 0)
     assert lib.cuStreamSynchronize(stream) == 0
+    from vibespatial_raster import memory
+
+    memory.forget_stream(stream.value)  # the pool's contract before a stream is destroyed
     assert lib.cuStreamDestroy_v2(stream) == 0

@@ -20,7 +20,7 @@ POOL_KEYS = {"current_bytes", "current_count", "peak_bytes", "peak_count", "tota
              "total_count"}
 FALLBACK_KEYS = {"used_bytes", "free_bytes", "total_bytes"}
 OURS = {"device", "mapped_bytes", "reserved_bytes", "pool_free_bytes", "largest_free_block",
-        "oom_recoveries", "granularity", "small_block_limit"}
+        "oom_recoveries", "granularity", "small_block_limit", "tier_reason"}
 
 
 def test_default_tier_is_b_and_configuration_is_idempotent():
@@ -222,3 +222,54 @@ def test_without_a_driver():
         """,
         {"VIBESPATIAL_CUDA_DRIVER": "/nonexistent/libcuda-for-vsr-tests.so.1"},
     )
+
+
+def test_forget_stream_keeps_a_recycled_stream_handle_off_busy_blocks(emu):
+    # A stream S writes a block behind a held stream and frees it; forget_stream(S), then S is
+    # destroyed and the emulator hands its handle value to the next stream S2 at once (as the real
+    # driver may). S2 must not get the block while S's write is pending, unless S2 waits for it.
+    import ctypes
+
+    lib = ctypes.CDLL(vsr.testing.emulator_path())
+    _core.stream_synchronize(0)  # binds the primary context on this thread
+    gate, event, s, s2 = (ctypes.c_void_p() for _ in range(4))
+    assert lib.cuStreamCreate(ctypes.byref(gate), 1) == 0
+    assert emu.vsr_emu_stream_pause(gate, 1) == 0
+    assert emu.vsr_emu_set_option(b"RECYCLE_HANDLES", b"1") == 0
+    try:
+        assert lib.cuEventCreate(ctypes.byref(event), 2) == 0
+        assert lib.cuEventRecord(event, gate) == 0
+        assert lib.cuStreamCreate(ctypes.byref(s), 1) == 0
+        assert lib.cuStreamWaitEvent(s, event, 0) == 0  # S's work waits behind the gate
+        memory.forget_stream(0)  # the legacy stream: a no-op
+        buf = DeviceBuffer(1024, stream=s.value)
+        p = buf.ptr
+        assert lib.cuMemsetD8Async(ctypes.c_uint64(p), 0xAA, ctypes.c_size_t(1024), s) == 0
+        buf.close()
+        memory.forget_stream(s.value)
+        assert lib.cuStreamDestroy_v2(s) == 0
+        assert lib.cuStreamCreate(ctypes.byref(s2), 1) == 0
+        assert s2.value == s.value  # the same handle value
+        buf2 = DeviceBuffer(1024, stream=s2.value)
+        if buf2.ptr == p:
+            assert lib.cuStreamQuery(s2) == 600  # CUDA_ERROR_NOT_READY: behind S's free
+        assert lib.cuMemsetD8Async(ctypes.c_uint64(buf2.ptr), 0x55, ctypes.c_size_t(1024),
+                                   s2) == 0
+    finally:
+        emu.vsr_emu_stream_pause(gate, 0)
+        emu.vsr_emu_set_option(b"RECYCLE_HANDLES", b"default")
+    assert lib.cuStreamSynchronize(gate) == 0
+    assert lib.cuStreamSynchronize(s2) == 0
+    back = np.zeros(1024, np.uint8)
+    _core.memcpy(back.ctypes.data, buf2.ptr, 1024, _core.COPY_DEVICE_TO_HOST, s2.value)
+    assert (back == 0x55).all()  # S's late write did not land in S2's block
+    buf2.close()
+    memory.forget_stream(s2.value)
+    assert lib.cuStreamDestroy_v2(s2) == 0
+    assert lib.cuEventDestroy_v2(event) == 0
+    assert lib.cuStreamDestroy_v2(gate) == 0
+
+
+def test_stats_say_why_the_device_has_its_tier():
+    memory.configure_memory_pool()
+    assert "supports virtual memory management" in memory.memory_pool_stats()["tier_reason"]

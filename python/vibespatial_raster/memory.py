@@ -31,6 +31,7 @@ __all__ = [
     "DeviceBuffer",
     "add_oom_handler",
     "configure_memory_pool",
+    "forget_stream",
     "free_pool_memory",
     "memory_pool_stats",
     "remove_oom_handler",
@@ -71,6 +72,24 @@ def free_pool_memory() -> None:
     _core.free_pool_memory()
 
 
+def forget_stream(stream: int) -> None:
+    """Tell the pool that ``stream`` (a CUstream value) is about to be destroyed.
+
+    Call it after the last free on ``stream`` and before destroying the stream, while it is still
+    alive. CUDA hands a destroyed stream's handle value to later streams; without this call the
+    pool could treat a new stream with that value as the old one and give it blocks that the old
+    stream's queued work still writes. Afterwards blocks freed on ``stream`` are reusable on any
+    stream once the work queued on ``stream`` so far has completed. ``0`` (the legacy default
+    stream): a no-op; ``2`` (``CU_STREAM_PER_THREAD``): the calling thread's per-thread stream.
+    A no-op before the pool is configured. Thread-safe; may be called again.
+
+    Raises:
+        CudaError: the pool could not record a mark on ``stream`` (e.g. it was already
+            destroyed); a later call may retry.
+    """
+    _core.forget_stream(stream)
+
+
 def memory_pool_stats(device: int | None = None) -> dict:
     """Return current pool statistics (of the current device, or of ``device``).
 
@@ -82,7 +101,8 @@ def memory_pool_stats(device: int | None = None) -> dict:
 
     Additions, always present: ``device``, ``mapped_bytes``, ``reserved_bytes``,
     ``pool_free_bytes`` (what :func:`free_pool_memory` would give back), ``largest_free_block``,
-    ``oom_recoveries``, ``granularity``, ``small_block_limit``.
+    ``oom_recoveries``, ``granularity``, ``small_block_limit``, ``tier_reason`` (why the device
+    has its tier, in words, e.g. that its VMM self-test failed; "" before configuration).
 
     Never raises; works before configuration and without a driver.
     """
