@@ -995,8 +995,13 @@ void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
   }
   if (addr == 0) {
     ScopedDeviceContext scope(device_);
-    // 2. A window of ready free pages and pages the pool holds.
-    addr = compose(pages, key, false);
+    // 2. A window of ready free pages and pages the pool holds. Where address space is short
+    //    (§3.4.2), no window may be reservable for them; a busy range may still serve.
+    try {
+      addr = compose(pages, key, false);
+    } catch (const DeviceFull&) {
+      addr = 0;  // nothing was taken; step 4 reports it if nothing else serves
+    }
     // 3. Rather than taking new memory: the smallest free range still busy on other streams,
     //    with this stream made to wait for its marks (§3.7).
     if (addr == 0) {

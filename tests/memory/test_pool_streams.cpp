@@ -126,6 +126,9 @@ TEST_SUITE("pool") {
     // free_pool_memory(), on destroyed streams). A new stream (another handle value) must not
     // get blocks whose old stream's work is still pending.
     FreshPool fresh;
+    // Handle values not recycled: a new stream with the old value is what forget_stream is for
+    // (the test above).
+    EmulatorOption no_recycling("RECYCLE_HANDLES", "0");
     const detail::DriverApi& api = detail::driver();
     const std::size_t stale_before = emulator().outstanding().stale_handles;
     for (const std::size_t size : kSizes) {
@@ -139,6 +142,7 @@ TEST_SUITE("pool") {
       for (void* p : blocks) device_deallocate(p, size, s);
       REQUIRE(api.cuStreamDestroy(s) == CUDA_SUCCESS);  // its work is still queued
       CUstream s2 = make_stream();
+      REQUIRE(s2 != s);
       std::vector<void*> taken;
       for (int i = 0; i < 4; ++i) {
         void* q = device_allocate(size, s2);
@@ -199,33 +203,38 @@ TEST_SUITE("pool") {
   TEST_CASE("a full pool reuses a block freed on a busy stream behind a wait, not new memory") {
     // Tier A (no OOM chain): the device holds one large block, freed on s1 with s1's write still
     // pending. A request on s2 must get it with s2 made to wait for s1's free
-    // (cuStreamWaitEvent), not fail for want of memory.
-    FreshPool fresh("VIBESPATIAL_GPU_POOL_ONLY", 64 * MiB);
-    const detail::DriverApi& api = detail::driver();
-    const std::size_t size = driver_free_bytes() / (2 * MiB) * (2 * MiB);
-    CUstream s1 = make_stream(), s2 = make_stream();
-    void* p = device_allocate(size, s1);
-    const std::size_t held = *memory_pool_stats().pool_size;
-    Paused hold(s1);
-    memset_async(p, 0xaa, size, s1);
-    device_deallocate(p, size, s1);
-    void* q = nullptr;
-    REQUIRE_NOTHROW(q = device_allocate(size, s2));
-    CHECK(q == p);
-    CHECK(api.cuStreamQuery(s2) == CUDA_ERROR_NOT_READY);  // waits for s1's free
-    CHECK(*memory_pool_stats().pool_size == held);         // no new memory
-    memset_async(q, 0x55, size, s2);
-    hold.release();
-    REQUIRE(api.cuStreamSynchronize(s2) == CUDA_SUCCESS);
-    CHECK(all_bytes(q, 0x55, size));  // ordered after s1's write
-    device_deallocate(q, size, s2);
-    for (CUstream s : {s1, s2}) {
-      api.cuStreamSynchronize(s);
-      forget_stream(s);
-      api.cuStreamDestroy(s);
+    // (cuStreamWaitEvent), not fail for want of memory; also where address space is too short
+    // to reserve a second window for the pages (1.5 x device memory).
+    for (const char* address_space : {"0", "1.5x"}) {
+      CAPTURE(address_space);
+      FreshPool fresh("VIBESPATIAL_GPU_POOL_ONLY", 64 * MiB);
+      EmulatorOption limit("ADDRESS_SPACE", address_space);
+      const detail::DriverApi& api = detail::driver();
+      const std::size_t size = driver_free_bytes() / (2 * MiB) * (2 * MiB);
+      CUstream s1 = make_stream(), s2 = make_stream();
+      void* p = device_allocate(size, s1);
+      const std::size_t held = *memory_pool_stats().pool_size;
+      Paused hold(s1);
+      memset_async(p, 0xaa, size, s1);
+      device_deallocate(p, size, s1);
+      void* q = nullptr;
+      REQUIRE_NOTHROW(q = device_allocate(size, s2));
+      CHECK(q == p);
+      CHECK(api.cuStreamQuery(s2) == CUDA_ERROR_NOT_READY);  // waits for s1's free
+      CHECK(*memory_pool_stats().pool_size == held);         // no new memory
+      memset_async(q, 0x55, size, s2);
+      hold.release();
+      REQUIRE(api.cuStreamSynchronize(s2) == CUDA_SUCCESS);
+      CHECK(all_bytes(q, 0x55, size));  // ordered after s1's write
+      device_deallocate(q, size, s2);
+      for (CUstream s : {s1, s2}) {
+        api.cuStreamSynchronize(s);
+        forget_stream(s);
+        api.cuStreamDestroy(s);
+      }
+      detail::reset_memory_pools();
+      check_nothing_outstanding();
     }
-    detail::reset_memory_pools();
-    check_nothing_outstanding();
   }
 
   TEST_CASE("the pool works within an address space of 1.5 x device memory") {
