@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tiled executors (reference tiling.py): pointwise tiles and halo tiles, stitched on the host.
+#include "common/expects.hpp"
+
 #include <vibespatial/raster/dispatch.hpp>
 
 #include <algorithm>
@@ -36,22 +38,19 @@ void read_window(const unsigned char* src, int bands, std::int64_t height, std::
 OwnedRasterArray run_tiles(const char* who, const OwnedRasterArray& raster, const BandOp& op,
                            const RasterPlan& plan, int halo) {
   const std::string name(who);
-  if (!op) throw std::invalid_argument(name + ": op is empty");
+  VSR_EXPECTS(op, name + ": op is empty");
   if (plan.strategy == TilingStrategy::whole) return op(raster);
-  if (plan.strategy != TilingStrategy::tiled) {
-    throw std::invalid_argument(name + ": plan strategy " + std::string(to_string(plan.strategy)) +
-                                " is not whole or tiled (band_batches: use dispatch_per_band_gpu)");
-  }
-  if (!plan.tile_shape || plan.tile_shape->first <= 0 || plan.tile_shape->second <= 0) {
-    throw std::invalid_argument(name + ": a tiled plan needs a positive tile_shape");
-  }
-  if (halo < 0) throw std::invalid_argument(name + ": plan.halo must be >= 0");
+  VSR_EXPECTS(plan.strategy == TilingStrategy::tiled,
+              name + ": plan strategy " + std::string(to_string(plan.strategy)) +
+                  " is not whole or tiled (band_batches: use dispatch_per_band_gpu)");
+  VSR_EXPECTS(plan.tile_shape && plan.tile_shape->first > 0 && plan.tile_shape->second > 0,
+              name + ": a tiled plan needs a positive tile_shape");
+  VSR_EXPECTS(halo >= 0, name + ": plan.halo must be >= 0");
   const void* host = raster.host_data();
-  if (host == nullptr) {
-    throw std::invalid_argument(name +
-                                ": tiled dispatch needs a host-resident raster (a full device to "
-                                "host transfer would defeat the OOM-avoidance goal)");
-  }
+  VSR_EXPECTS(host != nullptr, name +
+                                   ": tiled dispatch needs a host-resident raster (a full "
+                                   "device to host transfer would defeat the OOM-avoidance "
+                                   "goal)");
 
   const int bands = raster.band_count();
   const std::int64_t height = raster.height();

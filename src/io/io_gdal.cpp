@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Raster file I/O through GDAL's C API (io.hpp).
 #include "common/checked_math.hpp"
+#include "common/expects.hpp"
 #include "common/text_escape.hpp"
 #include "io/output_file.hpp"
 
@@ -13,10 +14,12 @@
 #include <gdal.h>
 #include <gdal_version.h>
 #include <ogr_srs_api.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +30,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -106,13 +110,16 @@ bool is_virtual_path(const std::string& path) {
   });
 }
 
-Dataset open_readonly(const std::string& path, const OpenOptions& open = {}) {
+/// Opens @p path for reading as @p who (the public call, first in every message). A local file
+/// that cannot be reached (missing, no permission) is a std::system_error with the errno; a file
+/// that is there but not an allowed raster, or a refused virtual path, std::invalid_argument.
+Dataset open_readonly(const std::string& path, const OpenOptions& open, const char* who) {
   register_drivers();
-  if (!open.allow_virtual && is_virtual_path(path)) {
-    throw std::invalid_argument("cannot open raster '" + shown(path) +
-                                "': GDAL virtual file systems and URLs are refused unless allowed "
-                                "(OpenOptions::allow_virtual; vsr-run --allow-virtual)");
-  }
+  const std::string cannot = std::string(who) + ": cannot open raster '" + shown(path) + "'";
+  VSR_EXPECTS(open.allow_virtual || !is_virtual_path(path),
+              cannot +
+                  ": GDAL virtual file systems and URLs are refused unless allowed "
+                  "(OpenOptions::allow_virtual; vsr-run --allow-virtual)");
   std::vector<std::string> drivers = open.drivers.empty() ? default_input_drivers() : open.drivers;
   if (open.allow_virtual) drivers.emplace_back("VRT");
   CPLStringList allowed;
@@ -135,7 +142,11 @@ Dataset open_readonly(const std::string& path, const OpenOptions& open = {}) {
                            : "; add it to OpenOptions::drivers to allow it");
     }
   }
-  throw std::invalid_argument("cannot open raster '" + shown(path) + "'" + why);
+  // Not found or not reachable: an I/O error, not a bad argument (GDAL's message says the same).
+  if (struct stat st{}; !is_virtual_path(path) && ::stat(path.c_str(), &st) != 0) {
+    throw std::system_error(errno, std::generic_category(), cannot);
+  }
+  throw std::invalid_argument(cannot + why);
 }
 
 /// Flushes and closes the written dataset @p ds, then throws if GDAL reported any failure while
@@ -497,7 +508,7 @@ RasterMetadata read_raster_metadata(const std::string& path) {
 
 RasterMetadata read_raster_metadata(const std::string& path, const OpenOptions& open) {
   QuietErrors quiet;
-  Dataset ds = open_readonly(path, open);
+  Dataset ds = open_readonly(path, open, "read_raster_metadata");
   return metadata_of(ds.get(), path, {});
 }
 
@@ -509,7 +520,7 @@ OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow
 OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow> window,
                              std::vector<int> bands, const OpenOptions& open) {
   QuietErrors quiet;
-  Dataset ds = open_readonly(path, open);
+  Dataset ds = open_readonly(path, open, "read_raster");
   return read_open(ds.get(), path, window, std::move(bands));
 }
 
@@ -700,7 +711,7 @@ struct OpenStream {
 OpenStream open_stream(const std::string& in, const RasterPlan& plan, const StreamOptions& options,
                        const char* who) {
   OpenStream s;
-  s.src = open_readonly(in, options.open);
+  s.src = open_readonly(in, options.open, who);
   s.meta = metadata_of(s.src.get(), in, options.bands, /*mixed_nodata=*/true);
   std::array<double, 6> gt{};
   s.has_geotransform = GDALGetGeoTransform(s.src.get(), gt.data()) == CE_None;
@@ -783,7 +794,7 @@ void copy_metadata(GDALDatasetH src, GDALDatasetH dst, const StreamLayout& l, in
 
 RasterFileInfo read_raster_info(const std::string& path, const OpenOptions& open) {
   QuietErrors quiet;
-  Dataset ds = open_readonly(path, open);
+  Dataset ds = open_readonly(path, open, "read_raster_info");
   RasterFileInfo info;
   info.metadata = metadata_of(ds.get(), path, {}, /*mixed_nodata=*/true);
   for (int b = 1; b <= GDALGetRasterCount(ds.get()); ++b) {
@@ -821,7 +832,7 @@ std::string output_driver_for(const std::string& path) {
 std::uint64_t gdal_cache_for_plan(const std::string& in, const RasterPlan& plan,
                                   const StreamOptions& options) {
   QuietErrors quiet;
-  Dataset src = open_readonly(in, options.open);
+  Dataset src = open_readonly(in, options.open, "gdal_cache_for_plan");
   const RasterMetadata meta = metadata_of(src.get(), in, options.bands, true);
   return cache_for(src.get(), meta,
                    layout_of(src.get(), meta, plan, options, "gdal_cache_for_plan"));

@@ -25,6 +25,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 using namespace vibespatial::raster;
@@ -291,9 +292,33 @@ TEST_CASE("errors carry clear messages") {
   TempDir dir;
   const std::string path = dir.file("e.tif");
   make_tiff_f32(path, 8, 6, 2, {0, 1, 0, 0, 0, -1}, {std::nullopt, std::nullopt}, ramp(2, 6, 8));
-  CHECK_THROWS_WITH_AS(read_raster_metadata(dir.file("missing.tif")),
-                       doctest::Contains("missing.tif"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(read_raster(dir.file("missing.tif")), doctest::Contains("No such file"),
+  // A missing file is an I/O error carrying errno's code, not a bad argument; the message
+  // starts with the call ("read_raster_metadata: cannot open raster '...missing.tif'").
+  const auto missing_error = [&](const auto& call) {
+    try {
+      call();
+    } catch (const std::system_error& e) {
+      return std::pair{e.code(), std::string(e.what())};
+    }
+    return std::pair{std::error_code{}, std::string("no std::system_error")};
+  };
+  const auto [meta_code, meta_what] =
+      missing_error([&] { (void)read_raster_metadata(dir.file("missing.tif")); });
+  CHECK(meta_code == std::errc::no_such_file_or_directory);
+  CHECK(meta_what.rfind("read_raster_metadata: cannot open raster '", 0) == 0);
+  CHECK(meta_what.find("missing.tif") != std::string::npos);
+  const auto [read_code, read_what] =
+      missing_error([&] { (void)read_raster(dir.file("missing.tif")); });
+  CHECK(read_code == std::errc::no_such_file_or_directory);
+  CHECK(read_what.find("No such file") != std::string::npos);
+  // There, but not a raster: a bad argument.
+  const std::string text = dir.file("notes.tif");
+  std::FILE* f = std::fopen(text.c_str(), "w");
+  REQUIRE(f != nullptr);
+  std::fputs("not a raster\n", f);
+  std::fclose(f);
+  CHECK_THROWS_WITH_AS(read_raster_metadata(text),
+                       doctest::Contains("read_raster_metadata: cannot open raster"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(read_raster(path, RasterWindow{4, 0, 5, 6}),
                        doctest::Contains("is not inside"), std::invalid_argument);
@@ -510,7 +535,7 @@ TEST_CASE("streamed: bad arguments and ops that break the contract") {
                        doctest::Contains("differs from the first tile"), std::invalid_argument);
   CHECK_THROWS_AS(
       process_raster_streamed(dir.file("missing.tif"), dir.file("o.tif"), identity, plan),
-      std::invalid_argument);
+      std::system_error);
 }
 
 namespace {
