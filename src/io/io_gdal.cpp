@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Raster file I/O through GDAL's C API (io.hpp).
+#include "common/byte_text.hpp"
 #include "common/checked_math.hpp"
 #include "common/expects.hpp"
 #include "common/text_escape.hpp"
@@ -330,19 +331,6 @@ void raster_io(GDALDatasetH ds, GDALRWFlag flag, const RasterWindow& w, void* bu
   }
 }
 
-std::string bytes_text(std::uint64_t bytes) {
-  char buf[64];
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (1ULL << 40)) {
-    std::snprintf(buf, sizeof buf, "%.1f TiB", b / static_cast<double>(1ULL << 40));
-  } else if (bytes >= (1ULL << 30)) {
-    std::snprintf(buf, sizeof buf, "%.1f GiB", b / static_cast<double>(1ULL << 30));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f MiB", b / static_cast<double>(1ULL << 20));
-  }
-  return buf;
-}
-
 std::string window_text(const RasterWindow& w, int bands, DType dtype) {
   return std::to_string(bands) + " x " + std::to_string(w.height) + " x " +
          std::to_string(w.width) + " " + std::string(to_string(dtype));
@@ -377,8 +365,8 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
     if (bytes > limit) {
       throw HostMemoryLimitError(bytes, limit,
                                  "reading " + window_text(w, meta.band_count, meta.dtype) +
-                                     " of '" + shown(path) + "' needs " + bytes_text(bytes) +
-                                     " of host memory, more than the " + bytes_text(limit) +
+                                     " of '" + shown(path) + "' needs " + detail::byte_text(bytes) +
+                                     " of host memory, more than the " + detail::byte_text(limit) +
                                      " available; read it in windows or tiles (process_raster_file,"
                                      " for_each_raster_tile)");
     }
@@ -692,9 +680,10 @@ void check_pass_memory(GDALDatasetH ds, const RasterMetadata& meta, const Stream
         needed, limit,
         std::string(who) + ": a pass over '" + shown(path) + "' (" + std::to_string(bands) +
             " band(s) of " + std::to_string(ph) + " x " + std::to_string(pw) + " " +
-            std::string(to_string(meta.dtype)) + ", GDAL blocks of " + bytes_text(block_bytes(ds)) +
-            ", cache " + bytes_text(cache) + ") needs " + bytes_text(needed) +
-            " of host memory, more than the " + bytes_text(limit) +
+            std::string(to_string(meta.dtype)) + ", GDAL blocks of " +
+            detail::byte_text(block_bytes(ds)) + ", cache " + detail::byte_text(cache) +
+            ") needs " + detail::byte_text(needed) + " of host memory, more than the " +
+            detail::byte_text(limit) +
             (options.host_memory_limit != 0 ? " allowed" : " available") +
             "; plan smaller tiles (a smaller budget) or fewer bands per pass");
   }

@@ -23,6 +23,31 @@ OwnedRasterArray where_ops_run(OwnedRasterArray host_raster) {
 }  // namespace vsr_ops_test
 
 TEST_SUITE("ops") {
+  TEST_CASE("merge_statistics of two parts equals the statistics of the whole") {
+    const auto d = gen_pixels<double>(2 * 37 * 53, 5);
+    const auto whole = OwnedRasterArray::from_host(d.data(), DType::float64, 1, 74, 53, kNodata);
+    const auto top = OwnedRasterArray::from_host(d.data(), DType::float64, 1, 11, 53, kNodata);
+    const auto rest =
+        OwnedRasterArray::from_host(d.data() + 11 * 53, DType::float64, 1, 63, 53, kNodata);
+    const BandStatistics w = band_statistics(whole)[0];
+    const BandStatistics m = merge_statistics(band_statistics(top)[0], band_statistics(rest)[0]);
+    CHECK(m.count == w.count);
+    CHECK(m.min == w.min);
+    CHECK(m.max == w.max);
+    CHECK(m.mean == doctest::Approx(w.mean).epsilon(1e-12).scale(w.max - w.min));
+    CHECK(m.std == doctest::Approx(w.std).epsilon(1e-12));
+    // An empty side (count 0, NaN fields) is ignored; both empty is an empty band's answer.
+    BandStatistics empty;
+    empty.min = empty.max = empty.mean = empty.std = std::numeric_limits<double>::quiet_NaN();
+    const BandStatistics e = merge_statistics(empty, m);
+    CHECK(e.count == m.count);
+    CHECK(e.mean == m.mean);
+    CHECK(e.std == m.std);
+    const BandStatistics none = merge_statistics(BandStatistics{}, empty);
+    CHECK(none.count == 0);
+    CHECK(std::isnan(none.mean));
+  }
+
   TEST_CASE_TEMPLATE("focal mean through dispatch_tiled_halo equals the whole raster", T,
                      std::uint8_t, std::int32_t, float, double) {
     using C = C_t<T>;

@@ -18,6 +18,7 @@
 // Exit status: 0 on success, 2 for bad arguments (message on stderr), 1 for any other error; a
 // run ended by a signal dies of that signal.
 #include "../common/cli.hpp"
+#include "../common/format.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/dispatch.hpp>
@@ -438,12 +439,6 @@ class Progress {
 /// Where the ops run.
 enum class Mode { gpu, emulator, none };
 
-std::string mib(std::uint64_t bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
-
 /// A double as JSON: full precision (%.17g), null for NaN and infinities (JSON has neither).
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
@@ -451,26 +446,6 @@ std::string json_number(double v) {
   std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
 }
-
-/// Statistics of a band merged from disjoint parts (Chan et al.'s parallel variance update).
-struct Moments {
-  std::int64_t count = 0;
-  double min = std::numeric_limits<double>::infinity();
-  double max = -std::numeric_limits<double>::infinity();
-  double mean = 0, m2 = 0;
-
-  void merge(const vsr::BandStatistics& s) {
-    if (s.count == 0) return;
-    const double n = static_cast<double>(count), m = static_cast<double>(s.count);
-    const double delta = s.mean - mean;
-    mean += delta * m / (n + m);
-    m2 += s.std * s.std * m + delta * delta * n * m / (n + m);
-    count += s.count;
-    min = std::min(min, s.min);
-    max = std::max(max, s.max);
-  }
-  double std() const { return std::sqrt(m2 / static_cast<double>(count)); }
-};
 
 /// Runs @p fn on a host @p piece where the ops run: on the device in gpu mode (a device copy,
 /// freed on return), else on the host.
@@ -674,13 +649,14 @@ int run(const Arguments& args) {
   if (from_file) stream.gdal_cache_bytes = vsr::gdal_cache_for_plan(args.input, plan, stream);
 
   const std::size_t nsel = bands.size();
-  std::vector<Moments> stats(nsel);
-  // Statistics of tiles merged per band (exact min/max/count; Chan's update for mean and std).
+  std::vector<vsr::BandStatistics> stats(nsel);
+  // Statistics of tiles merged per band (merge_statistics: exact min/max/count, Chan's update).
   const auto merge_stats = [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo& where) {
     const std::vector<vsr::BandStatistics> s =
         on_compute(mode, tile, [](const auto& r) { return vsr::band_statistics(r); });
     for (int b = 0; b < where.band_count; ++b) {
-      stats[static_cast<std::size_t>(where.first_band + b)].merge(s[static_cast<std::size_t>(b)]);
+      vsr::BandStatistics& band = stats[static_cast<std::size_t>(where.first_band + b)];
+      band = vsr::merge_statistics(band, s[static_cast<std::size_t>(b)]);
     }
   };
   // A streamed reduction over the file, or over the sample band by band (tiles of the plan).
@@ -748,7 +724,7 @@ int run(const Arguments& args) {
       // numpy's default range: each band's valid min and max (+-0.5 when they are equal).
       reduce("histogram (range pass)", merge_stats);
       for (std::size_t b = 0; b < nsel; ++b) {
-        const Moments& m = stats[b];
+        const vsr::BandStatistics& m = stats[b];
         if (m.count > 0 && (!std::isfinite(m.min) || !std::isfinite(m.max))) {
           throw std::runtime_error("histogram: band " + std::to_string(bands[b]) +
                                    " holds infinite values (its valid range is [" +
@@ -797,7 +773,7 @@ int run(const Arguments& args) {
         reduce("rescale (range pass)", merge_stats);
         in = {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
         for (std::size_t b = 0; b < nsel; ++b) {
-          const Moments& m = stats[b];
+          const vsr::BandStatistics& m = stats[b];
           if (m.count == 0) continue;
           if (!std::isfinite(m.min) || !std::isfinite(m.max)) {
             throw std::runtime_error("rescale: band " + std::to_string(bands[b]) +
@@ -904,13 +880,13 @@ int run(const Arguments& args) {
                 ", \"nodata\": " +
                 (band_nodata[b] ? vsr_cli::json_string(band_nodata[b]->to_string()) : "null");
         if (args.op == Op::stats) {
-          const Moments& m = stats[b];
+          const vsr::BandStatistics& m = stats[b];
           const bool any = m.count > 0;
           text += ", \"count\": " + std::to_string(m.count) +
                   ", \"min\": " + (any ? json_number(m.min) : "null") +
                   ", \"max\": " + (any ? json_number(m.max) : "null") +
                   ", \"mean\": " + (any ? json_number(m.mean) : "null") +
-                  ", \"std\": " + (any ? json_number(m.std()) : "null");
+                  ", \"std\": " + (any ? json_number(m.std) : "null");
         } else {
           text += ", \"range\": [" + json_number(hist_range[b].lo) + ", " +
                   json_number(hist_range[b].hi) + "], \"edges\": [";
@@ -934,12 +910,12 @@ int run(const Arguments& args) {
                     "max", "mean", "std");
       text += line;
       for (std::size_t b = 0; b < nsel; ++b) {
-        const Moments& m = stats[b];
+        const vsr::BandStatistics& m = stats[b];
         const double nan = std::numeric_limits<double>::quiet_NaN();
         const bool any = m.count > 0;
         std::snprintf(line, sizeof line, "%-5d %12lld %14.6g %14.6g %14.6g %14.6g\n", bands[b],
                       static_cast<long long>(m.count), any ? m.min : nan, any ? m.max : nan,
-                      any ? m.mean : nan, any ? m.std() : nan);
+                      any ? m.mean : nan, any ? m.std : nan);
         text += line;
       }
     } else {
@@ -988,16 +964,19 @@ int run(const Arguments& args) {
                  ")";
   }
   plan_text += ", " + std::to_string(plan.bands_per_pass) + " band(s) per pass, budget " +
-               mib(*popts.vram_budget) + budget_note + ", " + mib(plan.estimated_vram_per_tile) +
-               " per pass" + (plan.fits_budget ? "" : " (does NOT fit the budget)");
+               vsr_cli::format_bytes(*popts.vram_budget) + budget_note + ", " +
+               vsr_cli::format_bytes(plan.estimated_vram_per_tile) + " per pass" +
+               (plan.fits_budget ? "" : " (does NOT fit the budget)");
   std::fprintf(out, "  plan        %s\n", plan_text.c_str());
   if (stream.gdal_cache_bytes) {
-    std::fprintf(out, "  gdal cache  %s (from the plan)\n", mib(*stream.gdal_cache_bytes).c_str());
+    std::fprintf(out, "  gdal cache  %s (from the plan)\n",
+                 vsr_cli::format_bytes(*stream.gdal_cache_bytes).c_str());
   }
   if (pool.configured) {
     const std::uint64_t peak = pool.peak_bytes.value_or(pool.used_bytes.value_or(0));
-    std::fprintf(out, "  pool        peak %s, pool size %s\n", mib(peak).c_str(),
-                 pool.pool_size ? mib(*pool.pool_size).c_str() : "n/a for this tier");
+    std::fprintf(
+        out, "  pool        peak %s, pool size %s\n", vsr_cli::format_bytes(peak).c_str(),
+        pool.pool_size ? vsr_cli::format_bytes(*pool.pool_size).c_str() : "n/a for this tier");
   } else {
     std::fprintf(out, "  pool        not configured (no driver)\n");
   }
