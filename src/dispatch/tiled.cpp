@@ -79,12 +79,9 @@ OwnedRasterArray run_tiles(const char* who, const OwnedRasterArray& raster, cons
                      static_cast<std::size_t>(phys.rows * phys.cols) * item);
       read_window(static_cast<const unsigned char*>(host), bands, height, width, item, phys,
                   tile_in.data());
-      Affine shifted = t;
-      shifted.c = t.c + static_cast<double>(phys.col0) * t.a + static_cast<double>(phys.row0) * t.b;
-      shifted.f = t.f + static_cast<double>(phys.col0) * t.d + static_cast<double>(phys.row0) * t.e;
-      const OwnedRasterArray tile =
-          OwnedRasterArray::from_host(tile_in.data(), raster.dtype(), bands, phys.rows, phys.cols,
-                                      raster.nodata(), shifted, raster.crs());
+      const OwnedRasterArray tile = OwnedRasterArray::from_host(
+          tile_in.data(), raster.dtype(), bands, phys.rows, phys.cols, raster.nodata(),
+          t.shifted(phys.col0, phys.row0), raster.crs());
       const OwnedRasterArray result = op(tile);
 
       if (result.height() != phys.rows || result.width() != phys.cols) {

@@ -307,13 +307,6 @@ RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path, const std::
   return meta;
 }
 
-Affine shifted(const Affine& a, std::int64_t col, std::int64_t row) {
-  Affine s = a;
-  s.c = a.c + static_cast<double>(col) * a.a + static_cast<double>(row) * a.b;
-  s.f = a.f + static_cast<double>(col) * a.d + static_cast<double>(row) * a.e;
-  return s;
-}
-
 /// Band-major RasterIO of a (bands, h, w) buffer whose rows are @p line_elems elements apart and
 /// whose bands are @p band_elems elements apart.
 void raster_io(GDALDatasetH ds, GDALRWFlag flag, const RasterWindow& w, void* buf, DType dtype,
@@ -373,7 +366,7 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
   }
   OwnedRasterArray out =
       OwnedRasterArray::allocate(Residency::host, meta.dtype, meta.band_count, w.height, w.width,
-                                 std::nullopt, shifted(meta.affine, w.col_off, w.row_off), meta.crs)
+                                 std::nullopt, meta.affine.shifted(w.col_off, w.row_off), meta.crs)
           .with_nodata(meta.exact_nodata);
   raster_io(ds, GF_Read, w, out.mutable_host_data(), meta.dtype, bands, w.width, w.width * w.height,
             path);

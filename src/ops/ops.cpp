@@ -20,10 +20,6 @@ namespace {
 
 namespace be = detail::ops;
 
-bool is_float(DType d) {
-  return d == DType::float32 || d == DType::float64;
-}
-
 /// The [lowest, max] range of an integer dtype, as doubles (int64/uint64 max round up to 2^63 /
 /// 2^64, which are therefore excluded by the strict comparisons below).
 void int_range(DType d, double& lo, double& hi) {
@@ -240,7 +236,7 @@ RescaleSetup rescale_setup(const OwnedRasterArray& raster, double in_min, double
   (void)itemsize(out_dtype);  // throws std::invalid_argument for a bad dtype
   RescaleSetup r{{}, be::RescaleParams{in_min, in_max, out_min, out_max, 0}};
   const auto nd = raster.nodata();
-  if (is_float(out_dtype)) {
+  if (is_floating_point(out_dtype)) {
     // NaN is never a valid output, so it never takes a valid pixel for nodata.
     r.params.fill = std::numeric_limits<double>::quiet_NaN();
     if (nd) r.out_nodata = r.params.fill;
@@ -313,7 +309,7 @@ namespace {
 /// Checks clip's bounds and rounds them to @p d (see ops.hpp).
 void clip_bounds(DType d, double& lower, double& upper) {
   VSR_EXPECTS(!std::isnan(lower) && !std::isnan(upper), "clip: a bound is NaN");
-  if (!is_float(d)) {
+  if (!is_floating_point(d)) {
     double lo = 0, hi = 0;
     int_range(d, lo, hi);
     if (d == DType::uint64 || d == DType::int64) {

@@ -49,6 +49,10 @@ enum class DType : std::uint8_t {
  */
 VSR_EXPORT std::size_t itemsize(DType dtype);
 
+/// Whether @p dtype is float32 or float64 (NaN is a value of it; every other DType is an
+/// integer type). Thread-safe, never throws; false for a value that is not an enumerator.
+VSR_EXPORT bool is_floating_point(DType dtype) noexcept;
+
 /**
  * @brief The numpy name of @p dtype ("uint8" ... "float64"); "unknown" for a value that is not
  * one of the enumerators. The view refers to static storage. Thread-safe, never throws.
@@ -127,6 +131,12 @@ struct VSR_EXPORT Affine {
 
   /** @brief World coordinates {x, y} of pixel-edge position (@p col, @p row). */
   std::array<double, 2> apply(double col, double row) const noexcept;
+
+  /**
+   * @brief The transform of a window (a tile, a read window) whose first pixel is pixel
+   * (@p col, @p row) of this raster: the same a, b, d, e, and (c, f) = apply(col, row).
+   */
+  Affine shifted(std::int64_t col, std::int64_t row) const noexcept;
 
   friend bool operator==(const Affine&, const Affine&) = default;
 };
