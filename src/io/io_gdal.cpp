@@ -7,6 +7,7 @@
 #include "io/output_file.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/io.hpp>
 
 #include <cpl_conv.h>
@@ -715,28 +716,21 @@ template <class F>
 void walk_tiles(const OpenStream& s, const std::string& in, const StreamOptions& options, F&& f) {
   const StreamLayout& l = s.layout;
   const RasterMetadata& meta = s.meta;
+  const std::vector<TileWindow> tiles = tile_windows(meta.height, meta.width, l.th, l.tw, l.halo);
   std::int64_t index = 0;
   for (const StreamLayout::Pass& pass : l.passes) {
     const std::vector<int> pass_bands(l.bands.begin() + pass.first,
                                       l.bands.begin() + pass.first + pass.count);
-    for (std::int64_t r0 = 0; r0 < meta.height; r0 += l.th) {
-      for (std::int64_t c0 = 0; c0 < meta.width; c0 += l.tw) {
-        const std::int64_t eh = std::min(l.th, meta.height - r0);
-        const std::int64_t ew = std::min(l.tw, meta.width - c0);
-        const std::int64_t pr0 = std::max<std::int64_t>(0, r0 - l.halo);
-        const std::int64_t pc0 = std::max<std::int64_t>(0, c0 - l.halo);
-        const std::int64_t pr1 = std::min(meta.height, r0 + eh + l.halo);
-        const std::int64_t pc1 = std::min(meta.width, c0 + ew + l.halo);
-        TileInfo where;
-        where.index = index++;
-        where.total = l.total();
-        where.window = RasterWindow{c0, r0, ew, eh};
-        where.read = RasterWindow{pc0, pr0, pc1 - pc0, pr1 - pr0};
-        where.first_band = pass.first;
-        where.band_count = pass.count;
-        if (options.stage) options.stage(where, TileStage::read);
-        f(read_open(s.src.get(), in, where.read, pass_bands, false, true), where);
-      }
+    for (const TileWindow& tile : tiles) {
+      TileInfo where;
+      where.index = index++;
+      where.total = l.total();
+      where.window = tile.window;
+      where.read = tile.read;
+      where.first_band = pass.first;
+      where.band_count = pass.count;
+      if (options.stage) options.stage(where, TileStage::read);
+      f(read_open(s.src.get(), in, where.read, pass_bands, false, true), where);
     }
   }
 }

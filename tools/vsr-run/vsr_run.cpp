@@ -673,38 +673,37 @@ int run(const Arguments& args) {
           vsr::for_each_raster_tile(args.input, plan, visit, s);
           return;
         }
-        const std::int64_t th = tiled ? plan.tile_shape->first : meta.height;
-        const std::int64_t tw = tiled ? plan.tile_shape->second : meta.width;
-        const std::int64_t per_band = ((meta.height + th - 1) / th) * ((meta.width + tw - 1) / tw);
-        const std::int64_t total = per_band * static_cast<std::int64_t>(nsel);
+        const std::vector<vsr::TileWindow> tiles =
+            tiled ? vsr::tile_windows(meta.height, meta.width, plan.tile_shape->first,
+                                      plan.tile_shape->second)
+                  : vsr::tile_windows(meta.height, meta.width, meta.height, meta.width);
+        const auto total = static_cast<std::int64_t>(tiles.size() * nsel);
         std::int64_t done = 0;
         const std::size_t item = vsr::itemsize(meta.dtype);
         for (std::size_t b = 0; b < nsel; ++b) {
           const vsr::OwnedRasterArray band = raster->band(bands[b] - 1);
-          for (std::int64_t r0 = 0; r0 < meta.height; r0 += th) {
-            for (std::int64_t c0 = 0; c0 < meta.width; c0 += tw) {
-              const std::int64_t h = std::min(th, meta.height - r0),
-                                 w = std::min(tw, meta.width - c0);
-              std::vector<std::byte> buf(static_cast<std::size_t>(h * w) * item);
-              const auto* src = static_cast<const std::byte*>(band.host_data());
-              for (std::int64_t y = 0; y < h; ++y) {
-                std::copy_n(src + static_cast<std::size_t>((r0 + y) * meta.width + c0) * item,
-                            static_cast<std::size_t>(w) * item,
-                            buf.data() + static_cast<std::size_t>(y * w) * item);
-              }
-              const vsr::OwnedRasterArray tile =
-                  vsr::OwnedRasterArray::from_host(buf.data(), meta.dtype, 1, h, w)
-                      .with_nodata(band_nodata[b]);
-              vsr::TileInfo where;
-              where.index = done;
-              where.total = total;
-              where.window = vsr::RasterWindow{c0, r0, w, h};
-              where.read = where.window;
-              where.first_band = static_cast<int>(b);
-              where.band_count = 1;
-              visit(tile, where);
-              pass.update(++done, total, "tile");
+          for (const vsr::TileWindow& t : tiles) {
+            const vsr::RasterWindow& w = t.window;
+            std::vector<std::byte> buf(static_cast<std::size_t>(w.height * w.width) * item);
+            const auto* src = static_cast<const std::byte*>(band.host_data());
+            for (std::int64_t y = 0; y < w.height; ++y) {
+              std::copy_n(
+                  src + static_cast<std::size_t>((w.row_off + y) * meta.width + w.col_off) * item,
+                  static_cast<std::size_t>(w.width) * item,
+                  buf.data() + static_cast<std::size_t>(y * w.width) * item);
             }
+            const vsr::OwnedRasterArray tile =
+                vsr::OwnedRasterArray::from_host(buf.data(), meta.dtype, 1, w.height, w.width)
+                    .with_nodata(band_nodata[b]);
+            vsr::TileInfo where;
+            where.index = done;
+            where.total = total;
+            where.window = w;
+            where.read = w;
+            where.first_band = static_cast<int>(b);
+            where.band_count = 1;
+            visit(tile, where);
+            pass.update(++done, total, "tile");
           }
         }
       };

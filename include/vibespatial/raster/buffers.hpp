@@ -19,6 +19,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -209,6 +210,14 @@ struct RasterPlan {
   friend bool operator==(const RasterPlan&, const RasterPlan&) = default;
 };
 
+/// A pixel window of a raster: columns [col_off, col_off + width), rows [row_off, row_off +
+/// height). Must lie inside the raster with width and height > 0.
+struct RasterWindow {
+  std::int64_t col_off = 0, row_off = 0, width = 0, height = 0;
+
+  friend bool operator==(const RasterWindow&, const RasterWindow&) = default;
+};
+
 /** @brief Where a raster's authoritative pixels live. */
 enum class Residency { host, device };
 
@@ -350,5 +359,8 @@ class VSR_EXPORT OwnedRasterArray {
   Affine affine_;
   std::string crs_;
 };
+
+/** @brief A per-band (or per-tile) operation: takes one input, returns its result. */
+using BandOp = std::function<OwnedRasterArray(const OwnedRasterArray& band)>;
 
 }  // namespace vibespatial::raster

@@ -39,7 +39,6 @@
 #pragma once
 
 #include <vibespatial/raster/buffers.hpp>
-#include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/export.hpp>
 
 #include <cstdint>
@@ -53,14 +52,6 @@ namespace vibespatial::raster {
 
 /// Whether this build reads and writes files through GDAL. Never throws.
 VSR_EXPORT bool io_available() noexcept;
-
-/// A pixel window of a raster: columns [col_off, col_off + width), rows [row_off, row_off +
-/// height). Must lie inside the raster with width and height > 0.
-struct RasterWindow {
-  std::int64_t col_off = 0, row_off = 0, width = 0, height = 0;
-
-  friend bool operator==(const RasterWindow&, const RasterWindow&) = default;
-};
 
 /// How an input file is opened.
 struct OpenOptions {
