@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The band operations' facade: argument checks, the backend chosen by residency, output rasters.
 // Plain C++ (no Thrust): the work happens in ops_host.cpp or ops_cuda.cu.
-#include "buffers/raster_access.hpp"
 #include "common/expects.hpp"
 #include "ops/ops_backend.hpp"
 
@@ -141,7 +140,7 @@ void check_out(const OwnedRasterArray& input, const OwnedRasterArray& out, DType
 /// Gives @p out the result's georeferencing.
 void label(OwnedRasterArray& out, const OwnedRasterArray& source,
            std::optional<NodataValue> nodata) {
-  detail::RasterAccess::set_georeferencing(out, nodata, source.affine(), source.crs());
+  out = out.with_nodata(nodata).with_georeferencing(source.affine(), source.crs());
 }
 
 // Calls backend::fn(args...) on the backend of the residency.

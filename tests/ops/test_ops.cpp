@@ -23,6 +23,22 @@ OwnedRasterArray where_ops_run(OwnedRasterArray host_raster) {
 }  // namespace vsr_ops_test
 
 TEST_SUITE("ops") {
+  TEST_CASE("output-into forms give the output the result's georeferencing") {
+    std::vector<float> px{1, 2, 3, 4, 5, 6};
+    const Affine a{10, 0, 500, 0, -10, 900};
+    const auto r =
+        OwnedRasterArray::from_host(px.data(), DType::float32, 1, 2, 3, -1.0, a, "EPSG:3857");
+    auto out = OwnedRasterArray::allocate(Residency::host, DType::float32, 1, 2, 3);
+    clip_into(r, 0, 4, out);
+    CHECK(out.affine() == a);
+    CHECK(out.crs() == "EPSG:3857");
+    CHECK(out.nodata() == std::optional<double>(-1.0));
+    auto scaled = OwnedRasterArray::allocate(Residency::host, DType::float32, 1, 2, 3);
+    rescale_into(r, 0, 6, 0, 1, scaled);
+    CHECK(scaled.affine() == a);
+    CHECK(scaled.crs() == "EPSG:3857");
+  }
+
   TEST_CASE("merge_statistics of two parts equals the statistics of the whole") {
     const auto d = gen_pixels<double>(2 * 37 * 53, 5);
     const auto whole = OwnedRasterArray::from_host(d.data(), DType::float64, 1, 74, 53, kNodata);

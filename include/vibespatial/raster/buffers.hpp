@@ -223,7 +223,6 @@ enum class Residency { host, device };
 
 namespace detail {
 struct RasterStorage;
-struct RasterAccess;  // the library's own access to a handle's georeferencing
 }  // namespace detail
 
 /**
@@ -302,6 +301,17 @@ class VSR_EXPORT OwnedRasterArray {
    * @throws std::invalid_argument for a NaN nodata on an integer dtype.
    */
   OwnedRasterArray with_nodata(std::optional<NodataValue> nodata) const;
+  /**
+   * @brief A handle on the same pixels (shared storage, as a copy) whose affine and CRS are
+   * @p affine and @p crs; nodata as this one's. Other handles keep theirs. Throws only
+   * std::bad_alloc.
+   */
+  OwnedRasterArray with_georeferencing(const Affine& affine, std::string crs) const {
+    OwnedRasterArray r = *this;
+    r.affine_ = affine;
+    r.crs_ = std::move(crs);
+    return r;
+  }
   /// Pixel -> world transform (rasterio order).
   const Affine& affine() const;
   /// Coordinate reference system: WKT, "EPSG:n", or empty.
@@ -347,7 +357,6 @@ class VSR_EXPORT OwnedRasterArray {
   std::size_t byte_size() const;
 
  private:
-  friend struct detail::RasterAccess;
   OwnedRasterArray(std::shared_ptr<detail::RasterStorage> storage, int first_band, int band_count);
 
   std::shared_ptr<detail::RasterStorage> storage_;
