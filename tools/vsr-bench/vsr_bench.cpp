@@ -15,7 +15,7 @@
 // or device (alloc only: dispatch runs its CPU rows without one and marks the GPU rows n/a).
 #include "../common/cli.hpp"
 #include "../common/format.hpp"
-#include "driver/cuda_driver.hpp"
+#include "bench_driver.hpp"
 
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/driver.hpp>
@@ -47,7 +47,6 @@
 #endif
 
 namespace vsr = vibespatial::raster;
-namespace detail = vibespatial::raster::detail;
 
 namespace {
 
@@ -200,11 +199,11 @@ struct MallocAlloc {
 struct CuMemAlloc {
   void* alloc(std::size_t b) {
     CUdeviceptr p = 0;
-    VSR_CU_TRY(detail::driver().cuMemAlloc(&p, b));
+    BENCH_CU_TRY(vsr_bench::driver().cuMemAlloc(&p, b));
     return reinterpret_cast<void*>(p);
   }
   void release(void* p, std::size_t) {
-    VSR_CU_TRY(detail::driver().cuMemFree(reinterpret_cast<CUdeviceptr>(p)));
+    BENCH_CU_TRY(vsr_bench::driver().cuMemFree(reinterpret_cast<CUdeviceptr>(p)));
   }
   void settle() {}
 };
@@ -213,13 +212,13 @@ struct CuMemAllocAsync {
   CUstream stream = nullptr;
   void* alloc(std::size_t b) {
     CUdeviceptr p = 0;
-    VSR_CU_TRY(detail::driver().cuMemAllocAsync(&p, b, stream));
+    BENCH_CU_TRY(vsr_bench::driver().cuMemAllocAsync(&p, b, stream));
     return reinterpret_cast<void*>(p);
   }
   void release(void* p, std::size_t) {
-    VSR_CU_TRY(detail::driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), stream));
+    BENCH_CU_TRY(vsr_bench::driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), stream));
   }
-  void settle() { VSR_CU_TRY(detail::driver().cuStreamSynchronize(stream)); }
+  void settle() { BENCH_CU_TRY(vsr_bench::driver().cuStreamSynchronize(stream)); }
 };
 
 // One round: fill (untimed), `steps` replacement steps (timed), drain (untimed).
@@ -415,11 +414,11 @@ void section_driver(Report& rep, const Trace& small, const Trace& large, const S
                     bool quiet) {
   const std::string label = "2/4 pool vs driver";
   const bool emu = rep.machine.emulated;
-  const auto& api = detail::driver();
+  const auto& api = vsr_bench::driver();
   const bool has_async = api.cuMemAllocAsync != nullptr && api.cuMemFreeAsync != nullptr;
   // Never destroyed: the pool keeps marks and cached blocks that name the stream it was freed on.
   static CUstream stream = nullptr;
-  if (stream == nullptr) VSR_CU_TRY(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  if (stream == nullptr) BENCH_CU_TRY(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
   const std::string tag = emu ? " [host-only emulator: measures nothing real]" : "";
   Table tab({"trace", "live", "steps", "rounds", "pool ns/op", "cuMemAlloc ns/op",
              "cuMemAllocAsync ns/op", "pool/cuMemAlloc", "pool/cuMemAllocAsync", "goal", "met"});
@@ -697,8 +696,8 @@ Machine describe_machine() {
     m.cc_major = d.compute_capability_major;
     m.cc_minor = d.compute_capability_minor;
   }
-  detail::bind_current_device();
-  VSR_CU_TRY(detail::driver().cuMemGetInfo(&m.free_bytes, &m.total_bytes));
+  vsr_bench::bind_primary_context();
+  BENCH_CU_TRY(vsr_bench::driver().cuMemGetInfo(&m.free_bytes, &m.total_bytes));
   m.tier = vsr::configure_memory_pool();
   // The pool is created lazily: one call makes its page size and small-block limit known.
   vsr::device_deallocate(vsr::device_allocate(256), 256);
@@ -1059,11 +1058,11 @@ void section_cpu_elementwise(Report& rep, const DispatchSizes& z, bool quiet) {
 
 // Runs `reps` calls of f back to back and waits for the device; seconds.
 double gpu_round(int reps, const std::function<void()>& f) {
-  const auto& api = detail::driver();
-  VSR_CU_TRY(api.cuCtxSynchronize());
+  const auto& api = vsr_bench::driver();
+  BENCH_CU_TRY(api.cuCtxSynchronize());
   const auto t0 = Clock::now();
   for (int i = 0; i < reps; ++i) f();
-  VSR_CU_TRY(api.cuCtxSynchronize());
+  BENCH_CU_TRY(api.cuCtxSynchronize());
   return seconds_since(t0);
 }
 
@@ -1079,20 +1078,20 @@ void section_gpu_elementwise(Report& rep, const DispatchSizes& z, const std::str
     if (!quiet) std::printf("\n== 2. GPU elementwise: %s ==\n", skip.c_str());
     return;
   }
-  const auto& api = detail::driver();
-  detail::bind_current_device();
+  const auto& api = vsr_bench::driver();
+  vsr_bench::bind_primary_context();
   const std::size_t bytes = static_cast<std::size_t>(z.gpu_h * z.gpu_w) * sizeof(float);
   const double moved = 2.0 * static_cast<double>(bytes);
   vsr::OwnedRasterArray in = host_raster(1, z.gpu_h, z.gpu_w);
   in.move_to(vsr::Residency::device);
-  const CUdeviceptr src = detail::to_device_ptr(in.device_pointer());
+  const CUdeviceptr src = vsr_bench::to_device_ptr(in.device_pointer());
   void* dst = vsr::device_allocate(bytes);
   std::vector<TimedContender> cs{
       {"rescale", [&] { return gpu_round(z.gpu_reps, [&] { (void)rescale_op(in); }); }},
       {"DtoD",
        [&] {
          return gpu_round(z.gpu_reps, [&] {
-           VSR_CU_TRY(api.cuMemcpyDtoDAsync(detail::to_device_ptr(dst), src, bytes, nullptr));
+           BENCH_CU_TRY(api.cuMemcpyDtoDAsync(vsr_bench::to_device_ptr(dst), src, bytes, nullptr));
          });
        }},
   };
@@ -1139,9 +1138,9 @@ std::uint64_t pipeline_budget(std::uint64_t band_bytes, int per_pass) {
 vsr::OwnedRasterArray copy_band_on_stream(const vsr::OwnedRasterArray& band, CUstream stream) {
   vsr::OwnedRasterArray out = vsr::OwnedRasterArray::allocate(
       vsr::Residency::device, band.dtype(), 1, band.height(), band.width(), band.nodata());
-  VSR_CU_TRY(detail::driver().cuMemcpyDtoDAsync(detail::to_device_ptr(out.device_data()),
-                                                detail::to_device_ptr(band.device_pointer()),
-                                                band.byte_size(), stream));
+  BENCH_CU_TRY(vsr_bench::driver().cuMemcpyDtoDAsync(
+      vsr_bench::to_device_ptr(out.device_data()), vsr_bench::to_device_ptr(band.device_pointer()),
+      band.byte_size(), stream));
   return out;
 }
 
@@ -1171,8 +1170,8 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
     return;
   }
   const bool real_op = mode == "gpu";
-  const auto& api = detail::driver();
-  detail::bind_current_device();
+  const auto& api = vsr_bench::driver();
+  vsr_bench::bind_primary_context();
   const vsr::OwnedRasterArray in = host_raster(z.pipe_bands, z.pipe_h, z.pipe_w);
   const std::size_t bytes = in.byte_size();
   const std::size_t band_bytes = bytes / static_cast<std::size_t>(z.pipe_bands);
@@ -1214,7 +1213,7 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
                                (report.output == vsr::Residency::device ? "device" : "host");
 
   void* pinned = nullptr;
-  VSR_CU_TRY(api.cuMemHostAlloc(&pinned, bytes, 0));
+  BENCH_CU_TRY(api.cuMemHostAlloc(&pinned, bytes, 0));
   void* dst = nullptr;
   CUstream stream = nullptr;
   const auto release = [&] {
@@ -1226,12 +1225,12 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
   try {
     std::memcpy(pinned, in.host_data(), bytes);
     dst = vsr::device_allocate(bytes);
-    VSR_CU_TRY(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    BENCH_CU_TRY(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     vsr::OwnedRasterArray resident = host_raster(z.pipe_bands, z.pipe_h, z.pipe_w);
     resident.move_to(vsr::Residency::device);
     const auto timed_dispatch = [&](const vsr::OwnedRasterArray& r,
                                     const vsr::GpuDispatchOptions& o) {
-      VSR_CU_TRY(api.cuCtxSynchronize());
+      BENCH_CU_TRY(api.cuCtxSynchronize());
       const auto t0 = Clock::now();
       const vsr::OwnedRasterArray out = vsr::dispatch_per_band_gpu(r, op, o);
       return seconds_since(t0);  // the output is complete when the call returns
@@ -1241,8 +1240,9 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
         {"pinned H2D",
          [&] {
            const auto t0 = Clock::now();
-           VSR_CU_TRY(api.cuMemcpyHtoDAsync(detail::to_device_ptr(dst), pinned, bytes, stream));
-           VSR_CU_TRY(api.cuStreamSynchronize(stream));
+           BENCH_CU_TRY(
+               api.cuMemcpyHtoDAsync(vsr_bench::to_device_ptr(dst), pinned, bytes, stream));
+           BENCH_CU_TRY(api.cuStreamSynchronize(stream));
            return seconds_since(t0);
          }},
         {"serial", [&] { return timed_dispatch(in, serial); }},
@@ -1250,7 +1250,7 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
         {"pageable H2D",
          [&] {
            const auto t0 = Clock::now();
-           VSR_CU_TRY(api.cuMemcpyHtoD(detail::to_device_ptr(dst), in.host_data(), bytes));
+           BENCH_CU_TRY(api.cuMemcpyHtoD(vsr_bench::to_device_ptr(dst), in.host_data(), bytes));
            return seconds_since(t0);
          }},
     };
@@ -1351,7 +1351,7 @@ void section_focal(Report& rep, const DispatchSizes& z, const std::string& skip,
     rep.section_json("{\"section\": \"focal_mean\", \"where\": \"gpu\", \"skipped\": " +
                      json_string(skip) + "}");
   } else {
-    detail::bind_current_device();
+    vsr_bench::bind_primary_context();
     vsr::OwnedRasterArray in = host_raster(1, z.gpu_h, z.gpu_w);
     in.move_to(vsr::Residency::device);
     std::vector<TimedContender> cs{
@@ -1410,8 +1410,9 @@ int run_dispatch(const DispatchOptions& o) {
     z.rounds = 3;
   }
   if (skip.empty()) {
-    detail::bind_current_device();
-    VSR_CU_TRY(detail::driver().cuMemGetInfo(&rep.machine.free_bytes, &rep.machine.total_bytes));
+    vsr_bench::bind_primary_context();
+    BENCH_CU_TRY(
+        vsr_bench::driver().cuMemGetInfo(&rep.machine.free_bytes, &rep.machine.total_bytes));
     // Each GPU section holds at most ~3.3x its raster (input, output, copy target, staging):
     // keep that under a third of free memory.
     while (z.gpu_h > 1024 &&
