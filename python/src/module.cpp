@@ -49,6 +49,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -122,6 +123,19 @@ void translate_exception(const std::exception_ptr& p, void*) {
     set_package_error("CudaError", nb::make_tuple(e.what(), e.code(), e.name()));
   } catch (const vsr::OutOfMemoryError& e) {
     set_package_error("OutOfMemoryError", nb::make_tuple(e.what(), e.requested_bytes()));
+  } catch (const std::system_error& e) {
+    // An errno (a missing file): OSError(errno, message) is the errno's subclass, e.g.
+    // FileNotFoundError. Other categories fall through to nanobind's RuntimeError.
+    if (e.code().category() != std::generic_category() &&
+        e.code().category() != std::system_category()) {
+      throw;
+    }
+    try {
+      nb::object error = nb::handle(PyExc_OSError)(e.code().value(), e.what());
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+    } catch (nb::python_error& pe) {
+      pe.restore();
+    }
   }
 }
 

@@ -63,8 +63,11 @@ def test_streamed_processing_equals_whole(tif, tmp_path):
 
 
 def test_io_errors(tmp_path):
-    with pytest.raises(ValueError):
+    with pytest.raises(FileNotFoundError, match="read_raster_metadata: cannot open raster"):
         io.read_raster_metadata(tmp_path / "missing.tif")
+    (tmp_path / "notes.tif").write_text("not a raster\n")
+    with pytest.raises(ValueError, match="read_raster_metadata: cannot open raster"):
+        io.read_raster_metadata(tmp_path / "notes.tif")
     r = OwnedRasterArray.from_numpy(np.zeros((4, 4), np.uint8))
     with pytest.raises(ValueError):
         io.write_raster(tmp_path / "x.tif", r, blockxsize=256, blockysize=128)

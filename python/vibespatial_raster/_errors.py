@@ -8,7 +8,8 @@
   cannot satisfy a request; ``requested_bytes`` says how much was asked for.
 
 Bad arguments raise ``ValueError`` (or ``IndexError`` / ``OverflowError`` where those say it
-better), wrong types ``TypeError``.
+better), wrong types ``TypeError``. A file that is missing or cannot be reached raises the
+``OSError`` of its errno (``FileNotFoundError``, ``PermissionError``).
 """
 
 from __future__ import annotations

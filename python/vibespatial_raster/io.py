@@ -64,7 +64,8 @@ def read_raster_metadata(path: str | os.PathLike, *, allow_virtual: bool = False
     file systems (``/vsi...``) and URLs. Give it only for inputs you trust.
 
     Raises:
-        ValueError: the file cannot be opened; RuntimeError: an unsupported data type, bands of
+        FileNotFoundError (an OSError): the file does not exist (PermissionError: it cannot be
+            read); ValueError: the file is not a raster this call opens; RuntimeError: an unsupported data type, bands of
         differing types or nodata, or a build without GDAL.
     """
     return RasterMetadata._from_core(_core.read_raster_metadata(_path(path), bool(allow_virtual)))
@@ -78,7 +79,8 @@ def read_raster(path: str | os.PathLike, *, window: RasterWindow | Sequence[int]
     window's origin. ``allow_virtual`` as :func:`read_raster_metadata`.
 
     Raises:
-        ValueError: a file that cannot be opened, a window outside the raster or empty, a band
+        FileNotFoundError (an OSError): the file does not exist; ValueError: a file that is not
+            a raster this call opens, a window outside the raster or empty, a band
         outside [1, band count]; RuntimeError as :func:`read_raster_metadata`.
     """
     w: tuple[int, ...] | None = None

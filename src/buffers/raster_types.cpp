@@ -84,6 +84,17 @@ std::array<double, 2> Affine::apply(double col, double row) const noexcept {
   return {a * col + b * row + c, d * col + e * row + f};
 }
 
+Affine Affine::shifted(std::int64_t col, std::int64_t row) const noexcept {
+  Affine s = *this;
+  s.c = c + static_cast<double>(col) * a + static_cast<double>(row) * b;
+  s.f = f + static_cast<double>(col) * d + static_cast<double>(row) * e;
+  return s;
+}
+
+bool is_floating_point(DType dtype) noexcept {
+  return dtype == DType::float32 || dtype == DType::float64;
+}
+
 std::int64_t RasterMetadata::pixel_count() const {
   std::int64_t pixels = 0;
   if (__builtin_mul_overflow(height, width, &pixels)) {

@@ -248,9 +248,8 @@ void DispatchResources::release_idle() {
       for (const auto& [bytes, p] : pinned) {
         const CUresult r = api.cuMemFreeHost(p);
         if (r != CUDA_SUCCESS && !first) {
-          first.emplace(
-              static_cast<int>(r), cu_result_name(r),
-              "vibespatial: free_dispatch_resources: cuMemFreeHost failed: " + cu_result_name(r));
+          first.emplace(static_cast<int>(r), cu_result_name(r),
+                        "free_dispatch_resources: cuMemFreeHost failed: " + cu_result_name(r));
         }
       }
     } catch (const CudaError& e) {
@@ -261,8 +260,7 @@ void DispatchResources::release_idle() {
     const CUresult r = destroy_pipeline(p);
     if (r != CUDA_SUCCESS && !first) {
       first.emplace(static_cast<int>(r), cu_result_name(r),
-                    "vibespatial: free_dispatch_resources: destroying a pipeline failed: " +
-                        cu_result_name(r));
+                    "free_dispatch_resources: destroying a pipeline failed: " + cu_result_name(r));
     }
   }
   if (first) throw *first;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-band executors: host bands on a small thread pool, device bands in budgeted batches.
 #include "common/checked_math.hpp"
+#include "common/expects.hpp"
 #include "dispatch/gpu_resources.hpp"
 #include "driver/cuda_driver.hpp"
 
@@ -25,7 +26,7 @@ namespace vibespatial::raster {
 using detail::checked_mul;
 
 OwnedRasterArray dispatch_per_band_cpu(const OwnedRasterArray& raster, const BandOp& op) {
-  if (!op) throw std::invalid_argument("dispatch_per_band_cpu: op is empty");
+  VSR_EXPECTS(op, "dispatch_per_band_cpu: op is empty");
   if (raster.band_count() == 1) return op(raster);
 
   // The CPU path works on host views; a device raster is copied, never moved (it is const).
@@ -302,13 +303,11 @@ void GpuDispatch::take_result(const OwnedRasterArray& result, int band, int slot
       }
     }
   } else {
-    if (result.dtype() != out_->dtype()) {
-      throw std::invalid_argument(where + " has dtype " + std::string(to_string(result.dtype())) +
-                                  ", band 0's has " + std::string(to_string(out_->dtype())));
-    }
-    if (!same_nodata(result.nodata(), out_nodata_)) {
-      throw std::invalid_argument(where + " has a different nodata from band 0's result");
-    }
+    VSR_EXPECTS(result.dtype() == out_->dtype(),
+                where + " has dtype " + std::string(to_string(result.dtype())) + ", band 0's has " +
+                    std::string(to_string(out_->dtype())));
+    VSR_EXPECTS(same_nodata(result.nodata(), out_nodata_),
+                where + " has a different nodata from band 0's result");
   }
   const auto n = static_cast<std::size_t>(out_band_bytes_);
   const std::size_t offset = n * static_cast<std::size_t>(band);
@@ -436,21 +435,18 @@ OwnedRasterArray run_gpu_dispatch(const OwnedRasterArray& raster, const StreamBa
 OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const StreamBandOp& op,
                                        const GpuDispatchOptions& options,
                                        GpuDispatchReport* report) {
-  if (!op) throw std::invalid_argument("dispatch_per_band_gpu: op is empty");
-  if (options.pipeline_depth != 1 && options.pipeline_depth != 2) {
-    throw std::invalid_argument("dispatch_per_band_gpu: pipeline_depth must be 1 or 2, not " +
-                                std::to_string(options.pipeline_depth));
-  }
-  if (options.staging_threads < 0) {
-    throw std::invalid_argument("dispatch_per_band_gpu: staging_threads must be >= 0");
-  }
+  VSR_EXPECTS(op, "dispatch_per_band_gpu: op is empty");
+  VSR_EXPECTS(options.pipeline_depth == 1 || options.pipeline_depth == 2,
+              "dispatch_per_band_gpu: pipeline_depth must be 1 or 2, not " +
+                  std::to_string(options.pipeline_depth));
+  VSR_EXPECTS(options.staging_threads >= 0, "dispatch_per_band_gpu: staging_threads must be >= 0");
   if (raster.band_count() == 1) return op(raster, nullptr);
   return run_gpu_dispatch(raster, &op, nullptr, options, report);
 }
 
 OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const BandOp& op,
                                        int buffers_per_band, std::uint64_t scratch_bytes) {
-  if (!op) throw std::invalid_argument("dispatch_per_band_gpu: op is empty");
+  VSR_EXPECTS(op, "dispatch_per_band_gpu: op is empty");
   if (raster.band_count() == 1) return op(raster);
   GpuDispatchOptions options;
   options.buffers_per_band = buffers_per_band;

@@ -160,9 +160,3 @@ class ScopedDeviceContext {
                                                       __LINE__);                           \
     }                                                                                      \
   } while (0)
-
-/// Checks a precondition of a public call; throws std::invalid_argument with `message`.
-#define VSR_EXPECTS(cond, message)                                  \
-  do {                                                              \
-    if (!(cond)) throw std::invalid_argument(std::string(message)); \
-  } while (0)

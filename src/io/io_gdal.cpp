@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Raster file I/O through GDAL's C API (io.hpp).
+#include "common/byte_text.hpp"
 #include "common/checked_math.hpp"
+#include "common/expects.hpp"
 #include "common/text_escape.hpp"
 #include "io/output_file.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/io.hpp>
 
 #include <cpl_conv.h>
@@ -13,10 +16,12 @@
 #include <gdal.h>
 #include <gdal_version.h>
 #include <ogr_srs_api.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +32,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -106,13 +112,16 @@ bool is_virtual_path(const std::string& path) {
   });
 }
 
-Dataset open_readonly(const std::string& path, const OpenOptions& open = {}) {
+/// Opens @p path for reading as @p who (the public call, first in every message). A local file
+/// that cannot be reached (missing, no permission) is a std::system_error with the errno; a file
+/// that is there but not an allowed raster, or a refused virtual path, std::invalid_argument.
+Dataset open_readonly(const std::string& path, const OpenOptions& open, const char* who) {
   register_drivers();
-  if (!open.allow_virtual && is_virtual_path(path)) {
-    throw std::invalid_argument("cannot open raster '" + shown(path) +
-                                "': GDAL virtual file systems and URLs are refused unless allowed "
-                                "(OpenOptions::allow_virtual; vsr-run --allow-virtual)");
-  }
+  const std::string cannot = std::string(who) + ": cannot open raster '" + shown(path) + "'";
+  VSR_EXPECTS(open.allow_virtual || !is_virtual_path(path),
+              cannot +
+                  ": GDAL virtual file systems and URLs are refused unless allowed "
+                  "(OpenOptions::allow_virtual; vsr-run --allow-virtual)");
   std::vector<std::string> drivers = open.drivers.empty() ? default_input_drivers() : open.drivers;
   if (open.allow_virtual) drivers.emplace_back("VRT");
   CPLStringList allowed;
@@ -135,7 +144,11 @@ Dataset open_readonly(const std::string& path, const OpenOptions& open = {}) {
                            : "; add it to OpenOptions::drivers to allow it");
     }
   }
-  throw std::invalid_argument("cannot open raster '" + shown(path) + "'" + why);
+  // Not found or not reachable: an I/O error, not a bad argument (GDAL's message says the same).
+  if (struct stat st{}; !is_virtual_path(path) && ::stat(path.c_str(), &st) != 0) {
+    throw std::system_error(errno, std::generic_category(), cannot);
+  }
+  throw std::invalid_argument(cannot + why);
 }
 
 /// Flushes and closes the written dataset @p ds, then throws if GDAL reported any failure while
@@ -295,13 +308,6 @@ RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path, const std::
   return meta;
 }
 
-Affine shifted(const Affine& a, std::int64_t col, std::int64_t row) {
-  Affine s = a;
-  s.c = a.c + static_cast<double>(col) * a.a + static_cast<double>(row) * a.b;
-  s.f = a.f + static_cast<double>(col) * a.d + static_cast<double>(row) * a.e;
-  return s;
-}
-
 /// Band-major RasterIO of a (bands, h, w) buffer whose rows are @p line_elems elements apart and
 /// whose bands are @p band_elems elements apart.
 void raster_io(GDALDatasetH ds, GDALRWFlag flag, const RasterWindow& w, void* buf, DType dtype,
@@ -317,19 +323,6 @@ void raster_io(GDALDatasetH ds, GDALRWFlag flag, const RasterWindow& w, void* bu
     fail(std::string(flag == GF_Read ? "cannot read" : "cannot write") + " raster '" + shown(path) +
          "'");
   }
-}
-
-std::string bytes_text(std::uint64_t bytes) {
-  char buf[64];
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (1ULL << 40)) {
-    std::snprintf(buf, sizeof buf, "%.1f TiB", b / static_cast<double>(1ULL << 40));
-  } else if (bytes >= (1ULL << 30)) {
-    std::snprintf(buf, sizeof buf, "%.1f GiB", b / static_cast<double>(1ULL << 30));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f MiB", b / static_cast<double>(1ULL << 20));
-  }
-  return buf;
 }
 
 std::string window_text(const RasterWindow& w, int bands, DType dtype) {
@@ -366,15 +359,15 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
     if (bytes > limit) {
       throw HostMemoryLimitError(bytes, limit,
                                  "reading " + window_text(w, meta.band_count, meta.dtype) +
-                                     " of '" + shown(path) + "' needs " + bytes_text(bytes) +
-                                     " of host memory, more than the " + bytes_text(limit) +
+                                     " of '" + shown(path) + "' needs " + detail::byte_text(bytes) +
+                                     " of host memory, more than the " + detail::byte_text(limit) +
                                      " available; read it in windows or tiles (process_raster_file,"
                                      " for_each_raster_tile)");
     }
   }
   OwnedRasterArray out =
       OwnedRasterArray::allocate(Residency::host, meta.dtype, meta.band_count, w.height, w.width,
-                                 std::nullopt, shifted(meta.affine, w.col_off, w.row_off), meta.crs)
+                                 std::nullopt, meta.affine.shifted(w.col_off, w.row_off), meta.crs)
           .with_nodata(meta.exact_nodata);
   raster_io(ds, GF_Read, w, out.mutable_host_data(), meta.dtype, bands, w.width, w.width * w.height,
             path);
@@ -497,7 +490,7 @@ RasterMetadata read_raster_metadata(const std::string& path) {
 
 RasterMetadata read_raster_metadata(const std::string& path, const OpenOptions& open) {
   QuietErrors quiet;
-  Dataset ds = open_readonly(path, open);
+  Dataset ds = open_readonly(path, open, "read_raster_metadata");
   return metadata_of(ds.get(), path, {});
 }
 
@@ -509,7 +502,7 @@ OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow
 OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow> window,
                              std::vector<int> bands, const OpenOptions& open) {
   QuietErrors quiet;
-  Dataset ds = open_readonly(path, open);
+  Dataset ds = open_readonly(path, open, "read_raster");
   return read_open(ds.get(), path, window, std::move(bands));
 }
 
@@ -681,9 +674,10 @@ void check_pass_memory(GDALDatasetH ds, const RasterMetadata& meta, const Stream
         needed, limit,
         std::string(who) + ": a pass over '" + shown(path) + "' (" + std::to_string(bands) +
             " band(s) of " + std::to_string(ph) + " x " + std::to_string(pw) + " " +
-            std::string(to_string(meta.dtype)) + ", GDAL blocks of " + bytes_text(block_bytes(ds)) +
-            ", cache " + bytes_text(cache) + ") needs " + bytes_text(needed) +
-            " of host memory, more than the " + bytes_text(limit) +
+            std::string(to_string(meta.dtype)) + ", GDAL blocks of " +
+            detail::byte_text(block_bytes(ds)) + ", cache " + detail::byte_text(cache) +
+            ") needs " + detail::byte_text(needed) + " of host memory, more than the " +
+            detail::byte_text(limit) +
             (options.host_memory_limit != 0 ? " allowed" : " available") +
             "; plan smaller tiles (a smaller budget) or fewer bands per pass");
   }
@@ -700,7 +694,7 @@ struct OpenStream {
 OpenStream open_stream(const std::string& in, const RasterPlan& plan, const StreamOptions& options,
                        const char* who) {
   OpenStream s;
-  s.src = open_readonly(in, options.open);
+  s.src = open_readonly(in, options.open, who);
   s.meta = metadata_of(s.src.get(), in, options.bands, /*mixed_nodata=*/true);
   std::array<double, 6> gt{};
   s.has_geotransform = GDALGetGeoTransform(s.src.get(), gt.data()) == CE_None;
@@ -722,28 +716,21 @@ template <class F>
 void walk_tiles(const OpenStream& s, const std::string& in, const StreamOptions& options, F&& f) {
   const StreamLayout& l = s.layout;
   const RasterMetadata& meta = s.meta;
+  const std::vector<TileWindow> tiles = tile_windows(meta.height, meta.width, l.th, l.tw, l.halo);
   std::int64_t index = 0;
   for (const StreamLayout::Pass& pass : l.passes) {
     const std::vector<int> pass_bands(l.bands.begin() + pass.first,
                                       l.bands.begin() + pass.first + pass.count);
-    for (std::int64_t r0 = 0; r0 < meta.height; r0 += l.th) {
-      for (std::int64_t c0 = 0; c0 < meta.width; c0 += l.tw) {
-        const std::int64_t eh = std::min(l.th, meta.height - r0);
-        const std::int64_t ew = std::min(l.tw, meta.width - c0);
-        const std::int64_t pr0 = std::max<std::int64_t>(0, r0 - l.halo);
-        const std::int64_t pc0 = std::max<std::int64_t>(0, c0 - l.halo);
-        const std::int64_t pr1 = std::min(meta.height, r0 + eh + l.halo);
-        const std::int64_t pc1 = std::min(meta.width, c0 + ew + l.halo);
-        TileInfo where;
-        where.index = index++;
-        where.total = l.total();
-        where.window = RasterWindow{c0, r0, ew, eh};
-        where.read = RasterWindow{pc0, pr0, pc1 - pc0, pr1 - pr0};
-        where.first_band = pass.first;
-        where.band_count = pass.count;
-        if (options.stage) options.stage(where, TileStage::read);
-        f(read_open(s.src.get(), in, where.read, pass_bands, false, true), where);
-      }
+    for (const TileWindow& tile : tiles) {
+      TileInfo where;
+      where.index = index++;
+      where.total = l.total();
+      where.window = tile.window;
+      where.read = tile.read;
+      where.first_band = pass.first;
+      where.band_count = pass.count;
+      if (options.stage) options.stage(where, TileStage::read);
+      f(read_open(s.src.get(), in, where.read, pass_bands, false, true), where);
     }
   }
 }
@@ -783,7 +770,7 @@ void copy_metadata(GDALDatasetH src, GDALDatasetH dst, const StreamLayout& l, in
 
 RasterFileInfo read_raster_info(const std::string& path, const OpenOptions& open) {
   QuietErrors quiet;
-  Dataset ds = open_readonly(path, open);
+  Dataset ds = open_readonly(path, open, "read_raster_info");
   RasterFileInfo info;
   info.metadata = metadata_of(ds.get(), path, {}, /*mixed_nodata=*/true);
   for (int b = 1; b <= GDALGetRasterCount(ds.get()); ++b) {
@@ -821,7 +808,7 @@ std::string output_driver_for(const std::string& path) {
 std::uint64_t gdal_cache_for_plan(const std::string& in, const RasterPlan& plan,
                                   const StreamOptions& options) {
   QuietErrors quiet;
-  Dataset src = open_readonly(in, options.open);
+  Dataset src = open_readonly(in, options.open, "gdal_cache_for_plan");
   const RasterMetadata meta = metadata_of(src.get(), in, options.bands, true);
   return cache_for(src.get(), meta,
                    layout_of(src.get(), meta, plan, options, "gdal_cache_for_plan"));

@@ -50,7 +50,7 @@ decltype(auto) visit_dtype(DType dtype, F&& f) {
     case DType::float64:
       return f(double{});
   }
-  throw std::invalid_argument("vibespatial: unknown dtype");
+  throw std::invalid_argument("dtype: not a DType value");
 }
 
 /// The compute type of T (see ops.hpp): float for <= 16-bit integers and float, else double.

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The band operations' facade: argument checks, the backend chosen by residency, output rasters.
 // Plain C++ (no Thrust): the work happens in ops_host.cpp or ops_cuda.cu.
-#include "buffers/raster_access.hpp"
+#include "common/expects.hpp"
 #include "ops/ops_backend.hpp"
 
 #include <vibespatial/raster/errors.hpp>
@@ -18,10 +18,6 @@ namespace vibespatial::raster {
 namespace {
 
 namespace be = detail::ops;
-
-bool is_float(DType d) {
-  return d == DType::float32 || d == DType::float64;
-}
 
 /// The [lowest, max] range of an integer dtype, as doubles (int64/uint64 max round up to 2^63 /
 /// 2^64, which are therefore excluded by the strict comparisons below).
@@ -90,7 +86,7 @@ be::Layout layout_of(const OwnedRasterArray& r) {
 
 [[noreturn, maybe_unused]] void no_cuda() {
   throw std::runtime_error(
-      "vibespatial: the raster is device-resident but the library was built without CUDA: "
+      "the raster is device-resident but the library was built without CUDA: "
       "move it to the host (move_to(Residency::host)) or rebuild with -Dcuda=enabled");
 }
 
@@ -117,36 +113,34 @@ OwnedRasterArray like(const OwnedRasterArray& r, DType dtype, std::optional<Noda
 }
 
 void require_finite(double v, const char* what) {
-  if (!std::isfinite(v))
-    throw std::invalid_argument(std::string("vibespatial: ") + what + " must be finite");
+  VSR_EXPECTS(std::isfinite(v), std::string(what) + " must be finite");
 }
 
 /// Checks an output-into target: shape, residency and dtype as the result, and no overlap with
 /// @p input other than the same pixels when @p in_place_ok.
 void check_out(const OwnedRasterArray& input, const OwnedRasterArray& out, DType dtype,
                const char* op, bool in_place_ok) {
-  const std::string where = std::string("vibespatial: ") + op + ": ";
-  if (out.band_count() != input.band_count() || out.height() != input.height() ||
-      out.width() != input.width())
-    throw std::invalid_argument(where + "out has another shape than the input");
-  if (out.residency() != input.residency())
-    throw std::invalid_argument(where + "out has another residency than the input");
-  if (out.dtype() != dtype)
-    throw std::invalid_argument(where + "out is " + std::string(to_string(out.dtype())) +
-                                ", the result is " + std::string(to_string(dtype)));
+  const std::string where = std::string(op) + ": ";
+  VSR_EXPECTS(out.band_count() == input.band_count() && out.height() == input.height() &&
+                  out.width() == input.width(),
+              where + "out has another shape than the input");
+  VSR_EXPECTS(out.residency() == input.residency(),
+              where + "out has another residency than the input");
+  VSR_EXPECTS(out.dtype() == dtype, where + "out is " + std::string(to_string(out.dtype())) +
+                                        ", the result is " + std::string(to_string(dtype)));
   const auto* a = static_cast<const unsigned char*>(pixels(input));
   const auto* b = static_cast<const unsigned char*>(pixels(out));
   const bool overlap = a < b + out.byte_size() && b < a + input.byte_size();
-  if (overlap && !(in_place_ok && a == b))
-    throw std::invalid_argument(where + (in_place_ok ? "out partly overlaps the input"
-                                                     : "out overlaps the input (it reads "
-                                                       "neighbours: use another raster)"));
+  VSR_EXPECTS(!overlap || (in_place_ok && a == b),
+              where + (in_place_ok ? "out partly overlaps the input"
+                                   : "out overlaps the input (it reads neighbours: use another "
+                                     "raster)"));
 }
 
 /// Gives @p out the result's georeferencing.
 void label(OwnedRasterArray& out, const OwnedRasterArray& source,
            std::optional<NodataValue> nodata) {
-  detail::RasterAccess::set_georeferencing(out, nodata, source.affine(), source.crs());
+  out = out.with_nodata(nodata).with_georeferencing(source.affine(), source.crs());
 }
 
 // Calls backend::fn(args...) on the backend of the residency.
@@ -157,12 +151,9 @@ void label(OwnedRasterArray& out, const OwnedRasterArray& source,
 #define VSR_OPS_CALL(on_dev, fn, ...) ((on_dev) ? no_cuda() : be::host::fn(__VA_ARGS__))
 #endif
 
-/// "vibespatial: <op> on the device: <what>", without repeating a "vibespatial: " prefix.
+/// "<op> on the device: <what>".
 std::string on_device_message(const char* op, const char* what) {
-  std::string w(what);
-  const std::string prefix = "vibespatial: ";
-  if (w.rfind(prefix, 0) == 0) w.erase(0, prefix.size());
-  return prefix + op + " on the device: " + w;
+  return std::string(op) + " on the device: " + what;
 }
 
 /// Runs @p f, the device path of operation @p op (its output allocation included): every error
@@ -202,7 +193,7 @@ DType compute_dtype(DType dtype) {
     case DType::float64:
       return DType::float64;
   }
-  throw std::invalid_argument("vibespatial: unknown dtype");
+  throw std::invalid_argument("compute_dtype: unknown dtype");
 }
 
 bool ops_built_with_cuda() noexcept {
@@ -240,11 +231,11 @@ RescaleSetup rescale_setup(const OwnedRasterArray& raster, double in_min, double
   require_finite(in_max, "rescale: in_max");
   require_finite(out_min, "rescale: out_min");
   require_finite(out_max, "rescale: out_max");
-  if (in_min == in_max) throw std::invalid_argument("vibespatial: rescale: in_min == in_max");
+  VSR_EXPECTS(in_min != in_max, "rescale: in_min == in_max");
   (void)itemsize(out_dtype);  // throws std::invalid_argument for a bad dtype
   RescaleSetup r{{}, be::RescaleParams{in_min, in_max, out_min, out_max, 0}};
   const auto nd = raster.nodata();
-  if (is_float(out_dtype)) {
+  if (is_floating_point(out_dtype)) {
     // NaN is never a valid output, so it never takes a valid pixel for nodata.
     r.params.fill = std::numeric_limits<double>::quiet_NaN();
     if (nd) r.out_nodata = r.params.fill;
@@ -264,8 +255,8 @@ RescaleSetup rescale_setup(const OwnedRasterArray& raster, double in_min, double
       fill = dlo;
     } else {
       throw std::invalid_argument(
-          "vibespatial: rescale: the output range [" + std::to_string(lo) + ", " +
-          std::to_string(hi) + "] covers every value of " + std::string(to_string(out_dtype)) +
+          "rescale: the output range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+          "] covers every value of " + std::string(to_string(out_dtype)) +
           ", so none is left for the nodata pixels: narrow the output range or use a float dtype");
     }
     r.out_nodata = fill;
@@ -316,9 +307,8 @@ namespace {
 
 /// Checks clip's bounds and rounds them to @p d (see ops.hpp).
 void clip_bounds(DType d, double& lower, double& upper) {
-  if (std::isnan(lower) || std::isnan(upper))
-    throw std::invalid_argument("vibespatial: clip: a bound is NaN");
-  if (!is_float(d)) {
+  VSR_EXPECTS(!std::isnan(lower) && !std::isnan(upper), "clip: a bound is NaN");
+  if (!is_floating_point(d)) {
     double lo = 0, hi = 0;
     int_range(d, lo, hi);
     if (d == DType::uint64 || d == DType::int64) {
@@ -331,7 +321,7 @@ void clip_bounds(DType d, double& lower, double& upper) {
     lower = std::max(lower, -static_cast<double>(std::numeric_limits<float>::max()));
     upper = std::min(upper, static_cast<double>(std::numeric_limits<float>::max()));
   }
-  if (lower > upper) throw std::invalid_argument("vibespatial: clip: lower > upper");
+  VSR_EXPECTS(lower <= upper, "clip: lower > upper");
 }
 
 void run_clip(bool dev, const OwnedRasterArray& raster, double lower, double upper,
@@ -372,9 +362,9 @@ void clip_into(const OwnedRasterArray& raster, double lower, double upper, Owned
 namespace {
 
 void check_fill_value(const OwnedRasterArray& raster, double value) {
-  if (std::isnan(value) || !representable(value, raster.dtype()))
-    throw std::invalid_argument("vibespatial: fill_nodata: " + std::to_string(value) +
-                                " is not a value of " + std::string(to_string(raster.dtype())));
+  VSR_EXPECTS(!std::isnan(value) && representable(value, raster.dtype()),
+              "fill_nodata: " + std::to_string(value) + " is not a value of " +
+                  std::string(to_string(raster.dtype())));
 }
 
 void run_fill(bool dev, const OwnedRasterArray& raster, double value, OwnedRasterArray& out,
@@ -415,10 +405,10 @@ void fill_nodata_into(const OwnedRasterArray& raster, double value, OwnedRasterA
 namespace {
 
 void check_pair(const OwnedRasterArray& a, const OwnedRasterArray& b) {
-  if (a.dtype() != b.dtype() || a.band_count() != b.band_count() || a.height() != b.height() ||
-      a.width() != b.width() || a.residency() != b.residency())
-    throw std::invalid_argument(
-        "vibespatial: normalized_difference: a and b differ in dtype, shape or residency");
+  VSR_EXPECTS(a.dtype() == b.dtype() && a.band_count() == b.band_count() &&
+                  a.height() == b.height() && a.width() == b.width() &&
+                  a.residency() == b.residency(),
+              "normalized_difference: a and b differ in dtype, shape or residency");
 }
 
 void run_normalized_difference(bool dev, const OwnedRasterArray& a, const OwnedRasterArray& b,
@@ -464,16 +454,16 @@ void normalized_difference_into(const OwnedRasterArray& a, const OwnedRasterArra
 
 std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster, int bins,
                                                  double lower, double upper, CUstream stream) {
-  if (bins < 1) throw std::invalid_argument("vibespatial: histogram: bins must be >= 1");
+  VSR_EXPECTS(bins >= 1, "histogram: bins must be >= 1");
   require_finite(lower, "histogram: lower");
   require_finite(upper, "histogram: upper");
-  if (!(lower < upper)) throw std::invalid_argument("vibespatial: histogram: lower >= upper");
+  VSR_EXPECTS(lower < upper, "histogram: lower >= upper");
   // The device histogram counts bands * bins + 1 levels in an int: 2^31 - 2 bins at most.
-  if (static_cast<std::int64_t>(raster.band_count()) * bins >=
-      std::numeric_limits<std::int32_t>::max())
-    throw std::invalid_argument(
-        "vibespatial: histogram: band_count * bins must be below 2^31 - 1 (" +
-        std::to_string(raster.band_count()) + " bands x " + std::to_string(bins) + " bins)");
+  VSR_EXPECTS(static_cast<std::int64_t>(raster.band_count()) * bins <
+                  std::numeric_limits<std::int32_t>::max(),
+              "histogram: band_count * bins must be below 2^31 - 1 (" +
+                  std::to_string(raster.band_count()) + " bands x " + std::to_string(bins) +
+                  " bins)");
   const bool dev = on_device(raster);
   const int bands = raster.band_count();
   std::vector<std::int64_t> flat(static_cast<std::size_t>(bands) * static_cast<std::size_t>(bins));
@@ -496,8 +486,9 @@ std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster,
 namespace {
 
 void check_edge(EdgeMode edge) {
-  if (edge != EdgeMode::nearest && edge != EdgeMode::reflect && edge != EdgeMode::constant_nodata)
-    throw std::invalid_argument("vibespatial: focal_mean_3x3: unknown edge mode");
+  VSR_EXPECTS(
+      edge == EdgeMode::nearest || edge == EdgeMode::reflect || edge == EdgeMode::constant_nodata,
+      "focal_mean_3x3: unknown edge mode");
 }
 
 void run_focal(bool dev, const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out,

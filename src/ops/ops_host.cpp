@@ -89,3 +89,16 @@ void focal_mean_3x3(const void* in, DType dtype, void* out, Layout layout, Nodat
 }
 
 }  // namespace vibespatial::raster::detail::ops::host
+
+namespace vibespatial::raster {
+
+BandStatistics merge_statistics(const BandStatistics& a, const BandStatistics& b) noexcept {
+  namespace ops = detail::ops;
+  const auto stats = [](const BandStatistics& s) {
+    if (s.count == 0) return ops::empty_stats();
+    return ops::Stats{s.count, s.mean, s.std * s.std * static_cast<double>(s.count), s.min, s.max};
+  };
+  return ops::finish_stats(ops::MergeStats{}(stats(a), stats(b)));
+}
+
+}  // namespace vibespatial::raster

@@ -66,8 +66,8 @@ void throw_runtime_error(const RuntimeErrorApi& api, int code, const char* what)
   const char* name = api.error_name(code);
   const char* text = api.error_string(code);
   const std::string n = name != nullptr ? name : "cudaError(" + std::to_string(code) + ")";
-  const std::string message = std::string("vibespatial: ") + what + " failed: " + n + ": " +
-                              (text != nullptr ? text : "unknown error");
+  const std::string message =
+      std::string(what) + " failed: " + n + ": " + (text != nullptr ? text : "unknown error");
   if (code == cudaErrorMemoryAllocation) throw OutOfMemoryError(0, message);
   throw CudaError(runtime_to_driver_result(code), n, message, code);
 }

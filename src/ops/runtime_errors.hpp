@@ -24,7 +24,7 @@ int runtime_to_driver_result(int runtime_code) noexcept;
 
 /// Throws for a failed runtime call: clears the runtime's last error first (get_last_error), then
 /// throws OutOfMemoryError for cudaErrorMemoryAllocation, else CudaError with the runtime code.
-/// The message is "vibespatial: <what> failed: <name>: <string>".
+/// The message is "<what> failed: <name>: <string>".
 [[noreturn]] void throw_runtime_error(const RuntimeErrorApi& api, int code, const char* what);
 
 /// Throws as throw_runtime_error when @p code is not cudaSuccess (0).

@@ -310,3 +310,18 @@ TEST_CASE("exact nodata: with_nodata, metadata and band stacks keep a 64-bit sen
                   std::invalid_argument);
   CHECK_FALSE(r.with_nodata(std::nullopt).nodata().has_value());
 }
+
+TEST_CASE("with_georeferencing: a handle on the same pixels with another affine and CRS") {
+  std::vector<float> px{1, 2, 3, 4, 5, 6};
+  const Affine a{10, 0, 500, 0, -10, 900};
+  const auto r =
+      OwnedRasterArray::from_host(px.data(), DType::float32, 1, 2, 3, -1.0, a, "EPSG:3857");
+  const Affine b{30, 0, 0, 0, -30, 60};
+  const auto g = r.with_georeferencing(b, "EPSG:32633");
+  CHECK(g.affine() == b);
+  CHECK(g.crs() == "EPSG:32633");
+  CHECK(g.nodata() == std::optional<double>(-1.0));
+  CHECK(g.host_data() == r.host_data());  // shared storage, no copy
+  CHECK(r.affine() == a);                 // the source handle keeps its own
+  CHECK(r.crs() == "EPSG:3857");
+}

@@ -73,6 +73,29 @@ TEST_CASE("Affine defaults and rasterio order") {
   CHECK(p[1] == doctest::Approx(5 * 10 - 7 * 20 + 200));
 }
 
+TEST_CASE("a window's affine starts at its first pixel") {
+  const vsr::Affine t{10, 0.5, 1000, -0.25, -10, 5000};
+  const vsr::Affine w = t.shifted(7, 3);
+  CHECK(w.a == t.a);
+  CHECK(w.b == t.b);
+  CHECK(w.d == t.d);
+  CHECK(w.e == t.e);
+  // The window's pixel (0, 0) is the raster's pixel (7, 3), and (2, 5) is (9, 8).
+  CHECK(w.apply(0, 0) == t.apply(7, 3));
+  CHECK(w.apply(2, 5) == t.apply(9, 8));
+  CHECK(t.shifted(0, 0) == t);
+}
+
+TEST_CASE("is_floating_point: float32 and float64 only") {
+  for (const DType d : {DType::uint8, DType::int8, DType::uint16, DType::int16, DType::uint32,
+                        DType::int32, DType::uint64, DType::int64}) {
+    CHECK_FALSE(vsr::is_floating_point(d));
+  }
+  CHECK(vsr::is_floating_point(DType::float32));
+  CHECK(vsr::is_floating_point(DType::float64));
+  CHECK_FALSE(vsr::is_floating_point(static_cast<DType>(99)));
+}
+
 TEST_CASE("Affine GDAL geotransform round trip") {
   // GDAL order: origin x, pixel width, row rotation, origin y, column rotation, pixel height.
   const std::array<double, 6> gt{440720.0, 60.0, 0.5, 3751320.0, -0.25, -60.0};

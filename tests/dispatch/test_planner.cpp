@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace vsr = vibespatial::raster;
 using vsr::DType;
@@ -641,4 +642,38 @@ TEST_CASE("plan_from_metadata takes dims, dtype and band_count from the metadata
   meta.band_count = 1;
   meta.height = 0;
   CHECK_THROWS_AS(vsr::plan_from_metadata(meta, options), std::invalid_argument);
+}
+
+TEST_CASE("tile_windows: row-major tiles that cover every pixel once, reads with the halo") {
+  const std::int64_t h = 5, w = 7;
+  const std::vector<vsr::TileWindow> tiles = vsr::tile_windows(h, w, 2, 3, 1);
+  REQUIRE(tiles.size() == 9);  // 3 rows x 3 columns of tiles
+  std::vector<int> covered(static_cast<std::size_t>(h * w), 0);
+  std::int64_t prev_row = -1, prev_col = -1;
+  for (const vsr::TileWindow& t : tiles) {
+    const vsr::RasterWindow& e = t.window;
+    CHECK((e.row_off > prev_row || (e.row_off == prev_row && e.col_off > prev_col)));
+    prev_row = e.row_off, prev_col = e.col_off;
+    CHECK(e.height == std::min<std::int64_t>(2, h - e.row_off));
+    CHECK(e.width == std::min<std::int64_t>(3, w - e.col_off));
+    for (std::int64_t r = e.row_off; r < e.row_off + e.height; ++r)
+      for (std::int64_t c = e.col_off; c < e.col_off + e.width; ++c)
+        ++covered[static_cast<std::size_t>(r * w + c)];
+    // The read window: one pixel more on each side, clamped to the raster.
+    CHECK(t.read.row_off == std::max<std::int64_t>(0, e.row_off - 1));
+    CHECK(t.read.col_off == std::max<std::int64_t>(0, e.col_off - 1));
+    CHECK(t.read.row_off + t.read.height == std::min(h, e.row_off + e.height + 1));
+    CHECK(t.read.col_off + t.read.width == std::min(w, e.col_off + e.width + 1));
+  }
+  CHECK(std::all_of(covered.begin(), covered.end(), [](int n) { return n == 1; }));
+  CHECK(tiles.back().window == vsr::RasterWindow{6, 4, 1, 1});
+  // Without a halo the read is the window; one tile larger than the raster is the raster.
+  for (const vsr::TileWindow& t : vsr::tile_windows(h, w, 2, 3)) CHECK(t.read == t.window);
+  const auto one = vsr::tile_windows(h, w, 100, 100, 4);
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].window == vsr::RasterWindow{0, 0, w, h});
+  CHECK(one[0].read == one[0].window);
+  CHECK_THROWS_AS(vsr::tile_windows(0, w, 2, 3), std::invalid_argument);
+  CHECK_THROWS_AS(vsr::tile_windows(h, w, 2, 0), std::invalid_argument);
+  CHECK_THROWS_AS(vsr::tile_windows(h, w, 2, 3, -1), std::invalid_argument);
 }

@@ -412,7 +412,7 @@ def memory_bounded_by_plan(env):
                                     "--host-memory", "512M"])
     check(rc == 1, "one huge block: exit %d" % rc)
     text = strict_text(err, "error")
-    check("GDAL blocks of 1.0 GiB" in text and "host memory" in text, text)
+    check("GDAL blocks of 1.00 GiB" in text and "host memory" in text, text)
     check(env.sanitized or rss < baseline + 32 * MiB, "refusing took %.0f MiB" % (rss / MiB))
     # A 1.2 MB sparse file of 100000 x 100000 x 500 float32 (20 TB): a whole-raster plan is
     # refused with the amount, not a bare std::bad_alloc.
@@ -640,6 +640,114 @@ def ops_match_independent_computation(env):
             check(rel_close(g, (a - b_) / (a + b_)), ("nd", a, b_, g))
         else:
             check(is_nan(g), ("nd invalid", a, b_, g))
+
+
+# --- issue 15: the sample runs say their plan, keep to it and give the right answer --------------
+
+# The sample (no --input): 4 bands of 600 x 600 float32; with a 1600K budget (1120000 bytes usable)
+# every op tiles and its tiles fit: stats 512 x 512 (2 x 2 per band), rescale and focal-mean
+# 256 x 512 (3 x 2), normalized-difference 256 x 256 with both bands (3 x 3).
+SAMPLE_SIDE, SAMPLE_BANDS, SAMPLE_BUDGET = 600, 4, "1600K"
+
+
+def sample_pixels(bands=SAMPLE_BANDS, side=SAMPLE_SIDE):
+    """vsr-run's sample raster (make_sample), computed here: [band][row * side + col]."""
+    out, i = [], 0
+    for b in range(bands):
+        px = []
+        for y in range(side):
+            for x in range(side):
+                h = (i * 2654435761) & 0xFFFFFFFF
+                h ^= h >> 15
+                px.append(NAN if h % 100 == 0 else
+                          100.0 * (b + 1) + ((x + 2 * y) % 1000) * 0.5 + (h % 64) * 0.25)
+                i += 1
+        out.append(px)
+    return out
+
+
+def sample_run(env, op, budget, *extra):
+    """Runs vsr-run on the sample with --progress; checks the plan line against what is expected
+    of the budget and that the progress lines count the plan's passes. Returns (stdout, plan)."""
+    p = run_ok(env, "--op", op, "--sample-size", SAMPLE_SIDE, "--budget", budget, "--progress",
+               *extra)
+    out = strict_text(p.stdout, "summary")
+    err = tool_stderr(p.stderr).decode()
+    plans = [l.split(None, 1)[1] for l in out.splitlines() if l.startswith("  plan ")]
+    check(len(plans) == 1, "one plan line: %r" % out)
+    plan = plans[0]
+    check("does NOT fit" not in plan, "%s --budget %s: %s" % (op, budget, plan))
+    if budget == "auto":
+        check(plan.startswith("whole, "), "%s: auto plans the whole raster: %s" % (op, plan))
+    else:
+        check(plan.startswith("tiled, ") and "budget 1.53 MiB" in plan, "%s: %s" % (op, plan))
+    # The last progress line of the op's own pass says every tile (or band) was done.
+    last = [l for l in err.splitlines() if l.startswith("[vsr-run] %s:" % op)]
+    check(last, "%s: no progress line: %r" % (op, err))
+    return out, plan, last[-1]
+
+
+@case
+def sample_stats_follow_the_plan(env):
+    px = sample_pixels()
+    for budget in ("auto", SAMPLE_BUDGET):
+        out, plan, last = sample_run(env, "stats", budget)
+        if budget == "auto":
+            check(last.endswith("tile 4/4 (100%)"), last)  # one whole-band tile per band
+        else:
+            check(plan.startswith("tiled, 4 tiles of 512 x 512 (halo 0), 1 band(s) per pass"),
+                  plan)
+            check(last.endswith("tile 16/16 (100%)"), last)  # 4 tiles of each of 4 bands
+        rows = stats_rows(out.encode())
+        check(sorted(rows) == [1, 2, 3, 4], out)
+        for b in range(SAMPLE_BANDS):
+            vs = [v for v in px[b] if not is_nan(v)]
+            mean = sum(vs) / len(vs)
+            std = (sum((v - mean) ** 2 for v in vs) / len(vs)) ** 0.5
+            count, lo, hi, m, s = rows[b + 1]
+            check(count == len(vs) and lo == min(vs) and hi == max(vs),
+                  (budget, b + 1, rows[b + 1], len(vs), min(vs), max(vs)))
+            check(rel_close(m, mean, 1e-5) and rel_close(s, std, 1e-5), (budget, rows[b + 1]))
+
+
+def sample_band_op_follows_the_plan(env, op, halo, *checks):
+    """A per-band raster op on the sample: by band (auto), or in 6 tiles of 256 x 512 (tiled)."""
+    for budget in ("auto", SAMPLE_BUDGET):
+        out, plan, last = sample_run(env, op, budget)
+        for want in checks:
+            check(want in out, "%r not in %r" % (want, out))
+        if budget == "auto":
+            check(last.endswith("band 4/4 (100%)"), last)
+        else:
+            check(plan.startswith("tiled, 6 tiles of 256 x 512 (halo %d), 1 band(s) per pass" %
+                                  halo), plan)
+            check(last.endswith("tile 6/6 (100%)"), last)
+
+
+@case
+def sample_rescale_follows_the_plan(env):
+    valid = [v for b in sample_pixels() for v in b if not is_nan(v)]
+    sample_band_op_follows_the_plan(
+        env, "rescale", 0, "op          rescale: [%s, %s] -> [0, 1] as float32" % (
+            repr(min(valid)).rstrip("0").rstrip("."), repr(max(valid)).rstrip("0").rstrip(".")))
+
+
+@case
+def sample_focal_mean_follows_the_plan(env):
+    sample_band_op_follows_the_plan(env, "focal-mean", 1)
+
+
+@case
+def sample_ndvi_follows_the_plan(env):
+    for budget in ("auto", SAMPLE_BUDGET):
+        out, plan, last = sample_run(env, "ndvi", budget)
+        check("input       sample, 4 x 600 x 600 float32" in out, out)
+        if budget == "auto":
+            check(plan.startswith("whole, 2 band(s) per pass"), plan)
+            check(last.endswith("pass 1/1 (100%)"), last)
+        else:
+            check(plan.startswith("tiled, 9 tiles of 256 x 256 (halo 0), 2 band(s) per pass"), plan)
+            check(last.endswith("tile 9/9 (100%)"), last)
 
 
 @case

@@ -14,7 +14,8 @@
 // run and the summary names the failure), 2 on bad arguments, 77 when there is no usable driver
 // or device (alloc only: dispatch runs its CPU rows without one and marks the GPU rows n/a).
 #include "../common/cli.hpp"
-#include "driver/cuda_driver.hpp"
+#include "../common/format.hpp"
+#include "bench_driver.hpp"
 
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/driver.hpp>
@@ -46,7 +47,6 @@
 #endif
 
 namespace vsr = vibespatial::raster;
-namespace detail = vibespatial::raster::detail;
 
 namespace {
 
@@ -78,29 +78,8 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-std::string bytes_str(std::size_t b) {
-  if (b >= kGiB) return fmt("%.2f GiB", static_cast<double>(b) / kGiB);
-  if (b >= kMiB) return fmt("%.1f MiB", static_cast<double>(b) / kMiB);
-  if (b >= kKiB) return fmt("%.0f KiB", static_cast<double>(b) / kKiB);
-  return std::to_string(b) + " B";
-}
-
-std::string json_escape(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
+using vsr_cli::format_bytes;
+using vsr_cli::json_string;
 
 std::string json_num(double v) {
   if (!std::isfinite(v)) return "null";
@@ -220,11 +199,11 @@ struct MallocAlloc {
 struct CuMemAlloc {
   void* alloc(std::size_t b) {
     CUdeviceptr p = 0;
-    VSR_CU_TRY(detail::driver().cuMemAlloc(&p, b));
+    BENCH_CU_TRY(vsr_bench::driver().cuMemAlloc(&p, b));
     return reinterpret_cast<void*>(p);
   }
   void release(void* p, std::size_t) {
-    VSR_CU_TRY(detail::driver().cuMemFree(reinterpret_cast<CUdeviceptr>(p)));
+    BENCH_CU_TRY(vsr_bench::driver().cuMemFree(reinterpret_cast<CUdeviceptr>(p)));
   }
   void settle() {}
 };
@@ -233,13 +212,13 @@ struct CuMemAllocAsync {
   CUstream stream = nullptr;
   void* alloc(std::size_t b) {
     CUdeviceptr p = 0;
-    VSR_CU_TRY(detail::driver().cuMemAllocAsync(&p, b, stream));
+    BENCH_CU_TRY(vsr_bench::driver().cuMemAllocAsync(&p, b, stream));
     return reinterpret_cast<void*>(p);
   }
   void release(void* p, std::size_t) {
-    VSR_CU_TRY(detail::driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), stream));
+    BENCH_CU_TRY(vsr_bench::driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), stream));
   }
-  void settle() { VSR_CU_TRY(detail::driver().cuStreamSynchronize(stream)); }
+  void settle() { BENCH_CU_TRY(vsr_bench::driver().cuStreamSynchronize(stream)); }
 };
 
 // One round: fill (untimed), `steps` replacement steps (timed), drain (untimed).
@@ -366,7 +345,7 @@ int g_errors = 0;
 void case_error(Report& rep, const std::string& name, const std::exception& e) {
   std::fprintf(stderr, "vsr-bench: %s failed: %s\n", name.c_str(), e.what());
   rep.summary.push_back({name + ": ERROR", NAN, "", "error", e.what()});
-  rep.section_json("{\"section\": " + json_escape(name) + ", \"error\": " + json_escape(e.what()) +
+  rep.section_json("{\"section\": " + json_string(name) + ", \"error\": " + json_string(e.what()) +
                    "}");
   ++g_errors;
 }
@@ -410,19 +389,19 @@ void section_malloc(Report& rep, const Trace& small, const Trace& large, const S
     const double ratio = paired_ratio(s[0], s[1]);
     const std::string met = met_str(ratio, c.goal);
     const std::string sizes =
-        bytes_str(c.t->lo) + "-" + bytes_str(c.t->hi) + " " + dist_name(c.t->dist);
+        format_bytes(c.t->lo) + "-" + format_bytes(c.t->hi) + " " + dist_name(c.t->dist);
     tab.add({c.t->name, std::to_string(c.t->fill.size()), sizes, std::to_string(c.steps),
              std::to_string(z.rounds), fmt("%.1f", median(s[0])), fmt("%.1f", median(s[1])),
              fmt("%.3f", ratio), c.goal, met});
     rep.summary.push_back(
         {"pool/malloc ns per op, " + c.t->name + " trace", ratio, c.goal, met, ""});
     rep.section_json(
-        "{\"section\": \"pool_vs_malloc\", \"trace\": " + json_escape(c.t->name) +
+        "{\"section\": \"pool_vs_malloc\", \"trace\": " + json_string(c.t->name) +
         ", \"live\": " + std::to_string(c.t->fill.size()) +
         ", \"steps\": " + std::to_string(c.steps) + ", \"rounds\": " + std::to_string(z.rounds) +
         ", \"pool_ns_per_op\": " + json_num(median(s[0])) +
         ", \"malloc_ns_per_op\": " + json_num(median(s[1])) + ", \"ratio\": " + json_num(ratio) +
-        ", \"goal\": " + json_escape(c.goal) + ", \"met\": " + json_escape(met) + "}");
+        ", \"goal\": " + json_string(c.goal) + ", \"met\": " + json_string(met) + "}");
   }
   if (!quiet) {
     tab.print(
@@ -435,11 +414,11 @@ void section_driver(Report& rep, const Trace& small, const Trace& large, const S
                     bool quiet) {
   const std::string label = "2/4 pool vs driver";
   const bool emu = rep.machine.emulated;
-  const auto& api = detail::driver();
+  const auto& api = vsr_bench::driver();
   const bool has_async = api.cuMemAllocAsync != nullptr && api.cuMemFreeAsync != nullptr;
   // Never destroyed: the pool keeps marks and cached blocks that name the stream it was freed on.
   static CUstream stream = nullptr;
-  if (stream == nullptr) VSR_CU_TRY(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  if (stream == nullptr) BENCH_CU_TRY(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
   const std::string tag = emu ? " [host-only emulator: measures nothing real]" : "";
   Table tab({"trace", "live", "steps", "rounds", "pool ns/op", "cuMemAlloc ns/op",
              "cuMemAllocAsync ns/op", "pool/cuMemAlloc", "pool/cuMemAllocAsync", "goal", "met"});
@@ -473,7 +452,7 @@ void section_driver(Report& rep, const Trace& small, const Trace& large, const S
                            emu ? goal + " (GPU only)" : goal, met, ""});
     rep.section_json(
         "{\"section\": \"pool_vs_driver\", \"host_only_emulator\": " +
-        std::string(emu ? "true" : "false") + ", \"trace\": " + json_escape(c.t->name) +
+        std::string(emu ? "true" : "false") + ", \"trace\": " + json_string(c.t->name) +
         ", \"live\": " + std::to_string(c.t->fill.size()) + ", \"steps\": " +
         std::to_string(c.steps) + ", \"rounds\": " + std::to_string(z.drv_rounds) +
         ", \"pool_ns_per_op\": " + json_num(median(s[0])) +
@@ -481,7 +460,7 @@ void section_driver(Report& rep, const Trace& small, const Trace& large, const S
         ", \"cuMemAllocAsync_ns_per_op\": " + json_num(has_async ? median(s[2]) : NAN) +
         ", \"pool_over_cuMemAlloc\": " + json_num(r_sync) +
         ", \"pool_over_cuMemAllocAsync\": " + json_num(r_async) +
-        ", \"goal\": " + json_escape(goal) + ", \"met\": " + json_escape(met) + "}");
+        ", \"goal\": " + json_string(goal) + ", \"met\": " + json_string(met) + "}");
   }
   if (!quiet) {
     tab.print("== 2. Pool vs the driver's allocators on one non-blocking stream" + tag +
@@ -590,7 +569,7 @@ void section_threads(Report& rep, const Sizes& z, std::uint64_t seed, bool quiet
       ", \"steps_per_thread\": " + std::to_string(z.thread_steps) + ", \"rounds\": " +
       std::to_string(z.thread_rounds) + ", \"one_thread_calls_per_s\": " + json_num(median(one)) +
       ", \"two_threads_calls_per_s\": " + json_num(median(two)) + ", \"ratio\": " + json_num(r) +
-      ", \"goal\": " + json_escape(goal) + ", \"met\": " + json_escape(met) + "}");
+      ", \"goal\": " + json_string(goal) + ", \"met\": " + json_string(met) + "}");
 }
 
 struct FragResult {
@@ -665,7 +644,7 @@ void section_fragmentation(Report& rep, const Sizes& z, std::uint64_t seed, bool
   int idx = 0;
   for (Dist d : {Dist::uniform, Dist::log_uniform}) {
     progress("4/4 fragmentation: %s sizes, %zu allocations, cap %s", dist_name(d), z.frag_allocs,
-             bytes_str(z.frag_cap).c_str());
+             format_bytes(z.frag_cap).c_str());
     FragResult f;
     try {
       f = fragmentation(d, z.frag_cap, z.frag_allocs, seed + 2000 + idx++, rep.machine.granularity);
@@ -679,14 +658,14 @@ void section_fragmentation(Report& rep, const Sizes& z, std::uint64_t seed, bool
     const bool scored = d == Dist::uniform;
     const std::string met = scored ? met_str(f.ratio, goal) : "n/a";
     const std::string sizes = std::string("1-64 MiB ") + dist_name(d);
-    tab.add({sizes, bytes_str(z.frag_cap), std::to_string(f.allocs), std::to_string(f.frees),
-             bytes_str(f.peak_live), bytes_str(f.peak_pool), fmt("%.4f", f.ratio),
+    tab.add({sizes, format_bytes(z.frag_cap), std::to_string(f.allocs), std::to_string(f.frees),
+             format_bytes(f.peak_live), format_bytes(f.peak_pool), fmt("%.4f", f.ratio),
              fmt("%.4f", f.page_floor), scored ? goal : "(info)", met});
     rep.summary.push_back({"fragmentation peak pool_size / peak live requested, " + sizes, f.ratio,
                            scored ? goal : "", met,
                            "page-rounding floor " + fmt("%.4f", f.page_floor)});
     rep.section_json(
-        "{\"section\": \"fragmentation\", \"sizes\": " + json_escape(sizes) +
+        "{\"section\": \"fragmentation\", \"sizes\": " + json_string(sizes) +
         ", \"live_cap_bytes\": " + std::to_string(z.frag_cap) +
         ", \"allocs\": " + std::to_string(f.allocs) + ", \"frees\": " + std::to_string(f.frees) +
         ", \"pool_size_before\": " + std::to_string(f.base) +
@@ -694,7 +673,7 @@ void section_fragmentation(Report& rep, const Sizes& z, std::uint64_t seed, bool
         ", \"peak_live_page_rounded_bytes\": " + std::to_string(f.peak_live_pages) +
         ", \"peak_pool_size_bytes\": " + std::to_string(f.peak_pool) + ", \"ratio\": " +
         json_num(f.ratio) + ", \"page_rounding_floor\": " + json_num(f.page_floor) +
-        ", \"goal\": " + json_escape(scored ? goal : "") + ", \"met\": " + json_escape(met) + "}");
+        ", \"goal\": " + json_string(scored ? goal : "") + ", \"met\": " + json_string(met) + "}");
   }
   if (!quiet) {
     tab.print(
@@ -717,8 +696,8 @@ Machine describe_machine() {
     m.cc_major = d.compute_capability_major;
     m.cc_minor = d.compute_capability_minor;
   }
-  detail::bind_current_device();
-  VSR_CU_TRY(detail::driver().cuMemGetInfo(&m.free_bytes, &m.total_bytes));
+  vsr_bench::bind_primary_context();
+  BENCH_CU_TRY(vsr_bench::driver().cuMemGetInfo(&m.free_bytes, &m.total_bytes));
   m.tier = vsr::configure_memory_pool();
   // The pool is created lazily: one call makes its page size and small-block limit known.
   vsr::device_deallocate(vsr::device_allocate(256), 256);
@@ -738,13 +717,13 @@ void fit_to_device(Report& rep, Sizes& z) {
     const auto fit = static_cast<std::size_t>(budget / (3.0 * per_block));
     rep.notes.push_back("large trace scaled down from " + std::to_string(z.large_live) + " to " +
                         std::to_string(std::max<std::size_t>(fit, 1)) + " live blocks to fit " +
-                        bytes_str(rep.machine.free_bytes) + " free device memory");
+                        format_bytes(rep.machine.free_bytes) + " free device memory");
     z.large_live = std::max<std::size_t>(fit, 1);
   }
   const auto frag_fit = static_cast<std::size_t>(0.25 * free_b);
   if (z.frag_cap > frag_fit) {
-    rep.notes.push_back("fragmentation live cap scaled down from " + bytes_str(z.frag_cap) +
-                        " to " + bytes_str(frag_fit) + " to fit free device memory");
+    rep.notes.push_back("fragmentation live cap scaled down from " + format_bytes(z.frag_cap) +
+                        " to " + format_bytes(frag_fit) + " to fit free device memory");
     z.frag_cap = std::max<std::size_t>(frag_fit, 128 * kMiB);
   }
 }
@@ -752,16 +731,16 @@ void fit_to_device(Report& rep, Sizes& z) {
 // Notes, sections and summary of a --json report, and its closing brace.
 void print_json_tail(const Report& rep) {
   std::string notes;
-  for (const auto& n : rep.notes) notes += (notes.empty() ? "" : ", ") + json_escape(n);
+  for (const auto& n : rep.notes) notes += (notes.empty() ? "" : ", ") + json_string(n);
   std::printf("  \"notes\": [%s],\n", notes.c_str());
   std::printf("  \"sections\": [\n    %s\n  ],\n", rep.sections_json.c_str());
   std::printf("  \"summary\": [\n");
   for (std::size_t i = 0; i < rep.summary.size(); ++i) {
     const auto& r = rep.summary[i];
     std::printf("    {\"metric\": %s, \"value\": %s, \"goal\": %s, \"met\": %s, \"note\": %s}%s\n",
-                json_escape(r.metric).c_str(), json_num(r.value).c_str(),
-                json_escape(r.goal).c_str(), json_escape(r.met).c_str(),
-                json_escape(r.note).c_str(), i + 1 < rep.summary.size() ? "," : "");
+                json_string(r.metric).c_str(), json_num(r.value).c_str(),
+                json_string(r.goal).c_str(), json_string(r.met).c_str(),
+                json_string(r.note).c_str(), i + 1 < rep.summary.size() ? "," : "");
   }
   std::printf("  ]\n}\n");
 }
@@ -785,9 +764,9 @@ void print_machine(const Report& rep, const Options& o, const Sizes& z) {
               m.emulated ? " [HOST EMULATOR: driver rows measure nothing real]" : "",
               m.driver_version / 1000, (m.driver_version % 1000) / 10);
   std::printf("device:  %s (cc %d.%d), %s free of %s\n", m.device.c_str(), m.cc_major, m.cc_minor,
-              bytes_str(m.free_bytes).c_str(), bytes_str(m.total_bytes).c_str());
+              format_bytes(m.free_bytes).c_str(), format_bytes(m.total_bytes).c_str());
   std::printf("pool:    tier %s, page %s, small blocks up to %s\n", m.tier.c_str(),
-              bytes_str(m.granularity).c_str(), bytes_str(m.small_limit).c_str());
+              format_bytes(m.granularity).c_str(), format_bytes(m.small_limit).c_str());
   std::printf("rounds:  %d (malloc), %d (driver), %d (threads); median of interleaved rounds\n",
               z.rounds, z.drv_rounds, z.thread_rounds);
   for (const auto& n : rep.notes) std::printf("note:    %s\n", n.c_str());
@@ -802,9 +781,9 @@ void print_json(const Report& rep, const Options& o) {
       "\"driver_version\": %d, \"device\": %s, \"compute_capability\": \"%d.%d\", \"free_bytes\": "
       "%zu, \"total_bytes\": %zu, \"tier\": %s, \"page_bytes\": %zu, \"small_block_limit\": "
       "%zu},\n",
-      m.cpus, json_escape(m.cpu_model).c_str(), json_escape(m.library).c_str(),
-      m.emulated ? "true" : "false", m.driver_version, json_escape(m.device).c_str(), m.cc_major,
-      m.cc_minor, m.free_bytes, m.total_bytes, json_escape(m.tier).c_str(), m.granularity,
+      m.cpus, json_string(m.cpu_model).c_str(), json_string(m.library).c_str(),
+      m.emulated ? "true" : "false", m.driver_version, json_string(m.device).c_str(), m.cc_major,
+      m.cc_minor, m.free_bytes, m.total_bytes, json_string(m.tier).c_str(), m.granularity,
       m.small_limit);
   print_json_tail(rep);
 }
@@ -1047,7 +1026,7 @@ void section_cpu_elementwise(Report& rep, const DispatchSizes& z, bool quiet) {
     const double ratio = paired_ratio(s[1], s[0]);
     const std::string g = scored ? goal : "";
     const std::string met = met_str(ratio, g);
-    tab.add({std::to_string(t), bytes_str(bytes), std::to_string(z.rounds),
+    tab.add({std::to_string(t), format_bytes(bytes), std::to_string(z.rounds),
              fmt("%.2f", gbps(moved, median(s[0]))), fmt("%.2f", gbps(moved, median(s[1]))),
              fmt("%.3f", ratio), scored ? goal : "(info)", met,
              fmt("%.2f", gbps(moved, median(s[3]))), fmt("%.2f", gbps(moved, median(s[2])))});
@@ -1063,8 +1042,8 @@ void section_cpu_elementwise(Report& rep, const DispatchSizes& z, bool quiet) {
                      ", \"rescale_new_output_gbps\": " + json_num(gbps(moved, median(s[3]))) +
                      ", \"memcpy_gbps\": " + json_num(gbps(moved, median(s[1]))) +
                      ", \"memcpy_fresh_dst_gbps\": " + json_num(gbps(moved, median(s[2]))) +
-                     ", \"ratio\": " + json_num(ratio) + ", \"goal\": " + json_escape(g) +
-                     ", \"met\": " + json_escape(met) + "}");
+                     ", \"ratio\": " + json_num(ratio) + ", \"goal\": " + json_string(g) +
+                     ", \"met\": " + json_string(met) + "}");
   }
   set_host_threads(host_max_threads());
   if (!quiet) {
@@ -1079,11 +1058,11 @@ void section_cpu_elementwise(Report& rep, const DispatchSizes& z, bool quiet) {
 
 // Runs `reps` calls of f back to back and waits for the device; seconds.
 double gpu_round(int reps, const std::function<void()>& f) {
-  const auto& api = detail::driver();
-  VSR_CU_TRY(api.cuCtxSynchronize());
+  const auto& api = vsr_bench::driver();
+  BENCH_CU_TRY(api.cuCtxSynchronize());
   const auto t0 = Clock::now();
   for (int i = 0; i < reps; ++i) f();
-  VSR_CU_TRY(api.cuCtxSynchronize());
+  BENCH_CU_TRY(api.cuCtxSynchronize());
   return seconds_since(t0);
 }
 
@@ -1095,24 +1074,24 @@ void section_gpu_elementwise(Report& rep, const DispatchSizes& z, const std::str
       {"size", "rounds", "ops/round", "rescale GB/s", "DtoD GB/s", "rescale/DtoD", "goal", "met"});
   if (!skip.empty()) {
     skipped_row(rep, metric, goal, skip);
-    rep.section_json("{\"section\": \"gpu_elementwise\", \"skipped\": " + json_escape(skip) + "}");
+    rep.section_json("{\"section\": \"gpu_elementwise\", \"skipped\": " + json_string(skip) + "}");
     if (!quiet) std::printf("\n== 2. GPU elementwise: %s ==\n", skip.c_str());
     return;
   }
-  const auto& api = detail::driver();
-  detail::bind_current_device();
+  const auto& api = vsr_bench::driver();
+  vsr_bench::bind_primary_context();
   const std::size_t bytes = static_cast<std::size_t>(z.gpu_h * z.gpu_w) * sizeof(float);
   const double moved = 2.0 * static_cast<double>(bytes);
   vsr::OwnedRasterArray in = host_raster(1, z.gpu_h, z.gpu_w);
   in.move_to(vsr::Residency::device);
-  const CUdeviceptr src = detail::to_device_ptr(in.device_pointer());
+  const CUdeviceptr src = vsr_bench::to_device_ptr(in.device_pointer());
   void* dst = vsr::device_allocate(bytes);
   std::vector<TimedContender> cs{
       {"rescale", [&] { return gpu_round(z.gpu_reps, [&] { (void)rescale_op(in); }); }},
       {"DtoD",
        [&] {
          return gpu_round(z.gpu_reps, [&] {
-           VSR_CU_TRY(api.cuMemcpyDtoDAsync(detail::to_device_ptr(dst), src, bytes, nullptr));
+           BENCH_CU_TRY(api.cuMemcpyDtoDAsync(vsr_bench::to_device_ptr(dst), src, bytes, nullptr));
          });
        }},
   };
@@ -1127,7 +1106,7 @@ void section_gpu_elementwise(Report& rep, const DispatchSizes& z, const std::str
   const double per = moved * z.gpu_reps;
   const double ratio = paired_ratio(s[1], s[0]);
   const std::string met = met_str(ratio, goal);
-  tab.add({bytes_str(bytes), std::to_string(z.rounds), std::to_string(z.gpu_reps),
+  tab.add({format_bytes(bytes), std::to_string(z.rounds), std::to_string(z.gpu_reps),
            fmt("%.1f", gbps(per, median(s[0]))), fmt("%.1f", gbps(per, median(s[1]))),
            fmt("%.3f", ratio), goal, met});
   rep.summary.push_back({metric, ratio, goal, met,
@@ -1138,7 +1117,7 @@ void section_gpu_elementwise(Report& rep, const DispatchSizes& z, const std::str
       ", \"rounds\": " + std::to_string(z.rounds) + ", \"ops_per_round\": " +
       std::to_string(z.gpu_reps) + ", \"rescale_gbps\": " + json_num(gbps(per, median(s[0]))) +
       ", \"dtod_gbps\": " + json_num(gbps(per, median(s[1]))) + ", \"ratio\": " + json_num(ratio) +
-      ", \"goal\": " + json_escape(goal) + ", \"met\": " + json_escape(met) + "}");
+      ", \"goal\": " + json_string(goal) + ", \"met\": " + json_string(met) + "}");
   if (!quiet) {
     tab.print(
         "== 2. GPU elementwise: rescale float32 -> float32 on a device raster (output from the "
@@ -1159,9 +1138,9 @@ std::uint64_t pipeline_budget(std::uint64_t band_bytes, int per_pass) {
 vsr::OwnedRasterArray copy_band_on_stream(const vsr::OwnedRasterArray& band, CUstream stream) {
   vsr::OwnedRasterArray out = vsr::OwnedRasterArray::allocate(
       vsr::Residency::device, band.dtype(), 1, band.height(), band.width(), band.nodata());
-  VSR_CU_TRY(detail::driver().cuMemcpyDtoDAsync(detail::to_device_ptr(out.device_data()),
-                                                detail::to_device_ptr(band.device_pointer()),
-                                                band.byte_size(), stream));
+  BENCH_CU_TRY(vsr_bench::driver().cuMemcpyDtoDAsync(
+      vsr_bench::to_device_ptr(out.device_data()), vsr_bench::to_device_ptr(band.device_pointer()),
+      band.byte_size(), stream));
   return out;
 }
 
@@ -1186,13 +1165,13 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
   if (mode.rfind("n/a", 0) == 0) {
     skipped_row(rep, metric, goal, mode);
     skipped_row(rep, overlap_metric, "", mode);
-    rep.section_json("{\"section\": \"pipeline\", \"skipped\": " + json_escape(mode) + "}");
+    rep.section_json("{\"section\": \"pipeline\", \"skipped\": " + json_string(mode) + "}");
     if (!quiet) std::printf("\n== 3. Pipelined per-band GPU dispatch: %s ==\n", mode.c_str());
     return;
   }
   const bool real_op = mode == "gpu";
-  const auto& api = detail::driver();
-  detail::bind_current_device();
+  const auto& api = vsr_bench::driver();
+  vsr_bench::bind_primary_context();
   const vsr::OwnedRasterArray in = host_raster(z.pipe_bands, z.pipe_h, z.pipe_w);
   const std::size_t bytes = in.byte_size();
   const std::size_t band_bytes = bytes / static_cast<std::size_t>(z.pipe_bands);
@@ -1230,11 +1209,11 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
   }
   const std::string plan_str = std::string(vsr::to_string(report.plan.strategy)) + ", " +
                                std::to_string(report.plan.bands_per_pass) + " band(s)/pass, " +
-                               bytes_str(report.vram_budget) + " budget, output on the " +
+                               format_bytes(report.vram_budget) + " budget, output on the " +
                                (report.output == vsr::Residency::device ? "device" : "host");
 
   void* pinned = nullptr;
-  VSR_CU_TRY(api.cuMemHostAlloc(&pinned, bytes, 0));
+  BENCH_CU_TRY(api.cuMemHostAlloc(&pinned, bytes, 0));
   void* dst = nullptr;
   CUstream stream = nullptr;
   const auto release = [&] {
@@ -1246,12 +1225,12 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
   try {
     std::memcpy(pinned, in.host_data(), bytes);
     dst = vsr::device_allocate(bytes);
-    VSR_CU_TRY(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    BENCH_CU_TRY(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     vsr::OwnedRasterArray resident = host_raster(z.pipe_bands, z.pipe_h, z.pipe_w);
     resident.move_to(vsr::Residency::device);
     const auto timed_dispatch = [&](const vsr::OwnedRasterArray& r,
                                     const vsr::GpuDispatchOptions& o) {
-      VSR_CU_TRY(api.cuCtxSynchronize());
+      BENCH_CU_TRY(api.cuCtxSynchronize());
       const auto t0 = Clock::now();
       const vsr::OwnedRasterArray out = vsr::dispatch_per_band_gpu(r, op, o);
       return seconds_since(t0);  // the output is complete when the call returns
@@ -1261,8 +1240,9 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
         {"pinned H2D",
          [&] {
            const auto t0 = Clock::now();
-           VSR_CU_TRY(api.cuMemcpyHtoDAsync(detail::to_device_ptr(dst), pinned, bytes, stream));
-           VSR_CU_TRY(api.cuStreamSynchronize(stream));
+           BENCH_CU_TRY(
+               api.cuMemcpyHtoDAsync(vsr_bench::to_device_ptr(dst), pinned, bytes, stream));
+           BENCH_CU_TRY(api.cuStreamSynchronize(stream));
            return seconds_since(t0);
          }},
         {"serial", [&] { return timed_dispatch(in, serial); }},
@@ -1270,7 +1250,7 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
         {"pageable H2D",
          [&] {
            const auto t0 = Clock::now();
-           VSR_CU_TRY(api.cuMemcpyHtoD(detail::to_device_ptr(dst), in.host_data(), bytes));
+           BENCH_CU_TRY(api.cuMemcpyHtoD(vsr_bench::to_device_ptr(dst), in.host_data(), bytes));
            return seconds_since(t0);
          }},
     };
@@ -1292,7 +1272,7 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
                            fmt("%.2f", gbps(moved, median(s[1]))) + " GB/s, " +
                            std::to_string(report.passes) + " passes, plan " + plan_str + ", " +
                            (real_op ? "rescale on the device" : mode + " stand-in op");
-  tab.add({std::to_string(z.pipe_bands) + " x " + bytes_str(band_bytes), plan_str,
+  tab.add({std::to_string(z.pipe_bands) + " x " + format_bytes(band_bytes), plan_str,
            std::to_string(report.passes), std::to_string(z.rounds),
            fmt("%.2f", gbps(moved, t_pipe)), fmt("%.2f", gbps(moved, median(s[1]))),
            fmt("%.3f", ratio), goal, met, fmt("%.2f", gbps(moved, t_serial)), fmt("%.2f", overlap),
@@ -1305,9 +1285,9 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
                              " s, pipelined " + fmt("%.4f", t_pipe) + " s, compute only " +
                              fmt("%.4f", t_compute) + " s; " + mode});
   rep.section_json(
-      "{\"section\": \"pipeline\", \"mode\": " + json_escape(mode) +
+      "{\"section\": \"pipeline\", \"mode\": " + json_string(mode) +
       ", \"bands\": " + std::to_string(z.pipe_bands) + ", \"bytes\": " + std::to_string(bytes) +
-      ", \"plan\": " + json_escape(plan_str) + ", \"passes\": " + std::to_string(report.passes) +
+      ", \"plan\": " + json_string(plan_str) + ", \"passes\": " + std::to_string(report.passes) +
       ", \"pipeline_depth\": " + std::to_string(report.pipeline_depth) +
       ", \"vram_budget\": " + std::to_string(report.vram_budget) +
       ", \"output_on_device\": " + (report.output == vsr::Residency::device ? "true" : "false") +
@@ -1322,7 +1302,7 @@ void section_pipeline(Report& rep, const DispatchSizes& z, const std::string& mo
       ", \"compute_only_s\": " + json_num(t_compute) + ", \"ratio\": " + json_num(ratio) +
       ", \"overlap\": " + json_num(overlap) + ", \"overlap_unclamped\": " + json_num(overlap_raw) +
       ", \"speedup\": " + json_num(t_serial / t_pipe) +
-      ", \"goal\": " + json_escape(real_op ? goal : "") + ", \"met\": " + json_escape(met) + "}");
+      ", \"goal\": " + json_string(real_op ? goal : "") + ", \"met\": " + json_string(met) + "}");
   if (!quiet) {
     tab.print(
         "== 3. Pipelined per-band GPU dispatch: dispatch_per_band_gpu (stream form, " +
@@ -1369,9 +1349,9 @@ void section_focal(Report& rep, const DispatchSizes& z, const std::string& skip,
     tab.add({"GPU", "-", "-", "-", skip});
     skipped_row(rep, "focal_mean_3x3 Mpx/s, GPU", "", skip);
     rep.section_json("{\"section\": \"focal_mean\", \"where\": \"gpu\", \"skipped\": " +
-                     json_escape(skip) + "}");
+                     json_string(skip) + "}");
   } else {
-    detail::bind_current_device();
+    vsr_bench::bind_primary_context();
     vsr::OwnedRasterArray in = host_raster(1, z.gpu_h, z.gpu_w);
     in.move_to(vsr::Residency::device);
     std::vector<TimedContender> cs{
@@ -1430,8 +1410,9 @@ int run_dispatch(const DispatchOptions& o) {
     z.rounds = 3;
   }
   if (skip.empty()) {
-    detail::bind_current_device();
-    VSR_CU_TRY(detail::driver().cuMemGetInfo(&rep.machine.free_bytes, &rep.machine.total_bytes));
+    vsr_bench::bind_primary_context();
+    BENCH_CU_TRY(
+        vsr_bench::driver().cuMemGetInfo(&rep.machine.free_bytes, &rep.machine.total_bytes));
     // Each GPU section holds at most ~3.3x its raster (input, output, copy target, staging):
     // keep that under a third of free memory.
     while (z.gpu_h > 1024 &&
@@ -1462,8 +1443,8 @@ int run_dispatch(const DispatchOptions& o) {
       std::printf("device:  %s (cc %d.%d)", rep.machine.device.c_str(), rep.machine.cc_major,
                   rep.machine.cc_minor);
       if (skip.empty()) {
-        std::printf(", %s free of %s", bytes_str(rep.machine.free_bytes).c_str(),
-                    bytes_str(rep.machine.total_bytes).c_str());
+        std::printf(", %s free of %s", format_bytes(rep.machine.free_bytes).c_str(),
+                    format_bytes(rep.machine.total_bytes).c_str());
       }
       std::printf("\n");
     } else {
@@ -1508,11 +1489,11 @@ int run_dispatch(const DispatchOptions& o) {
         "\"driver_version\": %d, \"device\": %s, \"compute_capability\": \"%d.%d\", "
         "\"free_bytes\": %zu, \"total_bytes\": %zu, \"ops_built_with_cuda\": %s, "
         "\"gpu_rows\": %s},\n",
-        m.cpus, json_escape(m.cpu_model).c_str(), omp_threads, info.available ? "true" : "false",
-        json_escape(m.library).c_str(), m.emulated ? "true" : "false", m.driver_version,
-        json_escape(m.device).c_str(), m.cc_major, m.cc_minor, m.free_bytes, m.total_bytes,
+        m.cpus, json_string(m.cpu_model).c_str(), omp_threads, info.available ? "true" : "false",
+        json_string(m.library).c_str(), m.emulated ? "true" : "false", m.driver_version,
+        json_string(m.device).c_str(), m.cc_major, m.cc_minor, m.free_bytes, m.total_bytes,
         vsr::ops_built_with_cuda() ? "true" : "false",
-        json_escape(skip.empty() ? "measured" : skip).c_str());
+        json_string(skip.empty() ? "measured" : skip).c_str());
     print_json_tail(rep);
     return status;
   }

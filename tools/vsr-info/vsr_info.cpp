@@ -7,6 +7,7 @@
 // Exit status: 0 when a driver and at least one device are available, 1 when not (the report
 // says why), 2 on bad arguments.
 #include "../common/escape.hpp"
+#include "../common/format.hpp"
 
 #include <vibespatial/raster/driver.hpp>
 
@@ -15,23 +16,11 @@
 #include <string>
 
 namespace vsr = vibespatial::raster;
+using vsr_cli::format_bytes;
 using vsr_cli::json_string;
 using vsr_cli::printable;
 
 namespace {
-
-std::string human_bytes(std::size_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
-  return buf;
-}
 
 std::string version_string(int v) {
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
@@ -84,11 +73,11 @@ void print_text(const vsr::DriverInfo& info) {
     std::printf("      stream-ordered pools:      %s\n", d.memory_pools ? "yes" : "no");
     if (d.virtual_memory_management) {
       std::printf("      granularity:               %s (recommended %s)\n",
-                  human_bytes(d.granularity).c_str(),
-                  human_bytes(d.recommended_granularity).c_str());
+                  format_bytes(d.granularity).c_str(),
+                  format_bytes(d.recommended_granularity).c_str());
     }
     std::printf("      memory:                    %s free of %s\n",
-                human_bytes(d.free_bytes).c_str(), human_bytes(d.total_bytes).c_str());
+                format_bytes(d.free_bytes).c_str(), format_bytes(d.total_bytes).c_str());
   }
 }
 

@@ -18,6 +18,7 @@
 // Exit status: 0 on success, 2 for bad arguments (message on stderr), 1 for any other error; a
 // run ended by a signal dies of that signal.
 #include "../common/cli.hpp"
+#include "../common/format.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/dispatch.hpp>
@@ -438,12 +439,6 @@ class Progress {
 /// Where the ops run.
 enum class Mode { gpu, emulator, none };
 
-std::string mib(std::uint64_t bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
-
 /// A double as JSON: full precision (%.17g), null for NaN and infinities (JSON has neither).
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
@@ -451,26 +446,6 @@ std::string json_number(double v) {
   std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
 }
-
-/// Statistics of a band merged from disjoint parts (Chan et al.'s parallel variance update).
-struct Moments {
-  std::int64_t count = 0;
-  double min = std::numeric_limits<double>::infinity();
-  double max = -std::numeric_limits<double>::infinity();
-  double mean = 0, m2 = 0;
-
-  void merge(const vsr::BandStatistics& s) {
-    if (s.count == 0) return;
-    const double n = static_cast<double>(count), m = static_cast<double>(s.count);
-    const double delta = s.mean - mean;
-    mean += delta * m / (n + m);
-    m2 += s.std * s.std * m + delta * delta * n * m / (n + m);
-    count += s.count;
-    min = std::min(min, s.min);
-    max = std::max(max, s.max);
-  }
-  double std() const { return std::sqrt(m2 / static_cast<double>(count)); }
-};
 
 /// Runs @p fn on a host @p piece where the ops run: on the device in gpu mode (a device copy,
 /// freed on return), else on the host.
@@ -674,13 +649,14 @@ int run(const Arguments& args) {
   if (from_file) stream.gdal_cache_bytes = vsr::gdal_cache_for_plan(args.input, plan, stream);
 
   const std::size_t nsel = bands.size();
-  std::vector<Moments> stats(nsel);
-  // Statistics of tiles merged per band (exact min/max/count; Chan's update for mean and std).
+  std::vector<vsr::BandStatistics> stats(nsel);
+  // Statistics of tiles merged per band (merge_statistics: exact min/max/count, Chan's update).
   const auto merge_stats = [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo& where) {
     const std::vector<vsr::BandStatistics> s =
         on_compute(mode, tile, [](const auto& r) { return vsr::band_statistics(r); });
     for (int b = 0; b < where.band_count; ++b) {
-      stats[static_cast<std::size_t>(where.first_band + b)].merge(s[static_cast<std::size_t>(b)]);
+      vsr::BandStatistics& band = stats[static_cast<std::size_t>(where.first_band + b)];
+      band = vsr::merge_statistics(band, s[static_cast<std::size_t>(b)]);
     }
   };
   // A streamed reduction over the file, or over the sample band by band (tiles of the plan).
@@ -697,38 +673,37 @@ int run(const Arguments& args) {
           vsr::for_each_raster_tile(args.input, plan, visit, s);
           return;
         }
-        const std::int64_t th = tiled ? plan.tile_shape->first : meta.height;
-        const std::int64_t tw = tiled ? plan.tile_shape->second : meta.width;
-        const std::int64_t per_band = ((meta.height + th - 1) / th) * ((meta.width + tw - 1) / tw);
-        const std::int64_t total = per_band * static_cast<std::int64_t>(nsel);
+        const std::vector<vsr::TileWindow> tiles =
+            tiled ? vsr::tile_windows(meta.height, meta.width, plan.tile_shape->first,
+                                      plan.tile_shape->second)
+                  : vsr::tile_windows(meta.height, meta.width, meta.height, meta.width);
+        const auto total = static_cast<std::int64_t>(tiles.size() * nsel);
         std::int64_t done = 0;
         const std::size_t item = vsr::itemsize(meta.dtype);
         for (std::size_t b = 0; b < nsel; ++b) {
           const vsr::OwnedRasterArray band = raster->band(bands[b] - 1);
-          for (std::int64_t r0 = 0; r0 < meta.height; r0 += th) {
-            for (std::int64_t c0 = 0; c0 < meta.width; c0 += tw) {
-              const std::int64_t h = std::min(th, meta.height - r0),
-                                 w = std::min(tw, meta.width - c0);
-              std::vector<std::byte> buf(static_cast<std::size_t>(h * w) * item);
-              const auto* src = static_cast<const std::byte*>(band.host_data());
-              for (std::int64_t y = 0; y < h; ++y) {
-                std::copy_n(src + static_cast<std::size_t>((r0 + y) * meta.width + c0) * item,
-                            static_cast<std::size_t>(w) * item,
-                            buf.data() + static_cast<std::size_t>(y * w) * item);
-              }
-              const vsr::OwnedRasterArray tile =
-                  vsr::OwnedRasterArray::from_host(buf.data(), meta.dtype, 1, h, w)
-                      .with_nodata(band_nodata[b]);
-              vsr::TileInfo where;
-              where.index = done;
-              where.total = total;
-              where.window = vsr::RasterWindow{c0, r0, w, h};
-              where.read = where.window;
-              where.first_band = static_cast<int>(b);
-              where.band_count = 1;
-              visit(tile, where);
-              pass.update(++done, total, "tile");
+          for (const vsr::TileWindow& t : tiles) {
+            const vsr::RasterWindow& w = t.window;
+            std::vector<std::byte> buf(static_cast<std::size_t>(w.height * w.width) * item);
+            const auto* src = static_cast<const std::byte*>(band.host_data());
+            for (std::int64_t y = 0; y < w.height; ++y) {
+              std::copy_n(
+                  src + static_cast<std::size_t>((w.row_off + y) * meta.width + w.col_off) * item,
+                  static_cast<std::size_t>(w.width) * item,
+                  buf.data() + static_cast<std::size_t>(y * w.width) * item);
             }
+            const vsr::OwnedRasterArray tile =
+                vsr::OwnedRasterArray::from_host(buf.data(), meta.dtype, 1, w.height, w.width)
+                    .with_nodata(band_nodata[b]);
+            vsr::TileInfo where;
+            where.index = done;
+            where.total = total;
+            where.window = w;
+            where.read = w;
+            where.first_band = static_cast<int>(b);
+            where.band_count = 1;
+            visit(tile, where);
+            pass.update(++done, total, "tile");
           }
         }
       };
@@ -748,7 +723,7 @@ int run(const Arguments& args) {
       // numpy's default range: each band's valid min and max (+-0.5 when they are equal).
       reduce("histogram (range pass)", merge_stats);
       for (std::size_t b = 0; b < nsel; ++b) {
-        const Moments& m = stats[b];
+        const vsr::BandStatistics& m = stats[b];
         if (m.count > 0 && (!std::isfinite(m.min) || !std::isfinite(m.max))) {
           throw std::runtime_error("histogram: band " + std::to_string(bands[b]) +
                                    " holds infinite values (its valid range is [" +
@@ -797,7 +772,7 @@ int run(const Arguments& args) {
         reduce("rescale (range pass)", merge_stats);
         in = {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
         for (std::size_t b = 0; b < nsel; ++b) {
-          const Moments& m = stats[b];
+          const vsr::BandStatistics& m = stats[b];
           if (m.count == 0) continue;
           if (!std::isfinite(m.min) || !std::isfinite(m.max)) {
             throw std::runtime_error("rescale: band " + std::to_string(bands[b]) +
@@ -904,13 +879,13 @@ int run(const Arguments& args) {
                 ", \"nodata\": " +
                 (band_nodata[b] ? vsr_cli::json_string(band_nodata[b]->to_string()) : "null");
         if (args.op == Op::stats) {
-          const Moments& m = stats[b];
+          const vsr::BandStatistics& m = stats[b];
           const bool any = m.count > 0;
           text += ", \"count\": " + std::to_string(m.count) +
                   ", \"min\": " + (any ? json_number(m.min) : "null") +
                   ", \"max\": " + (any ? json_number(m.max) : "null") +
                   ", \"mean\": " + (any ? json_number(m.mean) : "null") +
-                  ", \"std\": " + (any ? json_number(m.std()) : "null");
+                  ", \"std\": " + (any ? json_number(m.std) : "null");
         } else {
           text += ", \"range\": [" + json_number(hist_range[b].lo) + ", " +
                   json_number(hist_range[b].hi) + "], \"edges\": [";
@@ -934,12 +909,12 @@ int run(const Arguments& args) {
                     "max", "mean", "std");
       text += line;
       for (std::size_t b = 0; b < nsel; ++b) {
-        const Moments& m = stats[b];
+        const vsr::BandStatistics& m = stats[b];
         const double nan = std::numeric_limits<double>::quiet_NaN();
         const bool any = m.count > 0;
         std::snprintf(line, sizeof line, "%-5d %12lld %14.6g %14.6g %14.6g %14.6g\n", bands[b],
                       static_cast<long long>(m.count), any ? m.min : nan, any ? m.max : nan,
-                      any ? m.mean : nan, any ? m.std() : nan);
+                      any ? m.mean : nan, any ? m.std : nan);
         text += line;
       }
     } else {
@@ -988,16 +963,19 @@ int run(const Arguments& args) {
                  ")";
   }
   plan_text += ", " + std::to_string(plan.bands_per_pass) + " band(s) per pass, budget " +
-               mib(*popts.vram_budget) + budget_note + ", " + mib(plan.estimated_vram_per_tile) +
-               " per pass" + (plan.fits_budget ? "" : " (does NOT fit the budget)");
+               vsr_cli::format_bytes(*popts.vram_budget) + budget_note + ", " +
+               vsr_cli::format_bytes(plan.estimated_vram_per_tile) + " per pass" +
+               (plan.fits_budget ? "" : " (does NOT fit the budget)");
   std::fprintf(out, "  plan        %s\n", plan_text.c_str());
   if (stream.gdal_cache_bytes) {
-    std::fprintf(out, "  gdal cache  %s (from the plan)\n", mib(*stream.gdal_cache_bytes).c_str());
+    std::fprintf(out, "  gdal cache  %s (from the plan)\n",
+                 vsr_cli::format_bytes(*stream.gdal_cache_bytes).c_str());
   }
   if (pool.configured) {
     const std::uint64_t peak = pool.peak_bytes.value_or(pool.used_bytes.value_or(0));
-    std::fprintf(out, "  pool        peak %s, pool size %s\n", mib(peak).c_str(),
-                 pool.pool_size ? mib(*pool.pool_size).c_str() : "n/a for this tier");
+    std::fprintf(
+        out, "  pool        peak %s, pool size %s\n", vsr_cli::format_bytes(peak).c_str(),
+        pool.pool_size ? vsr_cli::format_bytes(*pool.pool_size).c_str() : "n/a for this tier");
   } else {
     std::fprintf(out, "  pool        not configured (no driver)\n");
   }

@@ -19,6 +19,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,10 @@ enum class DType : std::uint8_t {
  * Thread-safe.
  */
 VSR_EXPORT std::size_t itemsize(DType dtype);
+
+/// Whether @p dtype is float32 or float64 (NaN is a value of it; every other DType is an
+/// integer type). Thread-safe, never throws; false for a value that is not an enumerator.
+VSR_EXPORT bool is_floating_point(DType dtype) noexcept;
 
 /**
  * @brief The numpy name of @p dtype ("uint8" ... "float64"); "unknown" for a value that is not
@@ -128,6 +133,12 @@ struct VSR_EXPORT Affine {
   /** @brief World coordinates {x, y} of pixel-edge position (@p col, @p row). */
   std::array<double, 2> apply(double col, double row) const noexcept;
 
+  /**
+   * @brief The transform of a window (a tile, a read window) whose first pixel is pixel
+   * (@p col, @p row) of this raster: the same a, b, d, e, and (c, f) = apply(col, row).
+   */
+  Affine shifted(std::int64_t col, std::int64_t row) const noexcept;
+
   friend bool operator==(const Affine&, const Affine&) = default;
 };
 
@@ -199,12 +210,19 @@ struct RasterPlan {
   friend bool operator==(const RasterPlan&, const RasterPlan&) = default;
 };
 
+/// A pixel window of a raster: columns [col_off, col_off + width), rows [row_off, row_off +
+/// height). Must lie inside the raster with width and height > 0.
+struct RasterWindow {
+  std::int64_t col_off = 0, row_off = 0, width = 0, height = 0;
+
+  friend bool operator==(const RasterWindow&, const RasterWindow&) = default;
+};
+
 /** @brief Where a raster's authoritative pixels live. */
 enum class Residency { host, device };
 
 namespace detail {
 struct RasterStorage;
-struct RasterAccess;  // the library's own access to a handle's georeferencing
 }  // namespace detail
 
 /**
@@ -283,6 +301,17 @@ class VSR_EXPORT OwnedRasterArray {
    * @throws std::invalid_argument for a NaN nodata on an integer dtype.
    */
   OwnedRasterArray with_nodata(std::optional<NodataValue> nodata) const;
+  /**
+   * @brief A handle on the same pixels (shared storage, as a copy) whose affine and CRS are
+   * @p affine and @p crs; nodata as this one's. Other handles keep theirs. Throws only
+   * std::bad_alloc.
+   */
+  OwnedRasterArray with_georeferencing(const Affine& affine, std::string crs) const {
+    OwnedRasterArray r = *this;
+    r.affine_ = affine;
+    r.crs_ = std::move(crs);
+    return r;
+  }
   /// Pixel -> world transform (rasterio order).
   const Affine& affine() const;
   /// Coordinate reference system: WKT, "EPSG:n", or empty.
@@ -333,7 +362,6 @@ class VSR_EXPORT OwnedRasterArray {
   std::size_t byte_size() const;
 
  private:
-  friend struct detail::RasterAccess;
   OwnedRasterArray(std::shared_ptr<detail::RasterStorage> storage, int first_band, int band_count);
 
   std::shared_ptr<detail::RasterStorage> storage_;
@@ -345,5 +373,8 @@ class VSR_EXPORT OwnedRasterArray {
   Affine affine_;
   std::string crs_;
 };
+
+/** @brief A per-band (or per-tile) operation: takes one input, returns its result. */
+using BandOp = std::function<OwnedRasterArray(const OwnedRasterArray& band)>;
 
 }  // namespace vibespatial::raster

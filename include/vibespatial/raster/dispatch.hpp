@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <vector>
 
 // CUstream, exactly as <cuda.h> declares it, so this header needs no CUDA headers.
 typedef struct CUstream_st* CUstream;  // NOLINT(modernize-use-using)
@@ -86,9 +87,6 @@ VSR_EXPORT RasterPlan analyze_raster_plan(std::int64_t height, std::int64_t widt
  * pixel is read. Throws as analyze_raster_plan. Thread-safe.
  */
 VSR_EXPORT RasterPlan plan_from_metadata(const RasterMetadata& metadata, PlanOptions options = {});
-
-/** @brief A per-band (or per-tile) operation: takes one input, returns its result. */
-using BandOp = std::function<OwnedRasterArray(const OwnedRasterArray& band)>;
 
 /**
  * @brief Applies @p op to each band of @p raster on the host and stacks the results with the
@@ -210,6 +208,26 @@ VSR_EXPORT OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster
  * Thread-safe.
  */
 VSR_EXPORT void free_dispatch_resources();
+
+/** @brief One tile of a tiled walk: what it produces and what it reads. */
+struct TileWindow {
+  RasterWindow window;  ///< the output pixels the tile makes (tiles do not overlap)
+  RasterWindow read;    ///< window with the halo on each side, clamped to the raster
+
+  friend bool operator==(const TileWindow&, const TileWindow&) = default;
+};
+
+/**
+ * @brief The tiles of a @p height x @p width raster cut in @p tile_height x @p tile_width
+ * tiles, row-major (the last row and column of tiles are smaller), each read with @p halo pixels
+ * of context per side. The one tile walk of the library: dispatch_tiled, dispatch_tiled_halo and
+ * io's streamed runs (process_raster_file, for_each_raster_tile) visit tiles in this order.
+ * @throws std::invalid_argument for a non-positive size or tile size, or a negative halo.
+ * Thread-safe.
+ */
+VSR_EXPORT std::vector<TileWindow> tile_windows(std::int64_t height, std::int64_t width,
+                                                std::int64_t tile_height, std::int64_t tile_width,
+                                                int halo = 0);
 
 /**
  * @brief Runs a pointwise @p op over the non-overlapping tiles of @p plan (or once, for a whole

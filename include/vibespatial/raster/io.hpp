@@ -39,7 +39,6 @@
 #pragma once
 
 #include <vibespatial/raster/buffers.hpp>
-#include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/export.hpp>
 
 #include <cstdint>
@@ -53,14 +52,6 @@ namespace vibespatial::raster {
 
 /// Whether this build reads and writes files through GDAL. Never throws.
 VSR_EXPORT bool io_available() noexcept;
-
-/// A pixel window of a raster: columns [col_off, col_off + width), rows [row_off, row_off +
-/// height). Must lie inside the raster with width and height > 0.
-struct RasterWindow {
-  std::int64_t col_off = 0, row_off = 0, width = 0, height = 0;
-
-  friend bool operator==(const RasterWindow&, const RasterWindow&) = default;
-};
 
 /// How an input file is opened.
 struct OpenOptions {
@@ -164,17 +155,20 @@ struct RasterFileInfo {
 /**
  * @brief The header of the raster file @p path with each band's nodata; unlike
  * read_raster_metadata it accepts bands of differing nodata (VRT stacks, HFA).
- * @throws std::invalid_argument if the file cannot be opened (as @p open allows);
- *         std::runtime_error for an unsupported or mixed data type, or a build without GDAL.
+ * @throws std::system_error (errno's code, e.g. std::errc::no_such_file_or_directory) for a
+ *         local file that is missing or cannot be reached; std::invalid_argument for a file
+ *         that is not a raster @p open allows; std::runtime_error for an unsupported or mixed data
+ * type, or a build without GDAL.
  */
 VSR_EXPORT RasterFileInfo read_raster_info(const std::string& path, const OpenOptions& open = {});
 
 /**
  * @brief The header of the raster file @p path: shape, band count, dtype, nodata (band 1's),
  * affine, CRS (WKT) and driver short name.
- * @throws std::invalid_argument if the file cannot be opened (GDAL's message included);
- *         std::runtime_error for a data type this library does not have (e.g. complex), bands
- *         of differing data types or nodata values, or a build without GDAL.
+ * @throws std::system_error (errno's code) for a local file that is missing or cannot be
+ *         reached; std::invalid_argument for a file GDAL cannot open as an allowed raster (GDAL's
+ *         message included); std::runtime_error for a data type this library does not have (e.g.
+ * complex), bands of differing data types or nodata values, or a build without GDAL.
  */
 VSR_EXPORT RasterMetadata read_raster_metadata(const std::string& path);
 
@@ -187,8 +181,9 @@ VSR_EXPORT RasterMetadata read_raster_metadata(const std::string& path, const Op
  * order; a band may be repeated) of @p path into a new host raster. The affine is shifted to the
  * window's origin; nodata and CRS as read_raster_metadata (nodata checked over the selected
  * bands only).
- * @throws std::invalid_argument for a file that cannot be opened, a window outside the raster or
- *         of non-positive size, a band index outside [1, band count];
+ * @throws std::system_error for a missing or unreachable file, as read_raster_metadata;
+ *         std::invalid_argument for a file that is not an allowed raster, a window outside the
+ *         raster or of non-positive size, a band index outside [1, band count];
  *         HostMemoryLimitError when the pixels exceed available_host_memory();
  *         std::runtime_error as read_raster_metadata or when GDAL fails to read.
  */

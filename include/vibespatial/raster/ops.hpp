@@ -78,6 +78,16 @@ VSR_EXPORT bool ops_built_with_cuda() noexcept;
 VSR_EXPORT std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster);
 
 /**
+ * @brief The statistics of two disjoint sets of pixels taken together (e.g. two tiles of one
+ * band), from theirs: counts add, min/max combine exactly, mean and std by Chan et al.'s parallel
+ * update, the same merge band_statistics uses inside a band. A side with count 0 is ignored
+ * (both empty: count 0 and NaN fields, as band_statistics of an empty band). Associative up to
+ * rounding. Never throws; thread-safe.
+ */
+VSR_EXPORT BandStatistics merge_statistics(const BandStatistics& a,
+                                           const BandStatistics& b) noexcept;
+
+/**
  * @brief Linear map of [@p in_min, @p in_max] onto [@p out_min, @p out_max]:
  * `out = (v - in_min) * ((out_max - out_min) / (in_max - in_min)) + out_min`, in the compute type
  * of the input dtype, converted to @p out_dtype (integers: rounded half away from zero and
