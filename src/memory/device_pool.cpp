@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "memory/device_pool.hpp"
 
+#include "common/byte_text.hpp"
+
 #include <cstdio>
 
 namespace vibespatial::raster::detail {
@@ -119,20 +121,8 @@ void MarkFactory::destroy_all() noexcept {
 }
 
 std::string format_bytes(std::size_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[48];
-  if (u == 0) {
-    std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.2f %s (%zu B)", v, units[u], bytes);
-  }
-  return buf;
+  if (bytes < 1024) return byte_text(bytes);
+  return byte_text(bytes) + " (" + std::to_string(bytes) + " B)";
 }
 
 }  // namespace vibespatial::raster::detail

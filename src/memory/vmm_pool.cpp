@@ -374,6 +374,11 @@ class VmmPool final : public DevicePool {
   bool range_idle(FreeRange& range);
   void insert_free(CUdeviceptr addr, std::size_t pages, std::vector<MarkRef> marks);
   void erase_free(std::map<CUdeviceptr, FreeRange>::iterator it);
+  // A free range just unmapped: its pages become spare pages and it leaves the free lists.
+  // spare_ must already have room for its pages (nothing after an unmap may fail). Returns the
+  // next range. Mutex held.
+  std::map<CUdeviceptr, FreeRange>::iterator retire_unmapped_range(
+      std::map<CUdeviceptr, FreeRange>::iterator it) noexcept;
   // A window of `pages` mapped pages for the stream with key `key`; with `create` false only from
   // pages the pool holds (0 if it holds too few). Mutex held.
   CUdeviceptr compose(std::size_t pages, CUstream key, bool create);
@@ -600,16 +605,7 @@ bool VmmPool::make_address_space() noexcept {
       ++it;
       continue;
     }
-    Region& region = regions_[static_cast<std::size_t>(region_of(begin))];
-    const std::size_t first = (begin - region.base) / page_;
-    for (std::size_t i = 0; i < pages; ++i) {
-      spare_.push_back(region.handles[first + i]);
-      region.handles[first + i] = 0;
-    }
-    pages_mapped_ -= pages;
-    auto next = std::next(it);
-    erase_free(it);
-    it = next;
+    it = retire_unmapped_range(it);
   }
   bool freed = false;
   const int n = region_count_.load(std::memory_order_relaxed);
@@ -818,6 +814,22 @@ bool VmmPool::range_ready(FreeRange& range, CUstream key) {
 bool VmmPool::range_idle(FreeRange& range) {
   std::erase_if(range.marks, [&](const MarkRef& m) { return marks_.completed(m); });
   return range.marks.empty();
+}
+
+std::map<CUdeviceptr, FreeRange>::iterator VmmPool::retire_unmapped_range(
+    std::map<CUdeviceptr, FreeRange>::iterator it) noexcept {
+  const CUdeviceptr begin = it->first;
+  const std::size_t pages = it->second.pages;
+  Region& region = regions_[static_cast<std::size_t>(region_of(begin))];
+  const std::size_t first = (begin - region.base) / page_;
+  for (std::size_t i = 0; i < pages; ++i) {
+    spare_.push_back(region.handles[first + i]);
+    region.handles[first + i] = 0;
+  }
+  pages_mapped_ -= pages;
+  auto next = std::next(it);
+  erase_free(it);
+  return next;
 }
 
 void VmmPool::erase_free(std::map<CUdeviceptr, FreeRange>::iterator it) {
@@ -1689,22 +1701,14 @@ void VmmPool::trim() {
     try {
       for (const MarkRef& m : it->second.marks) marks_.wait(m);
       it->second.marks.clear();
+      spare_.reserve(spare_.size() + pages);
       VSR_CU_TRY(api.cuMemUnmap(begin, pages * page_));
     } catch (const CudaError& e) {
       if (!first_error) first_error = e;
       ++it;
       continue;
     }
-    Region& region = regions_[static_cast<std::size_t>(region_of(begin))];
-    const std::size_t first = (begin - region.base) / page_;
-    for (std::size_t i = 0; i < pages; ++i) {
-      spare_.push_back(region.handles[first + i]);
-      region.handles[first + i] = 0;
-    }
-    pages_mapped_ -= pages;
-    auto next = std::next(it);
-    erase_free(it);
-    it = next;
+    it = retire_unmapped_range(it);
   }
   // Small blocks: every freed slot needs a mark before its slab's page may go.
   try {
