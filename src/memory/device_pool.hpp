@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace vibespatial::raster::detail {
@@ -122,6 +123,13 @@ class DevicePool {
   virtual void fill_stats(MemoryPoolStats& stats) const noexcept = 0;
   /// Human-readable state for error messages.
   virtual std::string describe() const = 0;
+  /// Checks the pool's internal bookkeeping (as mimalloc's _mi_page_is_valid): "" when it is
+  /// consistent, else what is wrong. Takes the pool's lock; for tests and debug builds.
+  virtual std::string check_invariants() const { return {}; }
+  /// The [begin, end) of the slab holding small block `ptr` ({0, 0} if none): for tests.
+  virtual std::pair<std::uintptr_t, std::uintptr_t> slab_extent(const void* /*ptr*/) const {
+    return {0, 0};
+  }
   /// Returns everything to the driver, live blocks included. Never throws.
   virtual void teardown() noexcept = 0;
   int device() const noexcept { return device_; }

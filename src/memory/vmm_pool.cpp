@@ -45,6 +45,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -58,6 +61,13 @@ namespace {
 constexpr int kMaxRegions = 64;
 constexpr int kMaxDevices = 64;
 constexpr int kBinCapacity = 64;
+constexpr std::size_t kSlabSlots = 4;  // slots a slab is made for (at least one span)
+// What a thread's cache may hold of one class: kBinCapacity blocks, or fewer of larger classes so
+// that a bin holds about kBinBytes (and at least 4 blocks). Cached blocks count as used memory.
+constexpr std::size_t kBinBytes = 16 << 10;
+constexpr int bin_capacity(std::size_t slot_size) noexcept {
+  return static_cast<int>(std::clamp<std::size_t>(kBinBytes / slot_size, 4, kBinCapacity));
+}
 constexpr int kStatFlushOps = 64;
 constexpr std::int64_t kStatFlushBytes = std::int64_t{4} << 20;
 constexpr int kRefillScan = 64;             // shared free slots a refill examines at most
@@ -105,15 +115,26 @@ struct SharedSlot {
   Batch* batch;
 };
 
+// A mapped page of a small region: slabs take runs of its spans (VmmPool::span_ bytes each), so
+// that a thread's slab of one size class holds a few spans, not a whole page, and slabs of all
+// classes and threads share pages. Under the pool's mutex.
+struct SmallPage {
+  CUmemGenericAllocationHandle handle = 0;
+  int region = 0;
+  std::size_t index = 0;         // the page's index in its region
+  std::uint64_t free_spans = 0;  // bit i set: span i holds no slab
+  bool open = false;             // listed in VmmPool::open_pages_
+};
+
 struct Slab {
   // Read on the fast path; fixed once the slab exists.
   CUdeviceptr base = 0;
   int size_class = 0;
   std::size_t slot_size = 0;
   std::uint32_t slot_count = 0;
-  int region = 0;
-  std::size_t page = 0;
-  CUmemGenericAllocationHandle handle = 0;
+  SmallPage* page = nullptr;
+  std::uint32_t first_span = 0;  // its spans in `page`: [first_span, first_span + spans)
+  std::uint32_t spans = 0;
   std::uint64_t slot_reciprocal = 0;  // floor(2^64 / slot_size) + 1: slot index by multiply
   // Requested size of each slot's live block (small blocks are at most 1 MiB); 0 when free. The
   // free path's compare-exchange on it is what detects double frees and wrong sizes without a
@@ -128,7 +149,8 @@ struct Slab {
   // Written under the pool's mutex, on a cache line of their own so that those writes do not
   // bounce the line the fast path reads between threads.
   alignas(64) std::uint32_t carved = 0;  // slots handed out at least once (a bump index)
-  bool carving = false;    // a thread carves new slots from it: not reclaimable meanwhile
+  bool bump_owned = false;  // a thread's bump slab (ThreadCache::bump): not reclaimable meanwhile
+  bool bump_listed = false;  // in its class's `unowned_bump` list (uncarved slots, no thread)
   std::uint32_t used = 0;  // carved slots not in `shared` (live or thread-cached)
   // The thread whose refills take this slab's shared slots (null: the next thread that needs
   // its class claims it). Threads thereby keep to slabs of their own, so two threads' blocks do
@@ -147,7 +169,8 @@ struct Region {
   std::size_t size = 0;
   std::size_t pages = 0;
   bool small = false;
-  std::unique_ptr<std::atomic<Slab*>[]> slabs;        // small: the slab of each page, or null
+  std::unique_ptr<std::atomic<Slab*>[]> slabs;        // small: the slab of each span, or null
+  std::vector<std::unique_ptr<SmallPage>> page_recs;  // small: each mapped page, or null
   std::vector<CUmemGenericAllocationHandle> handles;  // large: each page's handle, 0 = unmapped
   std::vector<std::size_t> vacant;                    // small: unmapped page indices below `bump`
   std::size_t bump = 0;                               // small: pages never used above this
@@ -193,6 +216,7 @@ struct CacheEntry {
 
 struct Bin {
   int count = 0;
+  int capacity = kBinCapacity;  // bin_capacity() of the class
   std::array<CacheEntry, kBinCapacity> entries;
 };
 
@@ -221,9 +245,13 @@ class alignas(64) ThreadCache {
   std::atomic<bool> active{false};
   std::atomic<bool> steal{false};
   std::array<Bin, kMaxSizeClasses> bins;
-  // The slab each class carves new slots from, per thread, so that threads do not share slabs
-  // (and the cache lines of their slot records) until blocks migrate through the shared list.
-  std::array<Slab*, kMaxSizeClasses> carving{};
+  // The slab each class takes never-used slots from (its bump slab), per thread, so that threads
+  // do not share slabs (and the cache lines of their slot records) until blocks migrate through
+  // the shared list. Under the pool's mutex. Their spans together stay within the pool's
+  // bump_budget_ (VmmPool::install_bump): what a thread strands in partly used slabs is bounded
+  // by a constant, whatever the number of size classes it uses.
+  std::array<Slab*, kMaxSizeClasses> bump{};
+  std::size_t bump_spans = 0;
   // The slabs this thread owns that have shared slots, per class (under the pool's mutex).
   std::array<std::vector<Slab*>, kMaxSizeClasses> with_shared;
   // Written only by the owning thread; read by memory_pool_stats() from any thread.
@@ -272,6 +300,8 @@ class VmmPool final : public DevicePool {
   void forget(CUstream stream) override;
   void fill_stats(MemoryPoolStats& stats) const noexcept override;
   std::string describe() const override;
+  std::string check_invariants() const override;
+  std::pair<std::uintptr_t, std::uintptr_t> slab_extent(const void* ptr) const override;
   void teardown() noexcept override;
 
   void retire_cache(ThreadCache& cache) noexcept;
@@ -304,7 +334,7 @@ class VmmPool final : public DevicePool {
     return forget_epoch_.value.load(std::memory_order_relaxed) == cache.forget_seen;
   }
   // Moves the blocks every other thread's cache holds to the shared lists, and gives up those
-  // threads' carving slabs, so that trim() can release what they freed. Mutex held.
+  // threads' bump slabs, so that trim() can release what they freed. Mutex held.
   void drain_caches(const ThreadCache* self) noexcept;
   // Small blocks.
   ThreadCache& thread_cache();
@@ -353,19 +383,40 @@ class VmmPool final : public DevicePool {
   void take_waiting(Slab* slab, CUstream stream, CUstream key, Take&& take, Want&& want,
                     std::vector<const StreamMark*>& waited);
   void fold_cache_stats(ThreadCache& cache) noexcept;
-  // Gives up the thread's carving slabs, so that empty ones can be reclaimed. Mutex held.
-  static void release_carving(ThreadCache& cache) noexcept {
-    for (Slab*& slab : cache.carving) {
-      if (slab != nullptr) slab->carving = false;
-      slab = nullptr;
-    }
-  }  // owner thread; atomics only
+  // Bump slabs (mutex held). A thread's bump slab of a class gives its never-used slots to the
+  // thread's refills. Given up (release_bump), a slab with slots never used joins its class's
+  // `unowned_bump` list, which refills of any thread take before making a new slab.
+  void release_bump(ThreadCache& cache, int size_class) noexcept;
+  void release_bumps(ThreadCache& cache) noexcept;
+  // Makes `slab` the bump slab of `cache` for its class, first giving up other bump slabs of the
+  // thread while their spans and the new slab's would exceed bump_budget_.
+  void install_bump(ThreadCache& cache, Slab* slab) noexcept;
+  // A bump slab of the class taken from another thread (or nobody): a full device's last resort.
+  Slab* steal_bump(ThreadCache& cache, int size_class) noexcept;
   Slab* slab_of(CUdeviceptr p) const noexcept;
-  // A new slab for `owner`; with `create` false only from pages the pool holds (null if none).
-  Slab* new_slab(int size_class, ThreadCache* owner, bool create);  // mutex held
-  void release_slab_page(Slab* slab, bool keep_handle);             // mutex held
-  std::size_t reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandle>* into, std::size_t want,
-                                  bool wait);  // mutex held
+  // Spans per slab of a class: kSlabSlots slots, or half a page for the largest classes; one span
+  // at least.
+  std::uint32_t spans_for(std::size_t slot_size) const noexcept;
+  // A new slab for `owner`: spans free in a mapped page, else spans freed from empty idle slabs,
+  // else a new page; with `create` false only from pages the pool holds (null if none). Mutex held.
+  Slab* new_slab(int size_class, ThreadCache* owner, bool create);
+  // Gives an empty slab's spans back to its page (no driver call). Mutex held.
+  void release_slab(Slab* slab) noexcept;
+  // Releases every empty slab (no live or cached block, not a thread's bump slab) whose freed
+  // blocks' work has completed (with `wait`, after waiting for it). Returns how many. Mutex held.
+  std::size_t release_empty_slabs(bool wait);
+  // Releases empty slabs (release_empty_slabs(wait)), then unmaps up to `want` small pages that
+  // hold no slab, appending their handles to `into` (spare_ when null). Returns the pages unmapped.
+  // Mutex held.
+  std::size_t reclaim_small_pages(std::vector<CUmemGenericAllocationHandle>* into, std::size_t want,
+                                  bool wait);
+  void open_page(SmallPage* page);  // lists a page with free spans (mutex held)
+  std::string check_locked() const;  // check_invariants(), mutex held
+  // In builds without NDEBUG, with VSR_POOL_CHECKS=1 in the environment (the test suites set it):
+  // aborts with what is wrong unless check_locked() passes. After trim, large allocations (and so
+  // compose) and refills (every
+  // refill while the pool has few slabs, then every 64th). Mutex held.
+  void debug_check(const char* where) const noexcept;
 
   // Large blocks.
   void* allocate_large(std::size_t bytes, CUstream stream);
@@ -427,8 +478,17 @@ class VmmPool final : public DevicePool {
 
   struct ClassState {
     std::vector<Slab*> slabs;
-    std::vector<Slab*> unowned;  // slabs with shared slots and no owner
+    std::vector<Slab*> unowned;       // slabs with shared slots and no owner
+    std::vector<Slab*> unowned_bump;  // slabs with never-used slots that no thread bumps from
   };
+  // Small pages: spans of span_ bytes (a power of two; 64 KiB or page_ / 64 when larger, page_ at
+  // most), spans_per_page_ of them (at most 64) per page.
+  std::size_t span_ = 0;
+  int span_shift_ = 0;
+  std::uint32_t spans_per_page_ = 0;
+  std::size_t bump_budget_ = 0;  // spans a thread's bump slabs may hold together
+  std::vector<SmallPage*> open_pages_;  // mapped small pages with free spans (some may be full)
+  std::size_t small_pages_ = 0;          // mapped small pages
   std::array<ClassState, kMaxSizeClasses> classes_;
   std::vector<ThreadCache*> caches_;
   std::vector<Batch*> batches_;   // every batch
@@ -492,6 +552,13 @@ VmmPool::VmmPool(int device, bool /*recovery_tier*/) : DevicePool(device), marks
   page_ = (recommended >= minimum && recommended % minimum == 0) ? recommended : minimum;
   small_limit_ = std::min<std::size_t>(std::size_t{1} << 20, page_ / 4);
   small_limit_ = std::max(small_limit_, kSmallQuantum);
+  // Spans: the largest power of two that divides the page, at most 32 KiB or a 64th of the page
+  // (a page whose size has a large odd factor keeps its first 64 spans only).
+  span_shift_ = std::min(std::countr_zero(page_), std::max(15, static_cast<int>(std::bit_width(
+                                                                   (page_ + 63) / 64 - 1))));
+  span_ = std::size_t{1} << span_shift_;
+  spans_per_page_ = static_cast<std::uint32_t>(std::min<std::size_t>(64, page_ / span_));
+  bump_budget_ = spans_per_page_;
   std::size_t free_bytes = 0;
   VSR_CU_TRY(api.cuMemGetInfo(&free_bytes, &device_total_));
   // Regions: a large one holds every page of the device; small ones a sixteenth each (at least
@@ -558,7 +625,8 @@ int VmmPool::add_region(std::size_t size, std::size_t min_size, bool small) {
   try {
     region.pages = size / page_;
     if (small) {
-      region.slabs = std::make_unique<std::atomic<Slab*>[]>(region.pages);
+      region.slabs = std::make_unique<std::atomic<Slab*>[]>(size >> span_shift_);
+      region.page_recs.resize(region.pages);
     } else {
       region.handles.assign(region.pages, 0);
     }
@@ -566,6 +634,7 @@ int VmmPool::add_region(std::size_t size, std::size_t min_size, bool small) {
     api.cuMemAddressFree(base, size);
     region.pages = 0;
     region.slabs.reset();
+    region.page_recs.clear();
     region.handles.clear();
     throw;
   }
@@ -588,7 +657,7 @@ bool VmmPool::make_address_space() noexcept {
   // back), so that the regions they were mapped in may empty.
   try {
     std::vector<CUmemGenericAllocationHandle> pages;
-    reclaim_empty_slabs(&pages, static_cast<std::size_t>(-1), false);
+    reclaim_small_pages(&pages, static_cast<std::size_t>(-1), false);
     spare_.insert(spare_.end(), pages.begin(), pages.end());
   } catch (...) {
   }
@@ -634,6 +703,7 @@ bool VmmPool::make_address_space() noexcept {
     r.pages = 0;
     r.small = false;
     r.handles = {};
+    r.page_recs.clear();
     r.vacant = {};
     r.bump = 0;
     publish_region(i);
@@ -680,7 +750,8 @@ Slab* VmmPool::slab_of(CUdeviceptr p) const noexcept {
       std::this_thread::yield();
     }
     if (p >= base && p - base < size) {
-      return slabs != nullptr ? slabs[(p - base) / page_].load(std::memory_order_acquire) : nullptr;
+      return slabs != nullptr ? slabs[(p - base) >> span_shift_].load(std::memory_order_acquire)
+                              : nullptr;
     }
   }
   return nullptr;
@@ -781,7 +852,7 @@ bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
       if (left > 0) insert_free(begin, left, std::move(marks));
       it = next;
     }
-    if (out.size() < count) reclaim_empty_slabs(&out, count - out.size(), false);
+    if (out.size() < count) reclaim_small_pages(&out, count - out.size(), false);
     if (!create && out.size() < count) {
       spare_.insert(spare_.end(), out.begin(), out.end());  // all of them stay in the pool
       out.clear();
@@ -1032,6 +1103,7 @@ void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
   live_large_.emplace(addr, LargeBlock{pages, bytes});
   large_live_pages_ += pages;
   usage_.on_allocate(bytes);
+  debug_check("allocate_large");
   return reinterpret_cast<void*>(addr);
 }
 
@@ -1067,6 +1139,9 @@ ThreadCache& VmmPool::thread_cache() {
   auto& slot = t_caches.caches[static_cast<std::size_t>(device_)];
   if (!slot || slot->epoch != epoch_) {
     slot = std::make_unique<ThreadCache>();  // a stale cache's pool is gone: drop it
+    for (int c = 0; c < kMaxSizeClasses; ++c) {
+      slot->bins[static_cast<std::size_t>(c)].capacity = bin_capacity(size_class_bytes(c));
+    }
     slot->pool = this;
     slot->epoch = epoch_;
     slot->per_thread_key = per_thread_stream_key();
@@ -1135,7 +1210,7 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
   // a driver call failing on the way (a mark recorded, queried or waited for) loses none: what
   // was taken stays in this thread's cache, on `stream`, where it is ready. The request takes the
   // first.
-  const int want = kBinCapacity / 2 + 1;
+  const int want = bin.capacity / 2 + 1;
   auto take = [&](void* ptr, Slab* slab) {
     ++slab->used;
     bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
@@ -1152,17 +1227,23 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
     set_owner(slab, &cache);
     take_shared(slab, key, budget, take, wanted);
   }
-  // 3. New slots carved from the thread's own slab.
-  Slab*& carving = cache.carving[static_cast<std::size_t>(size_class)];
-  auto carve = [&] {
-    while (wanted() && carving != nullptr && carving->carved < carving->slot_count) {
-      take(reinterpret_cast<void*>(carving->base + carving->carved * carving->slot_size), carving);
-      ++carving->carved;
+  // 3. Never-used slots of the thread's bump slab of the class, or of one nobody bumps from.
+  Slab*& bump = cache.bump[static_cast<std::size_t>(size_class)];
+  auto take_fresh = [&] {
+    while (wanted() && bump != nullptr && bump->carved < bump->slot_count) {
+      take(reinterpret_cast<void*>(bump->base + bump->carved * bump->slot_size), bump);
+      ++bump->carved;
     }
   };
-  carve();
+  auto adopt = [&](Slab* slab) {
+    if (slab->owner != &cache) set_owner(slab, &cache);
+    install_bump(cache, slab);
+    take_fresh();
+  };
+  take_fresh();
+  while (bin.count == 0 && !state.unowned_bump.empty()) adopt(state.unowned_bump.back());
   if (bin.count == 0) {
-    // 4. A new slab on a page the pool holds.
+    // 4. A new slab on spans or pages the pool holds.
     Slab* fresh = nullptr;
     try {
       fresh = new_slab(size_class, &cache, false);
@@ -1185,22 +1266,24 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
       try {
         fresh = new_slab(size_class, &cache, true);
       } catch (const DeviceFull&) {
-        // 7. The device is full: shared slots of other threads' slabs before giving up.
+        // 7. The device is full: free slots of other threads' slabs (a thread otherwise keeps
+        //    to its own slabs: blocks of two threads in one slab share the cache lines of its
+        //    slot records), then another thread's bump slab of the class, before giving up.
         int unlimited = std::numeric_limits<int>::max();
         for (std::size_t k = state.slabs.size(); k-- > 0 && bin.count == 0;) {
           if (!state.slabs[k]->shared.empty()) {
             take_shared(state.slabs[k], key, unlimited, take, wanted);
           }
         }
+        while (bin.count == 0) {
+          Slab* stolen = steal_bump(cache, size_class);
+          if (stolen == nullptr) break;
+          adopt(stolen);
+        }
         if (bin.count == 0) throw;  // nothing taken
       }
     }
-    if (fresh != nullptr) {
-      if (carving != nullptr) carving->carving = false;
-      carving = fresh;
-      carving->carving = true;
-      carve();
-    }
+    if (fresh != nullptr) adopt(fresh);
   }
   // Nothing below throws. The first slot taken is handed out; the rest keep their order.
   const CacheEntry result = bin.entries[0];
@@ -1209,108 +1292,185 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
   result.slab->requested[result.slab->slot_of(reinterpret_cast<CUdeviceptr>(result.ptr))].store(
       static_cast<std::uint32_t>(bytes), std::memory_order_release);
   usage_.on_allocate(bytes);
+  debug_check("refill");
   return result.ptr;
 }
 
+std::uint32_t VmmPool::spans_for(std::size_t slot_size) const noexcept {
+  // kSlabSlots slots, or 2 of the largest classes in half a page (slot_size <= page_ / 4); then
+  // up to 8 spans more, to waste at most 1/64 of the slab after its last slot (a 7.5 KiB class
+  // wastes 2 KiB of one 32 KiB span, 512 B of four).
+  const std::size_t bytes = std::min(kSlabSlots * slot_size, page_ / 2);
+  const std::size_t least = std::clamp<std::size_t>((bytes + span_ - 1) / span_, 1, spans_per_page_);
+  const std::size_t most = std::min<std::size_t>(spans_per_page_, std::max<std::size_t>(least, 8));
+  std::size_t best = least;
+  double best_waste = 1.0;
+  for (std::size_t k = least; k <= most; ++k) {
+    const double waste =
+        static_cast<double>((k * span_) % slot_size) / static_cast<double>(k * span_);
+    if (waste <= 1.0 / 64) return static_cast<std::uint32_t>(k);
+    if (waste < best_waste) {
+      best_waste = waste;
+      best = k;
+    }
+  }
+  return static_cast<std::uint32_t>(best);
+}
+
+void VmmPool::open_page(SmallPage* page) {
+  if (page->open) return;
+  open_pages_.push_back(page);
+  page->open = true;
+}
+
+namespace {
+// The first run of `k` set bits in `bits` (its lowest bit's index), or -1.
+int find_run(std::uint64_t bits, std::uint32_t k) noexcept {
+  std::uint64_t starts = bits;
+  for (std::uint32_t i = 1; i < k && starts != 0; ++i) starts &= bits >> i;
+  return starts == 0 ? -1 : std::countr_zero(starts);
+}
+std::uint64_t span_mask(std::uint32_t first, std::uint32_t count) noexcept {
+  return (count >= 64 ? ~std::uint64_t{0} : ((std::uint64_t{1} << count) - 1)) << first;
+}
+}  // namespace
+
 Slab* VmmPool::new_slab(int size_class, ThreadCache* owner, bool create) {
   ScopedDeviceContext scope(device_);
-  // Host memory first: nothing may throw once the page is mapped.
+  // Host memory first: nothing may throw once spans are taken or a page is mapped.
   auto slab = std::make_unique<Slab>();
   slab->size_class = size_class;
   slab->slot_size = size_class_bytes(size_class);
-  slab->slot_count = static_cast<std::uint32_t>(page_ / slab->slot_size);
+  slab->spans = spans_for(slab->slot_size);
+  slab->slot_count = static_cast<std::uint32_t>(slab->spans * span_ / slab->slot_size);
   slab->slot_reciprocal = ~std::uint64_t{0} / slab->slot_size + 1;
   slab->requested.reset(slab->slot_count);
   slab->owner = owner;
   std::vector<Slab*>& slabs = classes_[static_cast<std::size_t>(size_class)].slabs;
   if (slabs.size() == slabs.capacity()) slabs.reserve(2 * slabs.size() + 1);
-  std::vector<CUmemGenericAllocationHandle> handle;
-  handle.reserve(1);
-  int ri = -1;
-  auto find_region = [&] {
-    ri = -1;
-    const int n = region_count_.load(std::memory_order_relaxed);
-    for (int i = 0; i < n && ri < 0; ++i) {
-      const Region& r = regions_[static_cast<std::size_t>(i)];
-      if (r.small && (!r.vacant.empty() || r.bump < r.pages)) ri = i;
+  if (open_pages_.size() == open_pages_.capacity()) open_pages_.reserve(2 * open_pages_.size() + 4);
+  const std::uint32_t k = slab->spans;
+  // 1. Free spans in a mapped page (full pages found on the way leave the list).
+  auto from_open_pages = [&]() -> std::pair<SmallPage*, int> {
+    for (std::size_t i = open_pages_.size(); i-- > 0;) {
+      SmallPage* page = open_pages_[i];
+      if (page->free_spans == 0) {
+        page->open = false;
+        open_pages_[i] = open_pages_.back();
+        open_pages_.pop_back();
+        continue;
+      }
+      if (const int first = find_run(page->free_spans, k); first >= 0) return {page, first};
     }
+    return {nullptr, -1};
   };
-  // May vacate slab pages: choose the region and page only afterwards.
-  if (!acquire_pages(1, 0, 0, handle, create)) return nullptr;
-  find_region();
-  if (ri < 0) {
+  auto [page, first] = from_open_pages();
+  // 2. Spans of empty slabs whose freed blocks' work has completed.
+  if (page == nullptr && release_empty_slabs(false) > 0) std::tie(page, first) = from_open_pages();
+  // 3. A new page.
+  if (page == nullptr) {
+    auto rec = std::make_unique<SmallPage>();
+    std::vector<CUmemGenericAllocationHandle> handle;
+    handle.reserve(1);
+    int ri = -1;
+    auto find_region = [&] {
+      ri = -1;
+      const int n = region_count_.load(std::memory_order_relaxed);
+      for (int i = 0; i < n && ri < 0; ++i) {
+        const Region& r = regions_[static_cast<std::size_t>(i)];
+        if (r.small && (!r.vacant.empty() || r.bump < r.pages)) ri = i;
+      }
+    };
+    if (!acquire_pages(1, 0, 0, handle, create)) return nullptr;
+    find_region();  // acquire_pages may have vacated pages: choose only now
+    if (ri < 0) {
+      try {
+        ri = add_region(small_region_, page_, true);
+      } catch (...) {
+        spare_.push_back(handle[0]);
+        throw;
+      }
+    }
+    Region& region = regions_[static_cast<std::size_t>(ri)];
+    const std::size_t index = region.vacant.empty() ? region.bump : region.vacant.back();
+    auto take_page = [&] {
+      if (region.vacant.empty()) {
+        ++region.bump;
+      } else {
+        region.vacant.pop_back();
+      }
+    };
     try {
-      ri = add_region(small_region_, page_, true);
+      map_pages(region.base + index * page_, handle.data(), 1);
     } catch (...) {
-      spare_.push_back(handle[0]);
+      if (handle[0] != 0) {
+        spare_.push_back(handle[0]);
+      } else {
+        take_page();  // a stuck mapping holds the page until it is unmapped
+      }
       throw;
     }
+    take_page();
+    rec->handle = handle[0];
+    rec->region = ri;
+    rec->index = index;
+    rec->free_spans = span_mask(0, spans_per_page_);
+    page = rec.get();
+    region.page_recs[index] = std::move(rec);
+    ++small_pages_;
+    open_page(page);  // room reserved above
+    first = 0;
   }
-  Region& region = regions_[static_cast<std::size_t>(ri)];
-  const std::size_t page = region.vacant.empty() ? region.bump : region.vacant.back();
-  auto take_page = [&] {
-    if (region.vacant.empty()) {
-      ++region.bump;
-    } else {
-      region.vacant.pop_back();
-    }
-  };
-  try {
-    map_pages(region.base + page * page_, handle.data(), 1);
-  } catch (...) {
-    if (handle[0] != 0) {
-      spare_.push_back(handle[0]);
-    } else {
-      take_page();  // a stuck mapping holds the page until it is unmapped
-    }
-    throw;
-  }
-  take_page();
-  slab->base = region.base + page * page_;
-  slab->region = ri;
+  // Nothing below throws.
+  Region& region = regions_[static_cast<std::size_t>(page->region)];
+  page->free_spans &= ~span_mask(static_cast<std::uint32_t>(first), k);
   slab->page = page;
-  slab->handle = handle[0];
+  slab->first_span = static_cast<std::uint32_t>(first);
+  slab->base = region.base + page->index * page_ + static_cast<std::size_t>(first) * span_;
   Slab* raw = slab.release();
   slabs.push_back(raw);
-  region.slabs[page].store(raw, std::memory_order_release);
+  const std::size_t g = (raw->base - region.base) >> span_shift_;
+  for (std::uint32_t i = 0; i < k; ++i) region.slabs[g + i].store(raw, std::memory_order_release);
   ++slab_count_;
   return raw;
 }
 
-void VmmPool::release_slab_page(Slab* slab, bool keep_handle) {
-  const DriverApi& api = driver();
-  VSR_CU_TRY(api.cuMemUnmap(slab->base, page_));
-  pages_mapped_ -= 1;
-  Region& region = regions_[static_cast<std::size_t>(slab->region)];
-  region.slabs[slab->page].store(nullptr, std::memory_order_release);
-  region.vacant.push_back(slab->page);
+void VmmPool::release_slab(Slab* slab) noexcept {
+  SmallPage* page = slab->page;
+  Region& region = regions_[static_cast<std::size_t>(page->region)];
+  const std::size_t g = (slab->base - region.base) >> span_shift_;
+  for (std::uint32_t i = 0; i < slab->spans; ++i) {
+    region.slabs[g + i].store(nullptr, std::memory_order_release);
+  }
   ClassState& state = classes_[static_cast<std::size_t>(slab->size_class)];
   if (!slab->shared.empty()) unlist(slab);
   for (const SharedSlot& e : slab->shared) drop_batch_ref(e.batch);
+  if (slab->bump_listed) std::erase(state.unowned_bump, slab);
   std::erase(state.slabs, slab);
   --slab_count_;
-  const CUmemGenericAllocationHandle h = slab->handle;
+  const bool was_full = page->free_spans == 0;
+  page->free_spans |= span_mask(slab->first_span, slab->spans);
   delete slab;
-  if (keep_handle) {
-    spare_.push_back(h);
-  } else if (api.cuMemRelease(h) == CUDA_SUCCESS) {
-    --pages_held_;
-  } else {
-    spare_.push_back(h);
+  if (was_full && !page->open) {
+    try {
+      open_page(page);
+    } catch (...) {
+      // Found again by reclaim_small_pages once it is free; until then its spans wait.
+    }
   }
 }
 
-std::size_t VmmPool::reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandle>* into,
-                                         std::size_t want, bool wait) {
-  std::size_t reclaimed = 0;
+std::size_t VmmPool::release_empty_slabs(bool wait) {
+  std::size_t released = 0;
   for (ClassState& state : classes_) {
-    for (std::size_t i = 0; i < state.slabs.size() && reclaimed < want;) {
+    for (std::size_t i = 0; i < state.slabs.size();) {
       Slab* slab = state.slabs[i];
-      if (slab->used != 0 || slab->carving) {
+      if (slab->used != 0 || slab->bump_owned) {
         ++i;
         continue;
       }
-      // Unmap only what no queued work still uses (§7 #2): every slot's mark has completed.
+      // Reuse spans only once no queued work still uses their blocks (§7 #2): every slot's mark
+      // has completed.
       bool idle = true;
       for (const SharedSlot& e : slab->shared) {
         if (wait && e.batch->mark) {
@@ -1324,21 +1484,94 @@ std::size_t VmmPool::reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandl
         ++i;
         continue;
       }
-      const CUmemGenericAllocationHandle h = slab->handle;
-      try {
-        release_slab_page(slab, into != nullptr);  // erases slabs[i]
-      } catch (const CudaError&) {
-        ++i;
-        continue;
-      }
-      if (into != nullptr) {
-        spare_.pop_back();
-        into->push_back(h);
-      }
-      ++reclaimed;
+      release_slab(slab);  // erases slabs[i]
+      ++released;
     }
   }
-  return reclaimed;
+  return released;
+}
+
+std::size_t VmmPool::reclaim_small_pages(std::vector<CUmemGenericAllocationHandle>* into,
+                                         std::size_t want, bool wait) {
+  release_empty_slabs(wait);
+  const DriverApi& api = driver();
+  const std::uint64_t all = span_mask(0, spans_per_page_);
+  std::size_t unmapped = 0;
+  for (std::size_t i = open_pages_.size(); i-- > 0 && unmapped < want;) {
+    SmallPage* page = open_pages_[i];
+    if (page->free_spans != all) continue;
+    Region& region = regions_[static_cast<std::size_t>(page->region)];
+    std::vector<CUmemGenericAllocationHandle>& to = into != nullptr ? *into : spare_;
+    to.reserve(to.size() + 1);  // room first: nothing after the unmap may fail
+    region.vacant.reserve(region.vacant.size() + 1);
+    if (api.cuMemUnmap(region.base + page->index * page_, page_) != CUDA_SUCCESS) continue;
+    pages_mapped_ -= 1;
+    --small_pages_;
+    to.push_back(page->handle);
+    region.vacant.push_back(page->index);
+    open_pages_[i] = open_pages_.back();
+    open_pages_.pop_back();
+    region.page_recs[page->index].reset();
+    ++unmapped;
+  }
+  return unmapped;
+}
+
+void VmmPool::release_bump(ThreadCache& cache, int size_class) noexcept {
+  Slab*& slab = cache.bump[static_cast<std::size_t>(size_class)];
+  if (slab == nullptr) return;
+  slab->bump_owned = false;
+  cache.bump_spans -= slab->spans;
+  if (slab->carved < slab->slot_count && !slab->bump_listed) {
+    try {
+      classes_[static_cast<std::size_t>(size_class)].unowned_bump.push_back(slab);
+      slab->bump_listed = true;
+    } catch (...) {
+      // Its slots never used stay unused until the slab empties and is released.
+    }
+  }
+  slab = nullptr;
+}
+
+void VmmPool::release_bumps(ThreadCache& cache) noexcept {
+  for (int c = 0; c < kMaxSizeClasses; ++c) release_bump(cache, c);
+}
+
+void VmmPool::install_bump(ThreadCache& cache, Slab* slab) noexcept {
+  const int size_class = slab->size_class;
+  release_bump(cache, size_class);
+  // Over budget: give up the thread's largest other bump slabs (to any thread that needs them).
+  while (cache.bump_spans + slab->spans > bump_budget_) {
+    int largest = -1;
+    for (int c = 0; c < kMaxSizeClasses; ++c) {
+      const Slab* b = cache.bump[static_cast<std::size_t>(c)];
+      if (b != nullptr && (largest < 0 ||
+                           b->spans > cache.bump[static_cast<std::size_t>(largest)]->spans)) {
+        largest = c;
+      }
+    }
+    if (largest < 0) break;
+    release_bump(cache, largest);
+  }
+  if (slab->bump_listed) {
+    std::erase(classes_[static_cast<std::size_t>(size_class)].unowned_bump, slab);
+    slab->bump_listed = false;
+  }
+  slab->bump_owned = true;
+  cache.bump_spans += slab->spans;
+  cache.bump[static_cast<std::size_t>(size_class)] = slab;
+}
+
+Slab* VmmPool::steal_bump(ThreadCache& cache, int size_class) noexcept {
+  const auto c = static_cast<std::size_t>(size_class);
+  for (ThreadCache* other : caches_) {
+    if (other == &cache) continue;
+    Slab* slab = other->bump[c];
+    if (slab == nullptr || slab->carved == slab->slot_count) continue;
+    release_bump(*other, size_class);
+    return slab;
+  }
+  return nullptr;
 }
 
 // ---- batches and marks of small blocks ---------------------------------------------------------
@@ -1447,7 +1680,7 @@ void VmmPool::sync_forgotten(ThreadCache& cache) noexcept {
           continue;
         }
         add_shared(e.slab, e.ptr, f.batch);
-        if (--e.slab->used == 0 && !e.slab->carving && e.slab->owner != nullptr) {
+        if (--e.slab->used == 0 && !e.slab->bump_owned && e.slab->owner != nullptr) {
           set_owner(e.slab, nullptr);
         }
       }
@@ -1490,7 +1723,7 @@ void VmmPool::flush_bin(ThreadCache& cache, int size_class, int keep) noexcept {
     }
     add_shared(e.slab, e.ptr, batch);
     // An emptied slab holds none of its owner's blocks: any thread may claim it now.
-    if (--e.slab->used == 0 && !e.slab->carving && e.slab->owner != nullptr) {
+    if (--e.slab->used == 0 && !e.slab->bump_owned && e.slab->owner != nullptr) {
       set_owner(e.slab, nullptr);
     }
   }
@@ -1582,7 +1815,7 @@ void VmmPool::drain_caches(const ThreadCache* self) noexcept {
         std::this_thread::yield();
       }
       sync_forgotten(*c);
-      release_carving(*c);
+      release_bumps(*c);
       for (int k = 0; k < kMaxSizeClasses; ++k) flush_bin(*c, k, 0);
     }
     c->steal.store(false, std::memory_order_release);
@@ -1596,7 +1829,7 @@ void VmmPool::retire_cache(ThreadCache& cache) noexcept {
     ScopedDeviceContext scope(device_);
     sync_forgotten(cache);
     for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
-    release_carving(cache);
+    release_bumps(cache);
     disown_all(cache);
     std::erase(caches_, &cache);
     prune_forget_log();
@@ -1655,7 +1888,7 @@ void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   ThreadCache& cache = thread_cache();
   Bin& bin = cache.bins[static_cast<std::size_t>(slab->size_class)];
   if (enter_fast_path(cache)) [[likely]] {
-    if (bin.count < kBinCapacity) [[likely]] {
+    if (bin.count < bin.capacity) [[likely]] {
       bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
       cache.add(-static_cast<std::int64_t>(bytes), -1);
       leave_fast_path(cache);
@@ -1668,8 +1901,8 @@ void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   try {
     std::lock_guard lock(mutex_);
     sync_forgotten(cache);
-    const bool flushed = bin.count == kBinCapacity;
-    if (flushed) flush_bin(cache, slab->size_class, kBinCapacity / 2);
+    const bool flushed = bin.count >= bin.capacity;
+    if (flushed) flush_bin(cache, slab->size_class, bin.capacity / 2);
     bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
     cache.add(-static_cast<std::int64_t>(bytes), -1);
     if (flushed) mark_pending(stream, key_in(cache, stream));  // a call on `stream`
@@ -1687,7 +1920,7 @@ void VmmPool::trim() {
   ScopedDeviceContext scope(device_);
   sync_forgotten(cache);
   fold_cache_stats(cache);
-  release_carving(cache);
+  release_bumps(cache);
   for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
   drain_caches(&cache);  // what other threads freed and still cache is free memory too
   std::optional<CudaError> first_error;
@@ -1717,7 +1950,7 @@ void VmmPool::trim() {
     if (!first_error) first_error = e;
   }
   try {
-    reclaim_empty_slabs(nullptr, static_cast<std::size_t>(-1), true);
+    reclaim_small_pages(nullptr, static_cast<std::size_t>(-1), true);
   } catch (const CudaError& e) {
     if (!first_error) first_error = e;
   }
@@ -1734,6 +1967,7 @@ void VmmPool::trim() {
     }
   }
   spare_ = std::move(kept);
+  debug_check("trim");
   if (first_error) throw *first_error;
 }
 
@@ -1799,11 +2033,20 @@ void VmmPool::fill_stats(MemoryPoolStats& s) const noexcept {
   s.pool_size = pages_held_ * page_;
   s.mapped_bytes = pages_mapped_ * page_;
   s.reserved_bytes = reserved_bytes_;
-  std::size_t busy_slabs = 0;
-  for (const ClassState& state : classes_) {
-    for (const Slab* slab : state.slabs) busy_slabs += slab->used != 0 ? 1 : 0;
+  // A small page is free once no slab on it holds a live or cached block (trim then releases it).
+  std::vector<const SmallPage*> busy_pages;
+  try {
+    for (const ClassState& state : classes_) {
+      for (const Slab* slab : state.slabs) {
+        if (slab->used != 0) busy_pages.push_back(slab->page);
+      }
+    }
+  } catch (...) {
   }
-  s.pool_free_bytes = (pages_held_ - large_live_pages_ - busy_slabs) * page_;
+  std::sort(busy_pages.begin(), busy_pages.end());
+  const auto busy = static_cast<std::size_t>(
+      std::unique(busy_pages.begin(), busy_pages.end()) - busy_pages.begin());
+  s.pool_free_bytes = (pages_held_ - large_live_pages_ - busy) * page_;
   s.largest_free_block = free_by_size_.empty() ? 0 : std::prev(free_by_size_.end())->first * page_;
   s.granularity = page_;
   s.small_block_limit = small_limit_;
@@ -1817,6 +2060,130 @@ std::string VmmPool::describe() const {
          " blocks, " + format_bytes(s.pool_free_bytes) + " free; largest free range " +
          format_bytes(s.largest_free_block) + "), " + format_bytes(s.reserved_bytes) +
          " of address space reserved";
+}
+
+std::pair<std::uintptr_t, std::uintptr_t> VmmPool::slab_extent(const void* ptr) const {
+  std::lock_guard lock(mutex_);
+  const Slab* slab = slab_of(reinterpret_cast<CUdeviceptr>(ptr));
+  if (slab == nullptr) return {0, 0};
+  return {slab->base, slab->base + slab->spans * span_};
+}
+
+std::string VmmPool::check_invariants() const {
+  std::lock_guard lock(mutex_);
+  return check_locked();
+}
+
+std::string VmmPool::check_locked() const {
+  auto fail = [](const std::string& what) { return "pool invariant: " + what; };
+  std::size_t slabs = 0, small_pages = 0, large_mapped = 0, stuck_pages = 0;
+  std::map<const SmallPage*, std::uint64_t> spans_used;
+  for (int c = 0; c < kMaxSizeClasses; ++c) {
+    const ClassState& state = classes_[static_cast<std::size_t>(c)];
+    for (const Slab* slab : state.slabs) {
+      ++slabs;
+      if (slab->size_class != c) return fail("a slab is listed under another class");
+      if (slab->used + slab->shared.size() > slab->carved || slab->carved > slab->slot_count) {
+        return fail("a slab's used + shared slots exceed its carved slots");
+      }
+      if (slab->slot_count * slab->slot_size > slab->spans * span_) {
+        return fail("a slab's slots overrun its spans");
+      }
+      const SmallPage* page = slab->page;
+      const Region& region = regions_[static_cast<std::size_t>(page->region)];
+      if (region.page_recs[page->index].get() != page) return fail("a slab's page is not mapped");
+      const std::uint64_t mask = span_mask(slab->first_span, slab->spans);
+      if ((page->free_spans & mask) != 0) return fail("a slab's spans are marked free");
+      if ((spans_used[page] & mask) != 0) return fail("two slabs share a span");
+      spans_used[page] |= mask;
+      const std::size_t g = (slab->base - region.base) >> span_shift_;
+      for (std::uint32_t i = 0; i < slab->spans; ++i) {
+        if (region.slabs[g + i].load(std::memory_order_relaxed) != slab) {
+          return fail("a span's slab entry does not name its slab");
+        }
+      }
+      if (slab->bump_listed !=
+          (std::find(state.unowned_bump.begin(), state.unowned_bump.end(), slab) !=
+           state.unowned_bump.end())) {
+        return fail("bump_listed disagrees with the class's unowned_bump list");
+      }
+      if (slab->bump_owned == slab->bump_listed && slab->bump_owned) {
+        return fail("a slab is both a thread's bump slab and listed as nobody's");
+      }
+    }
+  }
+  if (slabs != slab_count_) return fail("slab_count_ is wrong");
+  for (const ThreadCache* cache : caches_) {
+    std::size_t spans = 0;
+    for (const Slab* b : cache->bump) {
+      if (b == nullptr) continue;
+      if (!b->bump_owned) return fail("a thread's bump slab is not marked bump_owned");
+      spans += b->spans;
+    }
+    if (spans != cache->bump_spans) return fail("a thread's bump_spans is wrong");
+    if (spans > bump_budget_ + spans_per_page_) return fail("a thread's bump slabs exceed budget");
+  }
+  const int n = region_count_.load(std::memory_order_relaxed);
+  const std::uint64_t all = span_mask(0, spans_per_page_);
+  for (int i = 0; i < n; ++i) {
+    const Region& r = regions_[static_cast<std::size_t>(i)];
+    if (r.size == 0) continue;
+    for (const auto& page : r.page_recs) {
+      if (!page) continue;
+      ++small_pages;
+      const auto it = spans_used.find(page.get());
+      const std::uint64_t used = it == spans_used.end() ? 0 : it->second;
+      if ((used | page->free_spans) != all) return fail("a page's span is neither free nor used");
+      if (page->free_spans != 0 && !page->open) return fail("a page with free spans is not open");
+    }
+    for (CUmemGenericAllocationHandle h : r.handles) large_mapped += h != 0 ? 1 : 0;
+  }
+  for (const SmallPage* page : open_pages_) {
+    if (!page->open) return fail("a listed page is not marked open");
+  }
+  if (small_pages != small_pages_) return fail("small_pages_ is wrong");
+  for (const StuckMapping& m : stuck_) stuck_pages += m.handles.size();
+  if (small_pages + large_mapped + stuck_pages != pages_mapped_) return fail("pages_mapped_ is wrong");
+  if (pages_mapped_ + spare_.size() != pages_held_) return fail("held pages are unaccounted for");
+  std::size_t free_pages = 0;
+  for (const auto& [addr, range] : free_by_addr_) {
+    free_pages += range.pages;
+    bool indexed = false;
+    auto [lo, hi] = free_by_size_.equal_range(range.pages);
+    for (auto s = lo; s != hi && !indexed; ++s) indexed = s->second == addr;
+    if (!indexed) return fail("a free range is missing from the size index");
+    auto next = free_by_addr_.upper_bound(addr);
+    if (next != free_by_addr_.end() && addr + range.pages * page_ > next->first) {
+      return fail("free ranges overlap");
+    }
+  }
+  if (free_by_size_.size() != free_by_addr_.size()) return fail("the size index has extra entries");
+  if (free_pages + large_live_pages_ != large_mapped) {
+    return fail("large mapped pages are neither live nor free");
+  }
+  return {};
+}
+
+void VmmPool::debug_check([[maybe_unused]] const char* where) const noexcept {
+#ifndef NDEBUG
+  static const bool enabled = [] {
+    const char* v = std::getenv("VSR_POOL_CHECKS");
+    return v != nullptr && v[0] == '1';
+  }();
+  if (!enabled) return;
+  static thread_local unsigned calls = 0;
+  if (slab_count_ > 256 && (++calls % 64) != 0) return;
+  std::string what;
+  try {
+    what = check_locked();
+  } catch (...) {
+    return;  // no host memory to check with
+  }
+  if (!what.empty()) {
+    std::fprintf(stderr, "vibespatial-raster: %s (after %s)\n", what.c_str(), where);
+    std::abort();
+  }
+#endif
 }
 
 void VmmPool::teardown() noexcept {
@@ -1841,19 +2208,23 @@ void VmmPool::teardown() noexcept {
     }
     for (ClassState& state : classes_) {
       state.unowned.clear();
-      for (Slab* slab : state.slabs) {
-        if (api.cuMemUnmap(slab->base, page_) == CUDA_SUCCESS) --pages_mapped_;
-        api.cuMemRelease(slab->handle);
-        delete slab;
-      }
+      state.unowned_bump.clear();
+      for (Slab* slab : state.slabs) delete slab;
       state.slabs.clear();
     }
+    open_pages_.clear();
     free_by_addr_.clear();
     free_by_size_.clear();
     live_large_.clear();
     const int n = region_count_.load();
     for (int i = 0; i < n; ++i) {
       Region& r = regions_[static_cast<std::size_t>(i)];
+      for (std::unique_ptr<SmallPage>& page : r.page_recs) {
+        if (!page) continue;
+        if (api.cuMemUnmap(r.base + page->index * page_, page_) == CUDA_SUCCESS) --pages_mapped_;
+        api.cuMemRelease(page->handle);
+        page.reset();
+      }
       for (std::size_t p = 0; p < r.handles.size(); ++p) {
         if (r.handles[p] == 0) continue;
         api.cuMemUnmap(r.base + p * page_, page_);
@@ -1879,6 +2250,7 @@ void VmmPool::teardown() noexcept {
   retired_slab_arrays_.clear();
   caches_.clear();
   pages_held_ = pages_mapped_ = reserved_bytes_ = large_live_pages_ = slab_count_ = 0;
+  small_pages_ = 0;
 }
 
 }  // namespace
