@@ -61,10 +61,15 @@ namespace {
 constexpr int kMaxRegions = 64;
 constexpr int kMaxDevices = 64;
 constexpr int kBinCapacity = 64;
-constexpr std::size_t kSlabSlots = 4;  // slots a slab is made for (at least one span)
+// Slots a slab is made for (at least one span): few for classes up to 8 KiB, whose slabs are then
+// one or two spans (each thread and class holds one partly used), more for larger classes, so that
+// their slabs stay few (a slab's header and slot records are what the fast path reads).
+constexpr std::size_t kSlabSlots = 4;
+constexpr std::size_t kSlabSlotsLarge = 16;
+constexpr std::size_t kSlabSmallSlot = 8 << 10;
 // What a thread's cache may hold of one class: kBinCapacity blocks, or fewer of larger classes so
 // that a bin holds about kBinBytes (and at least 4 blocks). Cached blocks count as used memory.
-constexpr std::size_t kBinBytes = 16 << 10;
+constexpr std::size_t kBinBytes = 64 << 20;
 constexpr int bin_capacity(std::size_t slot_size) noexcept {
   return static_cast<int>(std::clamp<std::size_t>(kBinBytes / slot_size, 4, kBinCapacity));
 }
@@ -1297,10 +1302,11 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
 }
 
 std::uint32_t VmmPool::spans_for(std::size_t slot_size) const noexcept {
-  // kSlabSlots slots, or 2 of the largest classes in half a page (slot_size <= page_ / 4); then
+  // kSlabSlots(Large) slots, or 2 of the largest classes in half a page (slot_size <= page_ / 4); then
   // up to 8 spans more, to waste at most 1/64 of the slab after its last slot (a 7.5 KiB class
   // wastes 2 KiB of one 32 KiB span, 512 B of four).
-  const std::size_t bytes = std::min(kSlabSlots * slot_size, page_ / 2);
+  const std::size_t slots = slot_size <= kSlabSmallSlot ? kSlabSlots : kSlabSlotsLarge;
+  const std::size_t bytes = std::min(slots * slot_size, page_ / 2);
   const std::size_t least = std::clamp<std::size_t>((bytes + span_ - 1) / span_, 1, spans_per_page_);
   const std::size_t most = std::min<std::size_t>(spans_per_page_, std::max<std::size_t>(least, 8));
   std::size_t best = least;
