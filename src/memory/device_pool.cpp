@@ -4,6 +4,7 @@
 #include "common/byte_text.hpp"
 
 #include <cstdio>
+#include <optional>
 
 namespace vibespatial::raster::detail {
 
@@ -56,7 +57,10 @@ MarkFactory::~MarkFactory() {
 
 MarkRef MarkFactory::record(CUstream stream, CUstream key) {
   const DriverApi& api = driver();
-  ScopedDeviceContext scope(device_);
+  // One device: the calling thread's context is the device's (memory.hpp binds it on the thread's
+  // first call), so no context query per mark, that is per large free.
+  std::optional<ScopedDeviceContext> scope;
+  if (driver_state().device_count != 1) scope.emplace(device_);
   // An idle stream has finished everything queued on it: the mark is complete without an event.
   if (api.cuStreamQuery(stream) == CUDA_SUCCESS) {
     return std::make_shared<StreamMark>(StreamMark{key, nullptr, true});

@@ -139,7 +139,7 @@ class DevicePool {
   int device_;
 };
 
-std::unique_ptr<DevicePool> make_vmm_pool(int device, bool recovery_tier);
+std::unique_ptr<DevicePool> make_vmm_pool(int device);
 /// Maps one page through the VMM calls the pool uses (reserve, create, map, set access, then
 /// unmap, release, free) on `device`. Returns "" when they work, else what failed (e.g.
 /// "cuMemMap returned CUDA_ERROR_NOT_SUPPORTED"): some drivers claim VMM support and then fail

@@ -59,7 +59,6 @@ namespace vibespatial::raster::detail {
 namespace {
 
 constexpr int kMaxRegions = 64;
-constexpr int kMaxDevices = 64;
 constexpr int kBinCapacity = 64;
 // Slots a slab is made for (at least one span): few for classes up to 8 KiB, whose slabs are then
 // one or two spans (each thread and class holds one partly used), more for larger classes, so that
@@ -179,6 +178,9 @@ struct Region {
   std::vector<CUmemGenericAllocationHandle> handles;  // large: each page's handle, 0 = unmapped
   std::vector<std::size_t> vacant;                    // small: unmapped page indices below `bump`
   std::size_t bump = 0;                               // small: pages never used above this
+  // Large: one past the highest page ever mapped. Pages above are all unmapped, so a window
+  // search need not slide past it: its cost follows what was mapped, not the region's size.
+  std::size_t mapped_end = 0;
 };
 
 // What lock-free lookups (owns, the free path) read of a region slot: a sequence lock, because a
@@ -295,7 +297,7 @@ thread_local ThreadCacheSet t_caches;
 
 class VmmPool final : public DevicePool {
  public:
-  VmmPool(int device, bool recovery_tier);
+  explicit VmmPool(int device);
   ~VmmPool() override { teardown(); }
 
   void* allocate(std::size_t bytes, CUstream stream) override;
@@ -540,7 +542,7 @@ std::size_t round_up(std::size_t v, std::size_t m) {
   return (v + m - 1) / m * m;
 }
 
-VmmPool::VmmPool(int device, bool /*recovery_tier*/) : DevicePool(device), marks_(device) {
+VmmPool::VmmPool(int device) : DevicePool(device), marks_(device) {
   const DriverApi& api = driver();
   ScopedDeviceContext scope(device);
   prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -648,6 +650,7 @@ int VmmPool::add_region(std::size_t size, std::size_t min_size, bool small) {
   region.small = small;
   region.vacant.clear();
   region.bump = 0;
+  region.mapped_end = 0;
   reserved_bytes_ += size;
   publish_region(index);
   if (index == region_count_.load(std::memory_order_relaxed)) {
@@ -711,6 +714,7 @@ bool VmmPool::make_address_space() noexcept {
     r.page_recs.clear();
     r.vacant = {};
     r.bump = 0;
+    r.mapped_end = 0;
     publish_region(i);
     freed = true;
   }
@@ -983,7 +987,8 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream key, bool create) {
             window = region.base + start * page_;
             window_region = ri;
           }
-          if (holes == 0 || start + pages >= first + gap) break;
+          // Windows starting at or past mapped_end are all holes: none beats one seen already.
+          if (holes == 0 || start + pages >= first + gap || start >= region.mapped_end) break;
           holes -= region.handles[start] == 0 ? 1 : 0;
           holes += region.handles[start + pages] == 0 ? 1 : 0;
         }
@@ -1017,6 +1022,7 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream key, bool create) {
       while (i + run < pages && region.handles[first + i + run] == 0) ++run;
       map_pages(window + i * page_, fresh.data() + next_fresh, run);
       for (std::size_t k = 0; k < run; ++k) region.handles[first + i + k] = fresh[next_fresh + k];
+      region.mapped_end = std::max(region.mapped_end, first + i + run);
       next_fresh += run;
       i += run;
     }
@@ -2316,11 +2322,11 @@ std::string vmm_self_test(int device) {
   }
 }
 
-std::unique_ptr<DevicePool> make_vmm_pool(int device, bool recovery_tier) {
+std::unique_ptr<DevicePool> make_vmm_pool(int device) {
   if (device < 0 || device >= kMaxDevices) {
     throw std::out_of_range("device ordinal out of range for the pool");
   }
-  return std::make_unique<VmmPool>(device, recovery_tier);
+  return std::make_unique<VmmPool>(device);
 }
 
 }  // namespace vibespatial::raster::detail
