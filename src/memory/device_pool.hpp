@@ -56,6 +56,13 @@ struct StreamMark {
 };
 using MarkRef = std::shared_ptr<StreamMark>;
 
+/// Whether `r` is a sticky error (7xx): the context is poisoned until it is reset, and none of
+/// its queued work will run any further; calls that report it may have done their work first
+/// (cuda.h \notefnerr).
+inline bool is_sticky_error(CUresult r) noexcept {
+  return r >= 700 && r <= 799;
+}
+
 /// Recycles CUevents for marks. Not thread-safe: used under the owning pool's mutex.
 class MarkFactory {
  public:

@@ -95,8 +95,8 @@ TEST_SUITE("pool") {
     std::atomic<std::size_t> ooms{0}, corrupt{0}, max_pool{0};
     std::vector<std::thread> threads;
     for (int t = 0; t < 4; ++t) {
-      threads.emplace_back(small_traffic, t, 30000, 4400, 8192, std::ref(ooms),
-                           std::ref(corrupt), std::ref(max_pool));
+      threads.emplace_back(small_traffic, t, 30000, 4400, 8192, std::ref(ooms), std::ref(corrupt),
+                           std::ref(max_pool));
     }
     for (std::thread& t : threads) t.join();
     CHECK(ooms.load() == 0);

@@ -79,8 +79,8 @@ inline long long emulator_vmm_calls() {
   }();
   if (count == nullptr) return -1;
   unsigned long long n = 0;
-  for (const char* entry : {"cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
-                            "cuMemSetAccess"}) {
+  for (const char* entry :
+       {"cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemSetAccess"}) {
     n += count(entry);
   }
   return static_cast<long long>(n);
