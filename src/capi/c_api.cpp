@@ -25,12 +25,14 @@ namespace vsr = vibespatial::raster;
 
 namespace {
 
-// The first published sizes: a caller's struct_size must be at least these.
-constexpr std::size_t kPoolStatsV1Size = sizeof(vsr_pool_stats);
+// The first published sizes: a caller's struct_size must be at least these (later fields are
+// filled only as far as a caller's struct_size reaches).
+constexpr std::size_t kPoolStatsV1Size = offsetof(vsr_pool_stats, tier_reason);
 constexpr std::size_t kPlanOptionsV1Size = sizeof(vsr_plan_options);
 constexpr std::size_t kRasterPlanV1Size = sizeof(vsr_raster_plan);
 
-static_assert(sizeof(vsr_pool_stats) == 200, "vsr_pool_stats layout is ABI");
+static_assert(offsetof(vsr_pool_stats, tier_reason) == 200, "vsr_pool_stats layout is ABI");
+static_assert(sizeof(vsr_pool_stats) == 200 + VSR_TIER_REASON_CAPACITY, "fields are appended only");
 static_assert(sizeof(vsr_plan_options) == 48, "vsr_plan_options layout is ABI");
 static_assert(sizeof(vsr_raster_plan) == 64, "vsr_raster_plan layout is ABI");
 static_assert(VSR_DTYPE_FLOAT64 == static_cast<int>(vsr::DType::float64));
@@ -145,6 +147,9 @@ vsr_pool_stats to_c(const vsr::MemoryPoolStats& s) {
   c.oom_recoveries = s.oom_recoveries;
   c.granularity = s.granularity;
   c.small_block_limit = s.small_block_limit;
+  const std::size_t r = std::min(s.tier_reason.size(), sizeof(c.tier_reason) - 1);
+  std::memcpy(c.tier_reason, s.tier_reason.data(), r);
+  c.tier_reason[r] = '\0';
   return c;
 }
 

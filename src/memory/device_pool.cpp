@@ -4,6 +4,7 @@
 #include "common/byte_text.hpp"
 
 #include <cstdio>
+#include <optional>
 
 namespace vibespatial::raster::detail {
 
@@ -56,9 +57,13 @@ MarkFactory::~MarkFactory() {
 
 MarkRef MarkFactory::record(CUstream stream, CUstream key) {
   const DriverApi& api = driver();
-  ScopedDeviceContext scope(device_);
-  // An idle stream has finished everything queued on it: the mark is complete without an event.
-  if (api.cuStreamQuery(stream) == CUDA_SUCCESS) {
+  // One device: the calling thread's context is the device's (memory.hpp binds it on the thread's
+  // first call), so no context query per mark, that is per large free.
+  std::optional<ScopedDeviceContext> scope;
+  if (driver_state().device_count != 1) scope.emplace(device_);
+  // An idle stream has finished everything queued on it, and a sticky error (7xx) ended all of
+  // the context's work: the mark is complete without an event.
+  if (const CUresult q = api.cuStreamQuery(stream); q == CUDA_SUCCESS || is_sticky_error(q)) {
     return std::make_shared<StreamMark>(StreamMark{key, nullptr, true});
   }
   CUevent event = nullptr;
@@ -91,7 +96,9 @@ MarkRef MarkFactory::record(CUstream stream, CUstream key) {
 bool MarkFactory::completed(const MarkRef& mark) {
   if (!mark || mark->complete) return true;
   ScopedDeviceContext scope(device_);
-  if (driver().cuEventQuery(mark->event) == CUDA_SUCCESS) mark->complete = true;
+  const CUresult r = driver().cuEventQuery(mark->event);
+  // A sticky error (7xx) ends every piece of the context's work: none will touch memory again.
+  if (r == CUDA_SUCCESS || is_sticky_error(r)) mark->complete = true;
   return mark->complete;
 }
 
@@ -108,7 +115,10 @@ void MarkFactory::wait_on(const MarkRef& mark, CUstream stream) {
 void MarkFactory::wait(const MarkRef& mark) {
   if (!mark || mark->complete) return;
   ScopedDeviceContext scope(device_);
-  VSR_CU_TRY(driver().cuEventSynchronize(mark->event));
+  const CUresult r = driver().cuEventSynchronize(mark->event);
+  if (r != CUDA_SUCCESS && !is_sticky_error(r)) {  // sticky: the work is gone (completed())
+    throw_cuda_error(r, "cuEventSynchronize", __FILE__, __LINE__);
+  }
   mark->complete = true;
 }
 

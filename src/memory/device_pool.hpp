@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace vibespatial::raster::detail {
@@ -54,6 +55,13 @@ struct StreamMark {
   bool complete = false;
 };
 using MarkRef = std::shared_ptr<StreamMark>;
+
+/// Whether `r` is a sticky error (7xx): the context is poisoned until it is reset, and none of
+/// its queued work will run any further; calls that report it may have done their work first
+/// (cuda.h \notefnerr).
+inline bool is_sticky_error(CUresult r) noexcept {
+  return r >= 700 && r <= 799;
+}
 
 /// Recycles CUevents for marks. Not thread-safe: used under the owning pool's mutex.
 class MarkFactory {
@@ -122,6 +130,13 @@ class DevicePool {
   virtual void fill_stats(MemoryPoolStats& stats) const noexcept = 0;
   /// Human-readable state for error messages.
   virtual std::string describe() const = 0;
+  /// Checks the pool's internal bookkeeping (as mimalloc's _mi_page_is_valid): "" when it is
+  /// consistent, else what is wrong. Takes the pool's lock; for tests and debug builds.
+  virtual std::string check_invariants() const { return {}; }
+  /// The [begin, end) of the slab holding small block `ptr` ({0, 0} if none): for tests.
+  virtual std::pair<std::uintptr_t, std::uintptr_t> slab_extent(const void* /*ptr*/) const {
+    return {0, 0};
+  }
   /// Returns everything to the driver, live blocks included. Never throws.
   virtual void teardown() noexcept = 0;
   int device() const noexcept { return device_; }
@@ -131,7 +146,7 @@ class DevicePool {
   int device_;
 };
 
-std::unique_ptr<DevicePool> make_vmm_pool(int device, bool recovery_tier);
+std::unique_ptr<DevicePool> make_vmm_pool(int device);
 /// Maps one page through the VMM calls the pool uses (reserve, create, map, set access, then
 /// unmap, release, free) on `device`. Returns "" when they work, else what failed (e.g.
 /// "cuMemMap returned CUDA_ERROR_NOT_SUPPORTED"): some drivers claim VMM support and then fail

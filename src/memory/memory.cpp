@@ -19,7 +19,6 @@
 namespace vibespatial::raster::detail {
 namespace {
 
-constexpr int kMaxDevices = 64;
 constexpr int kRecoveryRounds = 3;
 
 enum class Tier { none = -1, a = 0, b = 1, c = 2, fallback = 3 };
@@ -241,7 +240,7 @@ std::string configured_tier() noexcept {
 }
 
 DevicePool& pool_for_device(int device) {
-  configure_memory_pool();
+  if (current_tier() == Tier::none) configure_memory_pool();
   if (device < 0 || device >= kMaxDevices || device >= driver_state().device_count) {
     throw std::out_of_range("device " + std::to_string(device) + " does not exist");
   }
@@ -257,7 +256,7 @@ DevicePool& pool_for_device(int device) {
     case Tier::b:
       // A device without VMM in a VMM-tier process gets the fallback pool; its stats say so.
       if (device_has_vmm(device, &why)) {
-        pool = make_vmm_pool(device, current_tier() == Tier::b);
+        pool = make_vmm_pool(device);
         why = current_tier() == Tier::a ? "VIBESPATIAL_GPU_POOL_ONLY is set: the VMM pool without "
                                           "OOM recovery (tier A)"
                                         : "the device supports virtual memory management: the "
@@ -414,12 +413,13 @@ MemoryPoolStats memory_pool_stats(int device) noexcept {
   }
   detail::DevicePool* p = registry().pools[static_cast<std::size_t>(device)].load();
   if (p == nullptr) {  // configured, but nothing allocated on this device yet
-    if (s.tier == "fallback") {
+    const Tier t = detail::current_tier();
+    if (t == Tier::fallback) {
       s.used_bytes = s.free_bytes = s.total_bytes = 0;
     } else {
       s.current_bytes = s.current_count = s.peak_bytes = s.peak_count = s.total_bytes =
           s.total_count = 0;
-      if (s.tier != "C") s.pool_size = 0;
+      if (t != Tier::c) s.pool_size = 0;
     }
     return s;
   }

@@ -8,13 +8,18 @@
 // free range while enough physical memory is free (the failure that stranded 19.9 GiB in the
 // Python original, reference/vibespatial-reference.md §1.9).
 //
-// Address space: small regions hold slabs (one page each, split into equal slots of one size
-// class); large regions hold large blocks (whole pages). They never mix, so a live small block
-// pins one page at most. Reservations are sized to fit an address space that may be scarce
-// (§3.4.2: a real driver can refuse large reservations): a large region of about the device's
-// memory, small regions of a sixteenth of it, added as needed; a refused reservation is retried
-// after giving back the address space of empty regions, then smaller, halving down to what the
-// request needs. The pool so works within 1.5 x device memory of address space.
+// Address space: small regions hold small pages; large regions hold large blocks (whole pages).
+// They never mix. A small page is split into 32 KiB spans (a 64th of larger pages); a slab is a
+// run of spans of one page, cut into equal slots of one size class (about 4 slots up to 8 KiB,
+// 16 above, at most 1/64 wasted after the last slot), so slabs of every class and thread share
+// pages, and an empty slab's spans go back to its page without a driver call. A page with no slab
+// is unmapped under pressure (a large request, trim). Reservations are sized to fit an address
+// space that may be scarce (§3.4.2: a real driver can refuse large reservations): a large region
+// of about the device's memory, small regions of a sixteenth of it, added as needed; a refused
+// reservation is retried after giving back the address space of empty regions, then smaller,
+// halving down to what the request needs. The window search of a large request stops at the
+// highest page ever mapped in a region, so its cost follows what was mapped, not the region's
+// size.
 //
 // Streams (memory.hpp, "Streams"): the pool calls the driver naming a stream only while a public
 // call that passed that stream runs (and then only that stream), or through the event of a mark
@@ -32,450 +37,28 @@
 // OOM chain and free_pool_memory()) under the mutex, after a handshake with the owner's fast path
 // (ThreadCache::active/steal, an asymmetric fence: the owner pays plain stores and a load). A slab
 // belongs to one thread at a time (Slab::owner): the thread refills its cache from its own slabs'
-// freed slots, then claims a slab nobody owns, then carves; only a full device lets a thread take
-// slots from another thread's slab. Threads thus write disjoint cache lines of the per-slot records
+// freed slots, then claims a slab nobody owns, then takes never-used slots of its bump slab of the
+// class (or of one nobody bumps from), then makes a new slab. A thread's bump slabs hold at most a
+// page's spans together; over that it gives up its largest to the class's unowned_bump list. Only
+// a full device lets a thread take free slots of another thread's slabs, then its bump slab.
+// Threads thus write disjoint cache lines of the per-slot records
 // even after blocks went back to the pool. Driver rules followed (reference/cuda-vmm-semantics.md):
 // map whole handles at offset 0 (§3.4.6), set access once per contiguous newly mapped run (§3.4.8,
 // §7 #3), unmap only whole mappings inside one reservation (§3.4.7), release handles exactly once
 // (§7 #5), and unmap only memory whose freeing stream work has completed (§7 #2).
-#include "memory/asymmetric_fence.hpp"
-#include "memory/device_pool.hpp"
-#include "memory/pool_registry.hpp"
-#include "memory/size_classes.hpp"
+#include "memory/vmm_pool_impl.hpp"
 
-#include <algorithm>
-#include <array>
-#include <limits>
-#include <map>
-#include <mutex>
-#include <stdexcept>
-#include <thread>
-#include <unordered_map>
+#include <optional>
 
-namespace vibespatial::raster::detail {
-namespace {
+namespace vibespatial::raster::detail::vmm {
 
-constexpr int kMaxRegions = 64;
-constexpr int kMaxDevices = 64;
-constexpr int kBinCapacity = 64;
-constexpr int kStatFlushOps = 64;
-constexpr std::int64_t kStatFlushBytes = std::int64_t{4} << 20;
-constexpr int kRefillScan = 64;             // shared free slots a refill examines at most
-constexpr std::size_t kMaxForgetLog = 256;  // forget_stream() entries before caches are drained
-
-class ThreadCache;
-
-std::atomic<std::uint64_t> g_next_epoch{1};
-
-// Per-slot records in whole cache lines of their own: slabs are shared between threads, and a
-// record array must not share a line with anything another thread writes.
-class SlotRecords {
- public:
-  void reset(std::size_t slots) {
-    lines_ = std::make_unique<Line[]>((slots + kPerLine - 1) / kPerLine);
-  }
-  std::atomic<std::uint32_t>& operator[](std::size_t slot) noexcept {
-    return lines_[slot / kPerLine].record[slot % kPerLine];
-  }
-
- private:
-  static constexpr std::size_t kPerLine = 16;
-  struct alignas(64) Line {
-    std::atomic<std::uint32_t> record[kPerLine];
-  };
-  std::unique_ptr<Line[]> lines_;
-};
-
-// Small blocks freed on one stream that reached the shared lists, with the mark that covers them
-// once one is recorded. Its slots are reusable at once on the stream with key `key`, and on any
-// stream once `mark` has completed (or behind a wait for it). A batch without a mark is the
-// stream's unmarked batch (at most one per key), which new frees join until a call on the stream
-// records the mark. Under the pool's mutex.
-struct Batch {
-  CUstream key = nullptr;  // the stream the blocks were freed on; forgotten_stream() once forgotten
-  MarkRef mark;            // a mark on that stream recorded after the frees; null: none yet
-  std::uint32_t slots = 0;  // shared slots that refer to it
-  bool logged = false;      // a forget_stream() log entry refers to it
-  std::size_t index = 0;    // its position in VmmPool::batches_
-};
-
-// A slot in a slab's shared free list.
-struct SharedSlot {
-  void* ptr;
-  Batch* batch;
-};
-
-struct Slab {
-  // Read on the fast path; fixed once the slab exists.
-  CUdeviceptr base = 0;
-  int size_class = 0;
-  std::size_t slot_size = 0;
-  std::uint32_t slot_count = 0;
-  int region = 0;
-  std::size_t page = 0;
-  CUmemGenericAllocationHandle handle = 0;
-  std::uint64_t slot_reciprocal = 0;  // floor(2^64 / slot_size) + 1: slot index by multiply
-  // Requested size of each slot's live block (small blocks are at most 1 MiB); 0 when free. The
-  // free path's compare-exchange on it is what detects double frees and wrong sizes without a
-  // lock. 32 bits keep this hot, randomly accessed array small.
-  SlotRecords requested;
-
-  /// The slot that `p` (inside this slab) falls in. Exact for offsets below 2^32.
-  std::size_t slot_of(CUdeviceptr p) const noexcept {
-    return static_cast<std::size_t>((static_cast<unsigned __int128>(p - base) * slot_reciprocal) >>
-                                    64);
-  }
-  // Written under the pool's mutex, on a cache line of their own so that those writes do not
-  // bounce the line the fast path reads between threads.
-  alignas(64) std::uint32_t carved = 0;  // slots handed out at least once (a bump index)
-  bool carving = false;    // a thread carves new slots from it: not reclaimable meanwhile
-  std::uint32_t used = 0;  // carved slots not in `shared` (live or thread-cached)
-  // The thread whose refills take this slab's shared slots (null: the next thread that needs
-  // its class claims it). Threads thereby keep to slabs of their own, so two threads' blocks do
-  // not share the cache lines of `requested`, which every allocation and free writes: with
-  // blocks interleaved, two threads ran slower than one. A slab is disowned when it empties.
-  ThreadCache* owner = nullptr;
-  // Freed slots flushed from thread caches. A slab is in its owner's `with_shared` list (or its
-  // class's `unowned` list) exactly while this is not empty.
-  std::vector<SharedSlot> shared;
-};
-
-// A reservation of address space (size 0: a free slot). Under the pool's mutex; lock-free
-// lookups read its copy in RegionLookup.
-struct Region {
-  CUdeviceptr base = 0;
-  std::size_t size = 0;
-  std::size_t pages = 0;
-  bool small = false;
-  std::unique_ptr<std::atomic<Slab*>[]> slabs;        // small: the slab of each page, or null
-  std::vector<CUmemGenericAllocationHandle> handles;  // large: each page's handle, 0 = unmapped
-  std::vector<std::size_t> vacant;                    // small: unmapped page indices below `bump`
-  std::size_t bump = 0;                               // small: pages never used above this
-};
-
-// What lock-free lookups (owns, the free path) read of a region slot: a sequence lock, because a
-// slot is reused for a new reservation once an empty region's address space was given back.
-// `version` is odd while the slot is rewritten; the writer (holding the pool's mutex) stores it
-// odd, then the fields with release, then even with release; a reader loads all with acquire and
-// accepts what it read when the version was even and unchanged.
-struct RegionLookup {
-  std::atomic<std::uint64_t> version{0};
-  std::atomic<CUdeviceptr> base{0};
-  std::atomic<std::size_t> size{0};
-  std::atomic<std::atomic<Slab*>*> slabs{nullptr};  // small regions only
-};
-
-// Pages mapped at `addr` whose map failed (access or a later page) and whose undo, the unmap,
-// failed too: the driver still holds the mapping. The range is kept out of use (no slab, no
-// window over it) and the handles out of the free lists until an unmap succeeds, retried before
-// new pages are created and by trim(). They count as held, mapped and free.
-struct StuckMapping {
-  CUdeviceptr addr = 0;
-  int region = 0;
-  std::vector<CUmemGenericAllocationHandle> handles;
-};
-
-struct LargeBlock {
-  std::size_t pages = 0;
-  std::size_t bytes = 0;
-};
-
-struct FreeRange {
-  std::size_t pages = 0;
-  std::vector<MarkRef> marks;  // the frees this range is still waiting for
-};
-
-struct CacheEntry {
-  void* ptr;
-  CUstream stream;
-  Slab* slab;
-};
-
-struct Bin {
-  int count = 0;
-  std::array<CacheEntry, kBinCapacity> entries;
-};
-
-class VmmPool;
-
-/// A thread's cache of freed small blocks and its unshared statistics, for one device's pool.
-// Cache-line aligned, so that one thread's writes never share a line with another thread's cache.
-class alignas(64) ThreadCache {
- public:
-  VmmPool* pool = nullptr;
-  std::uint64_t epoch = 0;
-  // The owning thread's per-thread default stream as a key (its bins hold CU_STREAM_PER_THREAD).
-  CUstream per_thread_key = nullptr;
-  // The pool's forget epoch this cache has applied to its bins (VmmPool::sync_forgotten). Read on
-  // the fast path by the owner; written under the mutex by the owner or, after the handshake
-  // below, by a thread that takes the cache's blocks.
-  std::uint64_t forget_seen = 0;
-  // The handshake that lets another thread take this cache's blocks (VmmPool::drain_caches)
-  // while the owner may be on its lock-free fast path. The owner sets `active` around every use
-  // of its bins outside the mutex and then checks `steal`: if set, it leaves and takes the locked
-  // path. A thread that takes the blocks holds the mutex, sets `steal`, fences, waits for
-  // `active` to clear, empties the bins, and clears `steal`. Between the owner's store and load
-  // and the taker's store and load sits a store-load fence: asymmetric (a compiler barrier on the
-  // owner's side, membarrier on the taker's) where available, else sequentially consistent
-  // operations on both sides.
-  std::atomic<bool> active{false};
-  std::atomic<bool> steal{false};
-  std::array<Bin, kMaxSizeClasses> bins;
-  // The slab each class carves new slots from, per thread, so that threads do not share slabs
-  // (and the cache lines of their slot records) until blocks migrate through the shared list.
-  std::array<Slab*, kMaxSizeClasses> carving{};
-  // The slabs this thread owns that have shared slots, per class (under the pool's mutex).
-  std::array<std::vector<Slab*>, kMaxSizeClasses> with_shared;
-  // Written only by the owning thread; read by memory_pool_stats() from any thread.
-  std::atomic<std::int64_t> bytes{0}, count{0}, peak_bytes{0}, peak_count{0};
-  std::atomic<std::uint64_t> total_bytes{0}, total_count{0};
-  int ops = 0;
-
-  void add(std::int64_t b, std::int64_t c) noexcept {
-    const std::int64_t nb = bytes.load(std::memory_order_relaxed) + b;
-    const std::int64_t nc = count.load(std::memory_order_relaxed) + c;
-    bytes.store(nb, std::memory_order_relaxed);
-    count.store(nc, std::memory_order_relaxed);
-    if (nb > peak_bytes.load(std::memory_order_relaxed)) {
-      peak_bytes.store(nb, std::memory_order_relaxed);
-    }
-    if (nc > peak_count.load(std::memory_order_relaxed)) {
-      peak_count.store(nc, std::memory_order_relaxed);
-    }
-    if (c > 0) {
-      total_bytes.store(total_bytes.load(std::memory_order_relaxed) + static_cast<std::uint64_t>(b),
-                        std::memory_order_relaxed);
-      total_count.store(total_count.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    }
-  }
-};
-
-// The epoch of each device's live VMM pool (0: none). A thread cache whose epoch differs belongs
-// to a pool that was torn down and is dropped without touching it.
 std::array<std::atomic<std::uint64_t>, kMaxDevices> g_live_epoch{};
 
-struct ThreadCacheSet {
-  std::array<std::unique_ptr<ThreadCache>, kMaxDevices> caches;
-  ~ThreadCacheSet();
-};
-thread_local ThreadCacheSet t_caches;
+namespace {
+std::atomic<std::uint64_t> g_next_epoch{1};
+}  // namespace
 
-class VmmPool final : public DevicePool {
- public:
-  VmmPool(int device, bool recovery_tier);
-  ~VmmPool() override { teardown(); }
-
-  void* allocate(std::size_t bytes, CUstream stream) override;
-  void deallocate(void* ptr, std::size_t bytes, CUstream stream) override;
-  bool owns(const void* ptr) const noexcept override;
-  void trim() override;
-  void forget(CUstream stream) override;
-  void fill_stats(MemoryPoolStats& stats) const noexcept override;
-  std::string describe() const override;
-  void teardown() noexcept override;
-
-  void retire_cache(ThreadCache& cache) noexcept;
-
- private:
-  // The owner's side of the cache handshake: true if the owner may use its bins without the
-  // mutex until leave_fast_path(); false if another thread is taking them, or a forget_stream()
-  // call has not been applied to them yet (use the locked path).
-  bool enter_fast_path(ThreadCache& cache) const noexcept {
-    if (asymmetric_) {
-      cache.active.store(true, std::memory_order_relaxed);
-      light_fence();
-      if (!cache.steal.load(std::memory_order_acquire) && forget_current(cache)) [[likely]]
-        return true;
-    } else {
-      cache.active.exchange(true, std::memory_order_seq_cst);
-      if (!cache.steal.load(std::memory_order_seq_cst) && forget_current(cache)) [[likely]]
-        return true;
-    }
-    cache.active.store(false, std::memory_order_release);
-    return false;
-  }
-  static void leave_fast_path(ThreadCache& cache) noexcept {
-    cache.active.store(false, std::memory_order_release);
-  }
-  // One relaxed load: whether the cache's bins have seen every forget_stream() call. A call that
-  // happens before this one (the stream was forgotten, destroyed, and a new one with its handle
-  // value reached this thread) is always seen.
-  bool forget_current(const ThreadCache& cache) const noexcept {
-    return forget_epoch_.value.load(std::memory_order_relaxed) == cache.forget_seen;
-  }
-  // Moves the blocks every other thread's cache holds to the shared lists, and gives up those
-  // threads' carving slabs, so that trim() can release what they freed. Mutex held.
-  void drain_caches(const ThreadCache* self) noexcept;
-  // Small blocks.
-  ThreadCache& thread_cache();
-  // The key of a stream named by `cache`'s owner (CU_STREAM_PER_THREAD: the owner's).
-  static CUstream key_in(const ThreadCache& cache, CUstream stream) noexcept {
-    if (stream == CU_STREAM_PER_THREAD) return cache.per_thread_key;
-    return stream == CU_STREAM_LEGACY ? nullptr : stream;
-  }
-  void* allocate_small(std::size_t bytes, CUstream stream);
-  void* refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes, CUstream stream);
-  void flush_bin(ThreadCache& cache, int size_class, int keep) noexcept;  // mutex held
-  // Batches (mutex held).
-  Batch* new_batch(CUstream key, MarkRef mark);
-  Batch* unmarked_batch(CUstream key);
-  void set_mark(Batch* batch, MarkRef mark);
-  void add_shared(Slab* slab, void* ptr, Batch* batch);
-  void drop_batch_ref(Batch* batch) noexcept;
-  // Covers the unmarked batch of `stream` (a stream the current public call names) with one mark.
-  // Never throws: without a mark the blocks stay reusable on their own stream only.
-  void mark_pending(CUstream stream, CUstream key) noexcept;
-  // Whether a shared slot of `batch` may be used on the stream with key `key` now (records a mark
-  // on the legacy stream for its unmarked batch, the one stream always alive). Mutex held.
-  bool batch_ready_for(Batch* batch, CUstream key);
-  // Whether every block of `batch` is idle: its mark has completed. Mutex held.
-  bool batch_idle(Batch* batch);
-  // Applies the forget_stream() calls `cache` has not seen to its bins. Mutex held, and the
-  // owner off its fast path (the owner itself, or after the handshake).
-  void sync_forgotten(ThreadCache& cache) noexcept;
-  void prune_forget_log() noexcept;
-  // Gives every unmarked batch a mark: legacy ones one recorded now, the others a complete one
-  // after a cuCtxSynchronize (which also waits for streams destroyed since, §3.7). Mutex held.
-  void settle_unmarked();
-  // Slab ownership and the lists of slabs with shared slots. Mutex held.
-  std::vector<Slab*>& list_of(Slab* slab);
-  void unlist(Slab* slab);                         // takes a slab with shared slots off its list
-  void set_owner(Slab* slab, ThreadCache* owner);  // moves it to the new owner's list
-  void disown_all(ThreadCache& cache);
-  // Moves up to `budget` examined shared slots of `slab` that are ready for the stream with key
-  // `key` to `take`, while `want` says more are wanted; unlists the slab once it has none left.
-  // `slab` must have shared slots (be listed). Mutex held.
-  template <typename Take, typename Want>
-  void take_shared(Slab* slab, CUstream key, int& budget, Take&& take, Want&& want);
-  // Like take_shared, but also takes slots whose mark is still pending, making `stream` wait for
-  // each such mark first (once per mark: `waited`). Mutex held.
-  template <typename Take, typename Want>
-  void take_waiting(Slab* slab, CUstream stream, CUstream key, Take&& take, Want&& want,
-                    std::vector<const StreamMark*>& waited);
-  void fold_cache_stats(ThreadCache& cache) noexcept;
-  // Gives up the thread's carving slabs, so that empty ones can be reclaimed. Mutex held.
-  static void release_carving(ThreadCache& cache) noexcept {
-    for (Slab*& slab : cache.carving) {
-      if (slab != nullptr) slab->carving = false;
-      slab = nullptr;
-    }
-  }  // owner thread; atomics only
-  Slab* slab_of(CUdeviceptr p) const noexcept;
-  // A new slab for `owner`; with `create` false only from pages the pool holds (null if none).
-  Slab* new_slab(int size_class, ThreadCache* owner, bool create);  // mutex held
-  void release_slab_page(Slab* slab, bool keep_handle);             // mutex held
-  std::size_t reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandle>* into, std::size_t want,
-                                  bool wait);  // mutex held
-
-  // Large blocks.
-  void* allocate_large(std::size_t bytes, CUstream stream);
-  void deallocate_large(CUdeviceptr p, std::size_t bytes, CUstream stream);
-  bool range_ready(FreeRange& range, CUstream key);
-  bool range_idle(FreeRange& range);
-  void insert_free(CUdeviceptr addr, std::size_t pages, std::vector<MarkRef> marks);
-  void erase_free(std::map<CUdeviceptr, FreeRange>::iterator it);
-  // A free range just unmapped: its pages become spare pages and it leaves the free lists.
-  // spare_ must already have room for its pages (nothing after an unmap may fail). Returns the
-  // next range. Mutex held.
-  std::map<CUdeviceptr, FreeRange>::iterator retire_unmapped_range(
-      std::map<CUdeviceptr, FreeRange>::iterator it) noexcept;
-  // A window of `pages` mapped pages for the stream with key `key`; with `create` false only from
-  // pages the pool holds (0 if it holds too few). Mutex held.
-  CUdeviceptr compose(std::size_t pages, CUstream key, bool create);
-  // Gathers `count` pages; with `create` false only pages the pool holds, returning false (and
-  // taking none) if it holds too few. Throws DeviceFull when the driver has no memory left.
-  bool acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
-                     std::vector<CUmemGenericAllocationHandle>& out, bool create);
-  int region_of(CUdeviceptr p) const noexcept;
-  // Reserves a region of `size` bytes (retrying after make_address_space(), then halving down to
-  // `min_size`); throws DeviceFull when even that is refused. Mutex held.
-  int add_region(std::size_t size, std::size_t min_size, bool small);
-  // Gives back the address space of regions with nothing mapped (after moving the pages of empty
-  // slabs and idle free ranges to spare_). Returns whether any region was freed. Mutex held.
-  bool make_address_space() noexcept;
-  void publish_region(int index) noexcept;
-  // Maps `count` pages at `addr` and makes them accessible; on failure undoes what it mapped and
-  // throws. If the undo fails too, the mapped pages become a StuckMapping and their entries in
-  // `handles` are set to 0: the caller must not reuse those. Mutex held.
-  void map_pages(CUdeviceptr addr, CUmemGenericAllocationHandle* handles, std::size_t count);
-  // Unmaps stuck mappings, returning their pages to spare_ (and their slab pages to their
-  // region's vacant list). Returns the first failure, CUDA_SUCCESS if none. Mutex held.
-  CUresult recover_stuck() noexcept;
-
-  std::size_t page_ = 0;
-  std::size_t small_limit_ = 0;
-  std::size_t device_total_ = 0;
-  std::size_t large_region_ = 0;  // the size a large region is reserved with (at least)
-  std::size_t small_region_ = 0;  // the size a small region is reserved with
-  std::uint64_t epoch_ = 0;
-  CUmemAllocationProp prop_ = {};
-  CUmemAccessDesc access_ = {};
-
-  mutable std::mutex mutex_;
-  std::array<Region, kMaxRegions> regions_;
-  std::array<RegionLookup, kMaxRegions> lookup_;
-  std::atomic<int> region_count_{0};  // slots in use or freed; never decreases while the pool lives
-  // Slab arrays of regions whose address space was given back: a lock-free lookup that raced
-  // the change (for a pointer the pool does not own) may still read one. Freed at teardown.
-  std::vector<std::unique_ptr<std::atomic<Slab*>[]>> retired_slab_arrays_;
-
-  std::map<CUdeviceptr, LargeBlock> live_large_;
-  std::map<CUdeviceptr, FreeRange> free_by_addr_;
-  std::multimap<std::size_t, CUdeviceptr> free_by_size_;
-  std::vector<CUmemGenericAllocationHandle> spare_;
-  std::vector<StuckMapping> stuck_;
-
-  struct ClassState {
-    std::vector<Slab*> slabs;
-    std::vector<Slab*> unowned;  // slabs with shared slots and no owner
-  };
-  std::array<ClassState, kMaxSizeClasses> classes_;
-  std::vector<ThreadCache*> caches_;
-  std::vector<Batch*> batches_;   // every batch
-  std::vector<Batch*> unmarked_;  // the batches without a mark, at most one per key
-  // forget_stream() calls that some thread cache has not applied yet: the stream's key and the
-  // batch (key forgotten_stream(), the call's mark) its cached blocks join.
-  struct ForgetEntry {
-    std::uint64_t epoch;
-    CUstream key;
-    Batch* batch;
-  };
-  std::vector<ForgetEntry> forget_log_;
-  // Counts forget_stream() calls; read by every fast path, written rarely: a line of its own.
-  struct alignas(64) ForgetEpoch {
-    std::atomic<std::uint64_t> value{0};
-    char pad[64 - sizeof(std::atomic<std::uint64_t>)];
-  };
-  ForgetEpoch forget_epoch_;
-
-  UsageCounters usage_;
-  std::size_t pages_held_ = 0;
-  std::size_t pages_mapped_ = 0;
-  std::size_t reserved_bytes_ = 0;
-  std::size_t large_live_pages_ = 0;
-  std::size_t slab_count_ = 0;
-  MarkFactory marks_;
-  bool torn_down_ = false;
-  const bool asymmetric_ = asymmetric_fence_available();  // the cache handshake's fence
-};
-
-ThreadCacheSet::~ThreadCacheSet() {
-  // A forked child's caches belong to the parent's pools, whose mutex may be held for ever.
-  if (in_forked_child()) return;
-  for (std::size_t d = 0; d < caches.size(); ++d) {
-    ThreadCache* c = caches[d].get();
-    if (c != nullptr && c->pool != nullptr &&
-        g_live_epoch[d].load(std::memory_order_acquire) == c->epoch) {
-      c->pool->retire_cache(*c);
-    }
-  }
-}
-
-std::size_t round_up(std::size_t v, std::size_t m) {
-  return (v + m - 1) / m * m;
-}
-
-VmmPool::VmmPool(int device, bool /*recovery_tier*/) : DevicePool(device), marks_(device) {
+VmmPool::VmmPool(int device) : DevicePool(device), marks_(device) {
   const DriverApi& api = driver();
   ScopedDeviceContext scope(device);
   prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -492,6 +75,13 @@ VmmPool::VmmPool(int device, bool /*recovery_tier*/) : DevicePool(device), marks
   page_ = (recommended >= minimum && recommended % minimum == 0) ? recommended : minimum;
   small_limit_ = std::min<std::size_t>(std::size_t{1} << 20, page_ / 4);
   small_limit_ = std::max(small_limit_, kSmallQuantum);
+  // Spans: the largest power of two that divides the page, at most 32 KiB or a 64th of the page
+  // (a page whose size has a large odd factor keeps its first 64 spans only).
+  span_shift_ = std::min(std::countr_zero(page_),
+                         std::max(15, static_cast<int>(std::bit_width((page_ + 63) / 64 - 1))));
+  span_ = std::size_t{1} << span_shift_;
+  spans_per_page_ = static_cast<std::uint32_t>(std::min<std::size_t>(64, page_ / span_));
+  bump_budget_ = spans_per_page_;
   std::size_t free_bytes = 0;
   VSR_CU_TRY(api.cuMemGetInfo(&free_bytes, &device_total_));
   // Regions: a large one holds every page of the device; small ones a sixteenth each (at least
@@ -507,1120 +97,6 @@ VmmPool::VmmPool(int device, bool /*recovery_tier*/) : DevicePool(device), marks
   epoch_ = g_next_epoch.fetch_add(1);
   g_live_epoch[static_cast<std::size_t>(device)].store(epoch_, std::memory_order_release);
 }
-
-// ---- regions -----------------------------------------------------------------------------------
-
-void VmmPool::publish_region(int index) noexcept {
-  const Region& r = regions_[static_cast<std::size_t>(index)];
-  RegionLookup& l = lookup_[static_cast<std::size_t>(index)];
-  const std::uint64_t v = l.version.load(std::memory_order_relaxed);
-  l.version.store(v + 1, std::memory_order_relaxed);
-  l.base.store(r.base, std::memory_order_release);
-  l.size.store(r.size, std::memory_order_release);
-  l.slabs.store(r.small ? r.slabs.get() : nullptr, std::memory_order_release);
-  l.version.store(v + 2, std::memory_order_release);
-}
-
-int VmmPool::add_region(std::size_t size, std::size_t min_size, bool small) {
-  const DriverApi& api = driver();
-  // A free slot: one whose region was given back, else a new one.
-  auto free_slot = [&] {
-    const int n = region_count_.load(std::memory_order_relaxed);
-    for (int i = 0; i < n; ++i) {
-      if (regions_[static_cast<std::size_t>(i)].size == 0) return i;
-    }
-    return n < kMaxRegions ? n : -1;
-  };
-  bool made_space = false;
-  int index = free_slot();
-  if (index < 0) {
-    made_space = true;
-    if (!make_address_space() || (index = free_slot()) < 0) throw DeviceFull{min_size};
-  }
-  CUdeviceptr base = 0;
-  for (;;) {
-    const CUresult r = api.cuMemAddressReserve(&base, size, page_, 0, 0);
-    if (r == CUDA_SUCCESS) break;
-    if (r != CUDA_ERROR_OUT_OF_MEMORY)
-      throw_cuda_error(r, "cuMemAddressReserve", __FILE__, __LINE__);
-    // Address space is short (§3.4.2): give back what empty regions hold, then ask for less.
-    if (!made_space) {
-      made_space = true;
-      if (make_address_space()) {
-        index = free_slot();
-        continue;
-      }
-    }
-    if (size <= min_size) throw DeviceFull{min_size};
-    size = std::max(round_up(size / 2, page_), min_size);
-  }
-  Region& region = regions_[static_cast<std::size_t>(index)];
-  try {
-    region.pages = size / page_;
-    if (small) {
-      region.slabs = std::make_unique<std::atomic<Slab*>[]>(region.pages);
-    } else {
-      region.handles.assign(region.pages, 0);
-    }
-  } catch (...) {
-    api.cuMemAddressFree(base, size);
-    region.pages = 0;
-    region.slabs.reset();
-    region.handles.clear();
-    throw;
-  }
-  region.base = base;
-  region.size = size;
-  region.small = small;
-  region.vacant.clear();
-  region.bump = 0;
-  reserved_bytes_ += size;
-  publish_region(index);
-  if (index == region_count_.load(std::memory_order_relaxed)) {
-    region_count_.store(index + 1, std::memory_order_release);  // publish to lock-free readers
-  }
-  return index;
-}
-
-bool VmmPool::make_address_space() noexcept {
-  const DriverApi& api = driver_state().api;
-  // Pages of empty, idle slabs and of idle free ranges become spare pages (no memory is given
-  // back), so that the regions they were mapped in may empty.
-  try {
-    std::vector<CUmemGenericAllocationHandle> pages;
-    reclaim_empty_slabs(&pages, static_cast<std::size_t>(-1), false);
-    spare_.insert(spare_.end(), pages.begin(), pages.end());
-  } catch (...) {
-  }
-  for (auto it = free_by_addr_.begin(); it != free_by_addr_.end();) {
-    const CUdeviceptr begin = it->first;
-    const std::size_t pages = it->second.pages;
-    bool idle = false;
-    try {
-      spare_.reserve(spare_.size() + pages);
-      idle = range_idle(it->second);
-    } catch (...) {
-    }
-    if (!idle || api.cuMemUnmap(begin, pages * page_) != CUDA_SUCCESS) {
-      ++it;
-      continue;
-    }
-    it = retire_unmapped_range(it);
-  }
-  bool freed = false;
-  const int n = region_count_.load(std::memory_order_relaxed);
-  for (int i = 0; i < n; ++i) {
-    Region& r = regions_[static_cast<std::size_t>(i)];
-    if (r.size == 0) continue;
-    bool empty = std::none_of(stuck_.begin(), stuck_.end(),
-                              [&](const StuckMapping& m) { return m.region == i; });
-    if (r.small) {
-      empty = empty && r.vacant.size() == r.bump;
-    } else {
-      empty = empty && std::all_of(r.handles.begin(), r.handles.end(),
-                                   [](CUmemGenericAllocationHandle h) { return h == 0; });
-    }
-    if (!empty || api.cuMemAddressFree(r.base, r.size) != CUDA_SUCCESS) continue;
-    reserved_bytes_ -= r.size;
-    if (r.slabs) {
-      try {
-        retired_slab_arrays_.push_back(std::move(r.slabs));
-      } catch (...) {
-        // Freed at teardown in any case: keep it with the slot.
-      }
-    }
-    r.base = 0;
-    r.size = 0;
-    r.pages = 0;
-    r.small = false;
-    r.handles = {};
-    r.vacant = {};
-    r.bump = 0;
-    publish_region(i);
-    freed = true;
-  }
-  return freed;
-}
-
-int VmmPool::region_of(CUdeviceptr p) const noexcept {
-  const int n = region_count_.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    const RegionLookup& l = lookup_[static_cast<std::size_t>(i)];
-    CUdeviceptr base = 0;
-    std::size_t size = 0;
-    for (;;) {
-      const std::uint64_t v = l.version.load(std::memory_order_acquire);
-      base = l.base.load(std::memory_order_acquire);
-      size = l.size.load(std::memory_order_acquire);
-      if ((v & 1) == 0 && l.version.load(std::memory_order_acquire) == v) break;
-      std::this_thread::yield();  // a slot being rewritten under the mutex: a few stores
-    }
-    if (p >= base && p - base < size) return i;
-  }
-  return -1;
-}
-
-bool VmmPool::owns(const void* ptr) const noexcept {
-  return region_of(reinterpret_cast<CUdeviceptr>(ptr)) >= 0;
-}
-
-Slab* VmmPool::slab_of(CUdeviceptr p) const noexcept {
-  const int n = region_count_.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    const RegionLookup& l = lookup_[static_cast<std::size_t>(i)];
-    CUdeviceptr base = 0;
-    std::size_t size = 0;
-    std::atomic<Slab*>* slabs = nullptr;
-    for (;;) {
-      const std::uint64_t v = l.version.load(std::memory_order_acquire);
-      base = l.base.load(std::memory_order_acquire);
-      size = l.size.load(std::memory_order_acquire);
-      slabs = l.slabs.load(std::memory_order_acquire);
-      if ((v & 1) == 0 && l.version.load(std::memory_order_acquire) == v) break;
-      std::this_thread::yield();
-    }
-    if (p >= base && p - base < size) {
-      return slabs != nullptr ? slabs[(p - base) / page_].load(std::memory_order_acquire) : nullptr;
-    }
-  }
-  return nullptr;
-}
-
-void VmmPool::map_pages(CUdeviceptr addr, CUmemGenericAllocationHandle* handles,
-                        std::size_t count) {
-  const DriverApi& api = driver();
-  std::size_t mapped = 0;
-  CUresult r = CUDA_SUCCESS;
-  for (; mapped < count; ++mapped) {
-    r = api.cuMemMap(addr + mapped * page_, page_, 0, handles[mapped], 0);
-    if (r != CUDA_SUCCESS) break;
-  }
-  if (r == CUDA_SUCCESS) r = api.cuMemSetAccess(addr, count * page_, &access_, 1);
-  if (r == CUDA_SUCCESS) {
-    pages_mapped_ += count;
-    return;
-  }
-  // Undo exactly what this call mapped (§7 #6: never unmap a range with unmapped gaps). If that
-  // fails, the driver still maps those pages: keep them known, never forgotten nor reused.
-  if (mapped > 0 && api.cuMemUnmap(addr, mapped * page_) != CUDA_SUCCESS) {
-    stuck_.push_back({addr, region_of(addr), {handles, handles + mapped}});
-    pages_mapped_ += mapped;
-    std::fill(handles, handles + mapped, CUmemGenericAllocationHandle{0});
-  }
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{count * page_};
-  throw_cuda_error(r, "cuMemMap/cuMemSetAccess", __FILE__, __LINE__);
-}
-
-CUresult VmmPool::recover_stuck() noexcept {
-  CUresult first = CUDA_SUCCESS;
-  for (std::size_t i = 0; i < stuck_.size();) {
-    StuckMapping& m = stuck_[i];
-    const std::size_t pages = m.handles.size();
-    Region& region = regions_[static_cast<std::size_t>(m.region)];
-    CUresult r = CUDA_SUCCESS;
-    try {  // room first, so that nothing after the unmap can fail
-      spare_.reserve(spare_.size() + pages);
-      if (region.small) region.vacant.reserve(region.vacant.size() + pages);
-    } catch (const std::bad_alloc&) {
-      r = CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (r == CUDA_SUCCESS) r = driver_state().api.cuMemUnmap(m.addr, pages * page_);
-    if (r != CUDA_SUCCESS) {
-      if (first == CUDA_SUCCESS) first = r;
-      ++i;
-      continue;
-    }
-    pages_mapped_ -= pages;
-    spare_.insert(spare_.end(), m.handles.begin(), m.handles.end());
-    if (region.small) {
-      for (std::size_t k = 0; k < pages; ++k) {
-        region.vacant.push_back((m.addr - region.base) / page_ + k);
-      }
-    }
-    stuck_.erase(stuck_.begin() + static_cast<std::ptrdiff_t>(i));
-  }
-  return first;
-}
-
-// ---- page supply -------------------------------------------------------------------------------
-
-bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
-                            std::vector<CUmemGenericAllocationHandle>& out, bool create) {
-  const DriverApi& api = driver();
-  try {
-    if (!stuck_.empty()) recover_stuck();  // their pages are free once unmapped
-    while (out.size() < count && !spare_.empty()) {
-      out.push_back(spare_.back());
-      spare_.pop_back();
-    }
-    // Idle free large pages elsewhere: unmap them from their range's tail and reuse the handles.
-    for (auto it = free_by_addr_.begin(); out.size() < count && it != free_by_addr_.end();) {
-      const CUdeviceptr begin = it->first;
-      const CUdeviceptr end = begin + it->second.pages * page_;
-      if ((begin < avoid_end && end > avoid_begin) || !range_idle(it->second)) {
-        ++it;
-        continue;
-      }
-      const std::size_t take = std::min(count - out.size(), it->second.pages);
-      const CUdeviceptr cut = end - take * page_;
-      if (api.cuMemUnmap(cut, take * page_) != CUDA_SUCCESS) {
-        ++it;
-        continue;
-      }
-      Region& region = regions_[static_cast<std::size_t>(region_of(cut))];
-      const std::size_t first = (cut - region.base) / page_;
-      for (std::size_t i = 0; i < take; ++i) {
-        out.push_back(region.handles[first + i]);
-        region.handles[first + i] = 0;
-      }
-      pages_mapped_ -= take;
-      const std::size_t left = it->second.pages - take;
-      std::vector<MarkRef> marks = std::move(it->second.marks);
-      auto next = std::next(it);
-      erase_free(it);
-      if (left > 0) insert_free(begin, left, std::move(marks));
-      it = next;
-    }
-    if (out.size() < count) reclaim_empty_slabs(&out, count - out.size(), false);
-    if (!create && out.size() < count) {
-      spare_.insert(spare_.end(), out.begin(), out.end());  // all of them stay in the pool
-      out.clear();
-      return false;
-    }
-    while (out.size() < count) {
-      CUmemGenericAllocationHandle h = 0;
-      const CUresult r = api.cuMemCreate(&h, page_, &prop_, 0);
-      if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{count * page_};
-      if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemCreate", __FILE__, __LINE__);
-      out.push_back(h);
-      ++pages_held_;
-    }
-  } catch (...) {
-    spare_.insert(spare_.end(), out.begin(), out.end());  // valid pages stay in the pool
-    out.clear();
-    throw;
-  }
-  return true;
-}
-
-// ---- large blocks ------------------------------------------------------------------------------
-
-bool VmmPool::range_ready(FreeRange& range, CUstream key) {
-  std::erase_if(range.marks, [&](const MarkRef& m) { return marks_.completed(m); });
-  return std::all_of(range.marks.begin(), range.marks.end(),
-                     [&](const MarkRef& m) { return m->stream == key; });
-}
-
-bool VmmPool::range_idle(FreeRange& range) {
-  std::erase_if(range.marks, [&](const MarkRef& m) { return marks_.completed(m); });
-  return range.marks.empty();
-}
-
-std::map<CUdeviceptr, FreeRange>::iterator VmmPool::retire_unmapped_range(
-    std::map<CUdeviceptr, FreeRange>::iterator it) noexcept {
-  const CUdeviceptr begin = it->first;
-  const std::size_t pages = it->second.pages;
-  Region& region = regions_[static_cast<std::size_t>(region_of(begin))];
-  const std::size_t first = (begin - region.base) / page_;
-  for (std::size_t i = 0; i < pages; ++i) {
-    spare_.push_back(region.handles[first + i]);
-    region.handles[first + i] = 0;
-  }
-  pages_mapped_ -= pages;
-  auto next = std::next(it);
-  erase_free(it);
-  return next;
-}
-
-void VmmPool::erase_free(std::map<CUdeviceptr, FreeRange>::iterator it) {
-  auto [lo, hi] = free_by_size_.equal_range(it->second.pages);
-  for (auto s = lo; s != hi; ++s) {
-    if (s->second == it->first) {
-      free_by_size_.erase(s);
-      break;
-    }
-  }
-  free_by_addr_.erase(it);
-}
-
-void VmmPool::insert_free(CUdeviceptr addr, std::size_t pages, std::vector<MarkRef> marks) {
-  const int region = region_of(addr);
-  auto next = free_by_addr_.lower_bound(addr);
-  // Coalesce with neighbours in the same reservation (mappings never straddle reservations).
-  if (next != free_by_addr_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second.pages * page_ == addr && region_of(prev->first) == region) {
-      addr = prev->first;
-      pages += prev->second.pages;
-      marks.insert(marks.end(), prev->second.marks.begin(), prev->second.marks.end());
-      erase_free(prev);
-    }
-  }
-  next = free_by_addr_.lower_bound(addr);
-  if (next != free_by_addr_.end() && addr + pages * page_ == next->first &&
-      region_of(next->first) == region) {
-    pages += next->second.pages;
-    marks.insert(marks.end(), next->second.marks.begin(), next->second.marks.end());
-    erase_free(next);
-  }
-  free_by_addr_.emplace(addr, FreeRange{pages, std::move(marks)});
-  free_by_size_.emplace(pages, addr);
-}
-
-CUdeviceptr VmmPool::compose(std::size_t pages, CUstream key, bool create) {
-  // Find a window of `pages` pages with no live block and no free range still busy for `key`:
-  // its mapped pages are reused in place, its holes get pages from elsewhere.
-  CUdeviceptr window = 0;
-  int window_region = -1;
-  std::size_t best_holes = pages + 1;
-  const int n = region_count_.load(std::memory_order_relaxed);
-  for (int ri = 0; ri < n && best_holes > 0; ++ri) {
-    const Region& region = regions_[static_cast<std::size_t>(ri)];
-    if (region.small || region.pages < pages) continue;
-    std::vector<std::pair<CUdeviceptr, std::size_t>> obstacles;
-    const CUdeviceptr end = region.base + region.size;
-    for (auto it = live_large_.lower_bound(region.base); it != live_large_.end() && it->first < end;
-         ++it) {
-      obstacles.emplace_back(it->first, it->second.pages);
-    }
-    for (auto it = free_by_addr_.lower_bound(region.base);
-         it != free_by_addr_.end() && it->first < end; ++it) {
-      if (!range_ready(it->second, key)) obstacles.emplace_back(it->first, it->second.pages);
-    }
-    for (const StuckMapping& m : stuck_) {
-      if (m.region == ri) obstacles.emplace_back(m.addr, m.handles.size());
-    }
-    std::sort(obstacles.begin(), obstacles.end());
-    // Among the gaps between obstacles, take the window with the most pages already mapped:
-    // every hole in it costs a map (and, for pages taken from elsewhere, an unmap).
-    CUdeviceptr cursor = region.base;
-    obstacles.emplace_back(end, 0);
-    for (const auto& [addr, count] : obstacles) {
-      const std::size_t gap = addr > cursor ? (addr - cursor) / page_ : 0;
-      if (gap >= pages) {
-        const std::size_t first = (cursor - region.base) / page_;
-        std::size_t holes = 0;
-        for (std::size_t i = 0; i < pages; ++i) holes += region.handles[first + i] == 0 ? 1 : 0;
-        for (std::size_t start = first;; ++start) {
-          if (holes < best_holes) {
-            best_holes = holes;
-            window = region.base + start * page_;
-            window_region = ri;
-          }
-          if (holes == 0 || start + pages >= first + gap) break;
-          holes -= region.handles[start] == 0 ? 1 : 0;
-          holes += region.handles[start + pages] == 0 ? 1 : 0;
-        }
-      }
-      cursor = std::max(cursor, addr + count * page_);
-      if (best_holes == 0) break;
-    }
-  }
-  if (window_region < 0) {
-    window_region = add_region(std::max(large_region_, pages * page_), pages * page_, false);
-    window = regions_[static_cast<std::size_t>(window_region)].base;
-  }
-  Region& region = regions_[static_cast<std::size_t>(window_region)];
-  const std::size_t first = (window - region.base) / page_;
-  const CUdeviceptr window_end = window + pages * page_;
-
-  std::size_t holes = 0;
-  for (std::size_t i = 0; i < pages; ++i) holes += region.handles[first + i] == 0 ? 1 : 0;
-  std::vector<CUmemGenericAllocationHandle> fresh;
-  if (!acquire_pages(holes, window, window_end, fresh, create)) return 0;
-
-  // Map each run of holes; on failure, the pages mapped so far in this call go back as free.
-  std::size_t next_fresh = 0;
-  try {
-    for (std::size_t i = 0; i < pages;) {
-      if (region.handles[first + i] != 0) {
-        ++i;
-        continue;
-      }
-      std::size_t run = 0;
-      while (i + run < pages && region.handles[first + i + run] == 0) ++run;
-      map_pages(window + i * page_, fresh.data() + next_fresh, run);
-      for (std::size_t k = 0; k < run; ++k) region.handles[first + i + k] = fresh[next_fresh + k];
-      next_fresh += run;
-      i += run;
-    }
-  } catch (...) {
-    // Pages of a stuck mapping (entries map_pages set to 0) stay with it.
-    std::copy_if(fresh.begin() + static_cast<std::ptrdiff_t>(next_fresh), fresh.end(),
-                 std::back_inserter(spare_), [](CUmemGenericAllocationHandle h) { return h != 0; });
-    for (std::size_t i = 0; i < pages;) {  // newly mapped pages become ordinary free pages
-      const CUdeviceptr a = window + i * page_;
-      if (region.handles[first + i] != 0 && free_by_addr_.find(a) == free_by_addr_.end()) {
-        bool inside_free = false;
-        auto it = free_by_addr_.upper_bound(a);
-        if (it != free_by_addr_.begin()) {
-          --it;
-          inside_free = a < it->first + it->second.pages * page_;
-        }
-        if (!inside_free) insert_free(a, 1, {});
-      }
-      ++i;
-    }
-    throw;
-  }
-  // The window's already-mapped pages belonged to ready free ranges: cut them out, keeping the
-  // parts of those ranges that lie outside the window.
-  for (;;) {
-    auto it = free_by_addr_.lower_bound(window);
-    if (it != free_by_addr_.begin()) {
-      auto prev = std::prev(it);
-      if (prev->first + prev->second.pages * page_ > window) it = prev;
-    }
-    if (it == free_by_addr_.end() || it->first >= window_end) break;
-    const CUdeviceptr begin = it->first;
-    const CUdeviceptr end = begin + it->second.pages * page_;
-    std::vector<MarkRef> marks = std::move(it->second.marks);
-    erase_free(it);
-    if (begin < window) insert_free(begin, (window - begin) / page_, marks);
-    if (end > window_end) insert_free(window_end, (end - window_end) / page_, marks);
-  }
-  return window;
-}
-
-void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
-  const std::size_t pages = (bytes + page_ - 1) / page_;
-  ThreadCache& cache = thread_cache();
-  std::lock_guard lock(mutex_);
-  fold_cache_stats(cache);
-  const CUstream key = key_in(cache, stream);
-  mark_pending(stream, key);
-  CUdeviceptr addr = 0;
-  // Takes `pages` from the front of a free range; the rest stays free.
-  auto take_range = [&](std::map<CUdeviceptr, FreeRange>::iterator range) {
-    addr = range->first;
-    const std::size_t left = range->second.pages - pages;
-    std::vector<MarkRef> marks = std::move(range->second.marks);
-    erase_free(range);
-    if (left > 0) insert_free(addr + pages * page_, left, std::move(marks));
-  };
-  // 1. The smallest free range that is ready for the stream.
-  for (auto it = free_by_size_.lower_bound(pages); it != free_by_size_.end(); ++it) {
-    auto range = free_by_addr_.find(it->second);
-    if (!range_ready(range->second, key)) continue;
-    take_range(range);
-    break;
-  }
-  if (addr == 0) {
-    ScopedDeviceContext scope(device_);
-    // 2. A window of ready free pages and pages the pool holds. Where address space is short
-    //    (§3.4.2), no window may be reservable for them; a busy range may still serve.
-    try {
-      addr = compose(pages, key, false);
-    } catch (const DeviceFull&) {
-      addr = 0;  // nothing was taken; step 4 reports it if nothing else serves
-    }
-    // 3. Rather than taking new memory: the smallest free range still busy on other streams,
-    //    with this stream made to wait for its marks (§3.7).
-    if (addr == 0) {
-      auto it = free_by_size_.lower_bound(pages);
-      if (it != free_by_size_.end()) {
-        auto range = free_by_addr_.find(it->second);
-        for (const MarkRef& m : range->second.marks) {
-          if (m->stream != key) marks_.wait_on(m, stream);  // throws: nothing taken yet
-        }
-        take_range(range);
-      }
-    }
-    // 4. New memory.
-    if (addr == 0) addr = compose(pages, key, true);
-  }
-  live_large_.emplace(addr, LargeBlock{pages, bytes});
-  large_live_pages_ += pages;
-  usage_.on_allocate(bytes);
-  return reinterpret_cast<void*>(addr);
-}
-
-void VmmPool::deallocate_large(CUdeviceptr p, std::size_t bytes, CUstream stream) {
-  ThreadCache& cache = thread_cache();
-  std::lock_guard lock(mutex_);
-  auto it = live_large_.find(p);
-  if (it == live_large_.end()) {
-    throw std::invalid_argument(
-        "device_deallocate: " + std::to_string(static_cast<unsigned long long>(p)) +
-        " is not a live block of this pool (never allocated, or already "
-        "freed)");
-  }
-  if (it->second.bytes != bytes) {
-    throw std::invalid_argument("device_deallocate: block was allocated with " +
-                                std::to_string(it->second.bytes) + " bytes but freed with " +
-                                std::to_string(bytes));
-  }
-  const CUstream key = key_in(cache, stream);
-  MarkRef mark = marks_.record(stream, key);  // may throw: nothing has changed yet
-  fold_cache_stats(cache);
-  const std::size_t pages = it->second.pages;
-  live_large_.erase(it);
-  large_live_pages_ -= pages;
-  usage_.on_free(bytes);
-  insert_free(p, pages, {std::move(mark)});
-  mark_pending(stream, key);
-}
-
-// ---- small blocks ------------------------------------------------------------------------------
-
-ThreadCache& VmmPool::thread_cache() {
-  auto& slot = t_caches.caches[static_cast<std::size_t>(device_)];
-  if (!slot || slot->epoch != epoch_) {
-    slot = std::make_unique<ThreadCache>();  // a stale cache's pool is gone: drop it
-    slot->pool = this;
-    slot->epoch = epoch_;
-    slot->per_thread_key = per_thread_stream_key();
-    std::lock_guard lock(mutex_);
-    slot->forget_seen = forget_epoch_.value.load(std::memory_order_relaxed);  // nothing to apply
-    caches_.push_back(slot.get());
-  }
-  return *slot;
-}
-
-void VmmPool::fold_cache_stats(ThreadCache& c) noexcept {
-  const std::int64_t b = c.bytes.load(std::memory_order_relaxed);
-  const std::int64_t n = c.count.load(std::memory_order_relaxed);
-  usage_.fold(b, n, c.peak_bytes.load(std::memory_order_relaxed),
-              c.peak_count.load(std::memory_order_relaxed),
-              c.total_bytes.load(std::memory_order_relaxed),
-              c.total_count.load(std::memory_order_relaxed));
-  c.bytes.store(0, std::memory_order_relaxed);
-  c.count.store(0, std::memory_order_relaxed);
-  c.peak_bytes.store(0, std::memory_order_relaxed);
-  c.peak_count.store(0, std::memory_order_relaxed);
-  c.total_bytes.store(0, std::memory_order_relaxed);
-  c.total_count.store(0, std::memory_order_relaxed);
-  c.ops = 0;
-}
-
-void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
-  const int size_class = size_class_of(bytes);
-  ThreadCache& cache = thread_cache();
-  Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
-  if (!enter_fast_path(cache)) [[unlikely]] {
-    return refill_and_allocate(cache, size_class, bytes, stream);  // drained, or a forget pending
-  }
-  for (int i = bin.count - 1; i >= 0 && i >= bin.count - 4; --i) {
-    if (bin.entries[static_cast<std::size_t>(i)].stream != stream) continue;
-    const CacheEntry e = bin.entries[static_cast<std::size_t>(i)];
-    bin.entries[static_cast<std::size_t>(i)] = bin.entries[static_cast<std::size_t>(--bin.count)];
-    e.slab->requested[e.slab->slot_of(reinterpret_cast<CUdeviceptr>(e.ptr))].store(
-        static_cast<std::uint32_t>(bytes), std::memory_order_release);
-    cache.add(static_cast<std::int64_t>(bytes), 1);
-    if (++cache.ops >= kStatFlushOps ||
-        cache.bytes.load(std::memory_order_relaxed) > kStatFlushBytes) {
-      fold_cache_stats(cache);
-    }
-    leave_fast_path(cache);
-    return e.ptr;
-  }
-  leave_fast_path(cache);
-  return refill_and_allocate(cache, size_class, bytes, stream);
-}
-
-void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes,
-                                   CUstream stream) {
-  std::lock_guard lock(mutex_);
-  sync_forgotten(cache);
-  fold_cache_stats(cache);
-  const CUstream key = key_in(cache, stream);
-  ClassState& state = classes_[static_cast<std::size_t>(size_class)];
-  Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
-  // The bin missed: what it holds was freed on other streams. Hand it to the shared lists, where
-  // marks make it reusable on any stream once its work completes.
-  if (bin.count > 0) flush_bin(cache, size_class, 0);
-  // A call on `stream`: what was freed on it and has no mark yet gets one.
-  mark_pending(stream, key);
-  // Every slot taken goes into the (now empty) bin at once, the one handed out included, so that
-  // a driver call failing on the way (a mark recorded, queried or waited for) loses none: what
-  // was taken stays in this thread's cache, on `stream`, where it is ready. The request takes the
-  // first.
-  const int want = kBinCapacity / 2 + 1;
-  auto take = [&](void* ptr, Slab* slab) {
-    ++slab->used;
-    bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
-  };
-  auto wanted = [&] { return bin.count < want; };
-  int budget = kRefillScan;
-  // 1. Shared slots of the thread's own slabs, then 2. slabs nobody owns, claimed.
-  std::vector<Slab*>& own = cache.with_shared[static_cast<std::size_t>(size_class)];
-  for (std::size_t k = own.size(); k-- > 0 && budget > 0 && wanted();) {
-    take_shared(own[k], key, budget, take, wanted);
-  }
-  while (budget > 0 && wanted() && !state.unowned.empty()) {
-    Slab* slab = state.unowned.back();
-    set_owner(slab, &cache);
-    take_shared(slab, key, budget, take, wanted);
-  }
-  // 3. New slots carved from the thread's own slab.
-  Slab*& carving = cache.carving[static_cast<std::size_t>(size_class)];
-  auto carve = [&] {
-    while (wanted() && carving != nullptr && carving->carved < carving->slot_count) {
-      take(reinterpret_cast<void*>(carving->base + carving->carved * carving->slot_size), carving);
-      ++carving->carved;
-    }
-  };
-  carve();
-  if (bin.count == 0) {
-    // 4. A new slab on a page the pool holds.
-    Slab* fresh = nullptr;
-    try {
-      fresh = new_slab(size_class, &cache, false);
-    } catch (const DeviceFull&) {
-      // No address space for a new region: the steps below decide.
-    }
-    std::vector<const StreamMark*> waited;
-    auto take_waiting_any = [&] {
-      for (std::size_t k = state.slabs.size(); k-- > 0 && wanted();) {
-        if (!state.slabs[k]->shared.empty()) {
-          take_waiting(state.slabs[k], stream, key, take, wanted, waited);
-        }
-      }
-    };
-    // 5. Rather than new memory: slots freed on other streams whose mark is still pending, with
-    //    `stream` made to wait for it.
-    if (fresh == nullptr) take_waiting_any();
-    // 6. A new slab on new memory.
-    if (fresh == nullptr && bin.count == 0) {
-      try {
-        fresh = new_slab(size_class, &cache, true);
-      } catch (const DeviceFull&) {
-        // 7. The device is full: shared slots of other threads' slabs before giving up.
-        int unlimited = std::numeric_limits<int>::max();
-        for (std::size_t k = state.slabs.size(); k-- > 0 && bin.count == 0;) {
-          if (!state.slabs[k]->shared.empty()) {
-            take_shared(state.slabs[k], key, unlimited, take, wanted);
-          }
-        }
-        if (bin.count == 0) throw;  // nothing taken
-      }
-    }
-    if (fresh != nullptr) {
-      if (carving != nullptr) carving->carving = false;
-      carving = fresh;
-      carving->carving = true;
-      carve();
-    }
-  }
-  // Nothing below throws. The first slot taken is handed out; the rest keep their order.
-  const CacheEntry result = bin.entries[0];
-  std::copy(bin.entries.begin() + 1, bin.entries.begin() + bin.count, bin.entries.begin());
-  --bin.count;
-  result.slab->requested[result.slab->slot_of(reinterpret_cast<CUdeviceptr>(result.ptr))].store(
-      static_cast<std::uint32_t>(bytes), std::memory_order_release);
-  usage_.on_allocate(bytes);
-  return result.ptr;
-}
-
-Slab* VmmPool::new_slab(int size_class, ThreadCache* owner, bool create) {
-  ScopedDeviceContext scope(device_);
-  // Host memory first: nothing may throw once the page is mapped.
-  auto slab = std::make_unique<Slab>();
-  slab->size_class = size_class;
-  slab->slot_size = size_class_bytes(size_class);
-  slab->slot_count = static_cast<std::uint32_t>(page_ / slab->slot_size);
-  slab->slot_reciprocal = ~std::uint64_t{0} / slab->slot_size + 1;
-  slab->requested.reset(slab->slot_count);
-  slab->owner = owner;
-  std::vector<Slab*>& slabs = classes_[static_cast<std::size_t>(size_class)].slabs;
-  if (slabs.size() == slabs.capacity()) slabs.reserve(2 * slabs.size() + 1);
-  std::vector<CUmemGenericAllocationHandle> handle;
-  handle.reserve(1);
-  int ri = -1;
-  auto find_region = [&] {
-    ri = -1;
-    const int n = region_count_.load(std::memory_order_relaxed);
-    for (int i = 0; i < n && ri < 0; ++i) {
-      const Region& r = regions_[static_cast<std::size_t>(i)];
-      if (r.small && (!r.vacant.empty() || r.bump < r.pages)) ri = i;
-    }
-  };
-  // May vacate slab pages: choose the region and page only afterwards.
-  if (!acquire_pages(1, 0, 0, handle, create)) return nullptr;
-  find_region();
-  if (ri < 0) {
-    try {
-      ri = add_region(small_region_, page_, true);
-    } catch (...) {
-      spare_.push_back(handle[0]);
-      throw;
-    }
-  }
-  Region& region = regions_[static_cast<std::size_t>(ri)];
-  const std::size_t page = region.vacant.empty() ? region.bump : region.vacant.back();
-  auto take_page = [&] {
-    if (region.vacant.empty()) {
-      ++region.bump;
-    } else {
-      region.vacant.pop_back();
-    }
-  };
-  try {
-    map_pages(region.base + page * page_, handle.data(), 1);
-  } catch (...) {
-    if (handle[0] != 0) {
-      spare_.push_back(handle[0]);
-    } else {
-      take_page();  // a stuck mapping holds the page until it is unmapped
-    }
-    throw;
-  }
-  take_page();
-  slab->base = region.base + page * page_;
-  slab->region = ri;
-  slab->page = page;
-  slab->handle = handle[0];
-  Slab* raw = slab.release();
-  slabs.push_back(raw);
-  region.slabs[page].store(raw, std::memory_order_release);
-  ++slab_count_;
-  return raw;
-}
-
-void VmmPool::release_slab_page(Slab* slab, bool keep_handle) {
-  const DriverApi& api = driver();
-  VSR_CU_TRY(api.cuMemUnmap(slab->base, page_));
-  pages_mapped_ -= 1;
-  Region& region = regions_[static_cast<std::size_t>(slab->region)];
-  region.slabs[slab->page].store(nullptr, std::memory_order_release);
-  region.vacant.push_back(slab->page);
-  ClassState& state = classes_[static_cast<std::size_t>(slab->size_class)];
-  if (!slab->shared.empty()) unlist(slab);
-  for (const SharedSlot& e : slab->shared) drop_batch_ref(e.batch);
-  std::erase(state.slabs, slab);
-  --slab_count_;
-  const CUmemGenericAllocationHandle h = slab->handle;
-  delete slab;
-  if (keep_handle) {
-    spare_.push_back(h);
-  } else if (api.cuMemRelease(h) == CUDA_SUCCESS) {
-    --pages_held_;
-  } else {
-    spare_.push_back(h);
-  }
-}
-
-std::size_t VmmPool::reclaim_empty_slabs(std::vector<CUmemGenericAllocationHandle>* into,
-                                         std::size_t want, bool wait) {
-  std::size_t reclaimed = 0;
-  for (ClassState& state : classes_) {
-    for (std::size_t i = 0; i < state.slabs.size() && reclaimed < want;) {
-      Slab* slab = state.slabs[i];
-      if (slab->used != 0 || slab->carving) {
-        ++i;
-        continue;
-      }
-      // Unmap only what no queued work still uses (§7 #2): every slot's mark has completed.
-      bool idle = true;
-      for (const SharedSlot& e : slab->shared) {
-        if (wait && e.batch->mark) {
-          marks_.wait(e.batch->mark);
-        } else if (!batch_idle(e.batch)) {
-          idle = false;
-          break;
-        }
-      }
-      if (!idle) {
-        ++i;
-        continue;
-      }
-      const CUmemGenericAllocationHandle h = slab->handle;
-      try {
-        release_slab_page(slab, into != nullptr);  // erases slabs[i]
-      } catch (const CudaError&) {
-        ++i;
-        continue;
-      }
-      if (into != nullptr) {
-        spare_.pop_back();
-        into->push_back(h);
-      }
-      ++reclaimed;
-    }
-  }
-  return reclaimed;
-}
-
-// ---- batches and marks of small blocks ---------------------------------------------------------
-
-Batch* VmmPool::new_batch(CUstream key, MarkRef mark) {
-  auto b = std::make_unique<Batch>();
-  b->key = key;
-  b->mark = std::move(mark);
-  b->index = batches_.size();
-  batches_.push_back(b.get());
-  if (!b->mark) {
-    try {
-      unmarked_.push_back(b.get());
-    } catch (...) {
-      batches_.pop_back();
-      throw;
-    }
-  }
-  return b.release();
-}
-
-Batch* VmmPool::unmarked_batch(CUstream key) {
-  for (Batch* b : unmarked_) {
-    if (b->key == key) return b;
-  }
-  return new_batch(key, nullptr);
-}
-
-void VmmPool::set_mark(Batch* batch, MarkRef mark) {
-  if (!batch->mark) std::erase(unmarked_, batch);
-  batch->mark = std::move(mark);
-}
-
-void VmmPool::add_shared(Slab* slab, void* ptr, Batch* batch) {
-  if (slab->shared.empty()) list_of(slab).push_back(slab);
-  slab->shared.push_back(SharedSlot{ptr, batch});
-  ++batch->slots;
-}
-
-void VmmPool::drop_batch_ref(Batch* batch) noexcept {
-  if (--batch->slots != 0 || batch->logged) return;
-  if (!batch->mark) std::erase(unmarked_, batch);
-  Batch* last = batches_.back();
-  last->index = batch->index;
-  batches_[batch->index] = last;
-  batches_.pop_back();
-  delete batch;
-}
-
-void VmmPool::mark_pending(CUstream stream, CUstream key) noexcept {
-  for (Batch* b : unmarked_) {
-    if (b->key != key) continue;
-    try {
-      // Recorded now, the mark covers everything queued on the stream, the frees included (§3.7).
-      set_mark(b, marks_.record(stream, key));
-    } catch (...) {
-      // No mark: the blocks stay reusable on their own stream, and elsewhere after trim().
-    }
-    return;
-  }
-}
-
-bool VmmPool::batch_ready_for(Batch* batch, CUstream key) {
-  if (batch->key == key) return true;
-  return batch_idle(batch);
-}
-
-bool VmmPool::batch_idle(Batch* batch) {
-  if (!batch->mark) {
-    if (batch->key != nullptr) return false;  // no mark yet; only the freeing stream may use it
-    set_mark(batch, marks_.record(nullptr, nullptr));  // the legacy stream is always alive
-  }
-  return marks_.completed(batch->mark);
-}
-
-void VmmPool::settle_unmarked() {
-  if (unmarked_.empty()) return;
-  const DriverApi& api = driver();
-  bool other = false;
-  for (Batch* b : std::vector<Batch*>(unmarked_)) {
-    if (b->key == nullptr) {
-      set_mark(b, marks_.record(nullptr, nullptr));
-    } else {
-      other = true;
-    }
-  }
-  if (!other) return;
-  // Their streams may be gone: only a wait for the whole context covers them (§3.7).
-  VSR_CU_TRY(api.cuCtxSynchronize());
-  auto done = std::make_shared<StreamMark>(StreamMark{forgotten_stream(), nullptr, true});
-  for (Batch* b : std::vector<Batch*>(unmarked_)) set_mark(b, done);
-}
-
-void VmmPool::sync_forgotten(ThreadCache& cache) noexcept {
-  const std::uint64_t now = forget_epoch_.value.load(std::memory_order_relaxed);
-  if (cache.forget_seen == now) return;
-  for (const ForgetEntry& f : forget_log_) {
-    if (f.epoch <= cache.forget_seen) continue;
-    for (int c = 0; c < kMaxSizeClasses; ++c) {
-      Bin& bin = cache.bins[static_cast<std::size_t>(c)];
-      int kept = 0;
-      for (int i = 0; i < bin.count; ++i) {
-        const CacheEntry& e = bin.entries[static_cast<std::size_t>(i)];
-        if (key_in(cache, e.stream) != f.key) {
-          bin.entries[static_cast<std::size_t>(kept++)] = e;
-          continue;
-        }
-        add_shared(e.slab, e.ptr, f.batch);
-        if (--e.slab->used == 0 && !e.slab->carving && e.slab->owner != nullptr) {
-          set_owner(e.slab, nullptr);
-        }
-      }
-      bin.count = kept;
-    }
-  }
-  cache.forget_seen = now;
-  prune_forget_log();
-}
-
-void VmmPool::prune_forget_log() noexcept {
-  if (forget_log_.empty()) return;
-  std::uint64_t oldest = forget_epoch_.value.load(std::memory_order_relaxed);
-  for (const ThreadCache* c : caches_) oldest = std::min(oldest, c->forget_seen);
-  auto end = std::find_if(forget_log_.begin(), forget_log_.end(),
-                          [&](const ForgetEntry& f) { return f.epoch > oldest; });
-  for (auto it = forget_log_.begin(); it != end; ++it) {
-    Batch* b = it->batch;
-    b->logged = false;
-    if (b->slots == 0) {
-      ++b->slots;
-      drop_batch_ref(b);  // deletes it
-    }
-  }
-  forget_log_.erase(forget_log_.begin(), end);
-}
-
-void VmmPool::flush_bin(ThreadCache& cache, int size_class, int keep) noexcept {
-  Bin& bin = cache.bins[static_cast<std::size_t>(size_class)];
-  const int move = bin.count - keep;
-  if (move <= 0) return;
-  Batch* batch = nullptr;
-  CUstream batch_key = nullptr;
-  for (int i = 0; i < move; ++i) {
-    const CacheEntry& e = bin.entries[static_cast<std::size_t>(i)];
-    const CUstream key = key_in(cache, e.stream);
-    if (batch == nullptr || key != batch_key) {
-      batch = unmarked_batch(key);  // joins what was freed on that stream and has no mark yet
-      batch_key = key;
-    }
-    add_shared(e.slab, e.ptr, batch);
-    // An emptied slab holds none of its owner's blocks: any thread may claim it now.
-    if (--e.slab->used == 0 && !e.slab->carving && e.slab->owner != nullptr) {
-      set_owner(e.slab, nullptr);
-    }
-  }
-  std::copy(bin.entries.begin() + move, bin.entries.begin() + bin.count, bin.entries.begin());
-  bin.count = keep;
-}
-
-std::vector<Slab*>& VmmPool::list_of(Slab* slab) {
-  const auto c = static_cast<std::size_t>(slab->size_class);
-  return slab->owner != nullptr ? slab->owner->with_shared[c] : classes_[c].unowned;
-}
-
-void VmmPool::unlist(Slab* slab) {
-  std::vector<Slab*>& list = list_of(slab);
-  if (list.back() == slab) {
-    list.pop_back();  // the common case: lists are taken from the back
-  } else {
-    std::erase(list, slab);
-  }
-}
-
-void VmmPool::set_owner(Slab* slab, ThreadCache* owner) {
-  const bool listed = !slab->shared.empty();
-  if (listed) unlist(slab);
-  slab->owner = owner;
-  if (listed) list_of(slab).push_back(slab);
-}
-
-void VmmPool::disown_all(ThreadCache& cache) {
-  for (ClassState& state : classes_) {
-    for (Slab* slab : state.slabs) {
-      if (slab->owner == &cache) set_owner(slab, nullptr);
-    }
-  }
-}
-
-template <typename Take, typename Want>
-void VmmPool::take_shared(Slab* slab, CUstream key, int& budget, Take&& take, Want&& want) {
-  std::vector<SharedSlot>& shared = slab->shared;
-  for (std::size_t i = shared.size(); i-- > 0 && budget > 0 && want(); --budget) {
-    if (!batch_ready_for(shared[i].batch, key)) continue;
-    const SharedSlot e = shared[i];
-    shared[i] = shared.back();
-    shared.pop_back();
-    take(e.ptr, slab);
-    drop_batch_ref(e.batch);
-  }
-  if (shared.empty()) unlist(slab);
-}
-
-template <typename Take, typename Want>
-void VmmPool::take_waiting(Slab* slab, CUstream stream, CUstream key, Take&& take, Want&& want,
-                           std::vector<const StreamMark*>& waited) {
-  std::vector<SharedSlot>& shared = slab->shared;
-  for (std::size_t i = shared.size(); i-- > 0 && want();) {
-    Batch* b = shared[i].batch;
-    if (!batch_ready_for(b, key)) {
-      if (!b->mark) continue;  // nothing to wait for: its stream has not been named since
-      if (std::find(waited.begin(), waited.end(), b->mark.get()) == waited.end()) {
-        marks_.wait_on(b->mark, stream);  // throws: what was taken so far stays taken
-        waited.push_back(b->mark.get());
-      }
-    }
-    const SharedSlot e = shared[i];
-    shared[i] = shared.back();
-    shared.pop_back();
-    take(e.ptr, slab);
-    drop_batch_ref(e.batch);
-  }
-  if (shared.empty()) unlist(slab);
-}
-
-void VmmPool::drain_caches(const ThreadCache* self) noexcept {
-  bool any = false;
-  for (ThreadCache* c : caches_) {
-    if (c == self) continue;
-    c->steal.store(true, asymmetric_ ? std::memory_order_relaxed : std::memory_order_seq_cst);
-    any = true;
-  }
-  if (!any) return;
-  // Without the fence nothing is known about the owners' fast paths: leave their caches alone.
-  const bool fenced = !asymmetric_ || heavy_fence();
-  for (ThreadCache* c : caches_) {
-    if (c == self) continue;
-    if (fenced) {
-      // An owner inside its fast path leaves it within a few instructions (it takes no lock and
-      // makes no call there); later entries see `steal` and take the mutex, which is held here.
-      while (c->active.load(asymmetric_ ? std::memory_order_acquire : std::memory_order_seq_cst)) {
-        std::this_thread::yield();
-      }
-      sync_forgotten(*c);
-      release_carving(*c);
-      for (int k = 0; k < kMaxSizeClasses; ++k) flush_bin(*c, k, 0);
-    }
-    c->steal.store(false, std::memory_order_release);
-  }
-}
-
-void VmmPool::retire_cache(ThreadCache& cache) noexcept {
-  try {
-    std::lock_guard lock(mutex_);
-    fold_cache_stats(cache);
-    ScopedDeviceContext scope(device_);
-    sync_forgotten(cache);
-    for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
-    release_carving(cache);
-    disown_all(cache);
-    std::erase(caches_, &cache);
-    prune_forget_log();
-    // What the thread freed on its per-thread stream: nobody else may name that stream, and it
-    // ends with the thread. A mark on the legacy stream covers it: the legacy stream's work
-    // waits for all earlier work of the blocking streams, the per-thread stream included (§3.7).
-    for (Batch* b : std::vector<Batch*>(unmarked_)) {
-      if (b->key != cache.per_thread_key) continue;
-      try {
-        set_mark(b, marks_.record(nullptr, forgotten_stream()));
-        b->key = forgotten_stream();
-      } catch (...) {
-        // Unmarked: usable after trim()'s cuCtxSynchronize.
-      }
-    }
-  } catch (...) {
-    // Shutdown or a failing driver: the cached slots stay unavailable; nothing else is lost.
-    std::lock_guard lock(mutex_);
-    disown_all(cache);
-    std::erase(caches_, &cache);
-  }
-}
-
-// ---- public operations -------------------------------------------------------------------------
 
 void* VmmPool::allocate(std::size_t bytes, CUstream stream) {
   if (stream == CU_STREAM_LEGACY) stream = nullptr;  // one stream (§3.7)
@@ -1687,7 +163,7 @@ void VmmPool::trim() {
   ScopedDeviceContext scope(device_);
   sync_forgotten(cache);
   fold_cache_stats(cache);
-  release_carving(cache);
+  release_bumps(cache);
   for (int c = 0; c < kMaxSizeClasses; ++c) flush_bin(cache, c, 0);
   drain_caches(&cache);  // what other threads freed and still cache is free memory too
   std::optional<CudaError> first_error;
@@ -1702,7 +178,11 @@ void VmmPool::trim() {
       for (const MarkRef& m : it->second.marks) marks_.wait(m);
       it->second.marks.clear();
       spare_.reserve(spare_.size() + pages);
-      VSR_CU_TRY(api.cuMemUnmap(begin, pages * page_));
+      if (const CUresult r = api.cuMemUnmap(begin, pages * page_); r != CUDA_SUCCESS) {
+        if (!vmm_call_took_effect(r)) throw_cuda_error(r, "cuMemUnmap", __FILE__, __LINE__);
+        if (!first_error)
+          first_error = CudaError(r, cu_result_name(r), "cuMemUnmap in free_pool_memory");
+      }
     } catch (const CudaError& e) {
       if (!first_error) first_error = e;
       ++it;
@@ -1717,23 +197,24 @@ void VmmPool::trim() {
     if (!first_error) first_error = e;
   }
   try {
-    reclaim_empty_slabs(nullptr, static_cast<std::size_t>(-1), true);
+    reclaim_small_pages(nullptr, static_cast<std::size_t>(-1), true);
   } catch (const CudaError& e) {
     if (!first_error) first_error = e;
   }
   std::vector<CUmemGenericAllocationHandle> kept;
   for (CUmemGenericAllocationHandle h : spare_) {
     const CUresult r = api.cuMemRelease(h);
-    if (r == CUDA_SUCCESS) {
-      --pages_held_;
+    if (vmm_call_took_effect(r)) {
+      --pages_held_;  // released, even when a sticky error came back (never released twice)
     } else {
       kept.push_back(h);
-      if (!first_error) {
-        first_error = CudaError(r, cu_result_name(r), "cuMemRelease failed in free_pool_memory");
-      }
+    }
+    if (r != CUDA_SUCCESS && !first_error) {
+      first_error = CudaError(r, cu_result_name(r), "cuMemRelease failed in free_pool_memory");
     }
   }
   spare_ = std::move(kept);
+  debug_check("trim");
   if (first_error) throw *first_error;
 }
 
@@ -1799,11 +280,20 @@ void VmmPool::fill_stats(MemoryPoolStats& s) const noexcept {
   s.pool_size = pages_held_ * page_;
   s.mapped_bytes = pages_mapped_ * page_;
   s.reserved_bytes = reserved_bytes_;
-  std::size_t busy_slabs = 0;
-  for (const ClassState& state : classes_) {
-    for (const Slab* slab : state.slabs) busy_slabs += slab->used != 0 ? 1 : 0;
+  // A small page is free once no slab on it holds a live or cached block (trim then releases it).
+  std::vector<const SmallPage*> busy_pages;
+  try {
+    for (const ClassState& state : classes_) {
+      for (const Slab* slab : state.slabs) {
+        if (slab->used != 0) busy_pages.push_back(slab->page);
+      }
+    }
+  } catch (...) {
   }
-  s.pool_free_bytes = (pages_held_ - large_live_pages_ - busy_slabs) * page_;
+  std::sort(busy_pages.begin(), busy_pages.end());
+  const auto busy = static_cast<std::size_t>(std::unique(busy_pages.begin(), busy_pages.end()) -
+                                             busy_pages.begin());
+  s.pool_free_bytes = (pages_held_ - large_live_pages_ - busy) * page_;
   s.largest_free_block = free_by_size_.empty() ? 0 : std::prev(free_by_size_.end())->first * page_;
   s.granularity = page_;
   s.small_block_limit = small_limit_;
@@ -1841,19 +331,23 @@ void VmmPool::teardown() noexcept {
     }
     for (ClassState& state : classes_) {
       state.unowned.clear();
-      for (Slab* slab : state.slabs) {
-        if (api.cuMemUnmap(slab->base, page_) == CUDA_SUCCESS) --pages_mapped_;
-        api.cuMemRelease(slab->handle);
-        delete slab;
-      }
+      state.unowned_bump.clear();
+      for (Slab* slab : state.slabs) delete slab;
       state.slabs.clear();
     }
+    open_pages_.clear();
     free_by_addr_.clear();
     free_by_size_.clear();
     live_large_.clear();
     const int n = region_count_.load();
     for (int i = 0; i < n; ++i) {
       Region& r = regions_[static_cast<std::size_t>(i)];
+      for (std::unique_ptr<SmallPage>& page : r.page_recs) {
+        if (!page) continue;
+        if (api.cuMemUnmap(r.base + page->index * page_, page_) == CUDA_SUCCESS) --pages_mapped_;
+        api.cuMemRelease(page->handle);
+        page.reset();
+      }
       for (std::size_t p = 0; p < r.handles.size(); ++p) {
         if (r.handles[p] == 0) continue;
         api.cuMemUnmap(r.base + p * page_, page_);
@@ -1879,9 +373,12 @@ void VmmPool::teardown() noexcept {
   retired_slab_arrays_.clear();
   caches_.clear();
   pages_held_ = pages_mapped_ = reserved_bytes_ = large_live_pages_ = slab_count_ = 0;
+  small_pages_ = 0;
 }
 
-}  // namespace
+}  // namespace vibespatial::raster::detail::vmm
+
+namespace vibespatial::raster::detail {
 
 std::string vmm_self_test(int device) {
   const DriverApi& api = driver();
@@ -1938,11 +435,11 @@ std::string vmm_self_test(int device) {
   }
 }
 
-std::unique_ptr<DevicePool> make_vmm_pool(int device, bool recovery_tier) {
+std::unique_ptr<DevicePool> make_vmm_pool(int device) {
   if (device < 0 || device >= kMaxDevices) {
     throw std::out_of_range("device ordinal out of range for the pool");
   }
-  return std::make_unique<VmmPool>(device, recovery_tier);
+  return std::make_unique<vmm::VmmPool>(device);
 }
 
 }  // namespace vibespatial::raster::detail

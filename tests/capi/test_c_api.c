@@ -255,7 +255,8 @@ static void test_pool_before_configuration(void) {
   CHECK(s.has_current_bytes == 0 && s.has_pool_size == 0 && s.has_used_bytes == 0);
   CHECK(s.current_bytes == 0 && s.reserved0 == 0 && s.oom_recoveries == 0);
   CHECK_FAILS(vsr_memory_pool_stats(NULL), VSR_ERROR_INVALID_ARGUMENT, "vsr_memory_pool_stats");
-  small.struct_size = sizeof(small) - 8;
+  CHECK(s.tier_reason[0] == '\0');
+  small.struct_size = offsetof(vsr_pool_stats, tier_reason) - 8;
   CHECK_FAILS(vsr_memory_pool_stats(&small), VSR_ERROR_INVALID_ARGUMENT, "vsr_memory_pool_stats");
   /* Freeing before configuration: a no-op, and pointers cannot be the pool's yet. */
   CHECK_OK(vsr_free_pool_memory());
@@ -277,6 +278,17 @@ static void test_configure(void) {
   CHECK(strcmp(tier, "B") == 0);
   s = stats();
   CHECK(strcmp(s.tier, "B") == 0 && s.configured == 1 && s.device == 0);
+  CHECK(strstr(s.tier_reason, "tier B") != NULL); /* why: the device supports VMM */
+  /* A caller built before tier_reason existed: accepted, filled up to its struct_size. */
+  {
+    vsr_pool_stats old;
+    memset(&old, 0xAB, sizeof old);
+    old.struct_size = offsetof(vsr_pool_stats, tier_reason);
+    CHECK_OK(vsr_memory_pool_stats(&old));
+    CHECK(old.struct_size == offsetof(vsr_pool_stats, tier_reason));
+    CHECK(strcmp(old.tier, "B") == 0);
+    CHECK((unsigned char)old.tier_reason[0] == 0xAB); /* untouched */
+  }
   CHECK(s.has_current_bytes && s.has_current_count && s.has_peak_bytes && s.has_peak_count);
   CHECK(s.has_total_bytes && s.has_total_count && s.has_pool_size);
   CHECK(!s.has_used_bytes && !s.has_free_bytes);

@@ -238,17 +238,19 @@ TEST_SUITE("pool") {
   }
 
   TEST_CASE("the pool works within an address space of 1.5 x device memory") {
-    // A real driver may refuse large reservations (§3.4.2). Every small size class (one slab
-    // region each as they fill), the whole device in large blocks, and a request that needs
+    // A real driver may refuse large reservations (§3.4.2). Every small size class, 2 MiB of each
+    // (a small region fills), the rest of the device in large blocks, and a request that needs
     // free pages remapped into a fresh range must all work.
     FreshPool fresh("VIBESPATIAL_GPU_POOL_ONLY", 64 * MiB);
     EmulatorOption limit("ADDRESS_SPACE", "1.5x");
     std::vector<std::pair<void*, std::size_t>> small;
     for (std::size_t b = 256; b <= 512 * 1024; b *= 2) {
-      void* p = nullptr;
-      REQUIRE_NOTHROW(p = device_allocate(b));
-      fill_pattern(p, b, static_cast<std::uint32_t>(b));
-      small.emplace_back(p, b);
+      for (std::size_t i = 0; i < 2 * MiB / b; ++i) {
+        void* p = nullptr;
+        REQUIRE_NOTHROW(p = device_allocate(b));
+        fill_pattern(p, b, static_cast<std::uint32_t>(b));
+        small.emplace_back(p, b);
+      }
     }
     const std::size_t page = 2 * MiB;
     const int n = static_cast<int>(driver_free_bytes() / page);

@@ -100,8 +100,6 @@ TEST_SUITE("pool") {
       std::shuffle(ps.begin(), ps.end(), std::mt19937(42));  // slots return in random order
       for (void* p : ps) device_deallocate(p, kSize);
     }).join();
-    const std::size_t page = memory_pool_stats().granularity;
-    REQUIRE(page > 0);
     std::barrier sync(2);
     std::vector<void*> got[2];
     std::vector<std::thread> ts;
@@ -116,12 +114,19 @@ TEST_SUITE("pool") {
       });
     }
     for (auto& th : ts) th.join();
-    std::set<std::uintptr_t> pages[2];
+    // Slabs are runs of spans of shared pages (issue 11): compare the slabs the blocks came from.
+    std::set<std::uintptr_t> slabs[2];
     for (int t = 0; t < 2; ++t) {
       REQUIRE(got[t].size() == kBlocks);
-      for (void* p : got[t]) pages[t].insert(reinterpret_cast<std::uintptr_t>(p) / page);
+      for (void* p : got[t]) {
+        const auto [begin, end] = detail::pool_for_device(0).slab_extent(p);
+        REQUIRE(begin != 0);
+        REQUIRE(reinterpret_cast<std::uintptr_t>(p) - begin < end - begin);
+        slabs[t].insert(begin);
+      }
     }
-    for (std::uintptr_t pg : pages[0]) CHECK_MESSAGE(pages[1].count(pg) == 0, "page shared");
+    for (std::uintptr_t s : slabs[0]) CHECK_MESSAGE(slabs[1].count(s) == 0, "slab shared");
+    CHECK(detail::pool_for_device(0).check_invariants() == "");
     CHECK(*memory_pool_stats().current_count == 0);
   }
 

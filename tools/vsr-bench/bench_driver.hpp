@@ -65,6 +65,27 @@ inline const Driver& driver() {
   return api;
 }
 
+/// The host driver emulator's count of calls to the pool's VMM entry points (cuMemCreate,
+/// cuMemRelease, cuMemMap, cuMemUnmap, cuMemSetAccess) so far, or -1 on a real driver (which
+/// counts nothing): vsr_emu_call_count, found in the driver library the library loaded.
+inline long long emulator_vmm_calls() {
+  using CallCount = unsigned long long (*)(const char*);
+  static const CallCount count = []() -> CallCount {
+    const vibespatial::raster::DriverInfo info = vibespatial::raster::driver_info();
+    if (!info.available || !info.emulated) return nullptr;
+    void* lib = ::dlopen(info.library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    return lib != nullptr ? reinterpret_cast<CallCount>(::dlsym(lib, "vsr_emu_call_count"))
+                          : nullptr;
+  }();
+  if (count == nullptr) return -1;
+  unsigned long long n = 0;
+  for (const char* entry :
+       {"cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemSetAccess"}) {
+    n += count(entry);
+  }
+  return static_cast<long long>(n);
+}
+
 /// Throws std::runtime_error naming the call and the CUresult unless @p r is CUDA_SUCCESS.
 inline void check(CUresult r, const char* call) {
   if (r == CUDA_SUCCESS) return;

@@ -77,6 +77,8 @@ enum vsr_tiling_strategy {
 
 /** Bytes enough for any tier name and its terminating NUL ("fallback" is the longest). */
 #define VSR_TIER_CAPACITY 16
+/** Bytes of vsr_pool_stats.tier_reason, its terminating NUL included (longer text is cut). */
+#define VSR_TIER_REASON_CAPACITY 256
 
 /** A snapshot of one device's pool (the C++ MemoryPoolStats). Set struct_size to
  * sizeof(vsr_pool_stats) before the call. A key that the tier does not report has its has_
@@ -115,6 +117,8 @@ typedef struct vsr_pool_stats {
   uint64_t oom_recoveries;     /**< B: requests that succeeded only after the OOM chain */
   uint64_t granularity;        /**< A/B: the page size in bytes */
   uint64_t small_block_limit;  /**< A/B: requests up to this size are small blocks */
+  /* Added after the first release: filled only when struct_size covers it. */
+  char tier_reason[VSR_TIER_REASON_CAPACITY]; /**< why the device has its tier, "" before */
 } vsr_pool_stats;
 
 /** What an operation needs on the device (the C++ PlanOptions). Fill it with
