@@ -86,6 +86,17 @@ def test_histogram_matches_numpy():
         ops.histogram(raster(data), 4, 5, 5)
 
 
+def test_histogram_float32_edges_match_numpy():
+    # Values on the edges of 10, 7 and 100 bins on [0, 1]: numpy bins float32 data with float32
+    # edges (0.7f is edge 7 itself) and float64 data with float64 ones.
+    values = [i * 0.01 for i in range(101)] + [0.3, 0.6, 0.7, 1.0000001, -0.0]
+    for dtype in (np.float32, np.float64):
+        data = np.array(values, dtype).reshape(1, 1, -1)
+        for bins in (7, 10, 100):
+            got = ops.histogram(raster(data), bins, 0, 1)[0]
+            assert np.array_equal(got, np.histogram(data, bins, (0, 1))[0]), (dtype, bins)
+
+
 def test_focal_mean_3x3():
     data = np.arange(30, dtype=np.float64).reshape(5, 6)
     out = ops.focal_mean_3x3(raster(data), "nearest").to_numpy()

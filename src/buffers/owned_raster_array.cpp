@@ -349,6 +349,35 @@ void OwnedRasterArray::copy_to_host(void* dst) const {
       dst, detail::to_device_ptr(static_cast<unsigned char*>(s.device) + offset), byte_size()));
 }
 
+OwnedRasterArray OwnedRasterArray::clone_to(Residency where) const {
+  if (where != Residency::host && where != Residency::device) {
+    throw std::invalid_argument("clone_to: not a Residency value");
+  }
+  OwnedRasterArray out =
+      allocate(where, dtype(), band_count_, height(), width(), as_double(nodata_), affine_, crs_);
+  out.nodata_ = nodata_;
+  if (where == Residency::host) {
+    copy_to_host(out.storage_->host.get());
+    return out;
+  }
+  const detail::RasterStorage& s = *storage_;
+  const auto& api = detail::driver();
+  std::lock_guard lock(s.mutex);
+  const std::size_t offset = s.band_bytes * static_cast<std::size_t>(first_band_);
+  detail::ScopedDeviceContext ctx(out.storage_->device_id);
+  const CUdeviceptr dst = detail::to_device_ptr(out.storage_->device);
+  if (s.residency == Residency::host) {
+    VSR_CU_TRY(api.cuMemcpyHtoD(dst, s.host.get() + offset, byte_size()));
+  } else {
+    VSR_CU_TRY(api.cuMemcpyDtoD(
+        dst, detail::to_device_ptr(static_cast<unsigned char*>(s.device) + offset), byte_size()));
+  }
+  // Either copy may return before it is done (a pageable source, or device to device, §3.6): the
+  // clone is complete on return, usable from any stream.
+  VSR_CU_TRY(api.cuStreamSynchronize(CU_STREAM_LEGACY));
+  return out;
+}
+
 void* OwnedRasterArray::device_data() {
   std::lock_guard lock(storage_->mutex);
   move_locked(*storage_, Residency::device);

@@ -166,6 +166,26 @@ void GpuDispatch::fail_tiled(const RasterPlan& plan) const {
 }
 
 void GpuDispatch::plan() {
+  if (o_.plan) {
+    // The caller's plan, as it decided it: no second planning from the budget.
+    const RasterPlan& given = *o_.plan;
+    if (given.strategy == TilingStrategy::tiled) fail_tiled(given);
+    VSR_EXPECTS(given.bands_per_pass >= 1,
+                "dispatch_per_band_gpu: the given plan's bands_per_pass must be >= 1, not " +
+                    std::to_string(given.bands_per_pass));
+    plan_ = given;
+    per_batch_ = std::min(given.bands_per_pass, bands_);
+    n_batches_ = (bands_ + per_batch_ - 1) / per_batch_;
+    // Two passes in flight only where the caller's budget holds both.
+    const std::uint64_t usable = usable_vram_budget(budget_);
+    depth_ =
+        o_.pipeline_depth == 2 && n_batches_ >= 2 && given.estimated_vram_per_tile <= usable / 2
+            ? 2
+            : 1;
+    in_bytes_ = band_bytes_ * static_cast<std::uint64_t>(per_batch_);
+    pass_bytes_ = given.estimated_vram_per_tile;
+    return;
+  }
   PlanOptions options;
   options.band_count = bands_;
   options.buffers_per_band = o_.buffers_per_band;
@@ -460,12 +480,22 @@ OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const Str
 
 OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const BandOp& op,
                                        int buffers_per_band, std::uint64_t scratch_bytes) {
-  VSR_EXPECTS(op, "dispatch_per_band_gpu: op is empty");
-  if (raster.band_count() == 1) return op(raster);
   GpuDispatchOptions options;
   options.buffers_per_band = buffers_per_band;
   options.scratch_bytes = scratch_bytes;
-  return run_gpu_dispatch(raster, nullptr, &op, options, nullptr);
+  return dispatch_per_band_gpu(raster, op, options, nullptr);
+}
+
+OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const BandOp& op,
+                                       const GpuDispatchOptions& options,
+                                       GpuDispatchReport* report) {
+  VSR_EXPECTS(op, "dispatch_per_band_gpu: op is empty");
+  VSR_EXPECTS(options.pipeline_depth == 1 || options.pipeline_depth == 2,
+              "dispatch_per_band_gpu: pipeline_depth must be 1 or 2, not " +
+                  std::to_string(options.pipeline_depth));
+  VSR_EXPECTS(options.staging_threads >= 0, "dispatch_per_band_gpu: staging_threads must be >= 0");
+  if (raster.band_count() == 1) return op(raster);
+  return run_gpu_dispatch(raster, nullptr, &op, options, report);
 }
 
 }  // namespace vibespatial::raster

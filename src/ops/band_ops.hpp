@@ -220,32 +220,38 @@ struct NormDiffOp {
   }
 };
 
-/// Pixel -> global bin id band * bins + bin, or -1 (invalid or out of range). Float64 math, with
+/// Pixel -> global bin id band * bins + bin, or -1 (invalid or out of range), by
 /// numpy.histogram's rule: the bin is the i with edge(i) <= v < edge(i + 1) (the last bin also
-/// takes upper), where the edges are numpy.linspace(lower, upper, bins + 1): i * step + lower,
-/// the last exactly upper. As numpy: a first guess ((v - lower) / (upper - lower)) * bins, then
-/// one step down or up where v falls on the other side of the edges (a guess can be 1 ulp off).
+/// takes upper), where the edges are numpy.linspace(lower, upper, bins + 1) computed in float64
+/// (i * step + lower, the last exactly upper) and held in numpy's bin dtype: float32 for float32
+/// data, float64 otherwise. Range and edges are compared with the value in that dtype, as numpy
+/// compares them. As numpy: a first guess ((v - lower) / (upper - lower)) * bins, then one step
+/// down or up where v falls on the other side of the edges (a guess can be 1 ulp off).
 template <class T>
 struct BinIdOp {
+  /// numpy's bin dtype for T (result_type of the data and the Python float bounds).
+  using E = cuda::std::conditional_t<cuda::std::is_same_v<T, float>, float, double>;
   Valid<T> valid;
   const T* data;
   long long band_pixels;
   int bins;
   double lower, upper, step;
-  VSR_HD double edge(long long k) const {
-    return k >= bins ? upper : static_cast<double>(k) * step + lower;
+  VSR_HD E edge(long long k) const {
+    return static_cast<E>(k >= bins ? upper : static_cast<double>(k) * step + lower);
   }
   VSR_HD int operator()(long long i) const {
     const T v = data[i];
     if (!valid(v)) return -1;
-    const double d = static_cast<double>(v);
-    if (!(d >= lower) || !(d <= upper)) return -1;
-    long long b = static_cast<long long>(((d - lower) / (upper - lower)) * bins);
+    const E e = static_cast<E>(v);
+    const E lo = static_cast<E>(lower);
+    if (!(e >= lo) || !(e <= static_cast<E>(upper))) return -1;
+    // numpy: (a - first_edge) in the bin dtype, divided by (last_edge - first_edge) in float64.
+    long long b = static_cast<long long>((static_cast<double>(e - lo) / (upper - lower)) * bins);
     if (b >= bins) b = bins - 1;
     if (b < 0) b = 0;
-    if (d < edge(b)) {
+    if (e < edge(b)) {
       --b;
-    } else if (b != bins - 1 && d >= edge(b + 1)) {
+    } else if (b != bins - 1 && e >= edge(b + 1)) {
       ++b;
     }
     return static_cast<int>((i / band_pixels) * bins + b);

@@ -303,6 +303,43 @@ void rescale_into(const OwnedRasterArray& raster, double in_min, double in_max, 
   rescale_into(raster, in_min, in_max, out_min, out_max, out, nullptr);
 }
 
+OwnedRasterArray convert_dtype(const OwnedRasterArray& raster, DType out_dtype,
+                               std::optional<NodataValue> out_nodata) {
+  (void)itemsize(out_dtype);  // throws std::invalid_argument for a bad dtype
+  double fill = is_floating_point(out_dtype) ? std::numeric_limits<double>::quiet_NaN() : 0.0;
+  if (out_nodata) {
+    // The fill goes to the backend as a double: it must be one, and a value of out_dtype.
+    const double v = out_nodata->to_double();
+    VSR_EXPECTS(NodataValue(v) == *out_nodata && representable(v, out_dtype) &&
+                    !(std::isnan(v) && !is_floating_point(out_dtype)),
+                "convert_dtype: the nodata " + out_nodata->to_string() + " is not a value of " +
+                    std::string(to_string(out_dtype)));
+    fill = v;
+  }
+  const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
+  OwnedRasterArray out = guarded(dev, "convert_dtype", [&] {
+    OwnedRasterArray o = like(raster, out_dtype, out_nodata);
+    // The identity map of rescale: (v - 0) * 1 + (-0.0) is v exactly, -0.0 included.
+    const be::RescaleParams p{0.0, 1.0, -0.0, 1.0, fill};
+    VSR_OPS_CALL(dev, rescale, pixels(raster), raster.dtype(), mutable_pixels(o), out_dtype,
+                 layout_of(raster).pixels(), nodata_spec(raster), p, nullptr);
+    return o;
+  });
+  if (out_nodata && !std::isnan(fill)) {
+    // A valid pixel that became the nodata: fewer valid pixels out than in.
+    const std::vector<BandStatistics> in = band_statistics(raster), got = band_statistics(out);
+    for (std::size_t b = 0; b < in.size(); ++b) {
+      VSR_EXPECTS(in[b].count == got[b].count,
+                  "convert_dtype: " + std::to_string(in[b].count - got[b].count) +
+                      " valid pixel(s) of band " + std::to_string(b + 1) + " convert to " +
+                      out_nodata->to_string() + ", the nodata of the " +
+                      std::string(to_string(out_dtype)) +
+                      " output: use a wider type, or clip the values first");
+    }
+  }
+  return out;
+}
+
 namespace {
 
 /// Checks clip's bounds and rounds them to @p d (see ops.hpp).

@@ -136,6 +136,52 @@ TEST_SUITE("owned-raster") {
     CHECK(b3.band(0).device_pointer() == b3.device_pointer());
   }
 
+  TEST_CASE("clone_to copies a view's bands once, to either residency, source unchanged") {
+    FreshPool fresh;
+    const Affine t{30, 0, 1000, 0, -30, 5000};
+    std::vector<float> v(4 * 8 * 16);
+    std::iota(v.begin(), v.end(), -5.0f);
+    const OwnedRasterArray r =
+        OwnedRasterArray::from_host(v.data(), DType::float32, 4, 8, 16, -1.0, t, "EPSG:3857");
+    const std::vector<float> band2(v.begin() + 2 * 128, v.begin() + 3 * 128);
+    const auto pixels = [](const OwnedRasterArray& x) {
+      std::vector<float> out(x.byte_size() / sizeof(float));
+      x.copy_to_host(out.data());
+      return out;
+    };
+    for (const Residency from : {Residency::host, Residency::device}) {
+      OwnedRasterArray src = r.clone_to(from);
+      CHECK(src.residency() == from);
+      const OwnedRasterArray view = src.band(2);
+      for (const Residency to : {Residency::host, Residency::device}) {
+        CAPTURE(static_cast<int>(from));
+        CAPTURE(static_cast<int>(to));
+        const std::uint64_t copies = emulator().call_count("cuMemcpyHtoD") +
+                                     emulator().call_count("cuMemcpyDtoH") +
+                                     emulator().call_count("cuMemcpyDtoD");
+        const OwnedRasterArray c = view.clone_to(to);
+        const std::uint64_t after = emulator().call_count("cuMemcpyHtoD") +
+                                    emulator().call_count("cuMemcpyDtoH") +
+                                    emulator().call_count("cuMemcpyDtoD");
+        // One driver copy when a device is involved, none host to host.
+        CHECK(after - copies == (from == Residency::host && to == Residency::host ? 0u : 1u));
+        CHECK(c.residency() == to);
+        CHECK(src.residency() == from);  // the source stays where it was
+        CHECK(c.band_count() == 1);
+        CHECK(c.nodata() == -1.0);
+        CHECK(c.affine() == t);
+        CHECK(c.crs() == "EPSG:3857");
+        CHECK(pixels(c) == band2);
+        // New storage: the source's pixels are not shared.
+        if (to == Residency::host && from == Residency::host)
+          CHECK(c.host_data() != view.host_data());
+        if (to == Residency::device && from == Residency::device)
+          CHECK(c.device_pointer() != view.device_pointer());
+      }
+    }
+    CHECK_THROWS_AS((void)r.clone_to(static_cast<Residency>(7)), std::invalid_argument);
+  }
+
   TEST_CASE("device memory returns to the pool when the last owner goes") {
     FreshPool fresh;
     {

@@ -284,6 +284,33 @@ TEST_SUITE("ops") {
     }
   }
 
+  TEST_CASE("float32 histograms: numpy's float32 edges, values compared in float32") {
+    // numpy.histogram(numpy.float32([0.3, 0.6, 0.7, 0.1, 0.2, 0.4, 0.5, 0.8, 0.9, 1.0, 0.0]),
+    // 10, (0, 1)) counts one value per bin and two in the last: numpy's edges are float32 there
+    // (0.7f is edge 7 itself); float64 edges put 0.7f (0.69999998...) in bin 6, no value in bin 7.
+    const std::vector<float> v{0.3f, 0.6f, 0.7f, 0.1f, 0.2f, 0.4f, 0.5f, 0.8f, 0.9f, 1.0f, 0.0f};
+    const auto r = input(v.data(), DType::float32, 1, 1, 11);
+    CHECK(histogram(r, 10, 0, 1)[0] == std::vector<std::int64_t>{1, 1, 1, 1, 1, 1, 1, 1, 1, 2});
+    CHECK(histogram(r, 10, 0, 1)[0] == ref_hist(v, 0, v.size(), std::nullopt, 10, 0, 1));
+    // The range is compared in float32 too (numpy: [1, 0, 0] and [0, 0, 1]): 0.1f lies below
+    // the double 0.1000000015 but equals it as float32; 0.5f lies above 0.49999999, not float32.
+    const std::vector<float> lo{0.1f}, hi{0.5f};
+    CHECK(histogram(input(lo.data(), DType::float32, 1, 1, 1), 3, 0.1000000015, 0.5)[0] ==
+          std::vector<std::int64_t>{1, 0, 0});
+    CHECK(histogram(input(hi.data(), DType::float32, 1, 1, 1), 3, 0.1, 0.49999999)[0] ==
+          std::vector<std::int64_t>{0, 0, 1});
+    // Every float32 multiple of 0.01 on [0, 1] in 7, 10 and 100 bins against the edge search.
+    std::vector<float> grid;
+    for (int i = 0; i <= 100; ++i) grid.push_back(static_cast<float>(i * 0.01));
+    for (int i = 0; i <= 100; ++i) grid.push_back(static_cast<float>(i) / 100.0f);
+    const auto g = input(grid.data(), DType::float32, 1, 1, static_cast<std::int64_t>(grid.size()));
+    for (const int bins : {7, 10, 100}) {
+      CAPTURE(bins);
+      CHECK(histogram(g, bins, 0, 1)[0] ==
+            ref_hist(grid, 0, grid.size(), std::nullopt, bins, 0, 1));
+    }
+  }
+
   TEST_CASE("histograms of narrow and signed types (CUB's known miscounts)") {
     // int8 over its full range, one pixel per value: negative samples must be counted.
     std::vector<std::int8_t> s(256);

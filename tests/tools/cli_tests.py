@@ -14,6 +14,7 @@ import json
 import os
 import resource
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -400,7 +401,8 @@ def memory_bounded_by_plan(env):
             args += ["--output", env.path("out-%s.tif" % op)]
         rc, out, err, rss = run_rss(env, args)
         check(rc == 0, "%s: %s" % (op, err))
-        check(b"1 band(s) per pass" in out, out)
+        # A tiled run over a raster 64 times its budget (512 MiB of pixels, 8 MB).
+        check(b"plan        tiled, " in out and b"1 band(s) per pass" in out, out)
         check(env.sanitized or rss < bound,
               "%s: peak RSS %.0f MiB above the bound %.0f MiB (baseline %.0f MiB)" % (
                   op, rss / MiB, bound / MiB, baseline / MiB))
@@ -538,14 +540,22 @@ def py_focal(band, h, w, nd, edge):
     return out
 
 
-def np_hist(values, bins, lo, hi):
-    """numpy.histogram's counts: edges from linspace, a value's bin by search on them."""
+def f32(x):
+    """x rounded to float32 (as a Python float)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def np_hist(values, bins, lo, hi, float32=False):
+    """numpy.histogram's counts (numpy 2): edges from linspace in float64, held in the bin dtype
+    (float32 for float32 data), range and edges compared with the value in that dtype; a value's
+    bin by search on the edges."""
     import bisect
+    r = f32 if float32 else (lambda x: x)
     step = (hi - lo) / bins
-    edges = [i * step + lo for i in range(bins)] + [hi]
+    edges = [r(i * step + lo) for i in range(bins)] + [r(hi)]
     counts = [0] * bins
     for v in values:
-        if lo <= v <= hi:
+        if r(lo) <= v <= r(hi):
             counts[min(bisect.bisect_right(edges, v) - 1, bins - 1)] += 1
     return edges, counts
 
@@ -582,7 +592,7 @@ def ops_match_independent_computation(env):
                                     "--budget", budget, *extra).stdout)
             for b, row in enumerate(doc["bands"]):
                 lo, hi = (0.0, 100.0) if extra else (min(valid[b]), max(valid[b]))
-                edges, counts = np_hist(valid[b], 7, lo, hi)
+                edges, counts = np_hist(valid[b], 7, lo, hi, d["band_info"][b]["dtype"] == "float32")
                 check(row["edges"] == edges and row["counts"] == counts, (extra, row))
     outs = {}
     for budget in ("auto", "100K"):
@@ -640,6 +650,107 @@ def ops_match_independent_computation(env):
             check(rel_close(g, (a - b_) / (a + b_)), ("nd", a, b_, g))
         else:
             check(is_nan(g), ("nd invalid", a, b_, g))
+
+
+@case
+def histogram_float32_edges_as_numpy(env):
+    # Values on numpy's edges with 10 bins on [0, 1]: numpy bins float32 data with float32 edges
+    # (0.7f is edge 7 itself), float64 data with float64 ones (0.7 lies below edge 7).
+    values = "0.3,0.6,0.7,0.1,0.2,0.4,0.5,0.8,0.9,1.0,0.0,0.30000001,0.69999999,1.0000001,-0.0"
+    for dtype in ("float32", "float64"):
+        src = env.make(env.path(dtype + ".tif"), "--width", 15, "--height", 4, "--dtype", dtype,
+                       "--value", "list:" + values)
+        px = env.dump(src)["pixels"][0]
+        for bins, lo, hi in ((10, 0.0, 1.0), (7, 0.0, 1.0), (100, 0.0, 1.0), (3, 0.1000000015, 0.5)):
+            doc = json.loads(run_ok(env, "--op", "histogram", "-i", src, "--json", "--bins", bins,
+                                    "--range", "%r,%r" % (lo, hi)).stdout)
+            edges, counts = np_hist(px, bins, lo, hi, dtype == "float32")
+            row = doc["bands"][0]
+            check(row["edges"] == edges and row["counts"] == counts,
+                  (dtype, bins, lo, hi, row, edges, counts))
+        # numpy.histogram(float32 data, 10, (0, 1)) per value, as numpy 2.4 gives it.
+        doc = json.loads(run_ok(env, "--op", "histogram", "-i", src, "--json", "--range", "0,1")
+                         .stdout)
+        want = ([8, 4, 4, 8, 4, 4, 4, 8, 4, 8] if dtype == "float32" else
+                [8, 4, 8, 4, 4, 8, 8, 0, 4, 8])
+        check(doc["bands"][0]["counts"] == want, (dtype, doc["bands"][0]["counts"], want))
+
+
+def convert_like_gdal(v, dtype):
+    """gdal_translate -ot's conversion: integers rounded half away from zero and saturated."""
+    lo, hi = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535),
+              "int16": (-32768, 32767), "int32": (-2**31, 2**31 - 1)}[dtype]
+    return min(max(round_half_away(v), lo), hi)
+
+
+@case
+def ot_applies_to_every_raster_op(env):
+    W, H, ND = 60, 50, -9999.0
+    src = env.make(env.path("in.tif"), "--width", W, "--height", H, "--bands", 2, "--nodata",
+                   "-9999", "--nodata-every", 11)
+    d = env.dump(src)
+    bands = d["pixels"]
+    check(d["band_info"][0]["dtype"] == "float32", d["band_info"])
+    # (name, args, --ot, output nodata, expected pixel of (band, index))
+    focal = [py_focal(bands[b], H, W, ND, "nearest") for b in range(2)]
+    cases = (
+        ("clip-u8", ["--op", "clip", "--range", "0,100"], "uint8", 255,
+         lambda b, i, v: convert_like_gdal(min(max(v, 0.0), 100.0), "uint8")),
+        ("clip-i16", ["--op", "clip", "--range", "-50,300"], "int16", ND,
+         lambda b, i, v: convert_like_gdal(min(max(v, -50.0), 300.0), "int16")),
+        ("fill-i16", ["--op", "fill-nodata", "--value", "-7"], "int16", None,
+         lambda b, i, v: convert_like_gdal(v, "int16")),
+        ("focal-u8", ["--op", "focal-mean"], "uint8", 255,
+         lambda b, i, v: convert_like_gdal(focal[b][i], "uint8")),
+        ("focal-f64", ["--op", "focal-mean"], "float64", NAN, lambda b, i, v: f32(focal[b][i])),
+    )
+    for name, args, ot, nd, want in cases:
+        outs = []
+        for budget in ("auto", "100K"):
+            out = env.path("%s-%s.tif" % (name, budget))
+            p = run_ok(env, "-i", src, "-o", out, "--ot", ot, "--budget", budget, *args)
+            check(("output as " + ot) in p.stdout.decode(), p.stdout)
+            outs.append(env.dump(out))
+        r = outs[0]
+        check(json.dumps(r["pixels"]) == json.dumps(outs[1]["pixels"]),
+              "%s: the tiled run differs from the whole run" % name)
+        for b in range(2):
+            info = r["band_info"][b]
+            check(info["dtype"] == ot, (name, info))
+            check(info["nodata"] == nd or (nd is not None and is_nan(nd) and is_nan(info["nodata"])),
+                  (name, info, nd))
+            for i, (v, g) in enumerate(zip(bands[b], r["pixels"][b])):
+                fill = name.startswith("fill")
+                if not fill and (not valid_of(v, ND) or is_nan(want(b, i, v))):
+                    check(g == nd or (is_nan(g) and is_nan(nd)), (name, b, i, v, g, nd))
+                else:
+                    w_ = want(b, i, -7.0 if fill and not valid_of(v, ND) else v)
+                    check(g == w_ or (is_nan(g) and is_nan(w_)), (name, b, i, v, g, w_))
+    # The normalized difference as float64: the float32 values exactly.
+    run_ok(env, "-i", src, "-o", env.path("nd64.tif"), "--op", "ndvi", "--nir", "2", "--red",
+           "1", "--ot", "float64", "-q")
+    run_ok(env, "-i", src, "-o", env.path("nd32.tif"), "--op", "ndvi", "--nir", "2", "--red",
+           "1", "-q")
+    a, b_ = env.dump(env.path("nd64.tif")), env.dump(env.path("nd32.tif"))
+    check(a["band_info"][0]["dtype"] == "float64" and is_nan(a["band_info"][0]["nodata"]), a)
+    check(json.dumps(a["pixels"]) == json.dumps(b_["pixels"]), "ndvi as float64")
+    # Impossible: a valid pixel (300.4, saturated) would become the uint8 output's nodata 255.
+    bad = env.make(env.path("bad.tif"), "--width", 4, "--height", 1, "--value",
+                   "list:1,2,300.4,-1", "--nodata", "-1")
+    p = env.run(env.vsr_run, "-i", bad, "-o", env.path("bad-out.tif"), "--op", "clip", "--range",
+                "0,1000", "--ot", "uint8")
+    expect_exit(p, 1, "a valid pixel converting to the nodata")
+    text = strict_text(p.stderr, "error")
+    check("1 valid pixel(s) of band 1 convert to 255" in text and "uint8" in text, text)
+    check(not os.path.exists(env.path("bad-out.tif")), "no output")
+    # Without the collision (range up to 254) it goes through: 300.4 -> 254, -1 -> 255.
+    run_ok(env, "-i", bad, "-o", env.path("ok.tif"), "--op", "clip", "--range", "0,254", "--ot",
+           "uint8", "-q")
+    check(env.dump(env.path("ok.tif"))["pixels"][0] == [1, 2, 254, 255], "clip as uint8")
+    # --ot does not apply to reductions.
+    p = env.run(env.vsr_run, "-i", src, "--op", "stats", "--ot", "uint8")
+    expect_exit(p, 2, "--ot for stats")
+    check(b"--ot does not apply" in p.stderr, p.stderr)
 
 
 # --- issue 15: the sample runs say their plan, keep to it and give the right answer --------------
@@ -809,6 +920,27 @@ def band_selection_and_per_band_nodata(env):
             check(rel_close(g, (a - b) / (a + b)), (a, b, g))
         else:
             check(is_nan(g), (a, b, g))
+    # Histograms, fills and conversions per band too: each band's own nodata is left out, and an
+    # integer --ot output takes each band's nodata (HFA holds one per band).
+    doc = json.loads(run_ok(env, "--op", "histogram", "-i", vrt, "--allow-virtual", "--bins", 4,
+                            "--json").stdout)
+    for row, k in zip(doc["bands"], (0, 1)):
+        vs = [v for v in px[k] if v != nds[k]]
+        check(row["range"] == [min(vs), max(vs)] and
+              row["counts"] == np_hist(vs, 4, min(vs), max(vs), True)[1], row)
+    run_ok(env, "--op", "fill-nodata", "--value", "0", "-i", vrt, "--allow-virtual", "-o",
+           env.path("fill.tif"), "-q")
+    fl = env.dump(env.path("fill.tif"))
+    for k in range(2):
+        check(fl["pixels"][k] == [0.0 if v == nds[k] else v for v in px[k]], "fill band %d" % k)
+    run_ok(env, "--op", "focal-mean", "--ot", "int16", "-i", vrt, "--allow-virtual", "-o",
+           env.path("fi.img"), "-q")
+    fi = env.dump(env.path("fi.img"))
+    check([b["nodata"] for b in fi["band_info"]] == nds, fi["band_info"])
+    for k in range(2):
+        want = py_focal(px[k], H, W, nds[k], "nearest")
+        check(fi["pixels"][k] == [nds[k] if is_nan(w_) else convert_like_gdal(w_, "int16")
+                                  for w_ in want], "focal int16 band %d" % k)
     p = env.run(env.vsr_run, "--op", "stats", "-i", vrt, "--allow-virtual", "-b", "3")
     expect_exit(p, 2, "-b 3 of a 2-band file")
 

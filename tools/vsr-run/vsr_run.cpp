@@ -44,6 +44,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -74,7 +75,15 @@ operation:
   --in-range LO,HI   rescale: the input range (values outside are clamped to it first); default:
                      the valid range, from a first streamed pass
   --out-range LO,HI  rescale: the output range (default 0,1)
-  --ot TYPE          rescale: output type, a numpy name (uint8 ... float64; default float32)
+  --ot TYPE          the output's type, a numpy name (uint8 int8 uint16 int16 uint32 int32
+                     uint64 int64 float32 float64), for every op that writes a raster (default:
+                     the op's own: the input's for clip and fill-nodata, float32 or float64 for
+                     focal-mean and normalized-difference, float32 for rescale). Converted as
+                     gdal_translate -ot does: to an integer type rounded half away from zero and
+                     saturated to its range; to float32 as IEEE rounds. The output's nodata is
+                     the op's when the type holds it, else the input's, else NaN (float types)
+                     or the type's largest value; a valid pixel that would become that nodata
+                     (e.g. 255.4 as uint8 with nodata 255) stops the run with an error
   --range LO,HI      clip: the bounds (required); histogram: the range (default: each band's
                      valid range, as numpy's default)
   --bins N           histogram: bin count (default 10)
@@ -325,9 +334,8 @@ Arguments parse_arguments(int argc, char** argv) {
   // Options that belong to other ops are mistakes, not silently ignored.
   const auto allowed = [&](std::string_view option) {
     if (option == "--nir" || option == "--red") return args.op == Op::normalized_difference;
-    if (option == "--in-range" || option == "--out-range" || option == "--ot") {
-      return args.op == Op::rescale;
-    }
+    if (option == "--in-range" || option == "--out-range") return args.op == Op::rescale;
+    if (option == "--ot") return args.raster_output();
     if (option == "--range") return args.op == Op::clip || args.op == Op::histogram;
     if (option == "--bins") return args.op == Op::histogram;
     if (option == "--value") return args.op == Op::fill_nodata;
@@ -447,37 +455,12 @@ std::string json_number(double v) {
   return buf;
 }
 
-/// Runs @p fn on a host @p piece where the ops run: on the device in gpu mode (a device copy,
-/// freed on return), else on the host.
+/// Runs @p fn on @p piece where the ops run: on the device in gpu mode (a host piece is cloned
+/// there once, freed on return), else on the host.
 template <class Fn>
 auto on_compute(Mode mode, const vsr::OwnedRasterArray& piece, Fn&& fn) {
   if (mode != Mode::gpu || piece.residency() == vsr::Residency::device) return fn(piece);
-  vsr::OwnedRasterArray dev =
-      vsr::OwnedRasterArray::from_host(piece.host_data(), piece.dtype(), piece.band_count(),
-                                       piece.height(), piece.width(), std::nullopt, piece.affine(),
-                                       piece.crs())
-          .with_nodata(piece.exact_nodata());
-  dev.move_to(vsr::Residency::device);
-  return fn(dev);
-}
-
-/// A raster op run where the ops run, its result brought to the host (tiles are written there).
-/// With @p per_band, each band of the input goes to the device on its own (one band per pass, as
-/// a per-band plan says) and the results are stacked.
-vsr::BandOp compute_op(Mode mode,
-                       std::function<vsr::OwnedRasterArray(const vsr::OwnedRasterArray&)> f,
-                       bool result_to_host, bool per_band) {
-  return [mode, f = std::move(f), result_to_host, per_band](const vsr::OwnedRasterArray& t) {
-    auto one = [&](const vsr::OwnedRasterArray& piece) {
-      vsr::OwnedRasterArray r = on_compute(mode, piece, f);
-      if (result_to_host) r.move_to(vsr::Residency::host);
-      return r;
-    };
-    if (!per_band || t.band_count() == 1 || mode != Mode::gpu) return one(t);
-    std::vector<vsr::OwnedRasterArray> results;
-    for (int b = 0; b < t.band_count(); ++b) results.push_back(one(t.band(b)));
-    return vsr::OwnedRasterArray::from_band_stack(results, t);
-  };
+  return fn(piece.clone_to(vsr::Residency::device));
 }
 
 std::string nodata_text(const std::optional<vsr::NodataValue>& v) {
@@ -489,487 +472,669 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-int run(const Arguments& args) {
+/// Where the ops run, and the summary's words for it. Configures the pool when there is a driver.
+std::pair<Mode, std::string> detect_device() {
+  const vsr::DriverInfo info = vsr::driver_info();
+  std::pair<Mode, std::string> where{Mode::none,
+                                     "none (" + printable(info.reason) + "): host ops on the CPU"};
+  if (info.available && info.emulated) {
+    where = {Mode::emulator, "emulator (" + printable(info.library) + "): host ops on the CPU"};
+  } else if (info.available && vsr::ops_built_with_cuda()) {
+    where = {Mode::gpu,
+             "GPU " + printable(info.devices.empty() ? std::string("?") : info.devices[0].name) +
+                 ": device ops (CUDA)"};
+  } else if (info.available) {
+    where.second = "GPU present, but this build has no CUDA ops: host ops on the CPU";
+  }
+  if (info.available) vsr::configure_memory_pool();
+  return where;
+}
+
+/// Whether @p v is exactly a value of @p t (and of a double, as convert_dtype takes it).
+bool holds(vsr::DType t, const vsr::NodataValue& v) {
+  const double d = v.to_double();
+  if (!(vsr::NodataValue(d) == v)) return false;
+  if (t == vsr::DType::float64) return true;
+  if (t == vsr::DType::float32)
+    return std::isnan(d) || static_cast<double>(static_cast<float>(d)) == d;
+  if (!std::isfinite(d) || std::floor(d) != d) return false;
+  switch (t) {
+    case vsr::DType::uint8:
+      return d >= 0 && d <= 255;
+    case vsr::DType::int8:
+      return d >= -128 && d <= 127;
+    case vsr::DType::uint16:
+      return d >= 0 && d <= 65535;
+    case vsr::DType::int16:
+      return d >= -32768 && d <= 32767;
+    case vsr::DType::uint32:
+      return d >= 0 && d <= 4294967295.0;
+    case vsr::DType::int32:
+      return d >= -2147483648.0 && d <= 2147483647.0;
+    case vsr::DType::uint64:
+      return d >= 0 && d < 18446744073709551616.0;
+    default:
+      return d >= -9223372036854775808.0 && d < 9223372036854775808.0;  // int64
+  }
+}
+
+/// The nodata of an op's @p result converted to --ot @p t (see --help): none if the result has
+/// none; else the result's, else the source's, when @p t holds it; else NaN (float) or the
+/// type's largest value (integer; 64-bit: the largest double below 2^63 / 2^64).
+std::optional<vsr::NodataValue> converted_nodata(const vsr::OwnedRasterArray& result,
+                                                 const vsr::OwnedRasterArray& source,
+                                                 vsr::DType t) {
+  if (!result.exact_nodata()) return std::nullopt;
+  for (const auto& c : {result.exact_nodata(), source.exact_nodata()}) {
+    if (c && holds(t, *c)) return c;
+  }
+  if (vsr::is_floating_point(t)) return vsr::NodataValue(std::numeric_limits<double>::quiet_NaN());
+  switch (t) {
+    case vsr::DType::uint8:
+      return vsr::NodataValue(255.0);
+    case vsr::DType::int8:
+      return vsr::NodataValue(127.0);
+    case vsr::DType::uint16:
+      return vsr::NodataValue(65535.0);
+    case vsr::DType::int16:
+      return vsr::NodataValue(32767.0);
+    case vsr::DType::uint32:
+      return vsr::NodataValue(4294967295.0);
+    case vsr::DType::int32:
+      return vsr::NodataValue(2147483647.0);
+    case vsr::DType::uint64:
+      return vsr::NodataValue(std::nextafter(18446744073709551616.0, 0.0));
+    default:
+      return vsr::NodataValue(std::nextafter(9223372036854775808.0, 0.0));
+  }
+}
+
+using RasterFn = std::function<vsr::OwnedRasterArray(const vsr::OwnedRasterArray&)>;
+
+/// One vsr-run: its steps in the order run() takes them.
+class Job {
+ public:
+  explicit Job(const Arguments& args) : args_(args) {}
+  int run();
+
+ private:
+  void check_output();
+  void open_input();
+  void make_plan();
+  void reduce(const std::string& what,
+              const std::function<void(const vsr::OwnedRasterArray&, const vsr::TileInfo&)>& visit);
+  void run_statistics();
+  void run_histogram();
+  RasterFn raster_function();
+  RasterFn rescale_function();
+  vsr::BandOp compute_op(RasterFn f, bool result_to_host, bool per_band) const;
+  void run_raster_op();
+  void print_results();
+  void print_summary(double seconds) const;
+
+  const Arguments& args_;
+  Mode mode_ = Mode::none;
+  std::string driver_label_;
+  bool show_progress_ = false;
+  bool from_file_ = false;
+  vsr::WriteOptions write_;
+  vsr::OpenOptions open_;
+  std::optional<vsr::OwnedRasterArray> raster_;  ///< the sample
+  vsr::RasterMetadata meta_;
+  std::vector<std::optional<vsr::NodataValue>> band_nodata_;  ///< of the selected bands
+  std::vector<int> bands_;                                    ///< selected, 1-based
+  int nir_ = 0, red_ = 0;
+  std::string input_label_;
+  vsr::PlanOptions popts_;
+  std::string budget_note_;
+  vsr::RasterPlan plan_;
+  bool tiled_ = false;
+  std::optional<Progress> progress_;
+  vsr::StreamOptions stream_;
+  std::vector<vsr::BandStatistics> stats_;
+  std::vector<std::vector<std::int64_t>> hist_;
+  std::vector<Range> hist_range_;
+  std::string note_;
+  std::string output_label_ = "none (use --output FILE to write the result)";
+};
+
+int Job::run() {
   const auto start = std::chrono::steady_clock::now();
   // An interrupted or killed run leaves no partial output: the output is written to a temporary
   // file beside it, which these handlers remove before the signal ends the process.
   vsr::remove_partial_outputs_on_signals();
-  const bool show_progress = !args.quiet && (args.progress || ::isatty(2) != 0);
-  const vsr::DriverInfo info = vsr::driver_info();
-  Mode mode = Mode::none;
-  std::string driver_label = "none (" + printable(info.reason) + "): host ops on the CPU";
-  if (info.available && info.emulated) {
-    mode = Mode::emulator;
-    driver_label = "emulator (" + printable(info.library) + "): host ops on the CPU";
-  } else if (info.available && vsr::ops_built_with_cuda()) {
-    mode = Mode::gpu;
-    driver_label = "GPU " +
-                   printable(info.devices.empty() ? std::string("?") : info.devices[0].name) +
-                   ": device ops (CUDA)";
-  } else if (info.available) {
-    driver_label = "GPU present, but this build has no CUDA ops: host ops on the CPU";
+  show_progress_ = !args_.quiet && (args_.progress || ::isatty(2) != 0);
+  std::tie(mode_, driver_label_) = detect_device();
+  from_file_ = !args_.input.empty();
+  check_output();
+  open_input();
+  make_plan();
+  if (args_.op == Op::stats) {
+    run_statistics();
+  } else if (args_.op == Op::histogram) {
+    run_histogram();
+  } else {
+    run_raster_op();
   }
-  if (info.available) vsr::configure_memory_pool();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!args_.raster_output()) print_results();
+  if (!args_.quiet) print_summary(seconds);
+  return 0;
+}
 
-  const bool from_file = !args.input.empty();
-  if ((from_file || (!args.output.empty() && args.raster_output())) && !vsr::io_available()) {
-    throw std::runtime_error(std::string(from_file ? "--input" : "--output") +
+/// GDAL present, --overwrite, and the output's driver and creation options.
+void Job::check_output() {
+  if ((from_file_ || (!args_.output.empty() && args_.raster_output())) && !vsr::io_available()) {
+    throw std::runtime_error(std::string(from_file_ ? "--input" : "--output") +
                              ": this vsr-run was built without GDAL (install libgdal-dev and "
                              "rebuild); run without --input/--output to use the sample raster");
   }
-  if (!args.output.empty() && file_exists(args.output) && !args.overwrite) {
-    throw UsageError("--output: '" + args.output +
+  if (!args_.output.empty() && file_exists(args_.output) && !args_.overwrite) {
+    throw UsageError("--output: '" + args_.output +
                      "' exists; add --overwrite to replace it (it is replaced only once the new "
                      "file is complete)");
   }
-  vsr::WriteOptions write;
-  if (!args.output.empty() && args.raster_output()) {
-    write.driver = args.format.empty() ? vsr::output_driver_for(args.output) : args.format;
-    if (write.driver.empty()) {
-      throw UsageError("--output: cannot tell the format of '" + args.output +
+  if (!args_.output.empty() && args_.raster_output()) {
+    write_.driver = args_.format.empty() ? vsr::output_driver_for(args_.output) : args_.format;
+    if (write_.driver.empty()) {
+      throw UsageError("--output: cannot tell the format of '" + args_.output +
                        "' from its extension; give -of FORMAT (e.g. -of GTiff)");
     }
-    write.creation_options = args.creation_options;
-    write.num_threads = args.threads;
-    write.overwrite = args.overwrite;
+    write_.creation_options = args_.creation_options;
+    write_.num_threads = args_.threads;
+    write_.overwrite = args_.overwrite;
   }
+  open_.allow_virtual = args_.allow_virtual;
+}
 
-  // The raster: a file's header first, so the plan is made before any pixel is read.
-  vsr::OpenOptions open;
-  open.allow_virtual = args.allow_virtual;
-  std::optional<vsr::OwnedRasterArray> raster;
-  vsr::RasterMetadata meta;
+/// The raster: a file's header only (the plan is made before any pixel is read), or the sample;
+/// the selected bands and their nodata.
+void Job::open_input() {
   std::vector<std::optional<vsr::NodataValue>> file_nodata;  // of every band
-  std::vector<std::optional<vsr::NodataValue>> band_nodata;  // of the selected bands
-  std::vector<int> bands = args.bands;                       // selected, 1-based
-  std::string input_label;
-  if (!from_file) {
-    raster = make_sample(args.sample_bands, args.sample_size);
-    meta = raster->metadata();
-    file_nodata.assign(static_cast<std::size_t>(meta.band_count), raster->exact_nodata());
-    input_label = "sample";
+  if (!from_file_) {
+    raster_ = make_sample(args_.sample_bands, args_.sample_size);
+    meta_ = raster_->metadata();
+    file_nodata.assign(static_cast<std::size_t>(meta_.band_count), raster_->exact_nodata());
+    input_label_ = "sample";
   } else {
-    const vsr::RasterFileInfo file = vsr::read_raster_info(args.input, open);
-    meta = file.metadata;
+    const vsr::RasterFileInfo file = vsr::read_raster_info(args_.input, open_);
+    meta_ = file.metadata;
     file_nodata = file.band_nodata;
-    input_label = printable(args.input) + " (" + meta.driver + ")";
+    input_label_ = printable(args_.input) + " (" + meta_.driver + ")";
   }
-  const int file_bands = meta.band_count;
-  if (bands.empty()) {
-    for (int b = 1; b <= file_bands; ++b) bands.push_back(b);
+  const int file_bands = meta_.band_count;
+  bands_ = args_.bands;
+  if (bands_.empty()) {
+    for (int b = 1; b <= file_bands; ++b) bands_.push_back(b);
   }
-  for (const int b : bands) {
+  for (const int b : bands_) {
     if (b > file_bands) {
       throw UsageError("-b " + std::to_string(b) + ": the input has " + std::to_string(file_bands) +
                        " band(s)");
     }
-    band_nodata.push_back(file_nodata[static_cast<std::size_t>(b - 1)]);
+    band_nodata_.push_back(file_nodata[static_cast<std::size_t>(b - 1)]);
   }
   char shape[160];
   std::snprintf(shape, sizeof shape, "%d x %lld x %lld %s", file_bands,
-                static_cast<long long>(meta.height), static_cast<long long>(meta.width),
-                std::string(vsr::to_string(meta.dtype)).c_str());
-  input_label += std::string(", ") + shape;
-  if (args.bands.size() > 0) {
-    input_label += ", bands";
-    for (const int b : bands) input_label += " " + std::to_string(b);
+                static_cast<long long>(meta_.height), static_cast<long long>(meta_.width),
+                std::string(vsr::to_string(meta_.dtype)).c_str());
+  input_label_ += std::string(", ") + shape;
+  if (!args_.bands.empty()) {
+    input_label_ += ", bands";
+    for (const int b : bands_) input_label_ += " " + std::to_string(b);
   }
   bool mixed = false;
-  for (const auto& nd : band_nodata) mixed = mixed || nd != band_nodata.front();
+  for (const auto& nd : band_nodata_) mixed = mixed || nd != band_nodata_.front();
   if (mixed) {
-    input_label += ", nodata per band:";
-    for (const auto& nd : band_nodata) input_label += " " + nodata_text(nd);
+    input_label_ += ", nodata per band:";
+    for (const auto& nd : band_nodata_) input_label_ += " " + nodata_text(nd);
   } else {
-    input_label += ", nodata " + nodata_text(band_nodata.front());
+    input_label_ += ", nodata " + nodata_text(band_nodata_.front());
   }
 
-  int nir = 0, red = 0;
-  if (args.op == Op::normalized_difference) {
-    if (file_bands < 2) throw UsageError("--op " + args.op_name + " needs 2 or more bands");
-    nir = args.nir.value_or(file_bands >= 4 ? 4 : 2);
-    red = args.red.value_or(file_bands >= 4 ? 3 : 1);
-    if (nir < 1 || nir > file_bands || red < 1 || red > file_bands) {
+  if (args_.op == Op::normalized_difference) {
+    if (file_bands < 2) throw UsageError("--op " + args_.op_name + " needs 2 or more bands");
+    nir_ = args_.nir.value_or(file_bands >= 4 ? 4 : 2);
+    red_ = args_.red.value_or(file_bands >= 4 ? 3 : 1);
+    if (nir_ < 1 || nir_ > file_bands || red_ < 1 || red_ > file_bands) {
       throw UsageError("--nir/--red must be band numbers in [1, " + std::to_string(file_bands) +
                        "]");
     }
-    if (nir == red) {
-      throw UsageError("--nir and --red are the same band (" + std::to_string(nir) + ")");
+    if (nir_ == red_) {
+      throw UsageError("--nir and --red are the same band (" + std::to_string(nir_) + ")");
     }
-    bands = {nir, red};
-    band_nodata = {file_nodata[static_cast<std::size_t>(nir - 1)],
-                   file_nodata[static_cast<std::size_t>(red - 1)]};
+    bands_ = {nir_, red_};
+    band_nodata_ = {file_nodata[static_cast<std::size_t>(nir_ - 1)],
+                    file_nodata[static_cast<std::size_t>(red_ - 1)]};
   }
+}
 
-  const bool per_band_op = args.op != Op::normalized_difference;
-  vsr::PlanOptions popts;
-  std::string budget_note = args.budget ? "" : " (auto)";
-  if (args.budget) {
-    popts.vram_budget = *args.budget;
+/// The one plan of the run: printed in the summary, followed by the streamed runs, the tiled
+/// executors and dispatch_per_band_gpu alike.
+void Job::make_plan() {
+  const bool per_band_op = args_.op != Op::normalized_difference;
+  budget_note_ = args_.budget ? "" : " (auto)";
+  if (args_.budget) {
+    popts_.vram_budget = *args_.budget;
   } else if (const std::uint64_t vram = vsr::available_vram_bytes(); vram > 0) {
-    popts.vram_budget = vram;
+    popts_.vram_budget = vram;
   } else {
     // No GPU: plan tiles for host memory, so that a raster larger than memory still streams.
-    popts.vram_budget = std::max<std::uint64_t>(
+    popts_.vram_budget = std::max<std::uint64_t>(
         1, std::min<std::uint64_t>(vsr::available_host_memory() / 4, 1ULL << 30));
-    budget_note = " (auto: host memory, no GPU)";
+    budget_note_ = " (auto: host memory, no GPU)";
   }
-  popts.per_band = per_band_op;
-  popts.halo = args.op == Op::focal_mean ? 1 : 0;
-  vsr::RasterMetadata plan_meta = meta;
-  plan_meta.band_count = static_cast<int>(bands.size());
+  popts_.per_band = per_band_op;
+  popts_.halo = args_.op == Op::focal_mean ? 1 : 0;
+  vsr::RasterMetadata plan_meta = meta_;
+  plan_meta.band_count = static_cast<int>(bands_.size());
   // Reductions hold one buffer per band; the others an input and an output.
-  popts.buffers_per_band = args.raster_output() ? 2 : 1;
-  const vsr::RasterPlan plan = vsr::plan_from_metadata(plan_meta, popts);
-  const bool tiled = plan.strategy == vsr::TilingStrategy::tiled;
+  popts_.buffers_per_band = args_.raster_output() ? 2 : 1;
+  plan_ = vsr::plan_from_metadata(plan_meta, popts_);
+  tiled_ = plan_.strategy == vsr::TilingStrategy::tiled;
 
-  Progress progress(show_progress, args.op_name);
-  auto tile_progress = [&](std::int64_t done, std::int64_t total) {
+  progress_.emplace(show_progress_, args_.op_name);
+  stream_.open = open_;
+  stream_.bands = bands_;
+  stream_.per_band = per_band_op;
+  stream_.mixed_nodata = !per_band_op;
+  stream_.host_memory_limit = args_.host_memory.value_or(0);
+  stream_.write = write_;
+  stream_.metadata =
+      (args_.op == Op::clip || args_.op == Op::fill_nodata || args_.op == Op::focal_mean)
+          ? vsr::MetadataCopy::all
+          : vsr::MetadataCopy::descriptive;
+  stream_.stage = [this](const vsr::TileInfo& where, vsr::TileStage s) {
+    progress_->stage(where, s);
+  };
+  if (from_file_) stream_.gdal_cache_bytes = vsr::gdal_cache_for_plan(args_.input, plan_, stream_);
+  stats_.assign(bands_.size(), {});
+}
+
+/// A streamed reduction over the file, or over the sample band by band (tiles of the plan).
+void Job::reduce(
+    const std::string& what,
+    const std::function<void(const vsr::OwnedRasterArray&, const vsr::TileInfo&)>& visit) {
+  Progress pass(show_progress_, what);
+  if (from_file_) {
+    vsr::StreamOptions s = stream_;
+    s.progress = [&](std::int64_t done, std::int64_t total) { pass.update(done, total, "tile"); };
+    s.stage = [&](const vsr::TileInfo& where, vsr::TileStage st) { pass.stage(where, st); };
+    vsr::for_each_raster_tile(args_.input, plan_, visit, s);
+    return;
+  }
+  const std::vector<vsr::TileWindow> tiles =
+      tiled_ ? vsr::tile_windows(meta_.height, meta_.width, plan_.tile_shape->first,
+                                 plan_.tile_shape->second)
+             : vsr::tile_windows(meta_.height, meta_.width, meta_.height, meta_.width);
+  const std::size_t nsel = bands_.size();
+  const auto total = static_cast<std::int64_t>(tiles.size() * nsel);
+  std::int64_t done = 0;
+  const std::size_t item = vsr::itemsize(meta_.dtype);
+  for (std::size_t b = 0; b < nsel; ++b) {
+    const vsr::OwnedRasterArray band = raster_->band(bands_[b] - 1);
+    const auto* src = static_cast<const std::byte*>(band.host_data());
+    for (const vsr::TileWindow& t : tiles) {
+      const vsr::RasterWindow& w = t.window;
+      // The tile's rows copied straight into its raster (one copy).
+      vsr::OwnedRasterArray tile =
+          vsr::OwnedRasterArray::allocate(vsr::Residency::host, meta_.dtype, 1, w.height, w.width)
+              .with_nodata(band_nodata_[b]);
+      auto* dst = static_cast<std::byte*>(tile.mutable_host_data());
+      for (std::int64_t y = 0; y < w.height; ++y) {
+        std::copy_n(
+            src + static_cast<std::size_t>((w.row_off + y) * meta_.width + w.col_off) * item,
+            static_cast<std::size_t>(w.width) * item,
+            dst + static_cast<std::size_t>(y * w.width) * item);
+      }
+      vsr::TileInfo where;
+      where.index = done;
+      where.total = total;
+      where.window = w;
+      where.read = w;
+      where.first_band = static_cast<int>(b);
+      where.band_count = 1;
+      visit(tile, where);
+      pass.update(++done, total, "tile");
+    }
+  }
+}
+
+/// Statistics of tiles merged per band (merge_statistics: exact min/max/count, Chan's update).
+void Job::run_statistics() {
+  reduce(args_.op == Op::stats ? args_.op_name : args_.op_name + " (range pass)",
+         [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo& where) {
+           const std::vector<vsr::BandStatistics> s =
+               on_compute(mode_, tile, [](const auto& r) { return vsr::band_statistics(r); });
+           for (int b = 0; b < where.band_count; ++b) {
+             vsr::BandStatistics& band = stats_[static_cast<std::size_t>(where.first_band + b)];
+             band = vsr::merge_statistics(band, s[static_cast<std::size_t>(b)]);
+           }
+         });
+}
+
+void Job::run_histogram() {
+  const std::size_t nsel = bands_.size();
+  hist_range_.resize(nsel);
+  if (args_.range) {
+    std::fill(hist_range_.begin(), hist_range_.end(), *args_.range);
+  } else {
+    // numpy's default range: each band's valid min and max (+-0.5 when they are equal).
+    run_statistics();
+    for (std::size_t b = 0; b < nsel; ++b) {
+      const vsr::BandStatistics& m = stats_[b];
+      if (m.count > 0 && (!std::isfinite(m.min) || !std::isfinite(m.max))) {
+        throw std::runtime_error("histogram: band " + std::to_string(bands_[b]) +
+                                 " holds infinite values (its valid range is [" +
+                                 std::to_string(m.min) + ", " + std::to_string(m.max) +
+                                 "]): give --range LO,HI");
+      }
+      hist_range_[b] = m.count == 0    ? Range{0, 1}
+                       : m.min < m.max ? Range{m.min, m.max}
+                                       : Range{m.min - 0.5, m.max + 0.5};
+    }
+  }
+  hist_.assign(nsel, std::vector<std::int64_t>(static_cast<std::size_t>(args_.bins), 0));
+  reduce(args_.op_name, [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo& where) {
+    for (int b = 0; b < where.band_count; ++b) {
+      const auto k = static_cast<std::size_t>(where.first_band + b);
+      const auto h = on_compute(mode_, tile.band(b), [&](const auto& r) {
+        return vsr::histogram(r, args_.bins, hist_range_[k].lo, hist_range_[k].hi);
+      });
+      for (std::size_t i = 0; i < h[0].size(); ++i) hist_[k][i] += h[0][i];
+    }
+  });
+}
+
+/// rescale's function; its input range from a first streamed pass unless --in-range is given.
+RasterFn Job::rescale_function() {
+  Range in{}, out = args_.out_range.value_or(Range{0, 1});
+  const vsr::DType ot = args_.ot.value_or(vsr::DType::float32);
+  if (args_.in_range) {
+    in = *args_.in_range;
+  } else {
+    // The valid range of all selected bands, so every tile and band maps the same way.
+    run_statistics();
+    in = {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
+    for (std::size_t b = 0; b < bands_.size(); ++b) {
+      const vsr::BandStatistics& m = stats_[b];
+      if (m.count == 0) continue;
+      if (!std::isfinite(m.min) || !std::isfinite(m.max)) {
+        throw std::runtime_error("rescale: band " + std::to_string(bands_[b]) +
+                                 " holds infinite values (its valid range is [" +
+                                 std::to_string(m.min) + ", " + std::to_string(m.max) +
+                                 "]): give --in-range LO,HI");
+      }
+      in.lo = std::min(in.lo, m.min), in.hi = std::max(in.hi, m.max);
+    }
+    if (!(in.lo <= in.hi)) {
+      in = {0, 1};  // no valid pixel: every output pixel is nodata
+      note_ = "no valid pixel: every output pixel is nodata";
+    } else if (in.lo == in.hi) {
+      // A constant raster: every valid pixel maps to the low end of the output range.
+      in.hi = in.lo + std::max(1.0, std::fabs(in.lo));
+      note_ = "constant raster (every valid pixel is " + json_number(in.lo) +
+              "): valid pixels map to " + json_number(out.lo);
+    }
+  }
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "[%s, %s] -> [%s, %s] as %s", json_number(in.lo).c_str(),
+                json_number(in.hi).c_str(), json_number(out.lo).c_str(),
+                json_number(out.hi).c_str(), std::string(vsr::to_string(ot)).c_str());
+  note_ = std::string(buf) + (note_.empty() ? "" : "; " + note_);
+  const bool clamp = args_.in_range.has_value();
+  return [in, out, ot, clamp](const vsr::OwnedRasterArray& t) {
+    // With a given input range, values outside it are clamped first (no extrapolation, so no
+    // valid value can reach the nodata chosen outside the output range).
+    if (clamp) return vsr::rescale(vsr::clip(t, in.lo, in.hi), in.lo, in.hi, out.lo, out.hi, ot);
+    return vsr::rescale(t, in.lo, in.hi, out.lo, out.hi, ot);
+  };
+}
+
+/// The raster op as a function of one tile, --ot applied to its result.
+RasterFn Job::raster_function() {
+  if (args_.op == Op::rescale) return rescale_function();  // rescale writes --ot itself
+  RasterFn f;
+  if (args_.op == Op::focal_mean) {
+    f = [edge = args_.edge](const vsr::OwnedRasterArray& r) {
+      return vsr::focal_mean_3x3(r, edge);
+    };
+  } else if (args_.op == Op::clip) {
+    f = [r = *args_.range](const vsr::OwnedRasterArray& t) { return vsr::clip(t, r.lo, r.hi); };
+  } else if (args_.op == Op::fill_nodata) {
+    f = [v = *args_.value](const vsr::OwnedRasterArray& t) { return vsr::fill_nodata(t, v); };
+  } else {
+    // A file's tiles carry the two bands alone (stream.bands), each with its own nodata.
+    const int a = from_file_ ? 0 : nir_ - 1, b = from_file_ ? 1 : red_ - 1;
+    f = [a, b, na = band_nodata_[0], nb = band_nodata_[1]](const vsr::OwnedRasterArray& r) {
+      return vsr::normalized_difference(r.band(a).with_nodata(na), r.band(b).with_nodata(nb));
+    };
+  }
+  if (!args_.ot) return f;
+  note_ = "output as " + std::string(vsr::to_string(*args_.ot)) +
+          (vsr::is_floating_point(*args_.ot) ? "" : " (rounded half away from zero, saturated)");
+  return [f = std::move(f), ot = *args_.ot](const vsr::OwnedRasterArray& t) {
+    const vsr::OwnedRasterArray r = f(t);
+    if (r.dtype() == ot) return r;
+    return vsr::convert_dtype(r, ot, converted_nodata(r, t, ot));
+  };
+}
+
+/// @p f run where the ops run, its result brought to the host when @p result_to_host (tiles are
+/// written there). With @p per_band on the GPU, a tile of several bands goes through
+/// dispatch_per_band_gpu with the run's budget and plan (the plan the summary prints).
+vsr::BandOp Job::compute_op(RasterFn f, bool result_to_host, bool per_band) const {
+  vsr::GpuDispatchOptions gpu;
+  gpu.buffers_per_band = popts_.buffers_per_band;
+  gpu.vram_budget = popts_.vram_budget;
+  // The plan the summary prints; for a tiled plan, each tile's bands as its passes
+  // (plan.bands_per_pass bands of one tile per pass).
+  vsr::RasterPlan passes = plan_;
+  if (tiled_) {
+    passes.strategy = vsr::TilingStrategy::band_batches;
+    passes.tile_shape.reset();
+    passes.n_tiles = 0;
+  }
+  gpu.plan = passes;
+  return [mode = mode_, f = std::move(f), result_to_host, per_band,
+          gpu](const vsr::OwnedRasterArray& t) {
+    const auto one = [&](const vsr::OwnedRasterArray& piece) { return on_compute(mode, piece, f); };
+    vsr::OwnedRasterArray r = per_band && t.band_count() > 1 && mode == Mode::gpu
+                                  ? vsr::dispatch_per_band_gpu(t, vsr::BandOp(one), gpu)
+                                  : one(t);
+    if (result_to_host) r.move_to(vsr::Residency::host);
+    return r;
+  };
+}
+
+void Job::run_raster_op() {
+  const bool per_band_op = args_.op != Op::normalized_difference;
+  RasterFn f = raster_function();
+  Progress& progress = *progress_;
+  stream_.progress = [&](std::int64_t done, std::int64_t total) {
     progress.update(done, total, "tile");
   };
   // Counts tiles of the in-memory tiled executors for the progress line.
-  auto counted_tiles = [&](vsr::BandOp op) -> vsr::BandOp {
+  const auto counted_tiles = [&](vsr::BandOp op) -> vsr::BandOp {
     return [&, op = std::move(op), done = std::int64_t{0}](const vsr::OwnedRasterArray& t) mutable {
       vsr::OwnedRasterArray r = op(t);
-      tile_progress(++done, plan.n_tiles);
+      progress.update(++done, plan_.n_tiles, "tile");
       return r;
     };
   };
-
-  vsr::StreamOptions stream;
-  stream.open = open;
-  stream.bands = bands;
-  stream.per_band = per_band_op;
-  stream.mixed_nodata = !per_band_op;
-  stream.host_memory_limit = args.host_memory.value_or(0);
-  stream.write = write;
-  stream.metadata = (args.op == Op::clip || args.op == Op::fill_nodata || args.op == Op::focal_mean)
-                        ? vsr::MetadataCopy::all
-                        : vsr::MetadataCopy::descriptive;
-  stream.stage = [&](const vsr::TileInfo& where, vsr::TileStage s) { progress.stage(where, s); };
-  if (from_file) stream.gdal_cache_bytes = vsr::gdal_cache_for_plan(args.input, plan, stream);
-
-  const std::size_t nsel = bands.size();
-  std::vector<vsr::BandStatistics> stats(nsel);
-  // Statistics of tiles merged per band (merge_statistics: exact min/max/count, Chan's update).
-  const auto merge_stats = [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo& where) {
-    const std::vector<vsr::BandStatistics> s =
-        on_compute(mode, tile, [](const auto& r) { return vsr::band_statistics(r); });
-    for (int b = 0; b < where.band_count; ++b) {
-      vsr::BandStatistics& band = stats[static_cast<std::size_t>(where.first_band + b)];
-      band = vsr::merge_statistics(band, s[static_cast<std::size_t>(b)]);
-    }
-  };
-  // A streamed reduction over the file, or over the sample band by band (tiles of the plan).
-  const auto reduce =
-      [&](const std::string& what,
-          const std::function<void(const vsr::OwnedRasterArray&, const vsr::TileInfo&)>& visit) {
-        Progress pass(show_progress, what);
-        if (from_file) {
-          vsr::StreamOptions s = stream;
-          s.progress = [&](std::int64_t done, std::int64_t total) {
-            pass.update(done, total, "tile");
-          };
-          s.stage = [&](const vsr::TileInfo& where, vsr::TileStage st) { pass.stage(where, st); };
-          vsr::for_each_raster_tile(args.input, plan, visit, s);
-          return;
-        }
-        const std::vector<vsr::TileWindow> tiles =
-            tiled ? vsr::tile_windows(meta.height, meta.width, plan.tile_shape->first,
-                                      plan.tile_shape->second)
-                  : vsr::tile_windows(meta.height, meta.width, meta.height, meta.width);
-        const auto total = static_cast<std::int64_t>(tiles.size() * nsel);
-        std::int64_t done = 0;
-        const std::size_t item = vsr::itemsize(meta.dtype);
-        for (std::size_t b = 0; b < nsel; ++b) {
-          const vsr::OwnedRasterArray band = raster->band(bands[b] - 1);
-          for (const vsr::TileWindow& t : tiles) {
-            const vsr::RasterWindow& w = t.window;
-            std::vector<std::byte> buf(static_cast<std::size_t>(w.height * w.width) * item);
-            const auto* src = static_cast<const std::byte*>(band.host_data());
-            for (std::int64_t y = 0; y < w.height; ++y) {
-              std::copy_n(
-                  src + static_cast<std::size_t>((w.row_off + y) * meta.width + w.col_off) * item,
-                  static_cast<std::size_t>(w.width) * item,
-                  buf.data() + static_cast<std::size_t>(y * w.width) * item);
-            }
-            const vsr::OwnedRasterArray tile =
-                vsr::OwnedRasterArray::from_host(buf.data(), meta.dtype, 1, w.height, w.width)
-                    .with_nodata(band_nodata[b]);
-            vsr::TileInfo where;
-            where.index = done;
-            where.total = total;
-            where.window = w;
-            where.read = w;
-            where.first_band = static_cast<int>(b);
-            where.band_count = 1;
-            visit(tile, where);
-            pass.update(++done, total, "tile");
-          }
-        }
-      };
-
-  std::string output_label = "none (use --output FILE to write the result)";
-  std::string note;
-  std::vector<std::vector<std::int64_t>> hist;
-  std::vector<Range> hist_range;
-
-  if (args.op == Op::stats) {
-    reduce(args.op_name, merge_stats);
-  } else if (args.op == Op::histogram) {
-    hist_range.resize(nsel);
-    if (args.range) {
-      std::fill(hist_range.begin(), hist_range.end(), *args.range);
-    } else {
-      // numpy's default range: each band's valid min and max (+-0.5 when they are equal).
-      reduce("histogram (range pass)", merge_stats);
-      for (std::size_t b = 0; b < nsel; ++b) {
-        const vsr::BandStatistics& m = stats[b];
-        if (m.count > 0 && (!std::isfinite(m.min) || !std::isfinite(m.max))) {
-          throw std::runtime_error("histogram: band " + std::to_string(bands[b]) +
-                                   " holds infinite values (its valid range is [" +
-                                   std::to_string(m.min) + ", " + std::to_string(m.max) +
-                                   "]): give --range LO,HI");
-        }
-        hist_range[b] = m.count == 0    ? Range{0, 1}
-                        : m.min < m.max ? Range{m.min, m.max}
-                                        : Range{m.min - 0.5, m.max + 0.5};
-      }
-    }
-    hist.assign(nsel, std::vector<std::int64_t>(static_cast<std::size_t>(args.bins), 0));
-    reduce(args.op_name, [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo& where) {
-      for (int b = 0; b < where.band_count; ++b) {
-        const auto k = static_cast<std::size_t>(where.first_band + b);
-        const auto h = on_compute(mode, tile.band(b), [&](const auto& r) {
-          return vsr::histogram(r, args.bins, hist_range[k].lo, hist_range[k].hi);
-        });
-        for (std::size_t i = 0; i < h[0].size(); ++i) hist[k][i] += h[0][i];
-      }
-    });
+  if (from_file_ && !args_.output.empty()) {
+    // The main job: the file goes through tile by tile, one tile live, the output written as
+    // the tiles come (a whole plan is one tile).
+    vsr::process_raster_file(args_.input, args_.output, compute_op(f, true, per_band_op), plan_,
+                             stream_);
+  } else if (from_file_) {
+    // No output: the op runs tile by tile and its results are dropped (a timing run).
+    const vsr::BandOp op = compute_op(f, true, per_band_op);
+    vsr::for_each_raster_tile(
+        args_.input, plan_,
+        [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo&) { (void)op(tile); }, stream_);
   } else {
-    std::function<vsr::OwnedRasterArray(const vsr::OwnedRasterArray&)> f;
-    if (args.op == Op::focal_mean) {
-      f = [edge = args.edge](const vsr::OwnedRasterArray& r) {
-        return vsr::focal_mean_3x3(r, edge);
-      };
-    } else if (args.op == Op::clip) {
-      f = [r = *args.range](const vsr::OwnedRasterArray& t) { return vsr::clip(t, r.lo, r.hi); };
-    } else if (args.op == Op::fill_nodata) {
-      f = [v = *args.value](const vsr::OwnedRasterArray& t) { return vsr::fill_nodata(t, v); };
-    } else if (args.op == Op::normalized_difference) {
-      // A file's tiles carry the two bands alone (stream.bands), each with its own nodata.
-      const int a = from_file ? 0 : nir - 1, b = from_file ? 1 : red - 1;
-      f = [a, b, na = band_nodata[0], nb = band_nodata[1]](const vsr::OwnedRasterArray& r) {
-        return vsr::normalized_difference(r.band(a).with_nodata(na), r.band(b).with_nodata(nb));
-      };
+    std::optional<vsr::OwnedRasterArray> result;
+    if (tiled_) {
+      const vsr::BandOp op = counted_tiles(compute_op(f, true, per_band_op));
+      result = per_band_op ? vsr::dispatch_tiled_halo(*raster_, op, plan_)
+                           : vsr::dispatch_tiled(*raster_, op, plan_);
+    } else if (!per_band_op) {
+      result = compute_op(f, true, false)(*raster_);
+      progress.update(1, 1, "pass");
     } else {
-      Range in{}, out = args.out_range.value_or(Range{0, 1});
-      const vsr::DType ot = args.ot.value_or(vsr::DType::float32);
-      if (args.in_range) {
-        in = *args.in_range;
+      std::atomic<std::int64_t> done{0};
+      const std::int64_t total = meta_.band_count;
+      vsr::BandOp counted =
+          [&, op = compute_op(f, mode_ != Mode::gpu, false)](const vsr::OwnedRasterArray& band) {
+            vsr::OwnedRasterArray r = op(band);
+            progress.update(++done, total, "band");
+            return r;
+          };
+      if (mode_ == Mode::gpu) {
+        // The plan and budget the summary prints, not a second planning.
+        vsr::GpuDispatchOptions gpu;
+        gpu.buffers_per_band = popts_.buffers_per_band;
+        gpu.vram_budget = popts_.vram_budget;
+        gpu.plan = plan_;
+        result = vsr::dispatch_per_band_gpu(*raster_, counted, gpu);
+        result->move_to(vsr::Residency::host);
       } else {
-        // The valid range of all selected bands, so every tile and band maps the same way: a
-        // first streamed pass.
-        reduce("rescale (range pass)", merge_stats);
-        in = {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
-        for (std::size_t b = 0; b < nsel; ++b) {
-          const vsr::BandStatistics& m = stats[b];
-          if (m.count == 0) continue;
-          if (!std::isfinite(m.min) || !std::isfinite(m.max)) {
-            throw std::runtime_error("rescale: band " + std::to_string(bands[b]) +
-                                     " holds infinite values (its valid range is [" +
-                                     std::to_string(m.min) + ", " + std::to_string(m.max) +
-                                     "]): give --in-range LO,HI");
-          }
-          in.lo = std::min(in.lo, m.min), in.hi = std::max(in.hi, m.max);
-        }
-        if (!(in.lo <= in.hi)) {
-          in = {0, 1};  // no valid pixel: every output pixel is nodata
-          note = "no valid pixel: every output pixel is nodata";
-        } else if (in.lo == in.hi) {
-          // A constant raster: every valid pixel maps to the low end of the output range.
-          in.hi = in.lo + std::max(1.0, std::fabs(in.lo));
-          note = "constant raster (every valid pixel is " + json_number(in.lo) +
-                 "): valid pixels map to " + json_number(out.lo);
-        }
+        result = vsr::dispatch_per_band_cpu(*raster_, counted);
       }
-      const bool clamp = args.in_range.has_value();
-      f = [in, out, ot, clamp](const vsr::OwnedRasterArray& t) {
-        // With a given input range, values outside it are clamped first (no extrapolation, so
-        // no valid value can reach the nodata chosen outside the output range).
-        if (clamp)
-          return vsr::rescale(vsr::clip(t, in.lo, in.hi), in.lo, in.hi, out.lo, out.hi, ot);
-        return vsr::rescale(t, in.lo, in.hi, out.lo, out.hi, ot);
-      };
-      char buf[200];
-      std::snprintf(buf, sizeof buf, "[%s, %s] -> [%s, %s] as %s", json_number(in.lo).c_str(),
-                    json_number(in.hi).c_str(), json_number(out.lo).c_str(),
-                    json_number(out.hi).c_str(), std::string(vsr::to_string(ot)).c_str());
-      note = std::string(buf) + (note.empty() ? "" : "; " + note);
     }
-    stream.progress = tile_progress;
-    const vsr::BandOp op = compute_op(mode, f, true, per_band_op);
-    if (from_file && !args.output.empty()) {
-      // The main job: the file goes through tile by tile, one tile live, the output written
-      // as the tiles come (a whole plan is one tile).
-      vsr::process_raster_file(args.input, args.output, op, plan, stream);
-    } else if (from_file) {
-      // No output: the op runs tile by tile and its results are dropped (a timing run).
-      vsr::for_each_raster_tile(
-          args.input, plan,
-          [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo&) { (void)op(tile); }, stream);
-    } else {
-      std::optional<vsr::OwnedRasterArray> result;
-      if (args.op == Op::normalized_difference) {
-        if (tiled) {
-          result =
-              vsr::dispatch_tiled(*raster, counted_tiles(compute_op(mode, f, true, false)), plan);
-        } else {
-          result = compute_op(mode, f, true, false)(*raster);
-          progress.update(1, 1, "pass");
-        }
-      } else if (tiled) {
-        result =
-            vsr::dispatch_tiled_halo(*raster, counted_tiles(compute_op(mode, f, true, true)), plan);
-      } else {
-        std::atomic<std::int64_t> done{0};
-        const std::int64_t total = meta.band_count;
-        vsr::BandOp counted = [&, op = compute_op(mode, f, mode != Mode::gpu, false)](
-                                  const vsr::OwnedRasterArray& band) {
-          vsr::OwnedRasterArray r = op(band);
-          progress.update(++done, total, "band");
-          return r;
-        };
-        if (mode == Mode::gpu) {
-          result = vsr::dispatch_per_band_gpu(*raster, counted);
-          result->move_to(vsr::Residency::host);
-        } else {
-          result = vsr::dispatch_per_band_cpu(*raster, counted);
-        }
-      }
-      if (!args.output.empty()) vsr::write_raster(args.output, *result, write);
-    }
-    if (!args.output.empty()) {
-      const vsr::RasterFileInfo out =
-          vsr::read_raster_info(args.output, {.drivers = {write.driver}});
-      std::string nd = nodata_text(out.band_nodata.front());
-      for (const auto& v : out.band_nodata) {
-        if (v != out.band_nodata.front()) nd = "per band";
-      }
-      output_label = printable(args.output) + " (" +
-                     std::string(vsr::to_string(out.metadata.dtype)) + ", " +
-                     std::to_string(out.metadata.band_count) + " band(s), " + out.metadata.driver +
-                     ", nodata " + nd + ")";
-    }
+    if (!args_.output.empty()) vsr::write_raster(args_.output, *result, write_);
   }
+  if (!args_.output.empty()) {
+    const vsr::RasterFileInfo out =
+        vsr::read_raster_info(args_.output, {.drivers = {write_.driver}});
+    std::string nd = nodata_text(out.band_nodata.front());
+    for (const auto& v : out.band_nodata) {
+      if (v != out.band_nodata.front()) nd = "per band";
+    }
+    output_label_ = printable(args_.output) + " (" +
+                    std::string(vsr::to_string(out.metadata.dtype)) + ", " +
+                    std::to_string(out.metadata.band_count) + " band(s), " + out.metadata.driver +
+                    ", nodata " + nd + ")";
+  }
+}
 
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const double pixels = static_cast<double>(nsel) * static_cast<double>(meta.height) *
-                        static_cast<double>(meta.width);
+/// numpy.histogram's edges of a band: linspace(lo, hi, bins + 1) in float64, as float32 for
+/// float32 data (numpy's bin dtype is the data's there).
+std::vector<double> histogram_edges(Range r, int bins, vsr::DType dtype) {
+  std::vector<double> edges(static_cast<std::size_t>(bins) + 1);
+  const double step = (r.hi - r.lo) / bins;
+  for (int i = 0; i <= bins; ++i) {
+    const double e = i == bins ? r.hi : i * step + r.lo;
+    edges[static_cast<std::size_t>(i)] =
+        dtype == vsr::DType::float32 ? static_cast<double>(static_cast<float>(e)) : e;
+  }
+  return edges;
+}
 
-  // Statistics and histograms: a table, or JSON (to stdout, or to --output).
-  if (!args.raster_output()) {
-    std::string text;
-    const bool json = args.json || !args.output.empty();
-    if (json) {
-      text = "{\"input\": " + vsr_cli::json_string(from_file ? args.input : "sample") +
-             ", \"dtype\": \"" + std::string(vsr::to_string(meta.dtype)) + "\", \"bands\": [";
-      for (std::size_t b = 0; b < nsel; ++b) {
-        text += std::string(b ? ", " : "") + "{\"band\": " + std::to_string(bands[b]) +
-                ", \"nodata\": " +
-                (band_nodata[b] ? vsr_cli::json_string(band_nodata[b]->to_string()) : "null");
-        if (args.op == Op::stats) {
-          const vsr::BandStatistics& m = stats[b];
-          const bool any = m.count > 0;
-          text += ", \"count\": " + std::to_string(m.count) +
-                  ", \"min\": " + (any ? json_number(m.min) : "null") +
-                  ", \"max\": " + (any ? json_number(m.max) : "null") +
-                  ", \"mean\": " + (any ? json_number(m.mean) : "null") +
-                  ", \"std\": " + (any ? json_number(m.std) : "null");
-        } else {
-          text += ", \"range\": [" + json_number(hist_range[b].lo) + ", " +
-                  json_number(hist_range[b].hi) + "], \"edges\": [";
-          const double step = (hist_range[b].hi - hist_range[b].lo) / args.bins;
-          for (int i = 0; i <= args.bins; ++i) {
-            const double e = i == args.bins ? hist_range[b].hi : i * step + hist_range[b].lo;
-            text += std::string(i ? ", " : "") + json_number(e);
-          }
-          text += "], \"counts\": [";
-          for (std::size_t i = 0; i < hist[b].size(); ++i) {
-            text += std::string(i ? ", " : "") + std::to_string(hist[b][i]);
-          }
-          text += "]";
-        }
-        text += "}";
-      }
-      text += "]}\n";
-    } else if (args.op == Op::stats) {
-      char line[256];
-      std::snprintf(line, sizeof line, "%-5s %12s %14s %14s %14s %14s\n", "band", "count", "min",
-                    "max", "mean", "std");
-      text += line;
-      for (std::size_t b = 0; b < nsel; ++b) {
-        const vsr::BandStatistics& m = stats[b];
-        const double nan = std::numeric_limits<double>::quiet_NaN();
+/// Statistics and histograms: a table, or JSON (to stdout, or to --output).
+void Job::print_results() {
+  const std::size_t nsel = bands_.size();
+  std::string text;
+  const bool json = args_.json || !args_.output.empty();
+  if (json) {
+    text = "{\"input\": " + vsr_cli::json_string(from_file_ ? args_.input : "sample") +
+           ", \"dtype\": \"" + std::string(vsr::to_string(meta_.dtype)) + "\", \"bands\": [";
+    for (std::size_t b = 0; b < nsel; ++b) {
+      text += std::string(b ? ", " : "") + "{\"band\": " + std::to_string(bands_[b]) +
+              ", \"nodata\": " +
+              (band_nodata_[b] ? vsr_cli::json_string(band_nodata_[b]->to_string()) : "null");
+      if (args_.op == Op::stats) {
+        const vsr::BandStatistics& m = stats_[b];
         const bool any = m.count > 0;
-        std::snprintf(line, sizeof line, "%-5d %12lld %14.6g %14.6g %14.6g %14.6g\n", bands[b],
-                      static_cast<long long>(m.count), any ? m.min : nan, any ? m.max : nan,
-                      any ? m.mean : nan, any ? m.std : nan);
-        text += line;
-      }
-    } else {
-      char line[256];
-      for (std::size_t b = 0; b < nsel; ++b) {
-        std::snprintf(line, sizeof line, "band %d: %d bins on [%.17g, %.17g]\n", bands[b],
-                      args.bins, hist_range[b].lo, hist_range[b].hi);
-        text += line;
-        const double step = (hist_range[b].hi - hist_range[b].lo) / args.bins;
-        for (int i = 0; i < args.bins; ++i) {
-          const double e0 = i * step + hist_range[b].lo;
-          const double e1 =
-              i + 1 == args.bins ? hist_range[b].hi : (i + 1) * step + hist_range[b].lo;
-          std::snprintf(line, sizeof line, "  [%.10g, %.10g%c %lld\n", e0, e1,
-                        i + 1 == args.bins ? ']' : ')',
-                        static_cast<long long>(hist[b][static_cast<std::size_t>(i)]));
-          text += line;
+        text += ", \"count\": " + std::to_string(m.count) +
+                ", \"min\": " + (any ? json_number(m.min) : "null") +
+                ", \"max\": " + (any ? json_number(m.max) : "null") +
+                ", \"mean\": " + (any ? json_number(m.mean) : "null") +
+                ", \"std\": " + (any ? json_number(m.std) : "null");
+      } else {
+        text += ", \"range\": [" + json_number(hist_range_[b].lo) + ", " +
+                json_number(hist_range_[b].hi) + "], \"edges\": [";
+        const std::vector<double> edges = histogram_edges(hist_range_[b], args_.bins, meta_.dtype);
+        for (std::size_t i = 0; i < edges.size(); ++i) {
+          text += std::string(i ? ", " : "") + json_number(edges[i]);
         }
+        text += "], \"counts\": [";
+        for (std::size_t i = 0; i < hist_[b].size(); ++i) {
+          text += std::string(i ? ", " : "") + std::to_string(hist_[b][i]);
+        }
+        text += "]";
       }
+      text += "}";
     }
-    if (!args.output.empty()) {
-      vsr::write_file_atomically(args.output, text, args.overwrite);
-      output_label = printable(args.output) + " (JSON)";
-    } else {
-      std::fputs(text.c_str(), stdout);
-      output_label = args.json ? "the JSON above" : "the table above";
+    text += "]}\n";
+  } else if (args_.op == Op::stats) {
+    char line[256];
+    std::snprintf(line, sizeof line, "%-5s %12s %14s %14s %14s %14s\n", "band", "count", "min",
+                  "max", "mean", "std");
+    text += line;
+    for (std::size_t b = 0; b < nsel; ++b) {
+      const vsr::BandStatistics& m = stats_[b];
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      const bool any = m.count > 0;
+      std::snprintf(line, sizeof line, "%-5d %12lld %14.6g %14.6g %14.6g %14.6g\n", bands_[b],
+                    static_cast<long long>(m.count), any ? m.min : nan, any ? m.max : nan,
+                    any ? m.mean : nan, any ? m.std : nan);
+      text += line;
+    }
+  } else {
+    char line[256];
+    for (std::size_t b = 0; b < nsel; ++b) {
+      std::snprintf(line, sizeof line, "band %d: %d bins on [%.17g, %.17g]\n", bands_[b],
+                    args_.bins, hist_range_[b].lo, hist_range_[b].hi);
+      text += line;
+      const std::vector<double> edges = histogram_edges(hist_range_[b], args_.bins, meta_.dtype);
+      for (int i = 0; i < args_.bins; ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        std::snprintf(line, sizeof line, "  [%.10g, %.10g%c %lld\n", edges[k], edges[k + 1],
+                      i + 1 == args_.bins ? ']' : ')', static_cast<long long>(hist_[b][k]));
+        text += line;
+      }
     }
   }
-  if (args.quiet) return 0;
+  if (!args_.output.empty()) {
+    vsr::write_file_atomically(args_.output, text, args_.overwrite);
+    output_label_ = printable(args_.output) + " (JSON)";
+  } else {
+    std::fputs(text.c_str(), stdout);
+    output_label_ = args_.json ? "the JSON above" : "the table above";
+  }
+}
 
+void Job::print_summary(double seconds) const {
+  const double pixels = static_cast<double>(bands_.size()) * static_cast<double>(meta_.height) *
+                        static_cast<double>(meta_.width);
   const vsr::MemoryPoolStats pool = vsr::memory_pool_stats();
   // With --json on stdout the summary goes to stderr, so stdout stays one JSON document.
-  FILE* out = args.json && args.output.empty() ? stderr : stdout;
+  FILE* out = args_.json && args_.output.empty() ? stderr : stdout;
   std::fprintf(out, "vsr-run summary\n");
-  std::fprintf(out, "  op          %s%s\n", args.op_name.c_str(),
-               note.empty() ? "" : (": " + note).c_str());
-  std::fprintf(out, "  input       %s\n", input_label.c_str());
-  std::fprintf(out, "  driver      %s\n", driver_label.c_str());
+  std::fprintf(out, "  op          %s%s\n", args_.op_name.c_str(),
+               note_.empty() ? "" : (": " + note_).c_str());
+  std::fprintf(out, "  input       %s\n", input_label_.c_str());
+  std::fprintf(out, "  driver      %s\n", driver_label_.c_str());
   std::fprintf(out, "  tier        %s\n",
                pool.tier.empty() ? "none (no device memory pool)" : pool.tier.c_str());
-  std::string plan_text = std::string(vsr::to_string(plan.strategy));
-  if (tiled) {
-    plan_text += ", " + std::to_string(plan.n_tiles) + " tiles of " +
-                 std::to_string(plan.tile_shape->first) + " x " +
-                 std::to_string(plan.tile_shape->second) + " (halo " + std::to_string(plan.halo) +
+  std::string plan_text = std::string(vsr::to_string(plan_.strategy));
+  if (tiled_) {
+    plan_text += ", " + std::to_string(plan_.n_tiles) + " tiles of " +
+                 std::to_string(plan_.tile_shape->first) + " x " +
+                 std::to_string(plan_.tile_shape->second) + " (halo " + std::to_string(plan_.halo) +
                  ")";
   }
-  plan_text += ", " + std::to_string(plan.bands_per_pass) + " band(s) per pass, budget " +
-               vsr_cli::format_bytes(*popts.vram_budget) + budget_note + ", " +
-               vsr_cli::format_bytes(plan.estimated_vram_per_tile) + " per pass" +
-               (plan.fits_budget ? "" : " (does NOT fit the budget)");
+  plan_text += ", " + std::to_string(plan_.bands_per_pass) + " band(s) per pass, budget " +
+               vsr_cli::format_bytes(*popts_.vram_budget) + budget_note_ + ", " +
+               vsr_cli::format_bytes(plan_.estimated_vram_per_tile) + " per pass" +
+               (plan_.fits_budget ? "" : " (does NOT fit the budget)");
   std::fprintf(out, "  plan        %s\n", plan_text.c_str());
-  if (stream.gdal_cache_bytes) {
+  if (stream_.gdal_cache_bytes) {
     std::fprintf(out, "  gdal cache  %s (from the plan)\n",
-                 vsr_cli::format_bytes(*stream.gdal_cache_bytes).c_str());
+                 vsr_cli::format_bytes(*stream_.gdal_cache_bytes).c_str());
   }
   if (pool.configured) {
     const std::uint64_t peak = pool.peak_bytes.value_or(pool.used_bytes.value_or(0));
@@ -982,8 +1147,11 @@ int run(const Arguments& args) {
   std::fprintf(out, "  time        %.3f s\n", seconds);
   std::fprintf(out, "  throughput  %.1f Mpx/s (%.0f pixels, all bands)\n",
                seconds > 0 ? pixels / seconds / 1e6 : 0.0, pixels);
-  std::fprintf(out, "  output      %s\n", output_label.c_str());
-  return 0;
+  std::fprintf(out, "  output      %s\n", output_label_.c_str());
+}
+
+int run(const Arguments& args) {
+  return Job(args).run();
 }
 
 }  // namespace

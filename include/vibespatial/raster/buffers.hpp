@@ -344,6 +344,16 @@ class VSR_EXPORT OwnedRasterArray {
   void copy_to_host(void* dst) const;
 
   /**
+   * @brief A deep copy of this view's bands in new storage at @p where, with this view's nodata,
+   * affine and CRS: one copy (host to host, host to device, device to host or device to device),
+   * complete when this returns. The source is unchanged (unlike move_to, which moves every band
+   * of the shared storage). Device memory comes from the pool.
+   * @throws std::invalid_argument if @p where is not a Residency value; OutOfMemoryError /
+   *         CudaError / DriverUnavailableError for a device copy.
+   */
+  OwnedRasterArray clone_to(Residency where) const;
+
+  /**
    * @brief The device pointer of the first element; moves the raster to the device first (as
    * move_to: the copy is complete when this returns).
    */

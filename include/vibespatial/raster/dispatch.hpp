@@ -139,6 +139,13 @@ struct GpuDispatchOptions {
   /// 1: one batch at a time (copy, compute, output). Other values are rejected.
   int pipeline_depth = 2;
   int staging_threads = 0;  ///< threads of each host staging copy; 0: by size (>= 16 MiB: up to 8)
+  /// The plan the caller decided (analyze_raster_plan / plan_from_metadata with per_band = true
+  /// and vram_budget = the budget above), followed as is instead of planning again: batches of
+  /// plan->bands_per_pass bands (the last may be smaller), double-buffered only when two passes
+  /// of plan->estimated_vram_per_tile fit usable_vram_budget(budget) (else one at a time). A
+  /// caller that prints or logs its plan gives it here, so the device goes as it said.
+  /// A `tiled` plan, or bands_per_pass < 1, is rejected. Empty: planned from the budget.
+  std::optional<RasterPlan> plan;
 };
 
 /** @brief What one dispatch_per_band_gpu call did (for benchmarks and tests). */
@@ -169,7 +176,8 @@ struct GpuDispatchReport {
  * never waiting for the compute of batch k before queuing that copy, and each pass is planned
  * with half the budget, analyze_raster_plan(per_band = true, buffers_per_band, scratch_bytes,
  * budget / 2), so that both fit; when half the budget cannot hold one band, or all bands fit in
- * it (one batch), the plan is made with the whole budget and batches go one at a time.
+ * it (one batch), the plan is made with the whole budget and batches go one at a time. With
+ * options.plan the caller's plan is followed instead, without planning again (see there).
  * A device-resident raster is used in place, batch by batch, without copies (double-buffered
  * the same way: batch k computes while the host releases batch k-1's results).
  *
@@ -198,6 +206,17 @@ struct GpuDispatchReport {
 VSR_EXPORT OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster,
                                                   const StreamBandOp& op,
                                                   const GpuDispatchOptions& options = {},
+                                                  GpuDispatchReport* report = nullptr);
+
+/**
+ * @brief dispatch_per_band_gpu of a BandOp with the budget, plan, pipeline and staging of
+ * @p options (options.buffers_per_band and scratch_bytes as the overload above takes them), and
+ * @p report, when not null, receiving what the call did. @p op is called as in the overload
+ * above (no stream, after its batch's copy has completed, device work complete or on the legacy
+ * default stream when it returns). Throws as the StreamBandOp overload.
+ */
+VSR_EXPORT OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const BandOp& op,
+                                                  const GpuDispatchOptions& options,
                                                   GpuDispatchReport* report = nullptr);
 
 /**

@@ -14,8 +14,8 @@
 //
 // Compute type (as the reference's binary ops): float32 for uint8, int8, uint16, int16 and
 // float32; float64 for uint32, int32, uint64, int64 and float64 (compute_dtype()). Elementwise
-// arithmetic runs in the compute type; reductions (statistics) accumulate in float64 and
-// histogram bins are computed in float64, so counts do not depend on the compute type.
+// arithmetic runs in the compute type; reductions (statistics) accumulate in float64, and
+// histogram bins are numpy's (edges in float64, held as float32 for float32 data).
 //
 // The CUDA backend is compiled without FMA contraction (-fmad=false) so that elementwise results
 // round exactly as on the host: integer results and counts are equal on both backends, floating
@@ -36,6 +36,7 @@
 #include <vibespatial/raster/export.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 // CUstream, exactly as <cuda.h> declares it, so this header needs no CUDA headers.
@@ -109,6 +110,24 @@ VSR_EXPORT OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_mi
                                     double out_min, double out_max, DType out_dtype);
 
 /**
+ * @brief The raster as @p out_dtype, converted as GDAL's tools convert (gdal_translate -ot):
+ * valid pixels go through the input's compute type (float64 for 32- and 64-bit integers, so
+ * 64-bit values beyond 2^53 become their nearest double) and, for an integer @p out_dtype, are
+ * rounded half away from zero and saturated to its range; a float64 to float32 conversion rounds
+ * as IEEE does (beyond +-3.4e38: +-infinity); -0.0 stays -0.0. Invalid pixels (nodata or NaN)
+ * are written as @p out_nodata, which becomes the result's nodata; without one, as NaN for a
+ * float output and 0 for an integer output (the result then has no nodata, as rescale).
+ * Since the output's nodata must never be a valid output value, a valid pixel that converts to
+ * @p out_nodata (e.g. 255.4 to uint8 with nodata 255) is an error, checked per band.
+ * Metadata as the input's. Runs where the input lives, as every operation.
+ * @throws std::invalid_argument for a bad dtype, an @p out_nodata that is not exactly a value of
+ *         @p out_dtype and of a double, or a valid pixel converting to @p out_nodata (the message
+ *         names the band, the count and the value); std::runtime_error as band_statistics.
+ */
+VSR_EXPORT OwnedRasterArray convert_dtype(const OwnedRasterArray& raster, DType out_dtype,
+                                          std::optional<NodataValue> out_nodata);
+
+/**
  * @brief Clamps valid pixels to [@p lower, @p upper] (same dtype; for integers the bounds are
  * first rounded inwards: ceil(lower), floor(upper), and saturated to the dtype's range). Invalid
  * pixels are unchanged; nodata is kept.
@@ -137,13 +156,14 @@ VSR_EXPORT OwnedRasterArray normalized_difference(const OwnedRasterArray& a,
 
 /**
  * @brief Per-band histogram of the valid pixels over @p bins equal bins on [@p lower, @p upper],
- * as numpy.histogram(values.astype(float64), bins, (lower, upper)) counts them: the edges are
- * numpy.linspace(lower, upper, bins + 1) in float64 (edge i = i * ((upper - lower) / bins) +
- * lower, the last exactly upper), bins are half-open [edge_i, edge_i+1) except the last, which
- * includes @p upper, and a value is compared with those edges, so a value on an edge goes where
- * numpy puts it (0.3 with 10 bins on [0, 1] is in bin 2: edge 3 is 0.30000000000000004). Values
- * are converted to float64 first (numpy bins float32 data with float32 edges); values outside
- * [lower, upper] are not counted.
+ * as numpy.histogram(values, bins, (lower, upper)) counts them (numpy 2): the edges are
+ * numpy.linspace(lower, upper, bins + 1) computed in float64 (edge i = i * ((upper - lower) /
+ * bins) + lower, the last exactly upper) and held in numpy's bin dtype, float32 for float32 data
+ * and float64 for every other dtype; bins are half-open [edge_i, edge_i+1) except the last,
+ * which includes @p upper; a value is compared with the edges, and with @p lower and @p upper,
+ * in that dtype. So a value on an edge goes where numpy puts it: with 10 bins on [0, 1], the
+ * float64 value 0.3 is in bin 2 (edge 3 is 0.30000000000000004), the float32 value 0.7f in bin 7
+ * (edge 7 as float32 is 0.7f); values outside [lower, upper] are not counted.
  * @return counts[band][bin].
  * @throws std::invalid_argument if @p bins < 1, a bound is not finite, @p lower >= @p upper, or
  *         band_count * bins exceeds 2^31 - 2 (the device counts band_count * bins + 1 levels in
