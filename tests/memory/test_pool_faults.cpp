@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fault injection: every driver call the pool makes, on every path, fails once in turn. Each
-// time the failure must surface as a typed error (or be absorbed), the pool must stay usable,
-// and once the pool is torn down the emulator must hold nothing.
+// time the planned call must be reached and fail (the emulator counts the faults it injected),
+// the failure must surface as a typed error (or be absorbed), the pool must stay usable, and once
+// the pool is torn down the emulator must hold nothing.
 #include "pool_fixture.hpp"
 
-#include <chrono>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -78,11 +79,14 @@ std::vector<Live> scenario(int& typed_errors, CUstream busy) {
   }
   alloc(12 * MiB, nullptr);  // composes a range from free pages and new ones
   alloc(700 * 1024, nullptr);
-  // Blocks freed on a stream whose work is still pending, then wanted on another stream.
-  // Held for a moment only: a pool fallback that synchronises the stream must not wait forever.
+  // Blocks freed on a stream whose work is still pending, then wanted on another stream. The
+  // stream is held until this part is over, or until a driver call is seen waiting for stream
+  // work (a pool fallback that synchronises the stream must not wait forever).
+  REQUIRE(static_cast<bool>(emulator().waiting_threads));
   emulator().stream_pause(busy, 1);
-  std::thread release_hold([busy] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::atomic<bool> busy_part_over{false};
+  std::thread release_hold([busy, &busy_part_over] {
+    while (!busy_part_over.load() && emulator().waiting_threads() == 0) std::this_thread::yield();
     emulator().stream_pause(busy, 0);
   });
   const std::size_t first_busy = live.size();
@@ -95,6 +99,7 @@ std::vector<Live> scenario(int& typed_errors, CUstream busy) {
   for (std::size_t i = live.size(); i-- > first_busy;) release(i);
   for (int i = 0; i < 20; ++i) alloc(3000, nullptr);
   alloc(4 * MiB, nullptr);
+  busy_part_over.store(true);
   release_hold.join();
   try {
     free_pool_memory();
@@ -117,8 +122,8 @@ void run_tier(const char* tier_env, const char* vmm) {
   std::vector<std::pair<const char*, unsigned long long>> counts;
   {
     FreshPool fresh(tier_env, 64 * MiB, vmm);
-    emulator().set_fail("");  // restart the call counts
     CUstream busy = fresh_stream();
+    emulator().set_fail("");  // restart the call counts where the replays set their fault
     std::vector<Live> live = scenario(clean_errors, busy);
     for (const char* e : kEntries) counts.emplace_back(e, emulator().call_count(e));
     for (Live& l : live) device_deallocate(l.ptr, l.bytes, l.stream);
@@ -141,6 +146,9 @@ void run_tier(const char* tier_env, const char* vmm) {
       } catch (const std::invalid_argument& e) {
         FAIL("an injected driver failure surfaced as invalid_argument: " << e.what());
       }
+      // The clean run's nth call was reached again, and the emulator failed it.
+      CHECK(emulator().call_count(entry) >= n);
+      CHECK(faults_fired(entry) == 1);
       ++injected;
       emulator().set_fail("");
       // Still usable, and every live block still frees.

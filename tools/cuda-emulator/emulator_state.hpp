@@ -250,6 +250,7 @@ struct State {
   uint64_t unmap_with_pending_work = 0;
   std::vector<FailRule> fail_plan;
   std::unordered_map<std::string, uint64_t> call_counts;
+  std::unordered_map<std::string, uint64_t> fault_counts;  // calls the plan made fail
 };
 
 // Leaked on purpose: detached stream workers may still run while static destructors do.
