@@ -184,7 +184,8 @@ TEST_SUITE("dispatch-cpu") {
         cv.wait(lock, [&] { return last_done; });
       }
       for (float& x : v) x = -x;
-      OwnedRasterArray result = OwnedRasterArray::from_host(v.data(), DType::float32, 1, 6, 7, -9.0);
+      OwnedRasterArray result =
+          OwnedRasterArray::from_host(v.data(), DType::float32, 1, 6, 7, -9.0);
       std::lock_guard lock(m);
       finished.push_back(band);
       if (band == 12) {

@@ -10,6 +10,7 @@
 #include <vibespatial/raster/memory.hpp>
 
 #include <doctest/doctest.h>
+
 #include <dlfcn.h>
 
 #include <cstdint>

@@ -278,7 +278,7 @@ TEST_SUITE("pool") {
     for (int i = 0; i < 12 * 4; ++i) small.push_back(device_allocate(500 * 1024));
     for (void* p : small) device_deallocate(p, 500 * 1024);
     const std::size_t slab_pages = *memory_pool_stats().pool_size;
-    REQUIRE(slab_pages > 2 * MiB);  // the empty slabs hold more than 32 - 30 MiB
+    REQUIRE(slab_pages > 2 * MiB);          // the empty slabs hold more than 32 - 30 MiB
     void* big = device_allocate(30 * MiB);  // needs the slab pages back
     const MemoryPoolStats s = memory_pool_stats();
     CHECK(*s.current_bytes == 30 * MiB);
