@@ -91,6 +91,20 @@ class GpuDispatch {
   GpuDispatch(const OwnedRasterArray& raster, const StreamBandOp* stream_op, const BandOp* band_op,
               const GpuDispatchOptions& options)
       : raster_(raster), sop_(stream_op), bop_(band_op), o_(options) {}
+  // A BandOp's work runs on the legacy stream (compute_stream_ null), which the pipeline's lease
+  // does not wait for: when an op throws, result copies queued there may still read results_ or
+  // write out_, so the legacy stream is waited for before any member goes.
+  ~GpuDispatch() {
+    if (!pipeline_ || compute_stream_ != nullptr) return;
+    try {
+      detail::ScopedDeviceContext scope((**pipeline_).device);
+      (void)api_->cuStreamSynchronize(nullptr);
+    } catch (...) {
+      // A failing driver: the lease's own waits decide what happens to the pipeline.
+    }
+  }
+  GpuDispatch(const GpuDispatch&) = delete;
+  GpuDispatch& operator=(const GpuDispatch&) = delete;
 
   OwnedRasterArray run(GpuDispatchReport* report);
   /// Pinned bytes this call leased (what the idle pool may keep afterwards).
