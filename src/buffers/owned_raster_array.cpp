@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // OwnedRasterArray: band-major pixels in shared storage, resident on the host or on the device.
 #include "common/checked_math.hpp"
+#include "common/expects.hpp"
 #include "driver/cuda_driver.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
@@ -66,18 +67,14 @@ std::shared_ptr<detail::RasterStorage> make_storage(const char* who, DType dtype
                                                     std::int64_t height, std::int64_t width,
                                                     const std::optional<double>& nodata) {
   const std::size_t item = itemsize(dtype);  // throws invalid_argument for a bad dtype
-  if (bands < 1) {
-    throw std::invalid_argument(std::string(who) + ": bands must be >= 1 (got " +
-                                std::to_string(bands) + ")");
-  }
-  if (height <= 0 || width <= 0) {
-    throw std::invalid_argument(std::string(who) + ": height and width must be > 0 (got " +
-                                std::to_string(height) + " x " + std::to_string(width) + ")");
-  }
-  if (nodata && std::isnan(*nodata) && is_integer(dtype)) {
-    throw std::invalid_argument(std::string(who) + ": NaN nodata is not valid for integer dtype " +
-                                std::string(to_string(dtype)));
-  }
+  VSR_EXPECTS(bands >= 1,
+              std::string(who) + ": bands must be >= 1 (got " + std::to_string(bands) + ")");
+  VSR_EXPECTS(height > 0 && width > 0, std::string(who) + ": height and width must be > 0 (got " +
+                                           std::to_string(height) + " x " + std::to_string(width) +
+                                           ")");
+  VSR_EXPECTS(!(nodata && std::isnan(*nodata) && is_integer(dtype)),
+              std::string(who) + ": NaN nodata is not valid for integer dtype " +
+                  std::string(to_string(dtype)));
   auto s = std::make_shared<detail::RasterStorage>();
   s->dtype = dtype;
   s->bands = bands;
@@ -146,7 +143,7 @@ OwnedRasterArray OwnedRasterArray::from_host(const void* data, DType dtype, int 
                                              std::optional<double> nodata, Affine affine,
                                              std::string crs) {
   auto s = make_storage("from_host", dtype, bands, height, width, nodata);
-  if (data == nullptr) throw std::invalid_argument("from_host: data is null");
+  VSR_EXPECTS(data != nullptr, "from_host: data is null");
   s->host = std::make_unique_for_overwrite<unsigned char[]>(s->total_bytes);
   std::memcpy(s->host.get(), data, s->total_bytes);
   OwnedRasterArray r(std::move(s), 0, bands);
@@ -178,14 +175,13 @@ OwnedRasterArray OwnedRasterArray::allocate(Residency where, DType dtype, int ba
 
 OwnedRasterArray OwnedRasterArray::from_band_stack(const std::vector<OwnedRasterArray>& bands,
                                                    const OwnedRasterArray& source) {
-  if (bands.empty()) throw std::invalid_argument("from_band_stack: no band results to stack");
+  VSR_EXPECTS(!bands.empty(), "from_band_stack: no band results to stack");
   const OwnedRasterArray& first = bands.front();
   const std::optional<NodataValue> nodata = source.nodata_;
-  if (nodata && nodata->is_nan() && is_integer(first.dtype())) {
-    throw std::invalid_argument(
-        "from_band_stack: the source's NaN nodata is not valid for the results' integer dtype " +
-        std::string(to_string(first.dtype())));
-  }
+  VSR_EXPECTS(
+      !(nodata && nodata->is_nan() && is_integer(first.dtype())),
+      "from_band_stack: the source's NaN nodata is not valid for the results' integer dtype " +
+          std::string(to_string(first.dtype())));
   if (bands.size() == 1) {
     OwnedRasterArray r(first.storage_, first.first_band_, first.band_count_);
     r.nodata_ = nodata;
@@ -199,22 +195,17 @@ OwnedRasterArray OwnedRasterArray::from_band_stack(const std::vector<OwnedRaster
   for (std::size_t i = 0; i < bands.size(); ++i) {
     const OwnedRasterArray& b = bands[i];
     const std::string name = "from_band_stack: band " + std::to_string(i);
-    if (b.dtype() != first.dtype()) {
-      throw std::invalid_argument(name + " has dtype " + std::string(to_string(b.dtype())) +
-                                  ", band 0 has " + std::string(to_string(first.dtype())));
-    }
-    if (b.nodata_ != first.nodata_) {
-      throw std::invalid_argument(name + " has nodata " + nodata_text(b.nodata_) + ", band 0 has " +
-                                  nodata_text(first.nodata_));
-    }
-    if (b.height() != first.height() || b.width() != first.width() ||
-        b.band_count() != first.band_count()) {
-      throw std::invalid_argument(name + " has shape (" + std::to_string(b.band_count()) + ", " +
-                                  std::to_string(b.height()) + ", " + std::to_string(b.width()) +
-                                  "), band 0 has (" + std::to_string(first.band_count()) + ", " +
-                                  std::to_string(first.height()) + ", " +
-                                  std::to_string(first.width()) + ")");
-    }
+    VSR_EXPECTS(b.dtype() == first.dtype(),
+                name + " has dtype " + std::string(to_string(b.dtype())) + ", band 0 has " +
+                    std::string(to_string(first.dtype())));
+    VSR_EXPECTS(b.nodata_ == first.nodata_, name + " has nodata " + nodata_text(b.nodata_) +
+                                                ", band 0 has " + nodata_text(first.nodata_));
+    VSR_EXPECTS(b.height() == first.height() && b.width() == first.width() &&
+                    b.band_count() == first.band_count(),
+                name + " has shape (" + std::to_string(b.band_count()) + ", " +
+                    std::to_string(b.height()) + ", " + std::to_string(b.width()) +
+                    "), band 0 has (" + std::to_string(first.band_count()) + ", " +
+                    std::to_string(first.height()) + ", " + std::to_string(first.width()) + ")");
     any_device = any_device || b.residency() == Residency::device;
     total_bands += b.band_count();
   }
@@ -277,10 +268,9 @@ std::optional<NodataValue> OwnedRasterArray::exact_nodata() const {
 }
 
 OwnedRasterArray OwnedRasterArray::with_nodata(std::optional<NodataValue> nodata) const {
-  if (nodata && nodata->is_nan() && is_integer(dtype())) {
-    throw std::invalid_argument("with_nodata: NaN nodata is not valid for integer dtype " +
-                                std::string(to_string(dtype())));
-  }
+  VSR_EXPECTS(
+      !(nodata && nodata->is_nan() && is_integer(dtype())),
+      "with_nodata: NaN nodata is not valid for integer dtype " + std::string(to_string(dtype())));
   OwnedRasterArray r = *this;
   r.nodata_ = nodata;
   return r;
@@ -327,15 +317,14 @@ OwnedRasterArray OwnedRasterArray::band(int i) const {
 }
 
 void OwnedRasterArray::move_to(Residency target) {
-  if (target != Residency::host && target != Residency::device) {
-    throw std::invalid_argument("move_to: not a Residency value");
-  }
+  VSR_EXPECTS(target == Residency::host || target == Residency::device,
+              "move_to: not a Residency value");
   std::lock_guard lock(storage_->mutex);
   move_locked(*storage_, target);
 }
 
 void OwnedRasterArray::copy_to_host(void* dst) const {
-  if (dst == nullptr) throw std::invalid_argument("copy_to_host: dst is null");
+  VSR_EXPECTS(dst != nullptr, "copy_to_host: dst is null");
   const detail::RasterStorage& s = *storage_;
   std::lock_guard lock(s.mutex);
   const std::size_t offset = s.band_bytes * static_cast<std::size_t>(first_band_);

@@ -2,6 +2,7 @@
 // The C ABI (c_api.h) over the C++ API: argument checks, struct conversion and exception to
 // status translation. No exception leaves this file.
 #include "capi/vsr_version.h"
+#include "common/expects.hpp"
 #include "driver/cuda_driver.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
@@ -106,16 +107,10 @@ vsr_status guarded(const char* function, Body&& body) noexcept {
 }
 
 vsr::DType to_dtype(int dtype) {
-  if (dtype < VSR_DTYPE_UINT8 || dtype > VSR_DTYPE_FLOAT64) {
-    throw std::invalid_argument(
-        "dtype " + std::to_string(dtype) +
-        " is not a vsr_dtype (0 = VSR_DTYPE_UINT8 ... 9 = VSR_DTYPE_FLOAT64)");
-  }
+  VSR_EXPECTS(dtype >= VSR_DTYPE_UINT8 && dtype <= VSR_DTYPE_FLOAT64,
+              "dtype " + std::to_string(dtype) +
+                  " is not a vsr_dtype (0 = VSR_DTYPE_UINT8 ... 9 = VSR_DTYPE_FLOAT64)");
   return static_cast<vsr::DType>(dtype);
-}
-
-void require(bool ok, const char* what) {
-  if (!ok) throw std::invalid_argument(what);
 }
 
 std::uint64_t value_of(const std::optional<std::size_t>& v, std::int32_t& has) {
@@ -163,12 +158,11 @@ void copy_out(const T& full, T* out) {
 }
 
 void stats_into(const vsr::MemoryPoolStats& s, vsr_pool_stats* out) {
-  require(out != nullptr, "out is NULL");
-  if (out->struct_size < kPoolStatsV1Size) {
-    throw std::invalid_argument("out->struct_size is " + std::to_string(out->struct_size) +
-                                ", expected sizeof(vsr_pool_stats) (at least " +
-                                std::to_string(kPoolStatsV1Size) + ")");
-  }
+  VSR_EXPECTS(out != nullptr, "out is NULL");
+  VSR_EXPECTS(out->struct_size >= kPoolStatsV1Size,
+              "out->struct_size is " + std::to_string(out->struct_size) +
+                  ", expected sizeof(vsr_pool_stats) (at least " +
+                  std::to_string(kPoolStatsV1Size) + ")");
   copy_out(to_c(s), out);
 }
 
@@ -230,7 +224,7 @@ vsr_status vsr_memory_pool_stats_device(int device, vsr_pool_stats* out) {
 vsr_status vsr_device_allocate(size_t bytes, void* stream, void** out) {
   if (out != nullptr) *out = nullptr;
   return guarded(__func__, [&] {
-    require(out != nullptr, "out is NULL");
+    VSR_EXPECTS(out != nullptr, "out is NULL");
     *out = vsr::device_allocate(bytes, static_cast<CUstream>(stream));
   });
 }
@@ -242,8 +236,8 @@ vsr_status vsr_device_deallocate(void* ptr, size_t bytes, void* stream) {
 
 vsr_status vsr_add_oom_handler(vsr_oom_handler handler, void* user_data, uint64_t* id_out) {
   return guarded(__func__, [&] {
-    require(handler != nullptr, "handler is NULL");
-    require(id_out != nullptr, "id_out is NULL");
+    VSR_EXPECTS(handler != nullptr, "handler is NULL");
+    VSR_EXPECTS(id_out != nullptr, "id_out is NULL");
     *id_out = vsr::add_oom_handler(
         [handler, user_data](std::size_t requested) { return handler(requested, user_data) != 0; });
   });
@@ -255,7 +249,7 @@ vsr_status vsr_remove_oom_handler(uint64_t id) {
 
 vsr_status vsr_available_vram_bytes(uint64_t* out) {
   return guarded(__func__, [&] {
-    require(out != nullptr, "out is NULL");
+    VSR_EXPECTS(out != nullptr, "out is NULL");
     *out = vsr::available_vram_bytes();
   });
 }
@@ -264,7 +258,7 @@ vsr_status vsr_max_bands_for_budget(int64_t height, int64_t width, int dtype, in
                                     uint64_t scratch_bytes, int has_vram_budget,
                                     uint64_t vram_budget, int* out) {
   return guarded(__func__, [&] {
-    require(out != nullptr, "out is NULL");
+    VSR_EXPECTS(out != nullptr, "out is NULL");
     const vsr::DType d = to_dtype(dtype);
     std::optional<std::uint64_t> budget;
     if (has_vram_budget != 0) budget = vram_budget;
@@ -274,7 +268,7 @@ vsr_status vsr_max_bands_for_budget(int64_t height, int64_t width, int dtype, in
 
 vsr_status vsr_plan_options_init(vsr_plan_options* opts) {
   return guarded(__func__, [&] {
-    require(opts != nullptr, "opts is NULL");
+    VSR_EXPECTS(opts != nullptr, "opts is NULL");
     const vsr::PlanOptions defaults;
     *opts = vsr_plan_options{};
     opts->struct_size = sizeof(vsr_plan_options);
@@ -289,21 +283,18 @@ vsr_status vsr_plan_options_init(vsr_plan_options* opts) {
 vsr_status vsr_analyze_raster_plan(int64_t height, int64_t width, int dtype,
                                    const vsr_plan_options* opts, vsr_raster_plan* out) {
   return guarded(__func__, [&] {
-    require(out != nullptr, "out is NULL");
-    if (out->struct_size < kRasterPlanV1Size) {
-      throw std::invalid_argument("out->struct_size is " + std::to_string(out->struct_size) +
-                                  ", expected sizeof(vsr_raster_plan) (at least " +
-                                  std::to_string(kRasterPlanV1Size) + ")");
-    }
+    VSR_EXPECTS(out != nullptr, "out is NULL");
+    VSR_EXPECTS(out->struct_size >= kRasterPlanV1Size,
+                "out->struct_size is " + std::to_string(out->struct_size) +
+                    ", expected sizeof(vsr_raster_plan) (at least " +
+                    std::to_string(kRasterPlanV1Size) + ")");
     const vsr::DType d = to_dtype(dtype);
     vsr::PlanOptions options;
     if (opts != nullptr) {
-      if (opts->struct_size < kPlanOptionsV1Size) {
-        throw std::invalid_argument("opts->struct_size is " + std::to_string(opts->struct_size) +
-                                    ", expected sizeof(vsr_plan_options) (at least " +
-                                    std::to_string(kPlanOptionsV1Size) +
-                                    "): fill it with vsr_plan_options_init");
-      }
+      VSR_EXPECTS(opts->struct_size >= kPlanOptionsV1Size,
+                  "opts->struct_size is " + std::to_string(opts->struct_size) +
+                      ", expected sizeof(vsr_plan_options) (at least " +
+                      std::to_string(kPlanOptionsV1Size) + "): fill it with vsr_plan_options_init");
       options.band_count = opts->band_count;
       options.buffers_per_band = opts->buffers_per_band;
       options.scratch_bytes = opts->scratch_bytes;
@@ -331,21 +322,19 @@ vsr_status vsr_analyze_raster_plan(int64_t height, int64_t width, int dtype,
 
 vsr_status vsr_dtype_from_name(const char* name, int* out) {
   return guarded(__func__, [&] {
-    require(name != nullptr, "name is NULL");
-    require(out != nullptr, "out is NULL");
+    VSR_EXPECTS(name != nullptr, "name is NULL");
+    VSR_EXPECTS(out != nullptr, "out is NULL");
     const std::optional<vsr::DType> d = vsr::dtype_from_string(name);
-    if (!d) {
-      throw std::invalid_argument(std::string("\"") + name +
-                                  "\" is not a dtype name (uint8, int8, uint16, int16, uint32, "
-                                  "int32, uint64, int64, float32, float64)");
-    }
+    VSR_EXPECTS(d.has_value(), std::string("\"") + name +
+                                   "\" is not a dtype name (uint8, int8, uint16, int16, uint32, "
+                                   "int32, uint64, int64, float32, float64)");
     *out = static_cast<int>(*d);
   });
 }
 
 vsr_status vsr_dtype_name(int dtype, const char** out) {
   return guarded(__func__, [&] {
-    require(out != nullptr, "out is NULL");
+    VSR_EXPECTS(out != nullptr, "out is NULL");
     // to_string returns a view of a NUL-terminated literal.
     *out = vsr::to_string(to_dtype(dtype)).data();
   });
@@ -353,29 +342,27 @@ vsr_status vsr_dtype_name(int dtype, const char** out) {
 
 vsr_status vsr_dtype_itemsize(int dtype, size_t* out) {
   return guarded(__func__, [&] {
-    require(out != nullptr, "out is NULL");
+    VSR_EXPECTS(out != nullptr, "out is NULL");
     *out = vsr::itemsize(to_dtype(dtype));
   });
 }
 
 vsr_status vsr_tiling_strategy_name(int strategy, const char** out) {
   return guarded(__func__, [&] {
-    require(out != nullptr, "out is NULL");
-    if (strategy < VSR_TILING_WHOLE || strategy > VSR_TILING_TILED) {
-      throw std::invalid_argument("strategy " + std::to_string(strategy) +
-                                  " is not a vsr_tiling_strategy");
-    }
+    VSR_EXPECTS(out != nullptr, "out is NULL");
+    VSR_EXPECTS(strategy >= VSR_TILING_WHOLE && strategy <= VSR_TILING_TILED,
+                "strategy " + std::to_string(strategy) + " is not a vsr_tiling_strategy");
     *out = vsr::to_string(static_cast<vsr::TilingStrategy>(strategy)).data();
   });
 }
 
 vsr_status vsr_memcpy(void* dst, const void* src, size_t bytes, int kind, void* stream) {
   return guarded(__func__, [&] {
-    require(kind >= VSR_COPY_HOST_TO_DEVICE && kind <= VSR_COPY_DEVICE_TO_DEVICE,
-            "kind is not a vsr_copy_kind (0 = host to device, 1 = device to host, 2 = device "
-            "to device)");
+    VSR_EXPECTS(kind >= VSR_COPY_HOST_TO_DEVICE && kind <= VSR_COPY_DEVICE_TO_DEVICE,
+                "kind is not a vsr_copy_kind (0 = host to device, 1 = device to host, 2 = device "
+                "to device)");
     if (bytes == 0) return;
-    require(dst != nullptr && src != nullptr, "dst or src is NULL");
+    VSR_EXPECTS(dst != nullptr && src != nullptr, "dst or src is NULL");
     const vsr::detail::DriverApi& api = vsr::detail::driver();
     vsr::detail::bind_current_device();
     const auto s = static_cast<CUstream>(stream);

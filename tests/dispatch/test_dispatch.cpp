@@ -7,9 +7,10 @@
 #include <vibespatial/raster/memory.hpp>
 
 #include <atomic>
-#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
 #include <thread>
@@ -48,6 +49,30 @@ std::vector<float> to_vector(const OwnedRasterArray& r) {
   r.copy_to_host(v.data());
   return v;
 }
+
+// The first failure of the per-band CPU dispatch test: `thread_left` is set when the worker
+// thread that threw it has exited.
+struct FirstFailure {
+  std::mutex m;
+  std::condition_variable cv;
+  bool claimed = false;
+  int waiting = 0;  // calls of other workers waiting for the first failure
+  bool thread_left = false;
+};
+
+// A thread_local of the thread that threw first: destroyed when that thread exits, after the
+// dispatcher's loop has returned on it.
+struct SignalAtThreadExit {
+  FirstFailure* first = nullptr;
+  ~SignalAtThreadExit() {
+    if (first == nullptr) return;
+    {
+      std::lock_guard lock(first->m);
+      first->thread_left = true;
+    }
+    first->cv.notify_all();
+  }
+};
 
 std::size_t pool_current() {
   return memory_pool_stats().current_bytes.value_or(0);
@@ -142,14 +167,35 @@ TEST_SUITE("dispatch-cpu") {
   TEST_CASE("bands in order, source metadata") {
     const Affine t{10, 0, 500, 0, -10, 900};
     const OwnedRasterArray r = iota_raster(13, 6, 7, 0.0f, -9.0, t);
-    const OwnedRasterArray out = dispatch_per_band_cpu(r, [](const OwnedRasterArray& b) {
+    // With two workers or more (min(bands, hardware threads, 8)), band 0 finishes last: its call
+    // waits until band 12's has returned, so the results come back out of band order.
+    const bool parallel = std::thread::hardware_concurrency() >= 2;
+    std::mutex m;
+    std::condition_variable cv;
+    bool last_done = false;
+    std::vector<int> finished;
+    const OwnedRasterArray out = dispatch_per_band_cpu(r, [&](const OwnedRasterArray& b) {
       REQUIRE(b.residency() == Residency::host);
-      std::this_thread::sleep_for(std::chrono::milliseconds(b.host_data() ? 1 : 0));
       std::vector<float> v(42);
       b.copy_to_host(v.data());
+      const int band = static_cast<int>(v[0]) / 42;
+      if (band == 0 && parallel) {
+        std::unique_lock lock(m);
+        cv.wait(lock, [&] { return last_done; });
+      }
       for (float& x : v) x = -x;
-      return OwnedRasterArray::from_host(v.data(), DType::float32, 1, 6, 7, -9.0);
+      OwnedRasterArray result =
+          OwnedRasterArray::from_host(v.data(), DType::float32, 1, 6, 7, -9.0);
+      std::lock_guard lock(m);
+      finished.push_back(band);
+      if (band == 12) {
+        last_done = true;
+        cv.notify_all();
+      }
+      return result;
     });
+    REQUIRE(finished.size() == 13);
+    if (parallel) CHECK(finished.back() == 0);
     CHECK(out.band_count() == 13);
     CHECK(out.affine() == t);
     CHECK(out.crs() == "EPSG:3857");
@@ -159,23 +205,48 @@ TEST_SUITE("dispatch-cpu") {
   }
 
   TEST_CASE("the first exception propagates and the remaining bands are not started") {
-    const OwnedRasterArray r = iota_raster(200, 2, 2);
-    std::atomic<int> calls{0};
-    auto op = [&](const OwnedRasterArray& b) -> OwnedRasterArray {
-      ++calls;
-      std::vector<float> v(4);
-      b.copy_to_host(v.data());
-      const int band = static_cast<int>(v[0]) / 4;
-      if (band == 1) throw std::runtime_error("first failure");
-      if (band >= 2) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        throw std::logic_error("later failure");
-      }
-      return b;
-    };
-    CHECK_THROWS_WITH_AS(dispatch_per_band_cpu(r, op), "first failure", std::runtime_error);
-    CHECK(calls.load() < 200);
-    CHECK(calls.load() <= 20);  // bands already picked by the (at most 8) workers, no more
+    // With two workers or more, the first failure is thrown on a worker thread, and every other
+    // call waits until that thread has left the dispatcher (a thread_local guard of it signals
+    // when the thread exits): by then the failure is recorded and the workers told to stop. The
+    // other calls then fail too (a later failure must not replace the first) or return (their
+    // workers must not start another band).
+    const bool parallel = std::thread::hardware_concurrency() >= 2;
+    const std::thread::id caller = std::this_thread::get_id();
+    for (const bool later_calls_fail : {true, false}) {
+      CAPTURE(later_calls_fail);
+      const OwnedRasterArray r = iota_raster(200, 2, 2);
+      std::atomic<int> calls{0};
+      FirstFailure first;
+      auto op = [&](const OwnedRasterArray& b) -> OwnedRasterArray {
+        ++calls;
+        std::vector<float> v(4);
+        b.copy_to_host(v.data());
+        if (!parallel) {  // one worker: band 1 fails, band 0 came before it
+          if (static_cast<int>(v[0]) / 4 == 1) throw std::runtime_error("first failure");
+          return b;
+        }
+        std::unique_lock lock(first.m);
+        if (!first.claimed && std::this_thread::get_id() != caller) {
+          first.claimed = true;
+          // Not before another worker's call is in flight (the workers take bands until told
+          // to stop, so one comes).
+          first.cv.wait(lock, [&] { return first.waiting > 0; });
+          lock.unlock();
+          thread_local SignalAtThreadExit signal;
+          signal.first = &first;
+          throw std::runtime_error("first failure");
+        }
+        ++first.waiting;
+        first.cv.notify_all();
+        first.cv.wait(lock, [&] { return first.thread_left; });
+        if (later_calls_fail) throw std::logic_error("later failure");
+        return b;
+      };
+      CHECK_THROWS_WITH_AS(dispatch_per_band_cpu(r, op), "first failure", std::runtime_error);
+      // At most one call per worker (min(bands, hardware threads, 8)): none started after.
+      CHECK(calls.load() <= (parallel ? 8 : 2));
+      CHECK(calls.load() >= 2);
+    }
   }
 
   TEST_CASE("device-resident input is read through host views, left on the device") {
@@ -276,10 +347,15 @@ TEST_SUITE("dispatch-gpu") {
       return OwnedRasterArray::from_host(v.data(), DType::float64, 1, 64, 32);
     });
     CHECK(out.dtype() == DType::float64);
+    CHECK(out.band_count() == 3);
     std::vector<double> v(3 * 64 * 32);
     out.copy_to_host(v.data());
-    CHECK(v.front() == 1.0);
-    CHECK(v.back() == 3.0);
+    // Band k (from 0) of the output holds k + 1 in every pixel, in band order.
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      bad += v[i] != static_cast<double>(i / (64 * 32) + 1);
+    }
+    CHECK(bad == 0);
   }
 
   TEST_CASE("single band: passthrough") {

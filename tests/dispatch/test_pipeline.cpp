@@ -347,8 +347,14 @@ TEST_SUITE("dispatch-pipeline") {
       CHECK(pool_current_bytes() == 0);
       // A driver failure in the middle too: the 3rd host-to-device copy.
       band = 100;
-      emulator().set_fail("cuMemcpyHtoDAsync:3");
-      CHECK_THROWS_AS(dispatch_per_band_gpu(r, op, o), CudaError);
+      REQUIRE(emulator().set_fail("cuMemcpyHtoDAsync:3") == 0);
+      try {
+        (void)dispatch_per_band_gpu(r, op, o);
+        FAIL("expected CudaError");
+      } catch (const CudaError& e) {
+        CHECK(e.code() == CUDA_ERROR_UNKNOWN);  // the injected failure, not another
+      }
+      CHECK(faults_fired("cuMemcpyHtoDAsync") == 1);
       emulator().set_fail(nullptr);
       CHECK(pool_current_bytes() == 0);
       free_dispatch_resources();

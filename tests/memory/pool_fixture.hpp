@@ -11,6 +11,8 @@
 
 #include <doctest/doctest.h>
 
+#include <dlfcn.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -18,10 +20,47 @@
 
 namespace vsr_test {
 
-/// Tears the pools down, checks the emulator holds nothing, applies emulator options and the
-/// tier's environment, and tears down again at scope exit. Meanwhile no driver call may name a
-/// destroyed stream or event or a released handle (stale_handles), and nothing may be unmapped or
-/// freed under queued work (unmap_with_pending_work): checked at scope exit (issue 10).
+/// Calls of driver entry point `entry` (nullptr: of every entry point) that the emulator's fault
+/// plan made fail since the plan was last set (vsr_emu_fault_count): a test checks with it that
+/// the fault it planned was reached and injected, not only that the run survived.
+inline unsigned long long faults_fired(const char* entry) {
+  using Fn = unsigned long long (*)(const char*);
+  static const Fn fn = [] {
+    (void)emulator();  // checks that the emulator is the driver
+    void* h = dlopen(std::getenv("VIBESPATIAL_CUDA_DRIVER"), RTLD_NOW | RTLD_LOCAL);
+    return h == nullptr ? nullptr : reinterpret_cast<Fn>(dlsym(h, "vsr_emu_fault_count"));
+  }();
+  const bool resolved = fn != nullptr;
+  REQUIRE_MESSAGE(resolved, "the emulator has no vsr_emu_fault_count");
+  return fn(entry);
+}
+
+/// The emulator holds no device memory: no reservation, physical allocation, mapping,
+/// cuMemAlloc or managed allocation (after reset_memory_pools(), nothing of the pool).
+inline void check_no_device_memory() {
+  const vsr_emu_outstanding o = emulator().outstanding();
+  CHECK(o.reservations == 0);
+  CHECK(o.handles == 0);
+  CHECK(o.physical_bytes == 0);
+  CHECK(o.mappings == 0);
+  CHECK(o.allocations == 0);
+  CHECK(o.managed == 0);
+}
+
+/// Nothing the pool created is left in the emulator (after reset_memory_pools()), and no pinned
+/// host memory either.
+inline void check_nothing_outstanding() {
+  check_no_device_memory();
+  CHECK(emulator().outstanding().host_allocations == 0);
+}
+
+/// Tears the pools down, checks that the emulator holds no device memory (check_no_device_memory:
+/// pinned host memory is not checked, as the dispatch layer keeps its staging buffers between
+/// calls), applies emulator options and the tier's environment, and at scope exit tears down and
+/// checks again.
+/// Meanwhile no driver call may name a destroyed stream or event or a released handle
+/// (stale_handles), and nothing may be unmapped or freed under queued work
+/// (unmap_with_pending_work): checked at scope exit (issue 10).
 class FreshPool {
  public:
   explicit FreshPool(const char* tier_env = nullptr, std::size_t device_memory = 512u << 20,
@@ -30,6 +69,7 @@ class FreshPool {
     stale_before_ = o.stale_handles;
     unmap_before_ = o.unmap_with_pending_work;
     vibespatial::raster::detail::reset_memory_pools();
+    check_no_device_memory();
     emulator().set_fail(nullptr);
     REQUIRE(emulator().set_option("DEVICE_MEMORY", std::to_string(device_memory).c_str()) == 0);
     REQUIRE(emulator().set_option("VMM", vmm) == 0);
@@ -43,6 +83,7 @@ class FreshPool {
     emulator().set_option("VMM", "1");
     unsetenv("VIBESPATIAL_GPU_POOL_ONLY");
     unsetenv("VIBESPATIAL_GPU_MANAGED_MEMORY");
+    check_no_device_memory();
     const vsr_emu_outstanding o = emulator().outstanding();
     const std::size_t calls_naming_destroyed_handles = o.stale_handles - stale_before_;
     const std::size_t unmaps_or_frees_under_queued_work = o.unmap_with_pending_work - unmap_before_;
@@ -78,18 +119,6 @@ inline std::size_t driver_free_bytes() {
   std::size_t free_b = 0, total_b = 0;
   REQUIRE(vibespatial::raster::detail::driver().cuMemGetInfo(&free_b, &total_b) == CUDA_SUCCESS);
   return free_b;
-}
-
-/// Nothing the pool created is left in the emulator (after reset_memory_pools()).
-inline void check_nothing_outstanding() {
-  const vsr_emu_outstanding o = emulator().outstanding();
-  CHECK(o.reservations == 0);
-  CHECK(o.handles == 0);
-  CHECK(o.physical_bytes == 0);
-  CHECK(o.mappings == 0);
-  CHECK(o.allocations == 0);
-  CHECK(o.managed == 0);
-  CHECK(o.host_allocations == 0);
 }
 
 inline void fill_pattern(void* p, std::size_t n, std::uint32_t seed) {

@@ -34,8 +34,6 @@ TEST_SUITE("pool") {
     FreshPool fresh;
     void* small = device_allocate(1000);
     void* large = device_allocate(3 * MiB);
-    REQUIRE(small != nullptr);
-    REQUIRE(large != nullptr);
     CHECK(reinterpret_cast<std::uintptr_t>(small) % 256 == 0);
     CHECK(reinterpret_cast<std::uintptr_t>(large) % (2 * MiB) == 0);
     fill_pattern(small, 1000, 1);
@@ -100,9 +98,12 @@ TEST_SUITE("pool") {
     // Absurd sizes: a bad_alloc, never a crash or a wrapped size.
     CHECK_THROWS_AS(device_allocate(~std::size_t{0}), OutOfMemoryError);
     CHECK_THROWS_AS(device_allocate(std::size_t{1} << 62), std::bad_alloc);
-    // Still usable.
+    // Still usable, and the failed requests left no trace in the statistics.
     void* p = device_allocate(777);
-    CHECK(p != nullptr);
+    fill_pattern(p, 777, 4);
+    CHECK(check_pattern(p, 777, 4));
+    CHECK(*memory_pool_stats().current_bytes == 777);
+    CHECK(*memory_pool_stats().current_count == 1);
     device_deallocate(p, 777);
   }
 
@@ -130,8 +131,9 @@ TEST_SUITE("pool") {
     CHECK(s.pool_free_bytes == held - static_cast<std::size_t>(n - freed) * 4 * MiB);
     CHECK(s.pool_free_bytes >= static_cast<std::size_t>(freed) * 4 * MiB);
     const std::size_t big_bytes = static_cast<std::size_t>(freed - 2) * 4 * MiB;
-    void* big = device_allocate(big_bytes);
-    REQUIRE(big != nullptr);
+    void* big = device_allocate(big_bytes);  // throws OutOfMemoryError when it cannot
+    CHECK(*memory_pool_stats().current_bytes ==
+          big_bytes + static_cast<std::size_t>(n - freed) * 4 * MiB);
     fill_pattern(big, big_bytes, 99);
     for (int i = 1; i < n; i += 2) {
       CHECK(check_pattern(blocks[static_cast<std::size_t>(i)], 4 * MiB, i));  // untouched
@@ -190,8 +192,10 @@ TEST_SUITE("pool") {
     CHECK(*memory_pool_stats().pool_size == 2 * MiB);
     const std::size_t rest = driver_free_bytes() / (2 * MiB) * (2 * MiB);
     REQUIRE(rest >= 28 * MiB);
-    void* big = device_allocate(rest);
-    CHECK(big != nullptr);
+    void* big = device_allocate(rest);  // throws OutOfMemoryError when it cannot
+    CHECK(*memory_pool_stats().pool_size == 2 * MiB + rest);  // the slab page and the block
+    fill_pattern(big, rest, 8);
+    CHECK(check_pattern(big, rest, 8));
     device_deallocate(big, rest);
     for (void* p : small) device_deallocate(p, 1024);
   }
@@ -240,9 +244,9 @@ TEST_SUITE("pool") {
       cache.clear();
       return true;
     });
-    void* big = device_allocate(20 * MiB);
-    REQUIRE(big != nullptr);
+    void* big = device_allocate(20 * MiB);  // throws OutOfMemoryError when the chain fails
     CHECK(calls == 1);
+    CHECK(*memory_pool_stats().current_bytes == 20 * MiB);  // the cache went, the block came
     CHECK(asked == 20 * MiB);
     MemoryPoolStats s = memory_pool_stats();
     CHECK(s.oom_recoveries == 1);
@@ -273,8 +277,15 @@ TEST_SUITE("pool") {
     std::vector<void*> small;
     for (int i = 0; i < 12 * 4; ++i) small.push_back(device_allocate(500 * 1024));
     for (void* p : small) device_deallocate(p, 500 * 1024);
+    const std::size_t slab_pages = *memory_pool_stats().pool_size;
+    REQUIRE(slab_pages > 2 * MiB);          // the empty slabs hold more than 32 - 30 MiB
     void* big = device_allocate(30 * MiB);  // needs the slab pages back
-    CHECK(big != nullptr);
+    const MemoryPoolStats s = memory_pool_stats();
+    CHECK(*s.current_bytes == 30 * MiB);
+    CHECK(*s.pool_size == 30 * MiB);  // the slab pages were given back, the block mapped
+    CHECK(s.oom_recoveries == 1);
+    fill_pattern(big, 30 * MiB, 9);
+    CHECK(check_pattern(big, 30 * MiB, 9));
     device_deallocate(big, 30 * MiB);
   }
 
@@ -352,8 +363,11 @@ TEST_SUITE("pool") {
     std::vector<void*> fill;
     for (int i = 0; i < 11; ++i) fill.push_back(device_allocate(5 * MiB));
     for (void* p : fill) device_deallocate(p, 5 * MiB);
-    void* big = device_allocate(50 * MiB);
-    CHECK(big != nullptr);
+    void* big = device_allocate(50 * MiB);  // throws OutOfMemoryError when it cannot
+    s = memory_pool_stats();
+    CHECK(*s.used_bytes == 5 * MiB + 50 * MiB);  // b and the new block
+    CHECK(*s.free_bytes == 0);                   // the cache was given back first
+    CHECK(emulator().outstanding().allocations == 2);
     CHECK_THROWS_AS(device_allocate(50 * MiB), OutOfMemoryError);
     device_deallocate(big, 50 * MiB);
     device_deallocate(b, 5 * MiB);
@@ -361,14 +375,25 @@ TEST_SUITE("pool") {
     check_nothing_outstanding();
   }
 
-  TEST_CASE("no driver or no device: a clear error, never a crash") {
+  TEST_CASE("an impossible tier (pool-only without VMM) is refused; nothing is cached") {
     FreshPool fresh;
-    // The driver is loaded once per process; a missing driver is covered by the driver suite.
-    // Here: stats never throw, and an impossible tier is refused with a CudaError.
+    // A missing driver or device cannot be shown here (the driver is loaded once per process):
+    // the driver suite and dispatch-no-driver cover it.
     REQUIRE(emulator().set_option("VMM", "0") == 0);
     setenv("VIBESPATIAL_GPU_POOL_ONLY", "1", 1);
-    CHECK_THROWS_AS(configure_memory_pool(), CudaError);
-    CHECK_NOTHROW(memory_pool_stats());
+    try {
+      configure_memory_pool();
+      FAIL("expected CudaError");
+    } catch (const CudaError& e) {
+      CHECK(e.code() == CUDA_ERROR_NOT_SUPPORTED);
+      CHECK_FALSE(dynamic_cast<const DriverUnavailableError*>(&e));
+    }
+    MemoryPoolStats s;
+    CHECK_NOTHROW(s = memory_pool_stats());
+    CHECK(s.tier.empty());
+    CHECK_FALSE(s.configured);
+    REQUIRE(emulator().set_option("VMM", "1") == 0);
+    CHECK(configure_memory_pool() == "A");  // a later call tries again
   }
 
   TEST_CASE("stream order: reuse at once on the freeing stream, on another only in order") {

@@ -126,11 +126,13 @@ TEST_SUITE("pool") {
     const std::size_t all_pages = driver_free_bytes() / (2 * MiB) * (2 * MiB);  // a context costs
     const detail::DriverApi& api = detail::driver();
     CUstream a = new_stream(), b = new_stream(), c = new_stream();
-    const char* const faults[] = {"cuCtxGetCurrent", "cuStreamQuery", "cuEventCreate",
+    // cuEventCreate first: the pool creates events only while it has no idle one.
+    const char* const faults[] = {"cuEventCreate", "cuCtxGetCurrent", "cuStreamQuery",
                                   "cuEventRecord", "cuEventQuery"};
     int errors = 0, setup_failures = 0;
     std::size_t size = 2000;
     for (const char* entry : faults) {
+      unsigned long long fired = 0;  // faults of `entry` the emulator injected, in all rounds
       for (int n = 1; n <= 8; ++n) {
         CAPTURE(entry);
         CAPTURE(n);
@@ -142,21 +144,27 @@ TEST_SUITE("pool") {
         } catch (const OutOfMemoryError&) {
           ++setup_failures;  // pages pinned by lost slots
         }
+        // Faults on every call of `entry` from the n-th on, from the frees (which record the
+        // marks) through the refills. Where a failed event makes the pool synchronise the stream
+        // instead, that fails too (the stream is held: it would wait).
+        std::string spec = std::string(entry) + ":" + std::to_string(n) + "+";
+        if (std::string(entry) == "cuEventRecord" || std::string(entry) == "cuEventCreate") {
+          spec += ",cuStreamSynchronize:1+,cuCtxSynchronize:1+";
+        }
         // Frees on two streams, one of them held with work queued, so that its marks stay
         // pending.
         emulator().stream_pause(a, 1);
         if (!on_a.empty()) {
           api.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(on_a[0]), 0, size, a);
         }
-        for (void* p : on_a) device_deallocate(p, size, a);
-        for (void* p : on_b) device_deallocate(p, size, b);
-        // Faults on every call of `entry` from the n-th on. Where a failed event makes the pool
-        // synchronise the stream instead, that fails too (the stream is held: it would wait).
-        std::string spec = std::string(entry) + ":" + std::to_string(n) + "+";
-        if (std::string(entry) == "cuEventRecord" || std::string(entry) == "cuEventCreate") {
-          spec += ",cuStreamSynchronize:1+,cuCtxSynchronize:1+";
-        }
         REQUIRE(emulator().set_fail(spec.c_str()) == 0);
+        for (void* p : on_a) device_deallocate(p, size, a);  // a failed mark is not an error
+        for (void* p : on_b) device_deallocate(p, size, b);
+        try {
+          forget_stream(a);  // records a mark of the held stream: an event, or a failed wait
+        } catch (const CudaError&) {
+          ++errors;
+        }
         for (int i = 0; i < 60; ++i) {
           try {
             on_c.push_back(device_allocate(size, c));
@@ -166,12 +174,14 @@ TEST_SUITE("pool") {
             ++errors;
           }
         }
+        fired += faults_fired(entry);
         emulator().set_fail(nullptr);
         emulator().stream_pause(a, 0);
         for (void* p : on_c) device_deallocate(p, size, c);
         for (CUstream s : {a, b, c}) api.cuStreamSynchronize(s);
         free_pool_memory();  // what is free goes back; a lost slot keeps its page
       }
+      CHECK_MESSAGE(fired > 0, std::string(entry) << ": no call of it was made to fail");
     }
     CHECK(errors > 0);  // the faults hit
     CHECK(setup_failures == 0);
@@ -196,6 +206,8 @@ TEST_SUITE("pool") {
       // The block's two fresh pages are mapped, access fails, and so does the undo.
       REQUIRE(emulator().set_fail("cuMemSetAccess:1,cuMemUnmap:1") == 0);
       CHECK_THROWS_AS(device_allocate(4 * MiB), CudaError);
+      CHECK(faults_fired("cuMemSetAccess") == 1);
+      CHECK(faults_fired("cuMemUnmap") == 1);  // the undo failed too
       emulator().set_fail(nullptr);
       check_pool_matches_driver();
       void* p = nullptr;
@@ -208,6 +220,8 @@ TEST_SUITE("pool") {
     SUBCASE("slab page") {
       REQUIRE(emulator().set_fail("cuMemSetAccess:1,cuMemUnmap:1") == 0);
       CHECK_THROWS_AS(device_allocate(1000), CudaError);
+      CHECK(faults_fired("cuMemSetAccess") == 1);
+      CHECK(faults_fired("cuMemUnmap") == 1);
       emulator().set_fail(nullptr);
       check_pool_matches_driver();
       void* p = nullptr;
@@ -226,6 +240,8 @@ TEST_SUITE("pool") {
       CHECK(check_pattern(p, 6 * MiB, 10));
       device_deallocate(p, 6 * MiB);
       CHECK_THROWS_AS(free_pool_memory(), CudaError);  // cannot unmap yet: says so
+      CHECK(faults_fired("cuMemSetAccess") == 1);
+      CHECK(faults_fired("cuMemUnmap") >= 2);  // the undo and the trim's attempt
       check_pool_matches_driver();
       emulator().set_fail(nullptr);
     }
@@ -401,7 +417,13 @@ TEST_SUITE("pool") {
       if (!cfg.hold) REQUIRE(detail::driver().cuStreamSynchronize(busy) == CUDA_SUCCESS);
       const MemoryPoolStats before = memory_pool_stats();
       REQUIRE(emulator().set_fail(cfg.fault) == 0);
-      CHECK_THROWS_AS(device_deallocate(p, cfg.bytes, busy), CudaError);
+      try {
+        device_deallocate(p, cfg.bytes, busy);
+        FAIL("expected CudaError");
+      } catch (const CudaError& e) {
+        CHECK(e.code() == CUDA_ERROR_UNKNOWN);  // the injected error (non-allocating entries)
+      }
+      CHECK(faults_fired(nullptr) >= 1);
       emulator().set_fail(nullptr);
       const MemoryPoolStats after = memory_pool_stats();
       CHECK(after.current_count == before.current_count);

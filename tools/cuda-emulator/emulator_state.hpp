@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // The host emulator's shared state: configuration, contexts, streams, events and the VMM tables.
-// emulator.cpp implements devices, contexts and memory; streams.cpp streams and events;
-// options.cpp the configuration, call accounting and the fault plan. Driver rules are cited as
-// §n of docs/cuda-driver-rules.md.
+// One file per concept implements it: state.cpp the global state, the per-call checks and the
+// memory accounting; devices.cpp initialization and devices; contexts.cpp contexts; vmm.cpp
+// memory information and the VMM API; allocations.cpp classic device and pinned host allocations;
+// copies.cpp copies and memset; streams.cpp streams and events; options.cpp the configuration,
+// call accounting and the fault plan (the adversarial modes are options); control.cpp the
+// outstanding-object queries; proc_address.cpp cuGetProcAddress; legacy_abi.cpp the old-ABI
+// names. Driver rules are cited as §n of docs/cuda-driver-rules.md.
 //
 // Glossary: a reservation is a PROT_NONE anonymous mapping; a physical allocation ("handle") is
 // a memfd; a mapping is the memfd mmap'ed MAP_FIXED into a reservation; access is mprotect; a
@@ -250,6 +254,7 @@ struct State {
   uint64_t unmap_with_pending_work = 0;
   std::vector<FailRule> fail_plan;
   std::unordered_map<std::string, uint64_t> call_counts;
+  std::unordered_map<std::string, uint64_t> fault_counts;  // calls the plan made fail
 };
 
 // Leaked on purpose: detached stream workers may still run while static destructors do.
@@ -274,11 +279,44 @@ void read_fail_env_once(State& s);
 // in *counter and, with ABORT_ON_MISUSE, prints `what` with the entry point's name and aborts.
 void misuse(State& s, uint64_t* counter, const std::string& what);
 
-// --- emulator.cpp (global mutex held) ---
+// --- state.cpp: per-call checks, device memory accounting (global mutex held) ---
 
 CUresult need_init(State& s);
+// NOT_SUPPORTED without VMM (VSR_EMU_VMM=0).
+CUresult need_vmm(State& s);
+CUresult need_device(State& s, CUdevice dev);
 // §1.2: the calling thread's current context; poisoned contexts report the sticky error.
 CUresult need_context(State& s, CUctx_st** out);
+// Free bytes of device `dev`: capacity - charged - context overhead.
+size_t device_free(State& s, int dev);
+// Charges `bytes` to device `dev`; false (nothing charged) when they do not fit.
+bool charge(State& s, int dev, size_t bytes);
+void uncharge(State& s, int dev, size_t bytes);
+// §4: the backing goes when the last reference and the last mapping are gone.
+void maybe_destroy_physical(State& s, const std::shared_ptr<Physical>& p);
+// The reservation containing address p, or s.reservations.end().
+std::map<uintptr_t, size_t>::iterator containing_reservation(State& s, uintptr_t p);
+// "[0x..., 0x...)" for messages.
+std::string hex_range(uintptr_t begin, uintptr_t end);
+
+// The entry of `m` (keyed by start address, with a .size) containing address p, or m.end().
+template <typename T>
+typename std::map<uintptr_t, T>::iterator containing(std::map<uintptr_t, T>& m, uintptr_t p) {
+  auto it = m.upper_bound(p);
+  if (it == m.begin()) return m.end();
+  --it;
+  return p < it->first + it->second.size ? it : m.end();
+}
+
+// --- allocations.cpp (global mutex held) ---
+
+// Unmaps a linear allocation and uncharges its device.
+void free_linear(State& s, std::map<uintptr_t, Linear>::iterator it);
+
+// --- control.cpp ---
+
+// Prints the outstanding objects to stderr (VSR_EMU_REPORT=1, at exit).
+void print_report();
 
 // --- streams.cpp ---
 

@@ -381,6 +381,7 @@ CUresult begin_call(const char* entry, bool allocating) {
           injected =
               allocating || is_allocating(name) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
         }
+        ++s.fault_counts[name];
         break;
       }
     }
@@ -407,6 +408,7 @@ void read_fail_env_once(State& s) {
     std::fprintf(stderr, "vsr-cuda-emulator: ignoring bad VSR_EMU_FAIL\n");
   }
   s.call_counts.clear();
+  s.fault_counts.clear();
 }
 
 }  // namespace vsr::emu
@@ -421,6 +423,7 @@ VSR_EMU_EXPORT int vsr_emu_set_fail(const char* spec) {
   if (!parse_plan(spec, &plan)) return CUDA_ERROR_INVALID_VALUE;
   s.fail_plan = std::move(plan);
   s.call_counts.clear();
+  s.fault_counts.clear();
   s.fail_env_read = true;
   return CUDA_SUCCESS;
 }
@@ -432,6 +435,19 @@ VSR_EMU_EXPORT unsigned long long vsr_emu_call_count(const char* entry) {
   std::lock_guard lock(s.mutex);
   auto it = s.call_counts.find(base_name(entry));
   return it == s.call_counts.end() ? 0 : it->second;
+}
+
+/// See vsr_emulator.h.
+VSR_EMU_EXPORT unsigned long long vsr_emu_fault_count(const char* entry) {
+  State& s = st();
+  std::lock_guard lock(s.mutex);
+  if (entry == nullptr) {
+    unsigned long long all = 0;
+    for (const auto& [name, n] : s.fault_counts) all += n;
+    return all;
+  }
+  auto it = s.fault_counts.find(base_name(entry));
+  return it == s.fault_counts.end() ? 0 : it->second;
 }
 
 /// See vsr_emulator.h.

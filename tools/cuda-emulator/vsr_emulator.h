@@ -113,6 +113,11 @@ int vsr_emu_set_fail(const char* spec);
  * including calls that failed. */
 unsigned long long vsr_emu_call_count(const char* entry);
 
+/* Calls of entry point `entry` (base name, suffixes ignored; NULL: of every entry point) that the
+ * fault plan made fail since the plan was last set: lets a test check that each fault it planned
+ * was reached and injected. */
+unsigned long long vsr_emu_fault_count(const char* entry);
+
 /* Changes one option at run time; `name` without the VSR_EMU_ prefix: DEVICE_MEMORY, VMM, MANAGED,
  * MEMORY_POOLS, GRANULARITY, RECOMMENDED_GRANULARITY, CONTEXT_OVERHEAD, SYNC, STICKY,
  * ADVERSARIAL (1 turns every [A] mode on, 0 puts every mode back to its default),

@@ -80,6 +80,7 @@ struct Driver {
   decltype(&::vsr_emu_query_outstanding) outstanding = nullptr;
   decltype(&::vsr_emu_set_fail) set_fail = nullptr;
   decltype(&::vsr_emu_call_count) call_count = nullptr;
+  decltype(&::vsr_emu_fault_count) fault_count = nullptr;
   decltype(&::vsr_emu_set_option) set_option = nullptr;
   decltype(&::vsr_emu_stream_pause) stream_pause = nullptr;
   decltype(&::vsr_emu_describe) describe = nullptr;
@@ -173,6 +174,7 @@ struct Driver {
     symbol(outstanding, "vsr_emu_query_outstanding");
     symbol(set_fail, "vsr_emu_set_fail");
     symbol(call_count, "vsr_emu_call_count");
+    symbol(fault_count, "vsr_emu_fault_count");
     symbol(set_option, "vsr_emu_set_option");
     symbol(stream_pause, "vsr_emu_stream_pause");
     symbol(describe, "vsr_emu_describe");

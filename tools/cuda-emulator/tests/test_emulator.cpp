@@ -417,11 +417,16 @@ TEST_CASE("emulator: fault injection") {
   CHECK(free_bytes() == base - g);                                 // no side effect
   CHECK_CU(d.create(&h3, g, &prop, 0), CUDA_SUCCESS);              // only the 2nd call
   CHECK(d.call_count("cuMemCreate") == 3);
+  CHECK(d.fault_count("cuMemCreate") == 1);  // the planned fault fired, once
+  CHECK(d.fault_count("cuMemCreate_v2") == 1);
+  CHECK(d.fault_count("cuMemMap") == 0);
+  CHECK(d.fault_count(nullptr) == 1);
   REQUIRE_CU(d.release(h1));
   REQUIRE_CU(d.release(h3));
 
   CHECK(d.set_fail("cuMemMap:1:CUDA_ERROR_INVALID_DEVICE, cuMemAlloc_v2:2+") == 0);
   CHECK(d.call_count("cuMemCreate") == 0);  // counts restart with the plan
+  CHECK(d.fault_count(nullptr) == 0);
   REQUIRE_CU(d.create(&h1, g, &prop, 0));
   CUdeviceptr va = 0;
   REQUIRE_CU(d.reserve(&va, g, 0, 0, 0));
@@ -436,6 +441,9 @@ TEST_CASE("emulator: fault injection") {
   CHECK(q == 0);
   CHECK(d.call_count("cuMemAlloc") == 3);
   CHECK(d.call_count("cuMemAlloc_v2") == 3);
+  CHECK(d.fault_count("cuMemMap") == 1);
+  CHECK(d.fault_count("cuMemAlloc") == 2);  // N+: the 2nd and every later call
+  CHECK(d.fault_count(nullptr) == 3);
 
   CHECK(d.set_fail("cuMemUnmap:1:CUDA_ERROR_NO_SUCH_ERROR") == CUDA_ERROR_INVALID_VALUE);
   CHECK(d.set_fail("cuMemUnmap") == CUDA_ERROR_INVALID_VALUE);
