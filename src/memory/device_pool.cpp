@@ -40,6 +40,7 @@ void UsageCounters::fold(std::int64_t bytes, std::int64_t count, std::int64_t pe
 
 namespace {
 std::atomic<std::uintptr_t> g_next_thread_key{1};
+thread_local bool t_marks_bound = false;  // MarkFactory::record bound this thread's context
 thread_local std::uintptr_t t_per_thread_key = 0;
 }  // namespace
 
@@ -57,10 +58,16 @@ MarkFactory::~MarkFactory() {
 
 MarkRef MarkFactory::record(CUstream stream, CUstream key) {
   const DriverApi& api = driver();
-  // One device: the calling thread's context is the device's (memory.hpp binds it on the thread's
-  // first call), so no context query per mark, that is per large free.
+  // One device: a thread's context, once bound, is the device's (memory.hpp binds the primary
+  // context for a thread that has none), so only a thread's first mark queries it; not every mark,
+  // that is every large free. A thread that only frees (blocks from another thread) is bound here.
   std::optional<ScopedDeviceContext> scope;
-  if (driver_state().device_count != 1) scope.emplace(device_);
+  if (driver_state().device_count != 1) {
+    scope.emplace(device_);
+  } else if (!t_marks_bound) [[unlikely]] {
+    bind_current_device();
+    t_marks_bound = true;
+  }
   // An idle stream has finished everything queued on it, and a sticky error (7xx) ended all of
   // the context's work: the mark is complete without an event.
   if (const CUresult q = api.cuStreamQuery(stream); q == CUDA_SUCCESS || is_sticky_error(q)) {

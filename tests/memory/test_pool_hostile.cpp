@@ -370,12 +370,34 @@ TEST_SUITE("pool") {
     // driver call on every free of a real driver).
     FreshPool fresh(nullptr, 64 * MiB);
     CUstream s = new_stream();
+    device_deallocate(device_allocate(5 * MiB, s), 5 * MiB, s);  // the thread's first mark
     void* p = device_allocate(5 * MiB, s);
     emulator().stream_pause(s, 1);  // work queued: the mark needs an event
     detail::driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(p), 0, 1, s);
     const unsigned long long before = emulator().call_count("cuCtxGetCurrent");
     device_deallocate(p, 5 * MiB, s);
     CHECK(emulator().call_count("cuCtxGetCurrent") == before);
+    emulator().stream_pause(s, 0);
+    REQUIRE(detail::driver().cuStreamSynchronize(s) == CUDA_SUCCESS);
+    forget_stream(s);
+    detail::reset_memory_pools();
+    REQUIRE(detail::driver().cuStreamDestroy(s) == CUDA_SUCCESS);
+  }
+
+  TEST_CASE("a thread with no context of its own frees a large block with work queued") {
+    // The free records a mark: on a thread that never allocated, the pool binds the context.
+    FreshPool fresh(nullptr, 64 * MiB);
+    CUstream s = new_stream();
+    void* p = device_allocate(5 * MiB, s);
+    emulator().stream_pause(s, 1);
+    detail::driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(p), 0, 1, s);
+    std::thread([&] {
+      CUcontext none = nullptr;
+      REQUIRE(detail::driver().cuCtxGetCurrent(&none) == CUDA_SUCCESS);
+      REQUIRE(none == nullptr);
+      CHECK_NOTHROW(device_deallocate(p, 5 * MiB, s));
+    }).join();
+    CHECK(*memory_pool_stats().current_count == 0);
     emulator().stream_pause(s, 0);
     REQUIRE(detail::driver().cuStreamSynchronize(s) == CUDA_SUCCESS);
     forget_stream(s);
