@@ -119,7 +119,8 @@ void VmmPool::debug_check([[maybe_unused]] const char* where) const noexcept {
   }();
   if (!enabled) return;
   static thread_local unsigned calls = 0;
-  if (slab_count_ > 256 && (++calls % 64) != 0) return;
+  // Amortised: a check costs about one step per slab, so with many slabs it runs every n-th call.
+  if (slab_count_ > 64 && (++calls % (slab_count_ / 16)) != 0) return;
   std::string what;
   try {
     what = check_locked();

@@ -380,7 +380,7 @@ class VmmPool final : public DevicePool {
   // In builds without NDEBUG, with VSR_POOL_CHECKS=1 in the environment (the test suites set it):
   // aborts with what is wrong unless check_locked() passes. After trim, large allocations (and so
   // compose) and refills (every
-  // refill while the pool has few slabs, then every 64th). Mutex held.
+  // refill while the pool has few slabs, then every (slabs / 16)-th). Mutex held.
   void debug_check(const char* where) const noexcept;
 
   // Large blocks.
