@@ -53,7 +53,7 @@ std::string VmmPool::check_locked() const {
                                           slab) != state.unowned_bump.end())) {
         return fail("bump_listed disagrees with the class's unowned_bump list");
       }
-      if (slab->bump_owned == slab->bump_listed && slab->bump_owned) {
+      if (slab->bump_owned && slab->bump_listed) {
         return fail("a slab is both a thread's bump slab and listed as nobody's");
       }
     }

@@ -18,18 +18,21 @@ bool VmmPool::range_idle(FreeRange& range) {
 
 std::map<CUdeviceptr, FreeRange>::iterator VmmPool::retire_unmapped_range(
     std::map<CUdeviceptr, FreeRange>::iterator it) noexcept {
-  const CUdeviceptr begin = it->first;
-  const std::size_t pages = it->second.pages;
-  Region& region = regions_[static_cast<std::size_t>(region_of(begin))];
-  const std::size_t first = (begin - region.base) / page_;
-  for (std::size_t i = 0; i < pages; ++i) {
-    spare_.push_back(region.handles[first + i]);
-    region.handles[first + i] = 0;
-  }
-  pages_mapped_ -= pages;
+  take_unmapped_handles(it->first, it->second.pages, spare_);
   auto next = std::next(it);
   erase_free(it);
   return next;
+}
+
+void VmmPool::take_unmapped_handles(CUdeviceptr addr, std::size_t pages,
+                                    std::vector<CUmemGenericAllocationHandle>& to) noexcept {
+  Region& region = regions_[static_cast<std::size_t>(region_of(addr))];
+  const std::size_t first = (addr - region.base) / page_;
+  for (std::size_t i = 0; i < pages; ++i) {
+    to.push_back(region.handles[first + i]);
+    region.handles[first + i] = 0;
+  }
+  pages_mapped_ -= pages;
 }
 
 void VmmPool::erase_free(std::map<CUdeviceptr, FreeRange>::iterator it) {

@@ -250,6 +250,7 @@ bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
                             std::vector<CUmemGenericAllocationHandle>& out, bool create) {
   const DriverApi& api = driver();
   try {
+    out.reserve(count);                    // room first: nothing after an unmap below may fail
     if (!stuck_.empty()) recover_stuck();  // their pages are free once unmapped
     while (out.size() < count && !spare_.empty()) {
       out.push_back(spare_.back());
@@ -269,13 +270,7 @@ bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
         ++it;
         continue;
       }
-      Region& region = regions_[static_cast<std::size_t>(region_of(cut))];
-      const std::size_t first = (cut - region.base) / page_;
-      for (std::size_t i = 0; i < take; ++i) {
-        out.push_back(region.handles[first + i]);
-        region.handles[first + i] = 0;
-      }
-      pages_mapped_ -= take;
+      take_unmapped_handles(cut, take, out);
       const std::size_t left = it->second.pages - take;
       std::vector<MarkRef> marks = std::move(it->second.marks);
       auto next = std::next(it);

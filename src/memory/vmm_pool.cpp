@@ -426,8 +426,7 @@ std::string vmm_self_test(int device) {
       }
     }
     // Released exactly once (§7 #5): a sticky error (7xx) may come from a release that worked.
-    if (const CUresult rr = api.cuMemRelease(handle);
-        rr != CUDA_SUCCESS && (rr < 700 || rr > 799)) {
+    if (const CUresult rr = api.cuMemRelease(handle); !vmm::vmm_call_took_effect(rr)) {
       api.cuMemRelease(handle);
     }
     free_address();

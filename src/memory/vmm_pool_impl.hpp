@@ -395,6 +395,10 @@ class VmmPool final : public DevicePool {
   // next range. Mutex held.
   std::map<CUdeviceptr, FreeRange>::iterator retire_unmapped_range(
       std::map<CUdeviceptr, FreeRange>::iterator it) noexcept;
+  // Moves the handles of `pages` large pages just unmapped at `addr` to `to` (which must have
+  // room: nothing after an unmap may fail) and marks them unmapped. Mutex held.
+  void take_unmapped_handles(CUdeviceptr addr, std::size_t pages,
+                             std::vector<CUmemGenericAllocationHandle>& to) noexcept;
   // A window of `pages` mapped pages for the stream with key `key`; with `create` false only from
   // pages the pool holds (0 if it holds too few). Mutex held.
   CUdeviceptr compose(std::size_t pages, CUstream key, bool create);
