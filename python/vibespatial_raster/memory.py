@@ -15,6 +15,10 @@ B        default, device supports VMM      the pool with the OOM recovery chain
 fallback device without VMM                a caching pool over ``cuMemAlloc``
 ======== ================================= =========================================
 
+``VIBESPATIAL_GPU_POOL_RESERVE`` (tiers A/B, a decimal fraction from 0 to 1, default 0) lets the
+pool hold that much more than the peak of live large blocks so that a steady mix of large sizes
+stops remapping pages (docs/memory-pool.md has the trade-off as measured).
+
 Unlike the Python original, :func:`free_pool_memory` is safe with live allocations, and the
 pool serves CuPy, PyTorch and Numba too (:mod:`vibespatial_raster.allocators`).
 """

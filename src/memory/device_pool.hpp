@@ -146,7 +146,7 @@ class DevicePool {
   int device_;
 };
 
-std::unique_ptr<DevicePool> make_vmm_pool(int device);
+std::unique_ptr<DevicePool> make_vmm_pool(int device, double reserve);
 /// Maps one page through the VMM calls the pool uses (reserve, create, map, set access, then
 /// unmap, release, free) on `device`. Returns "" when they work, else what failed (e.g.
 /// "cuMemMap returned CUDA_ERROR_NOT_SUPPORTED"): some drivers claim VMM support and then fail

@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <string_view>
 
 namespace vibespatial::raster::detail {
 namespace {
@@ -68,6 +69,29 @@ bool env_flag(const char* name) {
                               "no or off to disable it (any case), or leave it unset");
 }
 
+// VIBESPATIAL_GPU_POOL_RESERVE: the VMM pool's warm reserve, a fraction from 0 to 1 written as
+// a decimal number ("0.1"); unset: kDefaultReserve. Anything else is an error.
+double env_reserve() {
+  const char* v = std::getenv("VIBESPATIAL_GPU_POOL_RESERVE");
+  if (v == nullptr) return kDefaultReserve;
+  double value = -1;
+  std::size_t used = 0;
+  try {
+    value = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string_view text(v);
+  const bool plain = !text.empty() && text.find_first_not_of("0123456789.") == std::string::npos;
+  if (!plain || used != text.size() || !(value >= 0 && value <= 1)) {
+    throw std::invalid_argument(
+        "configure_memory_pool: VIBESPATIAL_GPU_POOL_RESERVE=\"" + escaped(v) +
+        "\" is not a fraction from 0 to 1: set a decimal number such as 0.1 (10% more pages than "
+        "the peak of live large blocks), or leave it unset");
+  }
+  return value;
+}
+
 // Whether this process had used the pool when it forked (see g_forked_child). Set before any
 // pool lock is first taken, so a fork while a lock is held always sees it.
 std::atomic<bool> g_pool_used{false};
@@ -98,6 +122,7 @@ thread_local bool t_context_bound = false;
 struct Registry {
   std::mutex config_mutex;
   std::atomic<int> tier{static_cast<int>(Tier::none)};
+  double reserve = kDefaultReserve;  // VIBESPATIAL_GPU_POOL_RESERVE, set with the tier
   std::array<std::atomic<DevicePool*>, kMaxDevices> pools{};
   // Why each device has the pool it has (MemoryPoolStats::tier_reason): set once under
   // config_mutex before the tier or the device's pool is published, read after; the strings
@@ -256,7 +281,7 @@ DevicePool& pool_for_device(int device) {
     case Tier::b:
       // A device without VMM in a VMM-tier process gets the fallback pool; its stats say so.
       if (device_has_vmm(device, &why)) {
-        pool = make_vmm_pool(device);
+        pool = make_vmm_pool(device, r.reserve);
         why = current_tier() == Tier::a ? "VIBESPATIAL_GPU_POOL_ONLY is set: the VMM pool without "
                                           "OOM recovery (tier A)"
                                         : "the device supports virtual memory management: the "
@@ -328,6 +353,7 @@ std::string configure_memory_pool() {
   // Both variables are checked, whichever wins: a value that means nothing is an error.
   const bool managed = detail::env_flag("VIBESPATIAL_GPU_MANAGED_MEMORY");
   const bool pool_only = detail::env_flag("VIBESPATIAL_GPU_POOL_ONLY");
+  const double reserve = detail::env_reserve();
   detail::driver();  // throws DriverUnavailableError, saying why
   const int device = detail::bind_current_device();
   if (managed) {
@@ -371,6 +397,7 @@ std::string configure_memory_pool() {
                                    : "the device supports virtual memory management: the VMM pool "
                                      "with OOM recovery (tier B)");
   }
+  r.reserve = reserve;
   r.tier.store(static_cast<int>(t), std::memory_order_release);
   return detail::tier_name(t);
 }

@@ -194,6 +194,7 @@ void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
   fold_cache_stats(cache);
   const CUstream key = key_in(cache, stream);
   mark_pending(stream, key);
+  large_peak_pages_ = std::max(large_peak_pages_, large_live_pages_ + pages);
   CUdeviceptr addr = 0;
   // Takes `pages` from the front of a free range; the rest stays free.
   auto take_range = [&](std::map<CUdeviceptr, FreeRange>::iterator range) {

@@ -256,6 +256,23 @@ bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
       out.push_back(spare_.back());
       spare_.pop_back();
     }
+    // The warm reserve: while the pool holds less than its small pages and (1 + reserve_) times
+    // the peak of live large pages, new pages rather than idle free pages unmapped from
+    // elsewhere. Remapping takes pages from the free ranges that later requests would reuse as
+    // they are, so with no slack a steady trace keeps remapping; with some, it settles into
+    // free ranges of the sizes it needs and maps nothing (docs/memory-pool.md has the figures).
+    // A device that is full ends the reserve: the pages then come from elsewhere as usual.
+    const std::size_t cap =
+        small_pages_ + large_peak_pages_ +
+        static_cast<std::size_t>(reserve_ * static_cast<double>(large_peak_pages_));
+    while (out.size() < count && pages_held_ < cap) {
+      CUmemGenericAllocationHandle h = 0;
+      const CUresult r = api.cuMemCreate(&h, page_, &prop_, 0);
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) break;
+      if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemCreate", __FILE__, __LINE__);
+      out.push_back(h);
+      ++pages_held_;
+    }
     // Idle free large pages elsewhere: unmap them from their range's tail and reuse the handles.
     for (auto it = free_by_addr_.begin(); out.size() < count && it != free_by_addr_.end();) {
       const CUdeviceptr begin = it->first;

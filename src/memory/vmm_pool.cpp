@@ -46,6 +46,7 @@
 // map whole handles at offset 0 (§3.4.6), set access once per contiguous newly mapped run (§3.4.8,
 // §7 #3), unmap only whole mappings inside one reservation (§3.4.7), release handles exactly once
 // (§7 #5), and unmap only memory whose freeing stream work has completed (§7 #2).
+#include "common/expects.hpp"
 #include "memory/vmm_pool_impl.hpp"
 
 #include <optional>
@@ -58,7 +59,8 @@ namespace {
 std::atomic<std::uint64_t> g_next_epoch{1};
 }  // namespace
 
-VmmPool::VmmPool(int device) : DevicePool(device), marks_(device) {
+VmmPool::VmmPool(int device, double reserve)
+    : DevicePool(device), reserve_(reserve), marks_(device) {
   const DriverApi& api = driver();
   ScopedDeviceContext scope(device);
   prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -214,6 +216,7 @@ void VmmPool::trim() {
     }
   }
   spare_ = std::move(kept);
+  large_peak_pages_ = large_live_pages_;  // the warm reserve grows again from what is live
   debug_check("trim");
   if (first_error) throw *first_error;
 }
@@ -434,11 +437,12 @@ std::string vmm_self_test(int device) {
   }
 }
 
-std::unique_ptr<DevicePool> make_vmm_pool(int device) {
+std::unique_ptr<DevicePool> make_vmm_pool(int device, double reserve) {
   if (device < 0 || device >= kMaxDevices) {
     throw std::out_of_range("device ordinal out of range for the pool");
   }
-  return std::make_unique<vmm::VmmPool>(device);
+  VSR_EXPECTS(reserve >= 0 && reserve <= 1, "make_vmm_pool: reserve must be in [0, 1]");
+  return std::make_unique<vmm::VmmPool>(device, reserve);
 }
 
 }  // namespace vibespatial::raster::detail

@@ -255,7 +255,8 @@ extern std::array<std::atomic<std::uint64_t>, kMaxDevices> g_live_epoch;
 
 class VmmPool final : public DevicePool {
  public:
-  explicit VmmPool(int device);
+  /// `reserve`: VIBESPATIAL_GPU_POOL_RESERVE (a fraction, 0 to 1; see acquire_pages).
+  VmmPool(int device, double reserve);
   ~VmmPool() override { teardown(); }
 
   void* allocate(std::size_t bytes, CUstream stream) override;
@@ -482,6 +483,10 @@ class VmmPool final : public DevicePool {
   std::size_t pages_mapped_ = 0;
   std::size_t reserved_bytes_ = 0;
   std::size_t large_live_pages_ = 0;
+  // The most pages live large blocks have needed at once since the pool was last trimmed
+  // (counting a request being served): the base of the warm reserve.
+  std::size_t large_peak_pages_ = 0;
+  const double reserve_;  // the warm reserve, a fraction of large_peak_pages_
   std::size_t slab_count_ = 0;
   MarkFactory marks_;
   bool torn_down_ = false;

@@ -75,6 +75,7 @@ class FreshPool {
     REQUIRE(emulator().set_option("VMM", vmm) == 0);
     unsetenv("VIBESPATIAL_GPU_POOL_ONLY");
     unsetenv("VIBESPATIAL_GPU_MANAGED_MEMORY");
+    unsetenv("VIBESPATIAL_GPU_POOL_RESERVE");
     if (tier_env != nullptr) setenv(tier_env, "1", 1);
   }
   ~FreshPool() {
@@ -83,6 +84,7 @@ class FreshPool {
     emulator().set_option("VMM", "1");
     unsetenv("VIBESPATIAL_GPU_POOL_ONLY");
     unsetenv("VIBESPATIAL_GPU_MANAGED_MEMORY");
+    unsetenv("VIBESPATIAL_GPU_POOL_RESERVE");
     check_no_device_memory();
     const vsr_emu_outstanding o = emulator().outstanding();
     const std::size_t calls_naming_destroyed_handles = o.stale_handles - stale_before_;

@@ -5,6 +5,7 @@
 #include "pool_fixture.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -80,6 +81,60 @@ void small_traffic(int thread, std::size_t ops, std::size_t hold, std::size_t ma
   while (!held.empty()) release(held.size() - 1);
 }
 
+// VMM calls (create, release, map, unmap, set access) the emulator has seen so far.
+unsigned long long vmm_calls() {
+  unsigned long long n = 0;
+  for (const char* e : {"cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemSetAccess"}) {
+    n += vsr_test::emulator().call_count(e);
+  }
+  return n;
+}
+
+struct LargeTraceResult {
+  double calls_per_step = 0;  // VMM calls per free + allocation, second half of the trace
+  std::size_t peak_pool = 0;  // the most the pool held (sampled after every call)
+  std::size_t peak_live_pages = 0;
+};
+
+// A steady trace of large blocks: 96 live blocks of 1 to 32 MiB (log-uniform, as vsr-bench's
+// large trace), then `steps` steps each freeing a random one and allocating a new size.
+LargeTraceResult large_trace(std::size_t steps) {
+  std::mt19937_64 rng(77);
+  std::uniform_real_distribution<double> u(std::log(1.0 * MiB), std::log(32.0 * MiB));
+  const auto draw = [&] { return static_cast<std::size_t>(std::exp(u(rng))); };
+  (void)vsr::detail::pool_for_device(0);  // configures the pool (VIBESPATIAL_GPU_POOL_RESERVE)
+  const std::size_t page = vsr::memory_pool_stats().granularity;
+  REQUIRE(page > 0);
+  std::vector<std::pair<void*, std::size_t>> live(96);
+  std::size_t live_pages = 0;
+  LargeTraceResult r;
+  const auto sample = [&] {
+    r.peak_live_pages = std::max(r.peak_live_pages, live_pages);
+    r.peak_pool = std::max(r.peak_pool, *vsr::memory_pool_stats().pool_size);
+  };
+  for (auto& [p, b] : live) {
+    b = draw();
+    p = vsr::device_allocate(b);
+    live_pages += (b + page - 1) / page;
+    sample();
+  }
+  unsigned long long before = 0;
+  for (std::size_t k = 0; k < steps; ++k) {
+    if (k == steps / 2) before = vmm_calls();
+    auto& [p, b] = live[std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(rng)];
+    vsr::device_deallocate(p, b);
+    live_pages -= (b + page - 1) / page;
+    sample();
+    b = draw();
+    p = vsr::device_allocate(b);
+    live_pages += (b + page - 1) / page;
+    sample();
+  }
+  r.calls_per_step = static_cast<double>(vmm_calls() - before) / static_cast<double>(steps / 2);
+  for (auto& [p, b] : live) vsr::device_deallocate(p, b);
+  return r;
+}
+
 }  // namespace
 
 TEST_SUITE("pool") {
@@ -143,5 +198,52 @@ TEST_SUITE("pool") {
     for (auto [p, b] : blocks) vsr::device_deallocate(p, b);
     vsr::free_pool_memory();
     CHECK(*vsr::memory_pool_stats().pool_size == 0);
+  }
+
+  TEST_CASE("the warm reserve: a steady large trace stops remapping, within its bound") {
+    // Without a reserve the pool holds about the peak of live pages and composes a window
+    // (maps, unmaps) for a request that no free range fits; VIBESPATIAL_GPU_POOL_RESERVE=0.1
+    // lets it hold 10% more, after which the trace finds free ranges that fit.
+    LargeTraceResult plain, reserved;
+    {
+      FreshPool fresh(nullptr, 4096 * MiB);
+      plain = large_trace(3000);
+    }
+    {
+      FreshPool fresh(nullptr, 4096 * MiB);
+      setenv("VIBESPATIAL_GPU_POOL_RESERVE", "0.1", 1);
+      reserved = large_trace(3000);
+      unsetenv("VIBESPATIAL_GPU_POOL_RESERVE");
+    }
+    const std::size_t page = 2 * MiB;
+    INFO("VMM calls per step: " << plain.calls_per_step << " without a reserve, "
+                                << reserved.calls_per_step << " with 0.1; peak pool "
+                                << plain.peak_pool / page << " and " << reserved.peak_pool / page
+                                << " pages for " << plain.peak_live_pages << " and "
+                                << reserved.peak_live_pages << " live");
+    CHECK(plain.calls_per_step > 0.05);
+    CHECK(reserved.calls_per_step * 4 < plain.calls_per_step);
+    // The bound: the peak of live pages and 10% of it (no small blocks here).
+    CHECK(reserved.peak_pool / page <= reserved.peak_live_pages + reserved.peak_live_pages / 10);
+    CHECK(plain.peak_pool / page <= plain.peak_live_pages + 1);
+  }
+
+  TEST_CASE("VIBESPATIAL_GPU_POOL_RESERVE must be a fraction from 0 to 1") {
+    for (const char* bad : {"", "10%", "-0.1", "1.5", "0.1x", "nan", "1e-1", " 0.1"}) {
+      FreshPool fresh;
+      setenv("VIBESPATIAL_GPU_POOL_RESERVE", bad, 1);
+      INFO("VIBESPATIAL_GPU_POOL_RESERVE=\"" << bad << "\"");
+      CHECK_THROWS_WITH_AS(vsr::configure_memory_pool(),
+                           doctest::Contains("is not a fraction from 0 to 1"),
+                           std::invalid_argument);
+      unsetenv("VIBESPATIAL_GPU_POOL_RESERVE");
+    }
+    for (const char* good : {"0", "0.25", "1", "1.0", ".5"}) {
+      FreshPool fresh;
+      setenv("VIBESPATIAL_GPU_POOL_RESERVE", good, 1);
+      INFO("VIBESPATIAL_GPU_POOL_RESERVE=\"" << good << "\"");
+      CHECK(vsr::configure_memory_pool() == "B");
+      unsetenv("VIBESPATIAL_GPU_POOL_RESERVE");
+    }
   }
 }

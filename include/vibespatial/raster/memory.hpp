@@ -6,8 +6,9 @@
 //   page         one physical allocation (cuMemCreate handle) of exactly one granule. Every
 //                physical byte the pool holds is a page, so any free page can be remapped
 //                anywhere: free memory never strands for lack of a contiguous range.
-//   small block  a request of at most `small_block_limit` bytes, carved from a slab (one page
-//                split into equal slots of one size class). A live small block pins only its page.
+//   small block  a request of at most `small_block_limit` bytes, a slot of a slab: a run of a
+//                page's 64 spans cut into equal slots of one size class, so that slabs of every
+//                class and thread share pages. A live small block pins only its slab's page.
 //   large block  a larger request, rounded up to whole pages and mapped contiguously in the
 //                pool's reserved address space; its pages are its own.
 //   mark         an event recorded on the stream that freed memory: the memory may be reused on
@@ -26,6 +27,12 @@
 // Both variables take 1/true/yes/on or 0/false/no/off (any case), or are unset (off); any other
 // value, the empty string included, makes configuration fail (std::invalid_argument). Both true:
 // tier C, with a one-line warning on stderr.
+// VIBESPATIAL_GPU_POOL_RESERVE (tiers A/B), a decimal fraction from 0 to 1, default 0: the warm
+// reserve. A large request that no free range fits is served by remapping pages into a new
+// window (map, unmap and set-access calls, each a kernel call on a real driver); while the pool
+// holds less than (1 + reserve) times the peak of live large pages it creates new pages instead,
+// and a steady mix of sizes then settles into free ranges that fit and maps nothing. Memory for
+// remapping: 0 holds about the peak of live pages; 0.1 holds 10% more (docs/memory-pool.md).
 //
 // One pool per device; an allocation uses the pool of the device of the calling thread's current
 // context, and binds device 0's primary context to a thread that has none (it stays bound, so the
@@ -132,7 +139,8 @@ struct MemoryPoolStats {
 /// Idempotent and thread-safe: later calls return the tier chosen first. Called lazily by
 /// device_allocate().
 /// @throws std::invalid_argument when VIBESPATIAL_GPU_MANAGED_MEMORY or VIBESPATIAL_GPU_POOL_ONLY
-///         holds a value that is not a boolean (the message names the variable and its value,
+///         holds a value that is not a boolean, or VIBESPATIAL_GPU_POOL_RESERVE one that is not a
+///         decimal fraction from 0 to 1 (the message names the variable and its value,
 ///         non-printable bytes as \xHH); DriverUnavailableError when there is no usable driver or
 ///         device, or in a forked child; CudaError (CUDA_ERROR_NOT_SUPPORTED) when the requested
 ///         tier is impossible, e.g. VIBESPATIAL_GPU_MANAGED_MEMORY=1 on a device without managed
