@@ -5,8 +5,8 @@
 #include "pool_fixture.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -84,7 +84,8 @@ void small_traffic(int thread, std::size_t ops, std::size_t hold, std::size_t ma
 // VMM calls (create, release, map, unmap, set access) the emulator has seen so far.
 unsigned long long vmm_calls() {
   unsigned long long n = 0;
-  for (const char* e : {"cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemSetAccess"}) {
+  for (const char* e :
+       {"cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemSetAccess"}) {
     n += vsr_test::emulator().call_count(e);
   }
   return n;
