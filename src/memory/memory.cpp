@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // memory.hpp: tier selection, the per-device pool registry, the OOM recovery chain.
 #include "memory/pool_registry.hpp"
+#include "memory/vmm_pool_impl.hpp"
 
 #include <vibespatial/raster/memory.hpp>
 
@@ -92,6 +93,12 @@ double env_reserve() {
   return value;
 }
 
+// The VMM pool of the only device of a one-device process (tiers A and B), or null: once the
+// calling thread's context is bound, device_allocate and device_deallocate call it directly, with
+// no tier or device lookup and no virtual call (VmmPool is final). Set with the pool; cleared by
+// reset_memory_pools() and in a forked child, whose calls then take the checked path and throw.
+std::atomic<vmm::VmmPool*> g_direct_pool{nullptr};
+
 // Whether this process had used the pool when it forked (see g_forked_child). Set before any
 // pool lock is first taken, so a fork while a lock is held always sees it.
 std::atomic<bool> g_pool_used{false};
@@ -102,6 +109,7 @@ void note_pool_use() noexcept {
 
 void on_fork_child() noexcept {
   if (g_pool_used.load(std::memory_order_relaxed)) {
+    g_direct_pool.store(nullptr, std::memory_order_relaxed);
     g_forked_child.store(true, std::memory_order_relaxed);
   }
 }
@@ -301,6 +309,11 @@ DevicePool& pool_for_device(int device) {
       break;
   }
   set_reason(device, std::move(why));
+  if (driver_state().device_count == 1) {
+    if (auto* vmm = dynamic_cast<vmm::VmmPool*>(pool.get())) {
+      g_direct_pool.store(vmm, std::memory_order_release);
+    }
+  }
   slot.store(pool.get(), std::memory_order_release);
   return *pool.release();
 }
@@ -317,6 +330,7 @@ std::size_t pool_free_bytes(int device) noexcept {
 void reset_memory_pools() noexcept {
   Registry& r = registry();
   std::lock_guard lock(r.config_mutex);
+  g_direct_pool.store(nullptr, std::memory_order_release);
   for (std::size_t d = 0; d < r.pools.size(); ++d) {
     DevicePool* p = r.pools[d].exchange(nullptr);
     if (p != nullptr) {
@@ -330,6 +344,54 @@ void reset_memory_pools() noexcept {
   }
   r.reason_text.clear();
   r.tier.store(static_cast<int>(Tier::none), std::memory_order_release);
+}
+
+// After `pool` found the device full for a request: OutOfMemoryError, or in tier B the recovery
+// chain (handlers, trim, retry) and the block it finally got.
+void* allocate_after_full(DevicePool& pool, std::size_t bytes, CUstream stream,
+                          const DeviceFull& full) {
+  if (full.impossible) throw_oom(pool, bytes, "; the request is larger than the device's memory");
+  if (current_tier() != Tier::b) throw_oom(pool, bytes, "");
+  if (t_in_oom_handler) {
+    throw_oom(pool, bytes,
+              "; called from inside an OOM handler, where the recovery chain does not run again");
+  }
+  // Tier B's recovery chain. The pool holds none of its locks here, so handlers may free memory
+  // through it.
+  Registry& r = registry();
+  std::size_t handlers_run = 0;
+  for (int round = 1; round <= kRecoveryRounds; ++round) {
+    std::vector<std::shared_ptr<OomHandler>> handlers;
+    {
+      std::lock_guard lock(r.handler_mutex);
+      for (auto& [id, h] : r.handlers) handlers.push_back(h);
+    }
+    {
+      struct InHandlers {
+        bool outer = t_in_oom_handler;
+        InHandlers() { t_in_oom_handler = true; }
+        ~InHandlers() { t_in_oom_handler = outer; }
+      } in_handlers;
+      for (const auto& h : handlers) {
+        ++handlers_run;
+        (*h)(bytes);
+      }
+    }
+    try {
+      pool.trim();  // every free page back to the driver, after its freeing work completes
+    } catch (const CudaError&) {
+      // Whatever could not be released stays in the pool; the retry decides.
+    }
+    try {
+      void* p = pool.allocate(bytes, stream);
+      r.recoveries[static_cast<std::size_t>(pool.device())].fetch_add(1);
+      return p;
+    } catch (const DeviceFull&) {
+    }
+  }
+  throw_oom(pool, bytes,
+            "; the recovery chain ran " + std::to_string(kRecoveryRounds) + " rounds (" +
+                std::to_string(handlers_run) + " OOM handler calls, free pages released, retried)");
 }
 
 }  // namespace vibespatial::raster::detail
@@ -468,6 +530,15 @@ MemoryPoolStats memory_pool_stats() noexcept {
 }
 
 void* device_allocate(std::size_t bytes, CUstream stream) {
+  // The direct path (g_direct_pool): one pointer, one thread-local flag, then the pool.
+  detail::vmm::VmmPool* direct = detail::g_direct_pool.load(std::memory_order_acquire);
+  if (direct != nullptr && detail::t_context_bound && bytes != 0) [[likely]] {
+    try {
+      return direct->allocate(bytes, stream);
+    } catch (const detail::DeviceFull& full) {
+      return detail::allocate_after_full(*direct, bytes, stream, full);
+    }
+  }
   if (detail::in_forked_child()) [[unlikely]]
     detail::throw_forked_child(__func__);
   if (bytes == 0) return nullptr;
@@ -476,53 +547,8 @@ void* device_allocate(std::size_t bytes, CUstream stream) {
   try {
     return pool.allocate(bytes, stream);
   } catch (const detail::DeviceFull& full) {
-    if (full.impossible) {
-      detail::throw_oom(pool, bytes, "; the request is larger than the device's memory");
-    }
-    if (detail::current_tier() != Tier::b) detail::throw_oom(pool, bytes, "");
-    if (detail::t_in_oom_handler) {
-      detail::throw_oom(pool, bytes,
-                        "; called from inside an OOM handler, where the recovery chain does not "
-                        "run again");
-    }
+    return detail::allocate_after_full(pool, bytes, stream, full);
   }
-  // Tier B's recovery chain. The pool holds none of its locks here, so handlers may free memory
-  // through it.
-  detail::Registry& r = registry();
-  std::size_t handlers_run = 0;
-  for (int round = 1; round <= detail::kRecoveryRounds; ++round) {
-    std::vector<std::shared_ptr<OomHandler>> handlers;
-    {
-      std::lock_guard lock(r.handler_mutex);
-      for (auto& [id, h] : r.handlers) handlers.push_back(h);
-    }
-    {
-      struct InHandlers {
-        bool outer = detail::t_in_oom_handler;
-        InHandlers() { detail::t_in_oom_handler = true; }
-        ~InHandlers() { detail::t_in_oom_handler = outer; }
-      } in_handlers;
-      for (const auto& h : handlers) {
-        ++handlers_run;
-        (*h)(bytes);
-      }
-    }
-    try {
-      pool.trim();  // every free page back to the driver, after its freeing work completes
-    } catch (const CudaError&) {
-      // Whatever could not be released stays in the pool; the retry decides.
-    }
-    try {
-      void* p = pool.allocate(bytes, stream);
-      r.recoveries[static_cast<std::size_t>(pool.device())].fetch_add(1);
-      return p;
-    } catch (const detail::DeviceFull&) {
-    }
-  }
-  detail::throw_oom(pool, bytes,
-                    "; the recovery chain ran " + std::to_string(detail::kRecoveryRounds) +
-                        " rounds (" + std::to_string(handlers_run) +
-                        " OOM handler calls, free pages released, retried)");
 }
 
 void forget_stream(CUstream stream) {
@@ -544,6 +570,11 @@ void forget_stream(CUstream stream) {
 }
 
 void device_deallocate(void* ptr, std::size_t bytes, CUstream stream) {
+  detail::vmm::VmmPool* direct = detail::g_direct_pool.load(std::memory_order_acquire);
+  if (direct != nullptr && ptr != nullptr) [[likely]] {
+    direct->deallocate(ptr, bytes, stream);  // the only pool, so the pointer's if anyone's
+    return;
+  }
   if (detail::in_forked_child()) [[unlikely]]
     detail::throw_forked_child(__func__);
   if (ptr == nullptr) {
