@@ -2,9 +2,11 @@
 #include "memory/device_pool.hpp"
 
 #include "common/byte_text.hpp"
+#include "common/expects.hpp"
 
 #include <cstdio>
 #include <optional>
+#include <string>
 
 namespace vibespatial::raster::detail {
 
@@ -12,6 +14,15 @@ void atomic_max(std::atomic<std::int64_t>& target, std::int64_t value) noexcept 
   std::int64_t seen = target.load(std::memory_order_relaxed);
   while (value > seen && !target.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
   }
+}
+
+void expect_live_block(const void* ptr, const std::size_t* allocated, std::size_t freed) {
+  VSR_EXPECTS(allocated != nullptr,
+              "device_deallocate: " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
+                  " is not a live block of this pool (never allocated, or already freed)");
+  VSR_EXPECTS(*allocated == freed, "device_deallocate: block was allocated with " +
+                                       std::to_string(*allocated) + " bytes but freed with " +
+                                       std::to_string(freed));
 }
 
 void UsageCounters::on_allocate(std::size_t bytes) noexcept {

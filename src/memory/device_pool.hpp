@@ -109,6 +109,11 @@ struct UsageCounters {
 
 void atomic_max(std::atomic<std::int64_t>& target, std::int64_t value) noexcept;
 
+/// device_deallocate's precondition on the block `ptr` that a pool looked up among its live
+/// blocks: `allocated` is the size it was allocated with, or null when `ptr` is not one. Throws
+/// std::invalid_argument (VSR_EXPECTS) saying which, so that every tier words it alike.
+void expect_live_block(const void* ptr, const std::size_t* allocated, std::size_t freed);
+
 /// One device's pool of one tier.
 class DevicePool {
  public:

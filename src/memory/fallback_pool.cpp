@@ -4,7 +4,6 @@
 // slightly smaller one (at most 1/8 of the block is wasted), on its freeing stream at once, on
 // another once its mark completed or, rather than a new cuMemAlloc, behind a wait for the mark;
 // on OOM every cached block is freed (after its freeing work) and the request retried once.
-// Tier C: one cuMemAllocManaged per request, freed in stream order (see ManagedPool).
 #include "memory/device_pool.hpp"
 
 #include <map>
@@ -61,16 +60,7 @@ class FallbackPool final : public DevicePool {
   void deallocate(void* ptr, std::size_t bytes, CUstream stream) override {
     std::lock_guard lock(mutex_);
     auto it = live_.find(reinterpret_cast<CUdeviceptr>(ptr));
-    if (it == live_.end()) {
-      throw std::invalid_argument(
-          "device_deallocate: pointer is not a live block of this pool "
-          "(never allocated, or already freed)");
-    }
-    if (it->second.bytes != bytes) {
-      throw std::invalid_argument("device_deallocate: block was allocated with " +
-                                  std::to_string(it->second.bytes) + " bytes but freed with " +
-                                  std::to_string(bytes));
-    }
+    expect_live_block(ptr, it == live_.end() ? nullptr : &it->second.bytes, bytes);
     if (stream == CU_STREAM_LEGACY) stream = nullptr;
     MarkRef mark = marks_.record(stream, stream_key(stream));  // may throw: nothing changed yet
     const std::size_t size = it->second.size;
@@ -199,153 +189,10 @@ class FallbackPool final : public DevicePool {
   MarkFactory marks_;
 };
 
-// Tier C: bare managed memory, one cuMemAllocManaged per request, counted. A free is stream
-// ordered: cuMemFree need not wait for queued work (§3.5), so a block freed while its stream is
-// busy is kept until a mark recorded at the free completes (checked by later calls; trim() and an
-// allocation that finds the device full wait for it).
-class ManagedPool final : public DevicePool {
- public:
-  explicit ManagedPool(int device) : DevicePool(device), marks_(device) {}
-  ~ManagedPool() override { teardown(); }
-
-  void* allocate(std::size_t bytes, CUstream /*stream*/) override {
-    if (bytes > (std::size_t{1} << 50)) throw DeviceFull{bytes};
-    const DriverApi& api = driver();
-    std::lock_guard lock(mutex_);
-    ScopedDeviceContext scope(device_);
-    free_completed(false);
-    CUdeviceptr p = 0;
-    CUresult r = api.cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && !pending_.empty()) {
-      free_completed(true);  // what waits for its stream's work is memory too
-      r = api.cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
-    }
-    if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{bytes};
-    if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemAllocManaged", __FILE__, __LINE__);
-    live_.emplace(p, bytes);
-    usage_.on_allocate(bytes);
-    return reinterpret_cast<void*>(p);
-  }
-
-  void deallocate(void* ptr, std::size_t bytes, CUstream stream) override {
-    std::lock_guard lock(mutex_);
-    auto it = live_.find(reinterpret_cast<CUdeviceptr>(ptr));
-    if (it == live_.end()) {
-      throw std::invalid_argument(
-          "device_deallocate: pointer is not a live managed block "
-          "(never allocated, or already freed)");
-    }
-    if (it->second != bytes) {
-      throw std::invalid_argument("device_deallocate: block was allocated with " +
-                                  std::to_string(it->second) + " bytes but freed with " +
-                                  std::to_string(bytes));
-    }
-    if (stream == CU_STREAM_LEGACY) stream = nullptr;
-    ScopedDeviceContext scope(device_);
-    // The work queued on `stream` so far may still use the block.
-    MarkRef mark = marks_.record(stream, stream_key(stream));  // may throw: nothing changed
-    if (mark->complete) {
-      VSR_CU_TRY(driver().cuMemFree(it->first));  // may throw: the block is still live
-    } else {
-      pending_.push_back({it->first, std::move(mark)});  // may throw: likewise
-    }
-    live_.erase(it);
-    usage_.on_free(bytes);
-    free_completed(false);
-  }
-
-  bool owns(const void* ptr) const noexcept override {
-    std::lock_guard lock(mutex_);
-    return live_.count(reinterpret_cast<CUdeviceptr>(ptr)) != 0;
-  }
-
-  void trim() override {
-    std::lock_guard lock(mutex_);
-    ScopedDeviceContext scope(device_);
-    free_completed(true);
-    if (!pending_.empty()) {
-      throw CudaError(CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN",
-                      "free_pool_memory: some freed managed blocks could not be released");
-    }
-  }
-
-  void forget(CUstream /*stream*/) override {}  // pending frees hold events, not streams
-
-  void fill_stats(MemoryPoolStats& s) const noexcept override {
-    s.current_bytes = static_cast<std::size_t>(usage_.current_bytes.load());
-    s.current_count = static_cast<std::size_t>(usage_.current_count.load());
-    s.peak_bytes = static_cast<std::size_t>(usage_.peak_bytes.load());
-    s.peak_count = static_cast<std::size_t>(usage_.peak_count.load());
-    s.total_bytes = static_cast<std::size_t>(usage_.total_bytes.load());
-    s.total_count = static_cast<std::size_t>(usage_.total_count.load());
-  }
-
-  std::string describe() const override {
-    std::lock_guard lock(mutex_);
-    return "managed memory: " +
-           format_bytes(static_cast<std::size_t>(usage_.current_bytes.load())) + " live in " +
-           std::to_string(live_.size()) + " blocks";
-  }
-
-  void teardown() noexcept override {
-    std::lock_guard lock(mutex_);
-    const DriverState& ds = driver_state();
-    if (ds.available) {
-      try {
-        ScopedDeviceContext scope(device_);
-        if (!live_.empty() || !pending_.empty()) ds.api.cuCtxSynchronize();
-        for (auto& [p, b] : live_) ds.api.cuMemFree(p);
-        for (const Pending& f : pending_) ds.api.cuMemFree(f.ptr);
-        pending_.clear();  // the marks' events go back to the factory, destroyed in the context
-        marks_.destroy_all();
-      } catch (...) {
-        // Best effort at teardown.
-      }
-    }
-    live_.clear();
-    pending_.clear();
-    marks_.destroy_all();
-  }
-
- private:
-  struct Pending {
-    CUdeviceptr ptr;
-    MarkRef mark;
-  };
-
-  // cuMemFree of the pending blocks whose marks have completed (with `wait`, of all, after
-  // waiting). A failing call keeps the block pending, for a later try. Mutex held, in context.
-  void free_completed(bool wait) noexcept {
-    const DriverApi& api = driver_state().api;
-    std::erase_if(pending_, [&](const Pending& f) {
-      try {
-        if (wait) {
-          marks_.wait(f.mark);
-        } else if (!marks_.completed(f.mark)) {
-          return false;
-        }
-      } catch (...) {
-        return false;
-      }
-      return api.cuMemFree(f.ptr) == CUDA_SUCCESS;
-    });
-  }
-
-  mutable std::mutex mutex_;
-  std::unordered_map<CUdeviceptr, std::size_t> live_;
-  std::vector<Pending> pending_;
-  UsageCounters usage_;
-  MarkFactory marks_;
-};
-
 }  // namespace
 
 std::unique_ptr<DevicePool> make_fallback_pool(int device) {
   return std::make_unique<FallbackPool>(device);
-}
-
-std::unique_ptr<DevicePool> make_managed_pool(int device) {
-  return std::make_unique<ManagedPool>(device);
 }
 
 }  // namespace vibespatial::raster::detail

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // memory.hpp: tier selection, the per-device pool registry, the OOM recovery chain.
+#include "common/expects.hpp"
 #include "memory/pool_registry.hpp"
 #include "memory/vmm_pool_impl.hpp"
 
@@ -224,15 +225,17 @@ int current_device() {
 
 DevicePool& pool_of(const void* ptr) {
   Registry& r = registry();
+  DevicePool* found = nullptr;
   if (driver_state().device_count == 1) {
-    if (DevicePool* p = r.pools[0].load(std::memory_order_acquire)) return *p;
+    found = r.pools[0].load(std::memory_order_acquire);
   } else {
     for (auto& slot : r.pools) {
       DevicePool* p = slot.load(std::memory_order_acquire);
-      if (p != nullptr && p->owns(ptr)) return *p;
+      if (p != nullptr && p->owns(ptr)) found = p;
     }
   }
-  throw std::invalid_argument("device_deallocate: pointer was not allocated by the pool");
+  VSR_EXPECTS(found != nullptr, "device_deallocate: pointer was not allocated by the pool");
+  return *found;
 }
 
 std::string driver_memory(int device) {
@@ -577,23 +580,18 @@ void device_deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   }
   if (detail::in_forked_child()) [[unlikely]]
     detail::throw_forked_child(__func__);
-  if (ptr == nullptr) {
-    if (bytes == 0) return;
-    throw std::invalid_argument("device_deallocate: null pointer with a size of " +
-                                std::to_string(bytes) + " bytes");
-  }
-  if (detail::current_tier() == Tier::none) {
-    throw std::invalid_argument(
-        "device_deallocate: the pool is not configured, so it never "
-        "allocated this pointer");
-  }
+  if (ptr == nullptr && bytes == 0) return;  // what device_allocate(0) returned
+  VSR_EXPECTS(ptr != nullptr,
+              "device_deallocate: null pointer with a size of " + std::to_string(bytes) + " bytes");
+  VSR_EXPECTS(detail::current_tier() != Tier::none,
+              "device_deallocate: the pool is not configured, so it never allocated this pointer");
   detail::pool_of(ptr).deallocate(ptr, bytes, stream);
 }
 
 std::uint64_t add_oom_handler(OomHandler handler) {
   if (detail::in_forked_child()) [[unlikely]]
     detail::throw_forked_child(__func__);
-  if (!handler) throw std::invalid_argument("add_oom_handler: empty handler");
+  VSR_EXPECTS(static_cast<bool>(handler), "add_oom_handler: empty handler");
   detail::note_pool_use();
   detail::Registry& r = registry();
   std::lock_guard lock(r.handler_mutex);

@@ -246,17 +246,8 @@ void VmmPool::deallocate_large(CUdeviceptr p, std::size_t bytes, CUstream stream
   ThreadCache& cache = thread_cache();
   std::lock_guard lock(mutex_);
   auto it = live_large_.find(p);
-  if (it == live_large_.end()) {
-    throw std::invalid_argument(
-        "device_deallocate: " + std::to_string(static_cast<unsigned long long>(p)) +
-        " is not a live block of this pool (never allocated, or already "
-        "freed)");
-  }
-  if (it->second.bytes != bytes) {
-    throw std::invalid_argument("device_deallocate: block was allocated with " +
-                                std::to_string(it->second.bytes) + " bytes but freed with " +
-                                std::to_string(bytes));
-  }
+  expect_live_block(reinterpret_cast<const void*>(p),
+                    it == live_large_.end() ? nullptr : &it->second.bytes, bytes);
   const CUstream key = key_in(cache, stream);
   MarkRef mark = marks_.record(stream, key);  // may throw: nothing has changed yet
   fold_cache_stats(cache);

@@ -113,22 +113,15 @@ void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   Slab* slab = slab_of(p);
   if (slab == nullptr) return deallocate_large(p, bytes, stream);
   const std::size_t slot = slab->slot_of(p);
-  if (p != slab->base + slot * slab->slot_size || slot >= slab->slot_count) {
-    throw std::invalid_argument(
-        "device_deallocate: pointer is inside a small block, not at its start");
-  }
+  VSR_EXPECTS(p == slab->base + slot * slab->slot_size && slot < slab->slot_count,
+              "device_deallocate: pointer is inside a small block, not at its start");
   std::uint32_t expected = static_cast<std::uint32_t>(bytes);
   const bool fits = bytes != 0 && bytes <= small_limit_;
   if (!fits) expected = slab->requested[slot].load(std::memory_order_acquire);
   if (!fits ||
       !slab->requested[slot].compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
-    if (expected == 0) {
-      throw std::invalid_argument(
-          "device_deallocate: block is not live (never allocated, or already freed)");
-    }
-    throw std::invalid_argument("device_deallocate: block was allocated with " +
-                                std::to_string(expected) + " bytes but freed with " +
-                                std::to_string(bytes));
+    const std::size_t allocated = expected;
+    expect_live_block(ptr, expected == 0 ? nullptr : &allocated, bytes);
   }
   ThreadCache& cache = thread_cache();
   Bin& bin = cache.bins[static_cast<std::size_t>(slab->size_class)];
