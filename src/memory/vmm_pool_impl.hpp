@@ -348,6 +348,10 @@ class VmmPool final : public DevicePool {
   template <typename Take, typename Want>
   void take_waiting(Slab* slab, CUstream stream, CUstream key, Take&& take, Want&& want,
                     std::vector<const StreamMark*>& waited);
+  // Removes shared slot `i` of `slab` (the last one takes its place), hands its block to `take`
+  // and drops the slot's reference to its batch. Mutex held.
+  template <typename Take>
+  void take_shared_slot(Slab* slab, std::size_t i, Take& take);
   void fold_cache_stats(ThreadCache& cache) noexcept;
   // Bump slabs (mutex held). A thread's bump slab of a class gives its never-used slots to the
   // thread's refills. Given up (release_bump), a slab with slots never used joins its class's

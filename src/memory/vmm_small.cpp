@@ -501,16 +501,22 @@ void VmmPool::disown_all(ThreadCache& cache) {
   }
 }
 
+template <typename Take>
+void VmmPool::take_shared_slot(Slab* slab, std::size_t i, Take& take) {
+  std::vector<SharedSlot>& shared = slab->shared;
+  const SharedSlot e = shared[i];
+  shared[i] = shared.back();
+  shared.pop_back();
+  take(e.ptr, slab);
+  drop_batch_ref(e.batch);
+}
+
 template <typename Take, typename Want>
 void VmmPool::take_shared(Slab* slab, CUstream key, int& budget, Take&& take, Want&& want) {
   std::vector<SharedSlot>& shared = slab->shared;
   for (std::size_t i = shared.size(); i-- > 0 && budget > 0 && want(); --budget) {
     if (!batch_ready_for(shared[i].batch, key)) continue;
-    const SharedSlot e = shared[i];
-    shared[i] = shared.back();
-    shared.pop_back();
-    take(e.ptr, slab);
-    drop_batch_ref(e.batch);
+    take_shared_slot(slab, i, take);
   }
   if (shared.empty()) unlist(slab);
 }
@@ -528,11 +534,7 @@ void VmmPool::take_waiting(Slab* slab, CUstream stream, CUstream key, Take&& tak
         waited.push_back(b->mark.get());
       }
     }
-    const SharedSlot e = shared[i];
-    shared[i] = shared.back();
-    shared.pop_back();
-    take(e.ptr, slab);
-    drop_batch_ref(e.batch);
+    take_shared_slot(slab, i, take);
   }
   if (shared.empty()) unlist(slab);
 }
