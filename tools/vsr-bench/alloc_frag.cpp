@@ -94,11 +94,11 @@ void section_fragmentation(Report& rep, const AllocSizes& z, std::uint64_t seed,
     progress("4/4 fragmentation: %s sizes, %zu allocations, cap %s", dist_name(d), z.frag_allocs,
              format_bytes(z.frag_cap).c_str());
     FragResult f;
-    try {
-      f = fragmentation(d, z.frag_cap, z.frag_allocs, seed + 2000 + idx++, rep.machine.granularity);
-    } catch (const std::exception& e) {
-      tab.add({std::string("1-64 MiB ") + dist_name(d), "ERROR (see summary)"});
-      case_error(rep, std::string("fragmentation ") + dist_name(d), e);
+    if (!run_case(rep, tab, std::string("1-64 MiB ") + dist_name(d),
+                  std::string("fragmentation ") + dist_name(d), [&] {
+                    f = fragmentation(d, z.frag_cap, z.frag_allocs, seed + 2000 + idx++,
+                                      rep.machine.granularity);
+                  })) {
       continue;
     }
     // The uniform trace is the goal; log-uniform is information (its many 1-2 MiB requests put

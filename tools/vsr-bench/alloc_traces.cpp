@@ -19,18 +19,9 @@ namespace {
 // on a real driver, whose calls nobody counts.
 double vmm_calls_per_op(const Trace& t, std::size_t steps) {
   PoolAlloc a;
-  std::vector<void*> ptr(t.fill.size());
-  std::vector<std::size_t> size = t.fill;
-  for (std::size_t i = 0; i < ptr.size(); ++i) ptr[i] = a.alloc(size[i]);
-  const long long before = vsr_bench::emulator_vmm_calls();
-  for (std::size_t k = 0; k < steps; ++k) {
-    const Trace::Step& s = t.steps[k];
-    a.release(ptr[s.slot], size[s.slot]);
-    ptr[s.slot] = a.alloc(s.size);
-    size[s.slot] = s.size;
-  }
-  const long long after = vsr_bench::emulator_vmm_calls();
-  for (std::size_t i = 0; i < ptr.size(); ++i) a.release(ptr[i], size[i]);
+  long long before = -1, after = -1;
+  run_trace(a, t, steps,
+            [&](bool start) { (start ? before : after) = vsr_bench::emulator_vmm_calls(); });
   if (before < 0 || after < 0) return -1;
   return static_cast<double>(after - before) / static_cast<double>(steps);
 }
@@ -51,11 +42,8 @@ void section_malloc(Report& rep, const Trace& small, const Trace& large, const A
        {Case{&small, z.small_steps, "<= 2.0"}, Case{&large, z.large_steps, "<= 1.0"}}) {
     std::vector<Contender> cs{contender("pool", PoolAlloc{}), contender("malloc", MallocAlloc{})};
     std::vector<std::vector<double>> s;
-    try {
-      s = interleave(label, *c.t, c.steps, z.rounds, cs);
-    } catch (const std::exception& e) {
-      tab.add({c.t->name, "ERROR (see summary)"});
-      case_error(rep, "pool_vs_malloc " + c.t->name, e);
+    if (!run_case(rep, tab, c.t->name, "pool_vs_malloc " + c.t->name,
+                  [&] { s = interleave(label, *c.t, c.steps, z.rounds, cs); })) {
       continue;
     }
     const double ratio = paired_ratio(s[0], s[1]);
@@ -118,11 +106,8 @@ void section_driver(Report& rep, const Trace& small, const Trace& large, const A
                               contender("cuMemAlloc", CuMemAlloc{})};
     if (has_async) cs.push_back(contender("cuMemAllocAsync", CuMemAllocAsync{stream}));
     std::vector<std::vector<double>> s;
-    try {
-      s = interleave(label, *c.t, c.steps, z.drv_rounds, cs);
-    } catch (const std::exception& e) {
-      tab.add({c.t->name, "ERROR (see summary)"});
-      case_error(rep, "pool_vs_driver " + c.t->name, e);
+    if (!run_case(rep, tab, c.t->name, "pool_vs_driver " + c.t->name,
+                  [&] { s = interleave(label, *c.t, c.steps, z.drv_rounds, cs); })) {
       continue;
     }
     const double r_sync = paired_ratio(s[0], s[1]);

@@ -124,6 +124,11 @@ extern int g_errors;  // cases that failed so far: the exit status is 1 when any
 /// Reports a failed case: on stderr, as a summary row and as a JSON section; counts it.
 void case_error(Report& rep, const std::string& name, const std::exception& e);
 
+/// Runs one case of a section: when @p body throws, the table gets the row `first_cell | ERROR
+/// (see summary)` and the report a case error named @p name. Returns whether the case ran.
+bool run_case(Report& rep, Table& tab, const std::string& first_cell, const std::string& name,
+              const std::function<void()>& body);
+
 // Runs one section unless --sections leaves it out; a failing section is reported and the others
 // still run.
 void run_section(Report& rep, const std::string& selected, const char* name,

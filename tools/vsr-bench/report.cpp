@@ -93,6 +93,18 @@ void case_error(Report& rep, const std::string& name, const std::exception& e) {
 
 // Runs one section unless --sections leaves it out; a failing section is reported and the others
 // still run.
+bool run_case(Report& rep, Table& tab, const std::string& first_cell, const std::string& name,
+              const std::function<void()>& body) {
+  try {
+    body();
+    return true;
+  } catch (const std::exception& e) {
+    tab.add({first_cell, "ERROR (see summary)"});
+    case_error(rep, name, e);
+    return false;
+  }
+}
+
 void run_section(Report& rep, const std::string& selected, const char* name,
                  const std::function<void()>& section) {
   if (!selected.empty() &&

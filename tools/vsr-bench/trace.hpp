@@ -99,23 +99,32 @@ struct CuMemAllocAsync {
   void settle() { BENCH_CU_TRY(vsr_bench::driver().cuStreamSynchronize(stream)); }
 };
 
-// One round: fill (untimed), `steps` replacement steps (timed), drain (untimed).
-// Returns ns per call (an allocation or a free).
-template <class A>
-double replay(A& a, const Trace& t, std::size_t steps) {
+// One pass of @p t on @p a: fill the live set, the first `steps` replacement steps, drain the live
+// set, settle. `on_steps(true)` is called just before the steps and `on_steps(false)` just after
+// them, where a caller starts and stops its clock or its counters.
+template <class A, class OnSteps>
+void run_trace(A& a, const Trace& t, std::size_t steps, OnSteps on_steps) {
   std::vector<void*> ptr(t.fill.size());
   std::vector<std::size_t> size = t.fill;
   for (std::size_t i = 0; i < ptr.size(); ++i) ptr[i] = a.alloc(size[i]);
-  const auto t0 = Clock::now();
+  on_steps(true);
   for (std::size_t k = 0; k < steps; ++k) {
     const Trace::Step& s = t.steps[k];
     a.release(ptr[s.slot], size[s.slot]);
     ptr[s.slot] = a.alloc(s.size);
     size[s.slot] = s.size;
   }
-  const auto t1 = Clock::now();
+  on_steps(false);
   for (std::size_t i = 0; i < ptr.size(); ++i) a.release(ptr[i], size[i]);
   a.settle();
+}
+
+// One round: fill (untimed), `steps` replacement steps (timed), drain (untimed).
+// Returns ns per call (an allocation or a free).
+template <class A>
+double replay(A& a, const Trace& t, std::size_t steps) {
+  Clock::time_point t0, t1;
+  run_trace(a, t, steps, [&](bool start) { (start ? t0 : t1) = Clock::now(); });
   return static_cast<double>(
              std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()) /
          (2.0 * static_cast<double>(steps));
