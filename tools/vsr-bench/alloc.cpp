@@ -77,8 +77,9 @@ void print_machine(const Report& rep, const AllocOptions& o, const AllocSizes& z
               format_bytes(m.free_bytes).c_str(), format_bytes(m.total_bytes).c_str());
   std::printf("pool:    tier %s, page %s, small blocks up to %s\n", m.tier.c_str(),
               format_bytes(m.granularity).c_str(), format_bytes(m.small_limit).c_str());
-  std::printf("rounds:  %d (malloc), %d (driver), %d (threads); median of interleaved rounds\n",
-              z.rounds, z.drv_rounds, z.thread_rounds);
+  std::printf(
+      "rounds:  %d (malloc, scale), %d (driver), %d (threads); median of interleaved rounds\n",
+      z.rounds, z.drv_rounds, z.thread_rounds);
   for (const auto& n : rep.notes) std::printf("note:    %s\n", n.c_str());
 }
 
@@ -99,6 +100,10 @@ void print_json(const Report& rep, const AllocOptions& o) {
 }
 
 }  // namespace
+
+Trace make_large_trace(std::size_t live, std::size_t steps, std::uint64_t seed) {
+  return make_trace("large", live, 1 * kMiB, 64 * kMiB, steps, seed);
+}
 
 int run_alloc(const AllocOptions& o) {
   // Emulated device memory is memfd pages that are never touched, so a large size costs nothing;
@@ -129,8 +134,9 @@ int run_alloc(const AllocOptions& o) {
   if (!o.json) print_machine(rep, o, z);
 
   const Trace small = make_trace("small", z.small_live, 256, 256 * kKiB, z.small_steps, o.seed);
-  const Trace large = make_trace("large", z.large_live, 1 * kMiB, 64 * kMiB,
-                                 std::max(z.large_steps, z.drv_large_steps), o.seed + 1);
+  const std::uint64_t large_seed = o.seed + 1;
+  const Trace large =
+      make_large_trace(z.large_live, std::max(z.large_steps, z.drv_large_steps), large_seed);
 
   const auto t0 = Clock::now();
   const auto guarded = [&](const char* name, const std::function<void()>& section) {
@@ -140,6 +146,7 @@ int run_alloc(const AllocOptions& o) {
   guarded("driver", [&] { section_driver(rep, small, large, z, o.json); });
   guarded("threads", [&] { section_threads(rep, z, o.seed, o.json); });
   guarded("frag", [&] { section_fragmentation(rep, z, o.seed, o.json); });
+  guarded("scale", [&] { section_scale(rep, large, large_seed, z, o.json); });
   const int status = g_errors > 0 ? 1 : 0;
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   progress("done in %.1f s", secs);

@@ -2,7 +2,7 @@
 // vsr-bench alloc: the device memory pool against malloc and the driver's allocators (issue 3),
 // its thread scaling, its fragmentation, and its cost as the device grows (issue 11). This header
 // holds the benchmark's sizes and its sections, one file each: alloc_traces.cpp (1, 2),
-// alloc_threads.cpp (3), alloc_frag.cpp (4); alloc.cpp runs them.
+// alloc_threads.cpp (3), alloc_frag.cpp (4), alloc_scale.cpp (5); alloc.cpp runs them.
 #pragma once
 
 #include "bench.hpp"
@@ -23,6 +23,10 @@ struct AllocSizes {
   int rounds = 7, drv_rounds = 5, thread_rounds = 9;  // threads: short rounds, noisy on few CPUs
 };
 
+/// The large trace (1 to 64 MiB, log-uniform): one definition for the sections and the scale
+/// section's workers, which rebuild it from these numbers.
+Trace make_large_trace(std::size_t live, std::size_t steps, std::uint64_t seed);
+
 /// 1. The pool against malloc on the small and the large trace, and the VMM calls of a steady
 /// large trace.
 void section_malloc(Report& rep, const Trace& small, const Trace& large, const AllocSizes& z,
@@ -34,5 +38,9 @@ void section_driver(Report& rep, const Trace& small, const Trace& large, const A
 void section_threads(Report& rep, const AllocSizes& z, std::uint64_t seed, bool quiet);
 /// 4. Peak physical over peak live bytes under churn.
 void section_fragmentation(Report& rep, const AllocSizes& z, std::uint64_t seed, bool quiet);
+/// 5. The large trace's cost on an 8 GiB and a 141 GiB emulated device, side by side (emulator
+/// only): @p large was made by make_large_trace with @p large_seed.
+void section_scale(Report& rep, const Trace& large, std::uint64_t large_seed, const AllocSizes& z,
+                   bool quiet);
 
 }  // namespace vsr_bench

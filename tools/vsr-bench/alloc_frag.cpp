@@ -91,7 +91,7 @@ void section_fragmentation(Report& rep, const AllocSizes& z, std::uint64_t seed,
              "peak/requested", "page-rounding floor", "goal", "met"});
   int idx = 0;
   for (Dist d : {Dist::uniform, Dist::log_uniform}) {
-    progress("4/4 fragmentation: %s sizes, %zu allocations, cap %s", dist_name(d), z.frag_allocs,
+    progress("4/5 fragmentation: %s sizes, %zu allocations, cap %s", dist_name(d), z.frag_allocs,
              format_bytes(z.frag_cap).c_str());
     FragResult f;
     if (!run_case(rep, tab, std::string("1-64 MiB ") + dist_name(d),

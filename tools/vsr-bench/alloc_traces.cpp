@@ -30,7 +30,7 @@ double vmm_calls_per_op(const Trace& t, std::size_t steps) {
 
 void section_malloc(Report& rep, const Trace& small, const Trace& large, const AllocSizes& z,
                     bool quiet) {
-  const std::string label = "1/4 pool vs malloc";
+  const std::string label = "1/5 pool vs malloc";
   Table tab({"trace", "live", "sizes", "steps", "rounds", "pool ns/op", "malloc ns/op",
              "pool/malloc", "goal", "met", "VMM calls per alloc+free"});
   struct Case {
@@ -87,7 +87,7 @@ void section_malloc(Report& rep, const Trace& small, const Trace& large, const A
 
 void section_driver(Report& rep, const Trace& small, const Trace& large, const AllocSizes& z,
                     bool quiet) {
-  const std::string label = "2/4 pool vs driver";
+  const std::string label = "2/5 pool vs driver";
   const bool emu = rep.machine.emulated;
   const auto& api = vsr_bench::driver();
   const bool has_async = api.cuMemAllocAsync != nullptr && api.cuMemFreeAsync != nullptr;

@@ -27,7 +27,7 @@ struct AllocOptions {
   bool json = false;
   bool quick = false;
   std::uint64_t seed = 20240611;
-  std::string sections;  // comma-separated subset of malloc,driver,threads,frag; empty: all
+  std::string sections;  // comma-separated subset of malloc,driver,threads,frag,scale; empty: all
 };
 
 struct DispatchOptions {
@@ -40,6 +40,15 @@ struct DispatchOptions {
 /// failed, 77 (alloc only) when there is no usable driver or device.
 int run_alloc(const AllocOptions& o);
 int run_dispatch(const DispatchOptions& o);
+
+/// The hidden command `vsr-bench alloc-scale-worker` that alloc's scale section starts, one per
+/// emulated device size (alloc_scale.cpp): the large trace of these sizes, replayed on request.
+struct ScaleWorkerOptions {
+  std::size_t live = 0, trace_steps = 0;  // the trace: live blocks, steps drawn
+  std::size_t steps = 0;                  // steps replayed per round
+  std::uint64_t seed = 0;                 // the trace's seed
+};
+int run_scale_worker(const ScaleWorkerOptions& o);
 
 // ---- output helpers -----------------------------------------------------------------------------
 

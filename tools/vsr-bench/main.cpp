@@ -3,8 +3,10 @@
 // of the contenders are interleaved (A, B, A, B, ...) and the median of the per-round ratios is
 // reported, because the machines this runs on are shared and noisy.
 //
-//   vsr-bench alloc [--quick] [--json] [--seed N] [--sections malloc,driver,threads,frag]
-//                                                    the device memory pool (issue 3)
+//   vsr-bench alloc [--quick] [--json] [--seed N] [--sections malloc,driver,threads,frag,scale]
+//                                                    the device memory pool (issue 3); scale:
+//                                                    the large trace at 8 and 141 GiB emulated
+//                                                    devices side by side (issue 11)
 //   vsr-bench dispatch [--quick] [--json] [--sections cpu,gpu,pipeline,focal]
 //                                                    op throughput vs copy bandwidth (issue 5);
 //                                                    the pipeline section also runs on the
@@ -29,7 +31,7 @@ namespace {
 int usage(FILE* to) {
   std::fprintf(to,
                "usage: vsr-bench alloc [--quick] [--json] [--seed N] [--sections LIST]\n"
-               "       LIST: comma-separated subset of malloc,driver,threads,frag\n"
+               "       LIST: comma-separated subset of malloc,driver,threads,frag,scale\n"
                "       vsr-bench dispatch [--quick] [--json] [--sections LIST]\n"
                "       LIST: comma-separated subset of cpu,gpu,pipeline,focal\n");
   return 2;
@@ -55,12 +57,36 @@ std::string checked_sections(std::string_view text, const std::vector<std::strin
   return list;
 }
 
+// The hidden command alloc's scale section starts (alloc_scale.cpp); every option is required.
+ScaleWorkerOptions parse_scale_worker(int argc, char** argv) {
+  ScaleWorkerOptions w;
+  vsr_cli::ArgScanner words(argc, argv, 2);
+  while (words.next()) {
+    std::size_t* target = words.is("--live")          ? &w.live
+                          : words.is("--trace-steps") ? &w.trace_steps
+                          : words.is("--steps")       ? &w.steps
+                                                      : nullptr;
+    if (target != nullptr) {
+      *target = vsr_cli::parse_integer<std::size_t>(words.option(), words.value());
+    } else if (words.is("--seed")) {
+      w.seed = vsr_cli::parse_integer<std::uint64_t>(words.option(), words.value());
+    } else {
+      words.unknown();
+    }
+  }
+  if (w.live == 0 || w.trace_steps == 0 || w.steps == 0) {
+    throw vsr_cli::UsageError("alloc-scale-worker: --live, --trace-steps and --steps are required");
+  }
+  return w;
+}
+
 int parse_and_run(int argc, char** argv) {
   const std::string_view cmd = argv[1];
   if (cmd == "-h" || cmd == "--help") {
     usage(stdout);
     return 0;
   }
+  if (cmd == "alloc-scale-worker") return run_scale_worker(parse_scale_worker(argc, argv));
   if (cmd != "dispatch" && cmd != "alloc") {
     throw vsr_cli::UsageError("unknown command '" + std::string(cmd) + "' (alloc or dispatch)");
   }
@@ -79,7 +105,8 @@ int parse_and_run(int argc, char** argv) {
       if (dispatch) {
         d.sections = checked_sections(words.value(), {"cpu", "gpu", "pipeline", "focal"});
       } else {
-        o.sections = checked_sections(words.value(), {"malloc", "driver", "threads", "frag"});
+        o.sections =
+            checked_sections(words.value(), {"malloc", "driver", "threads", "frag", "scale"});
       }
     } else if (words.is("--seed") && !dispatch) {
       o.seed = vsr_cli::parse_integer<std::uint64_t>(words.option(), words.value());

@@ -41,6 +41,22 @@ Trace make_trace(std::string name, std::size_t live, std::size_t lo, std::size_t
   return t;
 }
 
+std::uint64_t fingerprint(const Trace& t) {
+  std::uint64_t h = 14695981039346656037ull;
+  const auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const std::size_t s : t.fill) mix(s);
+  for (const Trace::Step& s : t.steps) {
+    mix(s.slot);
+    mix(s.size);
+  }
+  return h;
+}
+
 // samples[c][r]: ns/op of contender c in round r. One untimed warm-up round per contender first.
 std::vector<std::vector<double>> interleave(const std::string& label, const Trace& t,
                                             std::size_t steps, int rounds,

@@ -52,6 +52,9 @@ struct Trace {
 Trace make_trace(std::string name, std::size_t live, std::size_t lo, std::size_t hi,
                  std::size_t steps, std::uint64_t seed, Dist dist = Dist::log_uniform);
 
+/// A hash of a trace's sizes and steps (FNV-1a): two processes that built the same trace agree.
+std::uint64_t fingerprint(const Trace& t);
+
 // ---- contenders ---------------------------------------------------------------------------------
 
 struct PoolAlloc {
