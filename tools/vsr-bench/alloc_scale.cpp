@@ -56,11 +56,6 @@ class Worker {
  public:
   Worker(std::string name, std::size_t device_bytes, const std::vector<std::string>& args)
       : name_(std::move(name)) {
-    int fds[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-      throw std::runtime_error(name_ + ": " + errno_text("socketpair"));
-    }
-    fd_ = fds[0];
     // The environment as it is, with the device size replaced.
     const std::string size_var = "VSR_EMU_DEVICE_MEMORY=" + std::to_string(device_bytes);
     std::vector<char*> env;
@@ -72,6 +67,11 @@ class Worker {
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+      throw std::runtime_error(name_ + ": " + errno_text("socketpair"));
+    }
+    fd_ = fds[0];
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDIN_FILENO);
@@ -82,6 +82,7 @@ class Worker {
     ::close(fds[1]);
     if (rc != 0) {
       pid_ = -1;
+      ::close(fd_);
       throw std::runtime_error(name_ + ": cannot start /proc/self/exe: " + std::strerror(rc));
     }
   }
