@@ -31,39 +31,50 @@ bool parse_double(std::string_view text, double* out) {
   return true;
 }
 
-// "<bytes>" or "<f>x" (a multiple of all devices' memory).
-bool parse_address_space(const char* text, size_t* bytes, double* factor) {
+// "<bytes>" or "<number><suffix>": *bytes = bytes and *scaled = 0, or *bytes = 0 and *scaled =
+// number / divisor where `valid(number)`.
+bool parse_bytes_or_scaled(const char* text, char suffix, bool (*valid)(double), double divisor,
+                           size_t* bytes, double* scaled) {
   if (text == nullptr) return false;
   std::string_view v(text);
-  if (!v.empty() && v.back() == 'x') {
-    double f = 0;
-    if (!parse_double(v.substr(0, v.size() - 1), &f) || f <= 0) return false;
+  if (!v.empty() && v.back() == suffix) {
+    double number = 0;
+    if (!parse_double(v.substr(0, v.size() - 1), &number) || !valid(number)) return false;
     *bytes = 0;
-    *factor = f;
+    *scaled = number / divisor;
     return true;
   }
   size_t b = 0;
   if (!parse_size(text, &b)) return false;
   *bytes = b;
-  *factor = 0;
+  *scaled = 0;
   return true;
+}
+
+// "<bytes>" or "<f>x" (a multiple of all devices' memory).
+bool parse_address_space(const char* text, size_t* bytes, double* factor) {
+  return parse_bytes_or_scaled(
+      text, 'x', [](double f) { return f > 0; }, 1, bytes, factor);
 }
 
 // "<bytes>" or "<p>%" (a percentage of the device memory, below 100).
 bool parse_overhead(const char* text, size_t* bytes, double* fraction) {
-  if (text == nullptr) return false;
-  std::string_view v(text);
-  if (!v.empty() && v.back() == '%') {
-    double p = 0;
-    if (!parse_double(v.substr(0, v.size() - 1), &p) || p >= 100) return false;
-    *bytes = 0;
-    *fraction = p / 100;
-    return true;
+  return parse_bytes_or_scaled(
+      text, '%', [](double p) { return p < 100; }, 100, bytes, fraction);
+}
+
+// Calls `item` with each item of a comma list, blanks around it trimmed and empty ones skipped;
+// false as soon as it returns false.
+template <typename F>
+bool for_each_item(std::string_view list, F&& item) {
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    std::string_view one = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+    while (!one.empty() && one.front() == ' ') one.remove_prefix(1);
+    while (!one.empty() && one.back() == ' ') one.remove_suffix(1);
+    if (!one.empty() && !item(one)) return false;
   }
-  size_t b = 0;
-  if (!parse_size(text, &b)) return false;
-  *bytes = b;
-  *fraction = 0;
   return true;
 }
 
@@ -75,18 +86,12 @@ constexpr const char* kA100Latency =
 // A comma list of `entry:<number><ns|us|ms|s>` items and presets ("a100"); "" clears.
 bool parse_latency(std::string_view spec, std::map<std::string, std::chrono::nanoseconds>* out) {
   std::map<std::string, std::chrono::nanoseconds> plan;
-  while (!spec.empty()) {
-    const size_t comma = spec.find(',');
-    std::string_view item = spec.substr(0, comma);
-    spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    if (item.empty()) continue;
+  const bool ok = for_each_item(spec, [&](std::string_view item) {
     if (item == "a100") {
       std::map<std::string, std::chrono::nanoseconds> preset;
       if (!parse_latency(kA100Latency, &preset)) return false;
       plan.insert(preset.begin(), preset.end());
-      continue;
+      return true;
     }
     const size_t colon = item.find(':');
     if (colon == std::string_view::npos || colon == 0) return false;
@@ -104,7 +109,9 @@ bool parse_latency(std::string_view spec, std::map<std::string, std::chrono::nan
     if (scale == 0 || !parse_double(amount, &value) || value * scale > 60e9) return false;
     plan[base_name(item.substr(0, colon))] =
         std::chrono::nanoseconds(static_cast<long long>(std::llround(value * scale)));
-  }
+    return true;
+  });
+  if (!ok) return false;
   *out = std::move(plan);
   return true;
 }
@@ -128,14 +135,7 @@ void apply_adversarial(Config& c, bool on) {
 
 bool parse_plan(const char* spec, std::vector<FailRule>* out) {
   std::vector<FailRule> plan;
-  std::string_view rest = spec != nullptr ? spec : "";
-  while (!rest.empty()) {
-    size_t comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    if (item.empty()) continue;
+  const bool ok = for_each_item(spec != nullptr ? spec : "", [&](std::string_view item) {
     size_t c1 = item.find(':');
     if (c1 == std::string_view::npos || c1 == 0) return false;
     FailRule rule;
@@ -158,7 +158,9 @@ bool parse_plan(const char* spec, std::vector<FailRule>* out) {
       rule.has_error = true;
     }
     plan.push_back(std::move(rule));
-  }
+    return true;
+  });
+  if (!ok) return false;
   *out = std::move(plan);
   return true;
 }
