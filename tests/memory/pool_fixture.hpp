@@ -116,6 +116,15 @@ inline std::size_t driver_free_bytes() {
   return free_b;
 }
 
+/// A new non-blocking stream on the current device (the caller destroys it).
+inline CUstream new_stream() {
+  vibespatial::raster::detail::bind_current_device();
+  CUstream s = nullptr;
+  REQUIRE(vibespatial::raster::detail::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) ==
+          CUDA_SUCCESS);
+  return s;
+}
+
 inline void fill_pattern(void* p, std::size_t n, std::uint32_t seed) {
   auto* b = static_cast<unsigned char*>(p);
   for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>((i * 131 + seed) & 0xff);
