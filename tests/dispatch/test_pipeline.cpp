@@ -4,6 +4,7 @@
 // copy threads, errors and options.
 #include "dispatch/gpu_resources.hpp"
 #include "memory/pool_fixture.hpp"
+#include "watchdog.hpp"
 
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/errors.hpp>
@@ -66,45 +67,6 @@ std::uint64_t budget_for(std::uint64_t band_bytes, int per_pass) {
   return static_cast<std::uint64_t>(static_cast<double>(band_bytes) * 2 * (per_pass + 0.5) / 0.35);
 }
 
-/// Fails the test and releases the emulator's streams if `done` is not signalled in time: the
-/// failure detector of the pause tests (a broken pipeline would otherwise wait forever).
-class Watchdog {
- public:
-  explicit Watchdog(std::function<void()> on_timeout) : on_timeout_(std::move(on_timeout)) {
-    thread_ = std::thread([this] {
-      std::unique_lock lock(m_);
-      if (!cv_.wait_for(lock, std::chrono::seconds(60), [this] { return done_; })) {
-        fired_ = true;
-        lock.unlock();
-        on_timeout_();
-      }
-    });
-  }
-  ~Watchdog() {
-    done();
-    thread_.join();
-  }
-  void done() {
-    {
-      std::lock_guard lock(m_);
-      done_ = true;
-    }
-    cv_.notify_all();
-  }
-  bool fired() {
-    std::lock_guard lock(m_);
-    return fired_;
-  }
-
- private:
-  std::function<void()> on_timeout_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  bool fired_ = false;
-  std::thread thread_;
-};
-
 /// The pause tests: four 256 x 256 float32 bands dispatched one band per pass, double-buffered,
 /// while one of the dispatch's streams is held (paused). The watchdog releases the held stream if
 /// the test's checks never come.
@@ -115,9 +77,10 @@ struct OneStreamHeld {
   const std::vector<float> expected = to_vector(r);
   GpuDispatchOptions o = one_band_per_pass();
   CUstream held = nullptr;
-  Watchdog dog{[this] {
-    if (held != nullptr) emulator().stream_pause(held, 0);
-  }};
+  // A broken pipeline would otherwise wait for the held stream forever.
+  Watchdog dog{std::chrono::seconds(60), [this] {
+                 if (held != nullptr) emulator().stream_pause(held, 0);
+               }};
 
   static GpuDispatchOptions one_band_per_pass() {
     GpuDispatchOptions options;
