@@ -116,6 +116,22 @@ bool parse_latency(std::string_view spec, std::map<std::string, std::chrono::nan
   return true;
 }
 
+// The options that are plain flags: VSR_EMU_<name> in the environment, vsr_emu_set_option(name)
+// at any time. (VMM, MANAGED and MEMORY_POOLS are flags too, but switching one off is checked
+// against live objects; REPORT is read from the environment only.)
+struct Flag {
+  std::string_view name;
+  bool Config::*field;
+};
+constexpr Flag kPlainFlags[] = {{"SYNC", &Config::sync},
+                                {"STICKY", &Config::sticky},
+                                {"ASYNC_DEFAULT_STREAMS", &Config::async_default_streams},
+                                {"RECYCLE_HANDLES", &Config::recycle_handles},
+                                {"FREE_NO_SYNC", &Config::free_no_sync},
+                                {"REQUIRE_CONTEXT", &Config::require_context},
+                                {"STICKY_VMM", &Config::sticky_vmm},
+                                {"ABORT_ON_MISUSE", &Config::abort_on_misuse}};
+
 // What VSR_EMU_ADVERSARIAL switches (on: the harshest legal driver; off: the defaults).
 void apply_adversarial(Config& c, bool on) {
   const Config defaults;
@@ -202,14 +218,9 @@ std::string env_value(const Config& e, std::string_view name) {
   if (name == "VMM") return flag(e.vmm);
   if (name == "MANAGED") return flag(e.managed);
   if (name == "MEMORY_POOLS") return flag(e.memory_pools);
-  if (name == "SYNC") return flag(e.sync);
-  if (name == "STICKY") return flag(e.sticky);
-  if (name == "ASYNC_DEFAULT_STREAMS") return flag(e.async_default_streams);
-  if (name == "RECYCLE_HANDLES") return flag(e.recycle_handles);
-  if (name == "FREE_NO_SYNC") return flag(e.free_no_sync);
-  if (name == "REQUIRE_CONTEXT") return flag(e.require_context);
-  if (name == "STICKY_VMM") return flag(e.sticky_vmm);
-  if (name == "ABORT_ON_MISUSE") return flag(e.abort_on_misuse);
+  for (const Flag& f : kPlainFlags) {
+    if (name == f.name) return flag(e.*f.field);
+  }
   if (name == "MEMINFO_QUANTUM") return std::to_string(e.meminfo_quantum);
   if (name == "ADDRESS_SPACE") {
     return e.address_space_factor > 0 ? format_double(e.address_space_factor) + "x"
@@ -329,18 +340,13 @@ void read_env(Config& c) {
   bool_env("VSR_EMU_VMM", &c.vmm);
   bool_env("VSR_EMU_MANAGED", &c.managed);
   bool_env("VSR_EMU_MEMORY_POOLS", &c.memory_pools);
-  bool_env("VSR_EMU_SYNC", &c.sync);
-  bool_env("VSR_EMU_STICKY", &c.sticky);
+  for (const Flag& f : kPlainFlags) {
+    bool_env(("VSR_EMU_" + std::string(f.name)).c_str(), &(c.*f.field));
+  }
   bool_env("VSR_EMU_REPORT", &c.report);
   size_t version = static_cast<size_t>(c.driver_version);
   size_env("VSR_EMU_DRIVER_VERSION", &version);
   c.driver_version = static_cast<int>(version);
-  bool_env("VSR_EMU_ASYNC_DEFAULT_STREAMS", &c.async_default_streams);
-  bool_env("VSR_EMU_RECYCLE_HANDLES", &c.recycle_handles);
-  bool_env("VSR_EMU_FREE_NO_SYNC", &c.free_no_sync);
-  bool_env("VSR_EMU_REQUIRE_CONTEXT", &c.require_context);
-  bool_env("VSR_EMU_STICKY_VMM", &c.sticky_vmm);
-  bool_env("VSR_EMU_ABORT_ON_MISUSE", &c.abort_on_misuse);
   size_env("VSR_EMU_MEMINFO_QUANTUM", &c.meminfo_quantum);
   if (const char* v = std::getenv("VSR_EMU_ADDRESS_SPACE"); v != nullptr) {
     if (!parse_address_space(v, &c.address_space, &c.address_space_factor)) {
@@ -488,23 +494,11 @@ VSR_EMU_EXPORT int vsr_emu_set_option(const char* name, const char* value) {
   const bool vmm_live = !s.reservations.empty() || s.live_physical != 0 || !s.mappings.empty();
 
   // Options that take a mode or a size.
-  struct Flag {
-    std::string_view name;
-    bool* target;
-  };
-  const Flag flags[] = {{"SYNC", &c.sync},
-                        {"STICKY", &c.sticky},
-                        {"ASYNC_DEFAULT_STREAMS", &c.async_default_streams},
-                        {"RECYCLE_HANDLES", &c.recycle_handles},
-                        {"FREE_NO_SYNC", &c.free_no_sync},
-                        {"REQUIRE_CONTEXT", &c.require_context},
-                        {"STICKY_VMM", &c.sticky_vmm},
-                        {"ABORT_ON_MISUSE", &c.abort_on_misuse}};
-  for (const Flag& f : flags) {
+  for (const Flag& f : kPlainFlags) {
     if (n != f.name) continue;
     bool v = false;
     if (!parse_bool(value, &v)) return CUDA_ERROR_INVALID_VALUE;
-    *f.target = v;
+    c.*f.field = v;
     return CUDA_SUCCESS;
   }
   if (n == "ADVERSARIAL") {
