@@ -531,13 +531,19 @@ CUresult stream_query(CUstream stream, bool ptds) {
   return CUDA_SUCCESS;
 }
 
+// The stream and the event of cuStreamWaitEvent and cuEventRecord, in that order of checks.
+CUresult stream_and_event(State& s, CUstream stream, bool ptds, CUevent event, StreamRef* ref,
+                          std::shared_ptr<Event>* ev) {
+  VSR_EMU_TRY(resolve_stream(s, stream, ptds, ref));
+  return find_event(s, event, ev);
+}
+
 CUresult stream_wait_event(CUstream stream, CUevent event, unsigned flags, bool ptds) {
   State& s = st();
   std::unique_lock lock(s.mutex);
   StreamRef ref;
-  VSR_EMU_TRY(resolve_stream(s, stream, ptds, &ref));
   std::shared_ptr<Event> ev;
-  VSR_EMU_TRY(find_event(s, event, &ev));
+  VSR_EMU_TRY(stream_and_event(s, stream, ptds, event, &ref, &ev));
   if ((flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -566,9 +572,8 @@ CUresult event_record(CUevent event, CUstream stream, bool ptds) {
   State& s = st();
   std::unique_lock lock(s.mutex);
   StreamRef ref;
-  VSR_EMU_TRY(resolve_stream(s, stream, ptds, &ref));
   std::shared_ptr<Event> ev;
-  VSR_EMU_TRY(find_event(s, event, &ev));
+  VSR_EMU_TRY(stream_and_event(s, stream, ptds, event, &ref, &ev));
   if (ev->ctx != ref.ctx) return CUDA_ERROR_INVALID_HANDLE;
   const uint64_t generation = ++ev->generation;
   ev->recorded = true;
