@@ -118,12 +118,27 @@ std::uint64_t value_of(const std::optional<std::size_t>& v, std::int32_t& has) {
   return v.value_or(0);
 }
 
+// Copies as much of `text` as fits `capacity` bytes with its NUL (nothing when capacity is 0).
+void copy_truncated(std::string_view text, char* out, std::size_t capacity) noexcept {
+  if (capacity == 0) return;
+  const std::size_t n = std::min(text.size(), capacity - 1);
+  std::memcpy(out, text.data(), n);
+  out[n] = '\0';
+}
+
+// A caller's struct (`name`, as in "out->struct_size") must be at least its first published size.
+void check_struct_size(const char* name, const char* type, std::size_t struct_size,
+                       std::size_t v1_size, const char* advice = "") {
+  VSR_EXPECTS(struct_size >= v1_size, std::string(name) + "->struct_size is " +
+                                          std::to_string(struct_size) + ", expected sizeof(" +
+                                          type + ") (at least " + std::to_string(v1_size) + ")" +
+                                          advice);
+}
+
 vsr_pool_stats to_c(const vsr::MemoryPoolStats& s) {
   vsr_pool_stats c{};
   c.struct_size = sizeof(vsr_pool_stats);
-  const std::size_t n = std::min(s.tier.size(), sizeof(c.tier) - 1);
-  std::memcpy(c.tier, s.tier.data(), n);
-  c.tier[n] = '\0';
+  copy_truncated(s.tier, c.tier, sizeof(c.tier));
   c.configured = s.configured ? 1 : 0;
   c.device = s.device;
   c.current_bytes = value_of(s.current_bytes, c.has_current_bytes);
@@ -142,9 +157,7 @@ vsr_pool_stats to_c(const vsr::MemoryPoolStats& s) {
   c.oom_recoveries = s.oom_recoveries;
   c.granularity = s.granularity;
   c.small_block_limit = s.small_block_limit;
-  const std::size_t r = std::min(s.tier_reason.size(), sizeof(c.tier_reason) - 1);
-  std::memcpy(c.tier_reason, s.tier_reason.data(), r);
-  c.tier_reason[r] = '\0';
+  copy_truncated(s.tier_reason, c.tier_reason, sizeof(c.tier_reason));
   return c;
 }
 
@@ -159,10 +172,7 @@ void copy_out(const T& full, T* out) {
 
 void stats_into(const vsr::MemoryPoolStats& s, vsr_pool_stats* out) {
   VSR_EXPECTS(out != nullptr, "out is NULL");
-  VSR_EXPECTS(out->struct_size >= kPoolStatsV1Size,
-              "out->struct_size is " + std::to_string(out->struct_size) +
-                  ", expected sizeof(vsr_pool_stats) (at least " +
-                  std::to_string(kPoolStatsV1Size) + ")");
+  check_struct_size("out", "vsr_pool_stats", out->struct_size, kPoolStatsV1Size);
   copy_out(to_c(s), out);
 }
 
@@ -186,11 +196,7 @@ vsr_status vsr_configure_memory_pool(char* tier_out, size_t tier_capacity) {
   return guarded(__func__, [&] {
     const std::string tier = vsr::configure_memory_pool();
     if (tier_out == nullptr) return;
-    if (tier_capacity > 0) {
-      const std::size_t n = std::min(tier.size(), tier_capacity - 1);
-      std::memcpy(tier_out, tier.data(), n);
-      tier_out[n] = '\0';
-    }
+    copy_truncated(tier, tier_out, tier_capacity);
     if (tier_capacity < tier.size() + 1) {
       throw std::out_of_range("tier_capacity " + std::to_string(tier_capacity) +
                               " cannot hold the tier \"" + tier + "\" and its NUL (" +
@@ -284,17 +290,12 @@ vsr_status vsr_analyze_raster_plan(int64_t height, int64_t width, int dtype,
                                    const vsr_plan_options* opts, vsr_raster_plan* out) {
   return guarded(__func__, [&] {
     VSR_EXPECTS(out != nullptr, "out is NULL");
-    VSR_EXPECTS(out->struct_size >= kRasterPlanV1Size,
-                "out->struct_size is " + std::to_string(out->struct_size) +
-                    ", expected sizeof(vsr_raster_plan) (at least " +
-                    std::to_string(kRasterPlanV1Size) + ")");
+    check_struct_size("out", "vsr_raster_plan", out->struct_size, kRasterPlanV1Size);
     const vsr::DType d = to_dtype(dtype);
     vsr::PlanOptions options;
     if (opts != nullptr) {
-      VSR_EXPECTS(opts->struct_size >= kPlanOptionsV1Size,
-                  "opts->struct_size is " + std::to_string(opts->struct_size) +
-                      ", expected sizeof(vsr_plan_options) (at least " +
-                      std::to_string(kPlanOptionsV1Size) + "): fill it with vsr_plan_options_init");
+      check_struct_size("opts", "vsr_plan_options", opts->struct_size, kPlanOptionsV1Size,
+                        ": fill it with vsr_plan_options_init");
       options.band_count = opts->band_count;
       options.buffers_per_band = opts->buffers_per_band;
       options.scratch_bytes = opts->scratch_bytes;

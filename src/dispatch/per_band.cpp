@@ -464,16 +464,21 @@ OwnedRasterArray run_gpu_dispatch(const OwnedRasterArray& raster, const StreamBa
   return std::move(*out);
 }
 
+/// The preconditions of both dispatch_per_band_gpu overloads: an op, and options in range.
+void check_gpu_dispatch(bool has_op, const GpuDispatchOptions& options) {
+  VSR_EXPECTS(has_op, "dispatch_per_band_gpu: op is empty");
+  VSR_EXPECTS(options.pipeline_depth == 1 || options.pipeline_depth == 2,
+              "dispatch_per_band_gpu: pipeline_depth must be 1 or 2, not " +
+                  std::to_string(options.pipeline_depth));
+  VSR_EXPECTS(options.staging_threads >= 0, "dispatch_per_band_gpu: staging_threads must be >= 0");
+}
+
 }  // namespace
 
 OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const StreamBandOp& op,
                                        const GpuDispatchOptions& options,
                                        GpuDispatchReport* report) {
-  VSR_EXPECTS(op, "dispatch_per_band_gpu: op is empty");
-  VSR_EXPECTS(options.pipeline_depth == 1 || options.pipeline_depth == 2,
-              "dispatch_per_band_gpu: pipeline_depth must be 1 or 2, not " +
-                  std::to_string(options.pipeline_depth));
-  VSR_EXPECTS(options.staging_threads >= 0, "dispatch_per_band_gpu: staging_threads must be >= 0");
+  check_gpu_dispatch(static_cast<bool>(op), options);
   if (raster.band_count() == 1) return op(raster, nullptr);
   return run_gpu_dispatch(raster, &op, nullptr, options, report);
 }
@@ -489,11 +494,7 @@ OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const Ban
 OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster, const BandOp& op,
                                        const GpuDispatchOptions& options,
                                        GpuDispatchReport* report) {
-  VSR_EXPECTS(op, "dispatch_per_band_gpu: op is empty");
-  VSR_EXPECTS(options.pipeline_depth == 1 || options.pipeline_depth == 2,
-              "dispatch_per_band_gpu: pipeline_depth must be 1 or 2, not " +
-                  std::to_string(options.pipeline_depth));
-  VSR_EXPECTS(options.staging_threads >= 0, "dispatch_per_band_gpu: staging_threads must be >= 0");
+  check_gpu_dispatch(static_cast<bool>(op), options);
   if (raster.band_count() == 1) return op(raster);
   return run_gpu_dispatch(raster, nullptr, &op, options, report);
 }

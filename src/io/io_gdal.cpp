@@ -162,67 +162,42 @@ void close_checked(Dataset& ds, const std::string& path, const QuietErrors& erro
   errors.check("cannot write '" + shown(path) + "' (closing)");
 }
 
-DType dtype_from_band(GDALRasterBandH band, const std::string& path) {
-  switch (GDALGetRasterDataType(band)) {
-    case GDT_Byte: {
-      // GDAL < 3.7 has no Int8: GTiff marks signed bytes in the IMAGE_STRUCTURE metadata.
-      const char* pt = GDALGetMetadataItem(band, "PIXELTYPE", "IMAGE_STRUCTURE");
-      return (pt != nullptr && std::strcmp(pt, "SIGNEDBYTE") == 0) ? DType::int8 : DType::uint8;
-    }
+/// The GDAL type that holds each dtype's bytes (Byte for int8 before GDAL 3.7), both ways.
+struct GdalType {
+  DType dtype;
+  GDALDataType gdal;
+};
+constexpr GdalType kGdalTypes[] = {
+    {DType::uint8, GDT_Byte},
 #if VSR_GDAL_HAS_INT8
-    case GDT_Int8:
-      return DType::int8;
+    {DType::int8, GDT_Int8},
+#else
+    {DType::int8, GDT_Byte},
 #endif
-    case GDT_UInt16:
-      return DType::uint16;
-    case GDT_Int16:
-      return DType::int16;
-    case GDT_UInt32:
-      return DType::uint32;
-    case GDT_Int32:
-      return DType::int32;
-    case GDT_UInt64:
-      return DType::uint64;
-    case GDT_Int64:
-      return DType::int64;
-    case GDT_Float32:
-      return DType::float32;
-    case GDT_Float64:
-      return DType::float64;
-    default:
-      throw std::runtime_error("raster '" + shown(path) + "' has GDAL data type " +
-                               GDALGetDataTypeName(GDALGetRasterDataType(band)) +
-                               ", which vibespatial-raster does not support");
+    {DType::uint16, GDT_UInt16},   {DType::int16, GDT_Int16},     {DType::uint32, GDT_UInt32},
+    {DType::int32, GDT_Int32},     {DType::uint64, GDT_UInt64},   {DType::int64, GDT_Int64},
+    {DType::float32, GDT_Float32}, {DType::float64, GDT_Float64},
+};
+
+DType dtype_from_band(GDALRasterBandH band, const std::string& path) {
+  const GDALDataType type = GDALGetRasterDataType(band);
+  if (type == GDT_Byte) {
+    // GDAL < 3.7 has no Int8: GTiff marks signed bytes in the IMAGE_STRUCTURE metadata.
+    const char* pt = GDALGetMetadataItem(band, "PIXELTYPE", "IMAGE_STRUCTURE");
+    return (pt != nullptr && std::strcmp(pt, "SIGNEDBYTE") == 0) ? DType::int8 : DType::uint8;
   }
+  for (const GdalType& t : kGdalTypes) {
+    if (t.gdal == type) return t.dtype;
+  }
+  throw std::runtime_error("raster '" + shown(path) + "' has GDAL data type " +
+                           GDALGetDataTypeName(type) +
+                           ", which vibespatial-raster does not support");
 }
 
 /// The GDAL type that holds @p dtype's bytes (Byte for int8 before GDAL 3.7).
 GDALDataType gdal_type(DType dtype) {
-  switch (dtype) {
-    case DType::uint8:
-      return GDT_Byte;
-    case DType::int8:
-#if VSR_GDAL_HAS_INT8
-      return GDT_Int8;
-#else
-      return GDT_Byte;
-#endif
-    case DType::uint16:
-      return GDT_UInt16;
-    case DType::int16:
-      return GDT_Int16;
-    case DType::uint32:
-      return GDT_UInt32;
-    case DType::int32:
-      return GDT_Int32;
-    case DType::uint64:
-      return GDT_UInt64;
-    case DType::int64:
-      return GDT_Int64;
-    case DType::float32:
-      return GDT_Float32;
-    case DType::float64:
-      return GDT_Float64;
+  for (const GdalType& t : kGdalTypes) {
+    if (t.dtype == dtype) return t.gdal;
   }
   throw std::invalid_argument("write_raster: bad dtype");
 }

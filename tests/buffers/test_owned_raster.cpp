@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // OwnedRasterArray on the host emulator: residency round trips, zero-copy band views,
 // from_band_stack's rules, bad arguments, and device memory going back to the pool.
+#include "all_dtypes.hpp"
 #include "memory/pool_fixture.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
@@ -41,9 +42,7 @@ std::size_t pool_current() {
 TEST_SUITE("owned-raster") {
   TEST_CASE("host -> device -> host round trips for every dtype") {
     FreshPool fresh;
-    for (DType dtype :
-         {DType::uint8, DType::int8, DType::uint16, DType::int16, DType::uint32, DType::int32,
-          DType::uint64, DType::int64, DType::float32, DType::float64}) {
+    for (DType dtype : kAllDTypes) {
       CAPTURE(to_string(dtype));
       const int bands = 3;
       const std::int64_t h = 17, w = 29;

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // DType, Affine, RasterMetadata and plan-type tests.
+#include "all_dtypes.hpp"
+
 #include <vibespatial/raster/buffers.hpp>
 
 #include <doctest/doctest.h>
@@ -15,19 +17,12 @@
 namespace vsr = vibespatial::raster;
 using vsr::DType;
 using vsr::NodataValue;
-
-namespace {
-
-constexpr std::array<DType, 10> all_dtypes{
-    DType::uint8, DType::int8,   DType::uint16, DType::int16,   DType::uint32,
-    DType::int32, DType::uint64, DType::int64,  DType::float32, DType::float64};
-
-}  // namespace
+using vsr_test::kAllDTypes;
 
 TEST_CASE("itemsize follows numpy") {
   const std::array<std::size_t, 10> expected{1, 1, 2, 2, 4, 4, 8, 8, 4, 8};
-  for (std::size_t i = 0; i < all_dtypes.size(); ++i) {
-    CHECK(vsr::itemsize(all_dtypes[i]) == expected[i]);
+  for (std::size_t i = 0; i < kAllDTypes.size(); ++i) {
+    CHECK(vsr::itemsize(kAllDTypes[i]) == expected[i]);
   }
   CHECK_THROWS_AS(vsr::itemsize(static_cast<DType>(10)), std::invalid_argument);
   CHECK_THROWS_AS(vsr::itemsize(static_cast<DType>(255)), std::invalid_argument);
@@ -36,11 +31,11 @@ TEST_CASE("itemsize follows numpy") {
 TEST_CASE("DType names are numpy's and round trip") {
   const std::array<std::string_view, 10> names{"uint8", "int8",   "uint16", "int16",   "uint32",
                                                "int32", "uint64", "int64",  "float32", "float64"};
-  for (std::size_t i = 0; i < all_dtypes.size(); ++i) {
-    CHECK(vsr::to_string(all_dtypes[i]) == names[i]);
+  for (std::size_t i = 0; i < kAllDTypes.size(); ++i) {
+    CHECK(vsr::to_string(kAllDTypes[i]) == names[i]);
     const auto parsed = vsr::dtype_from_string(names[i]);
     REQUIRE(parsed.has_value());
-    CHECK(*parsed == all_dtypes[i]);
+    CHECK(*parsed == kAllDTypes[i]);
   }
   CHECK(vsr::to_string(static_cast<DType>(42)) == "unknown");
   CHECK_FALSE(vsr::dtype_from_string("").has_value());

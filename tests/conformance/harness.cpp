@@ -64,23 +64,4 @@ bool was_not_applicable(const std::string& name) {
   return g_not_applicable.count(name) != 0;
 }
 
-Watchdog::Watchdog(std::chrono::seconds limit, std::function<void()> on_fire) {
-  thread_ = std::thread([this, limit, on_fire = std::move(on_fire)] {
-    std::unique_lock lock(mutex_);
-    if (cv_.wait_for(lock, limit, [this] { return done_; })) return;
-    fired_ = true;
-    lock.unlock();
-    on_fire();
-  });
-}
-
-Watchdog::~Watchdog() {
-  {
-    std::lock_guard lock(mutex_);
-    done_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-
 }  // namespace vsr_conf

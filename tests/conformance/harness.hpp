@@ -3,6 +3,7 @@
 #pragma once
 
 #include "driver_table.hpp"
+#include "watchdog.hpp"
 
 #include <cuda.h>
 
@@ -79,24 +80,8 @@ void set_current_case(const std::string& name);
 void mark_not_applicable();
 bool was_not_applicable(const std::string& name);
 
-// Fails a case that hangs instead of blocking the run: unless disarmed (destructor) within
-// `limit`, it calls `on_fire` once (which should release whatever holds the case) and fired()
-// turns true. The limit only bounds a hang; no assertion depends on timing.
-class Watchdog {
- public:
-  Watchdog(std::chrono::seconds limit, std::function<void()> on_fire);
-  ~Watchdog();
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-  bool fired() const { return fired_.load(); }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::atomic<bool> fired_{false};
-  std::thread thread_;
-};
+// Fails a case that hangs instead of blocking the run (tests/watchdog.hpp).
+using vsr_test::Watchdog;
 
 // A host function (cuLaunchHostFunc) that spins until released, holding its stream. It makes no
 // CUDA call (host functions may not).

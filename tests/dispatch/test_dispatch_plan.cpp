@@ -53,6 +53,24 @@ RasterPlan caller_plan(const OwnedRasterArray& r, std::uint64_t budget) {
   return plan_from_metadata(r.metadata(), o);
 }
 
+/// Options carrying the caller's budget and plan.
+GpuDispatchOptions caller_options(std::uint64_t budget, const RasterPlan& plan) {
+  GpuDispatchOptions o;
+  o.vram_budget = budget;
+  o.plan = plan;
+  return o;
+}
+
+/// One dispatch of TwicePlusOne with options @p o: its result, its report and the band views the
+/// op was given.
+struct Run {
+  GpuDispatchReport rep;
+  std::vector<const void*> seen;
+  OwnedRasterArray out;
+  Run(const OwnedRasterArray& r, const GpuDispatchOptions& o)
+      : out(dispatch_per_band_gpu(r, BandOp(TwicePlusOne{&seen}), o, &rep)) {}
+};
+
 void check_result(const OwnedRasterArray& out, const std::vector<float>& in) {
   std::vector<float> got(out.byte_size() / sizeof(float));
   out.copy_to_host(got.data());
@@ -77,12 +95,9 @@ TEST_SUITE("dispatch-plan") {
     REQUIRE(plan.strategy == TilingStrategy::band_batches);
     REQUIRE(plan.bands_per_pass == 2);
 
-    GpuDispatchOptions o;
-    o.vram_budget = budget;
-    o.plan = plan;
-    GpuDispatchReport rep;
-    std::vector<const void*> seen;
-    const OwnedRasterArray out = dispatch_per_band_gpu(r, BandOp(TwicePlusOne{&seen}), o, &rep);
+    const Run run(r, caller_options(budget, plan));
+    const GpuDispatchReport& rep = run.rep;
+    const std::vector<const void*>& seen = run.seen;
     CHECK(rep.plan == plan);
     CHECK(rep.vram_budget == budget);
     CHECK(rep.passes == 3);
@@ -95,9 +110,9 @@ TEST_SUITE("dispatch-plan") {
     CHECK(static_cast<const unsigned char*>(seen[1]) - static_cast<const unsigned char*>(seen[0]) ==
           static_cast<std::ptrdiff_t>(kBand));
     CHECK(*memory_pool_stats().peak_bytes <= budget);  // what dispatch promises
-    CHECK(out.band_count() == 6);
-    CHECK(out.nodata() == -1.0);
-    check_result(out, px);
+    CHECK(run.out.band_count() == 6);
+    CHECK(run.out.nodata() == -1.0);
+    check_result(run.out, px);
     free_dispatch_resources();
   }
 
@@ -108,21 +123,17 @@ TEST_SUITE("dispatch-plan") {
     const std::uint64_t budget = 4 * MiB;
     const RasterPlan plan = caller_plan(r, budget / 2);  // 2 bands per pass, 1 MiB
     REQUIRE(plan.bands_per_pass == 2);
-    GpuDispatchOptions o;
-    o.vram_budget = budget;
-    o.plan = plan;
-    GpuDispatchReport rep;
-    std::vector<const void*> seen;
-    const OwnedRasterArray out = dispatch_per_band_gpu(r, BandOp(TwicePlusOne{&seen}), o, &rep);
-    CHECK(rep.passes == 3);
-    CHECK(rep.pipeline_depth == 2);
-    CHECK(std::set<const void*>(seen.begin(), seen.end()).size() == 4);  // two slots
-    CHECK(*memory_pool_stats().peak_bytes <= budget);                    // what dispatch promises
-    check_result(out, px);
+    GpuDispatchOptions o = caller_options(budget, plan);
+    const Run run(r, o);
+    CHECK(run.rep.passes == 3);
+    CHECK(run.rep.pipeline_depth == 2);
+    CHECK(std::set<const void*>(run.seen.begin(), run.seen.end()).size() == 4);  // two slots
+    CHECK(*memory_pool_stats().peak_bytes <= budget);  // what dispatch promises
+    check_result(run.out, px);
     o.pipeline_depth = 1;
-    seen.clear();
-    check_result(dispatch_per_band_gpu(r, BandOp(TwicePlusOne{&seen}), o, &rep), px);
-    CHECK(rep.pipeline_depth == 1);
+    const Run one_at_a_time(r, o);
+    check_result(one_at_a_time.out, px);
+    CHECK(one_at_a_time.rep.pipeline_depth == 1);
     free_dispatch_resources();
   }
 
@@ -132,12 +143,11 @@ TEST_SUITE("dispatch-plan") {
     const OwnedRasterArray r = OwnedRasterArray::from_host(px.data(), DType::float32, 6, kH, kW);
     GpuDispatchOptions o;
     o.vram_budget = 2 * MiB;  // double-buffered: 1 MiB per pass, 0.7 MiB usable: 1 band
-    GpuDispatchReport rep;
-    std::vector<const void*> seen;
-    check_result(dispatch_per_band_gpu(r, BandOp(TwicePlusOne{&seen}), o, &rep), px);
-    CHECK(rep.vram_budget == 2 * MiB);
-    CHECK(rep.plan == caller_plan(r, MiB));
-    CHECK(rep.passes == 6);
+    const Run run(r, o);
+    check_result(run.out, px);
+    CHECK(run.rep.vram_budget == 2 * MiB);
+    CHECK(run.rep.plan == caller_plan(r, MiB));
+    CHECK(run.rep.passes == 6);
     free_dispatch_resources();
   }
 

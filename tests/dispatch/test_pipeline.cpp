@@ -4,6 +4,7 @@
 // copy threads, errors and options.
 #include "dispatch/gpu_resources.hpp"
 #include "memory/pool_fixture.hpp"
+#include "watchdog.hpp"
 
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/errors.hpp>
@@ -66,43 +67,37 @@ std::uint64_t budget_for(std::uint64_t band_bytes, int per_pass) {
   return static_cast<std::uint64_t>(static_cast<double>(band_bytes) * 2 * (per_pass + 0.5) / 0.35);
 }
 
-/// Fails the test and releases the emulator's streams if `done` is not signalled in time: the
-/// failure detector of the pause tests (a broken pipeline would otherwise wait forever).
-class Watchdog {
- public:
-  explicit Watchdog(std::function<void()> on_timeout) : on_timeout_(std::move(on_timeout)) {
-    thread_ = std::thread([this] {
-      std::unique_lock lock(m_);
-      if (!cv_.wait_for(lock, std::chrono::seconds(60), [this] { return done_; })) {
-        fired_ = true;
-        lock.unlock();
-        on_timeout_();
-      }
-    });
-  }
-  ~Watchdog() {
-    done();
-    thread_.join();
-  }
-  void done() {
-    {
-      std::lock_guard lock(m_);
-      done_ = true;
-    }
-    cv_.notify_all();
-  }
-  bool fired() {
-    std::lock_guard lock(m_);
-    return fired_;
-  }
+/// The pause tests: four 256 x 256 float32 bands dispatched one band per pass, double-buffered,
+/// while one of the dispatch's streams is held (paused). The watchdog releases the held stream if
+/// the test's checks never come.
+struct OneStreamHeld {
+  FreshPool fresh{nullptr, 64 * MiB};
+  static constexpr std::int64_t h = 256, w = 256;
+  const OwnedRasterArray r = iota_raster(4, h, w);
+  const std::vector<float> expected = to_vector(r);
+  GpuDispatchOptions o = one_band_per_pass();
+  CUstream held = nullptr;
+  // A broken pipeline would otherwise wait for the held stream forever.
+  Watchdog dog{std::chrono::seconds(60), [this] {
+                 if (held != nullptr) emulator().stream_pause(held, 0);
+               }};
 
- private:
-  std::function<void()> on_timeout_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  bool fired_ = false;
-  std::thread thread_;
+  static GpuDispatchOptions one_band_per_pass() {
+    GpuDispatchOptions options;
+    options.vram_budget = budget_for(static_cast<std::uint64_t>(h * w) * 4, 1);
+    return options;
+  }
+  void hold(CUstream stream) {
+    held = stream;
+    REQUIRE(emulator().stream_pause(stream, 1) == 0);
+  }
+  /// Ends the hold; true if the watchdog had not fired by then (the checks ran while it held).
+  bool release() {
+    const bool in_time = !dog.fired();
+    dog.done();
+    CHECK(emulator().stream_pause(held, 0) == 0);
+    return in_time;
+  }
 };
 
 /// Installs an observer for the scope.
@@ -177,24 +172,12 @@ TEST_SUITE("dispatch-pipeline") {
     CHECK(emulator().outstanding().streams == 0);
   }
 
-  TEST_CASE("copy k+1 completes while compute k is held (compute stream paused)") {
-    FreshPool fresh(nullptr, 64 * MiB);
-    const std::int64_t h = 256, w = 256;
-    const OwnedRasterArray r = iota_raster(4, h, w);
-    const auto expected = to_vector(r);
-    GpuDispatchOptions o;
-    o.vram_budget = budget_for(static_cast<std::uint64_t>(h * w) * 4, 1);
+  TEST_CASE_FIXTURE(OneStreamHeld,
+                    "copy k+1 completes while compute k is held (compute stream paused)") {
     std::atomic<int> calls{0};
-    CUstream compute = nullptr;
-    Watchdog dog([&] {
-      if (compute != nullptr) emulator().stream_pause(compute, 0);
-    });
     bool checked = false;
     Observe obs([&](const detail::DispatchStep& s) {
-      if (s.kind == detail::DispatchStep::staged && s.batch == 0) {
-        compute = s.compute;
-        REQUIRE(emulator().stream_pause(s.compute, 1) == 0);
-      }
+      if (s.kind == detail::DispatchStep::staged && s.batch == 0) hold(s.compute);
       if (s.kind == detail::DispatchStep::staged && s.batch == 1) {
         // Batch 0's op was called and its work queued before this copy was queued.
         CHECK(calls == 1);
@@ -209,9 +192,7 @@ TEST_SUITE("dispatch-pipeline") {
         REQUIRE(api().cuMemcpyDtoH(got.data(), detail::to_device_ptr(s.device_input),
                                    got.size() * sizeof(float)) == CUDA_SUCCESS);
         CHECK(std::memcmp(got.data(), expected.data() + h * w, got.size() * sizeof(float)) == 0);
-        checked = !dog.fired();
-        dog.done();
-        CHECK(emulator().stream_pause(s.compute, 0) == 0);
+        checked = release();
       }
     });
     GpuDispatchReport rep;
@@ -229,24 +210,14 @@ TEST_SUITE("dispatch-pipeline") {
     CHECK(to_vector(out) == expected);
   }
 
-  TEST_CASE("compute k completes while copy k+1 is held (copy stream paused)") {
-    FreshPool fresh(nullptr, 64 * MiB);
-    const std::int64_t h = 256, w = 256;
-    const OwnedRasterArray r = iota_raster(4, h, w);
-    const auto expected = to_vector(r);
-    GpuDispatchOptions o;
-    o.vram_budget = budget_for(static_cast<std::uint64_t>(h * w) * 4, 1);
-    CUstream copy = nullptr;
+  TEST_CASE_FIXTURE(OneStreamHeld,
+                    "compute k completes while copy k+1 is held (copy stream paused)") {
     CUevent computed0 = nullptr;
-    Watchdog dog([&] {
-      if (copy != nullptr) emulator().stream_pause(copy, 0);
-    });
     bool checked = false;
     Observe obs([&](const detail::DispatchStep& s) {
       if (s.kind == detail::DispatchStep::staged && s.batch == 0) {
         REQUIRE(api().cuEventSynchronize(s.event) == CUDA_SUCCESS);  // copy 0 landed
-        copy = s.copy;
-        REQUIRE(emulator().stream_pause(s.copy, 1) == 0);
+        hold(s.copy);
       }
       if (s.kind == detail::DispatchStep::computed && s.batch == 0) computed0 = s.event;
       if (s.kind == detail::DispatchStep::staged && s.batch == 1) {
@@ -255,9 +226,7 @@ TEST_SUITE("dispatch-pipeline") {
         // ... and compute 0 completes meanwhile.
         REQUIRE(api().cuEventSynchronize(computed0) == CUDA_SUCCESS);
         CHECK(api().cuEventQuery(s.event) == CUDA_ERROR_NOT_READY);
-        checked = !dog.fired();
-        dog.done();
-        CHECK(emulator().stream_pause(s.copy, 0) == 0);
+        checked = release();
       }
     });
     const OwnedRasterArray out = dispatch_per_band_gpu(r, copy_on_stream, o);

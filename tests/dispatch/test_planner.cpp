@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Planner tests: max_bands_for_budget, analyze_raster_plan, plan_from_metadata.
+#include "all_dtypes.hpp"
+
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/dispatch.hpp>
 
@@ -24,10 +26,6 @@ using vsr::RasterPlan;
 using vsr::TilingStrategy;
 
 namespace {
-
-constexpr std::array<DType, 10> all_dtypes{
-    DType::uint8, DType::int8,   DType::uint16, DType::int16,   DType::uint32,
-    DType::int32, DType::uint64, DType::int64,  DType::float32, DType::float64};
 
 // A straight-line transcription of the reference's analyze_raster_plan
 // (vibespatial/raster/dispatch.py), independent of src/dispatch/planner.cpp. Python ints are
@@ -461,7 +459,7 @@ TEST_CASE("grid: identical to the reference transcription, and the plan properti
 
   for (const std::int64_t h : dims) {
     for (const std::int64_t w : dims) {
-      for (const DType dtype : all_dtypes) {
+      for (const DType dtype : vsr_test::kAllDTypes) {
         const auto item = static_cast<std::int64_t>(vsr::itemsize(dtype));
         for (int bands = 1; bands <= 16; ++bands) {
           for (int bpb = 1; bpb <= 3; ++bpb) {

@@ -5,6 +5,7 @@
 #include "driver/cuda_driver.hpp"
 #include "emulator_control.hpp"
 #include "memory/pool_registry.hpp"
+#include "tests/outstanding_checks.hpp"
 
 #include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/memory.hpp>
@@ -38,13 +39,7 @@ inline unsigned long long faults_fired(const char* entry) {
 /// The emulator holds no device memory: no reservation, physical allocation, mapping,
 /// cuMemAlloc or managed allocation (after reset_memory_pools(), nothing of the pool).
 inline void check_no_device_memory() {
-  const vsr_emu_outstanding o = emulator().outstanding();
-  CHECK(o.reservations == 0);
-  CHECK(o.handles == 0);
-  CHECK(o.physical_bytes == 0);
-  CHECK(o.mappings == 0);
-  CHECK(o.allocations == 0);
-  CHECK(o.managed == 0);
+  vsr_emu_test::check_no_device_memory(emulator().outstanding());
 }
 
 /// Nothing the pool created is left in the emulator (after reset_memory_pools()), and no pinned
@@ -121,6 +116,15 @@ inline std::size_t driver_free_bytes() {
   std::size_t free_b = 0, total_b = 0;
   REQUIRE(vibespatial::raster::detail::driver().cuMemGetInfo(&free_b, &total_b) == CUDA_SUCCESS);
   return free_b;
+}
+
+/// A new non-blocking stream on the current device (the caller destroys it).
+inline CUstream new_stream() {
+  vibespatial::raster::detail::bind_current_device();
+  CUstream s = nullptr;
+  REQUIRE(vibespatial::raster::detail::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) ==
+          CUDA_SUCCESS);
+  return s;
 }
 
 inline void fill_pattern(void* p, std::size_t n, std::uint32_t seed) {

@@ -112,13 +112,6 @@ std::vector<Live> scenario(int& typed_errors, CUstream busy) {
   return live;
 }
 
-CUstream fresh_stream() {
-  detail::bind_current_device();
-  CUstream s = nullptr;
-  REQUIRE(detail::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  return s;
-}
-
 void run_tier(const char* tier_env, const char* vmm) {
   int clean_errors = 0;
   std::vector<std::pair<const char*, unsigned long long>> counts;
@@ -129,7 +122,7 @@ void run_tier(const char* tier_env, const char* vmm) {
   // single clean run failed "never reached" under ASan).
   for (int run = 0; run < 4; ++run) {
     FreshPool fresh(tier_env, 64 * MiB, vmm);
-    CUstream busy = fresh_stream();
+    CUstream busy = new_stream();
     emulator().set_fail("");  // restart the call counts where the replays set their fault
     std::vector<Live> live = scenario(clean_errors, busy);
     if (run == 1) counts.clear();
@@ -152,7 +145,7 @@ void run_tier(const char* tier_env, const char* vmm) {
   // emulator failed it then: checked).
   auto replay = [&](const char* entry, unsigned long long n) {
     FreshPool fresh(tier_env, 64 * MiB, vmm);
-    CUstream busy = fresh_stream();
+    CUstream busy = new_stream();
     const std::string spec = std::string(entry) + ":" + std::to_string(n);
     REQUIRE(emulator().set_fail(spec.c_str()) == 0);
     int errors = 0;

@@ -19,11 +19,23 @@ using namespace vsr_test;
 
 namespace {
 
-CUstream new_stream() {
-  detail::bind_current_device();
-  CUstream s = nullptr;
-  REQUIRE(detail::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  return s;
+// A 5 MiB block on `s` with work queued on it that cannot run: `s` is paused, so the block's free
+// records a stream mark with an event.
+void* large_block_with_work_held(CUstream s) {
+  void* p = device_allocate(5 * MiB, s);
+  emulator().stream_pause(s, 1);
+  detail::driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(p), 0, 1, s);
+  return p;
+}
+
+// The end of a test on a paused stream `s`: resumes it, waits for its work, lets the pool forget
+// it, tears the pools down and destroys it.
+void resume_and_destroy(CUstream s) {
+  emulator().stream_pause(s, 0);
+  REQUIRE(detail::driver().cuStreamSynchronize(s) == CUDA_SUCCESS);
+  forget_stream(s);
+  detail::reset_memory_pools();
+  REQUIRE(detail::driver().cuStreamDestroy(s) == CUDA_SUCCESS);
 }
 
 // The emulator's charge and mappings agree with what the pool says it holds.
@@ -371,26 +383,18 @@ TEST_SUITE("pool") {
     FreshPool fresh(nullptr, 64 * MiB);
     CUstream s = new_stream();
     device_deallocate(device_allocate(5 * MiB, s), 5 * MiB, s);  // the thread's first mark
-    void* p = device_allocate(5 * MiB, s);
-    emulator().stream_pause(s, 1);  // work queued: the mark needs an event
-    detail::driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(p), 0, 1, s);
+    void* p = large_block_with_work_held(s);                     // its free needs an event mark
     const unsigned long long before = emulator().call_count("cuCtxGetCurrent");
     device_deallocate(p, 5 * MiB, s);
     CHECK(emulator().call_count("cuCtxGetCurrent") == before);
-    emulator().stream_pause(s, 0);
-    REQUIRE(detail::driver().cuStreamSynchronize(s) == CUDA_SUCCESS);
-    forget_stream(s);
-    detail::reset_memory_pools();
-    REQUIRE(detail::driver().cuStreamDestroy(s) == CUDA_SUCCESS);
+    resume_and_destroy(s);
   }
 
   TEST_CASE("a thread with no context of its own frees a large block with work queued") {
     // The free records a mark: on a thread that never allocated, the pool binds the context.
     FreshPool fresh(nullptr, 64 * MiB);
     CUstream s = new_stream();
-    void* p = device_allocate(5 * MiB, s);
-    emulator().stream_pause(s, 1);
-    detail::driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(p), 0, 1, s);
+    void* p = large_block_with_work_held(s);
     std::thread([&] {
       CUcontext none = nullptr;
       REQUIRE(detail::driver().cuCtxGetCurrent(&none) == CUDA_SUCCESS);
@@ -398,11 +402,7 @@ TEST_SUITE("pool") {
       CHECK_NOTHROW(device_deallocate(p, 5 * MiB, s));
     }).join();
     CHECK(*memory_pool_stats().current_count == 0);
-    emulator().stream_pause(s, 0);
-    REQUIRE(detail::driver().cuStreamSynchronize(s) == CUDA_SUCCESS);
-    forget_stream(s);
-    detail::reset_memory_pools();
-    REQUIRE(detail::driver().cuStreamDestroy(s) == CUDA_SUCCESS);
+    resume_and_destroy(s);
   }
 
   TEST_CASE("17.13: a free that fails with a driver error changes nothing; the retry frees it") {

@@ -136,6 +136,24 @@ LargeTraceResult large_trace(std::size_t steps) {
   return r;
 }
 
+struct Traffic {
+  std::size_t ooms = 0;           // allocations that threw OutOfMemoryError
+  std::size_t corrupt = 0;        // blocks whose stamps were broken when freed
+  std::size_t max_pool_size = 0;  // the largest pool size seen meanwhile
+};
+
+// small_traffic(`ops`, `hold`, up to 8 KiB) on 4 threads at once, all of them joined.
+Traffic four_threads_of_small_traffic(std::size_t ops, std::size_t hold) {
+  std::atomic<std::size_t> ooms{0}, corrupt{0}, max_pool{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back(small_traffic, t, ops, hold, 8192, std::ref(ooms), std::ref(corrupt),
+                         std::ref(max_pool));
+  }
+  for (std::thread& t : threads) t.join();
+  return {ooms.load(), corrupt.load(), max_pool.load()};
+}
+
 }  // namespace
 
 TEST_SUITE("pool") {
@@ -143,19 +161,13 @@ TEST_SUITE("pool") {
     // Under 2 MiB live in all, across 17 size classes and 4 threads: with a page per class and
     // thread (the pool before issue 11), 27,615 of 40,000 allocations threw OutOfMemoryError.
     FreshPool fresh(nullptr, 16 * MiB);
-    std::atomic<std::size_t> ooms{0}, corrupt{0}, max_pool{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 4; ++t) {
-      threads.emplace_back(small_traffic, t, 10000, 64, 8192, std::ref(ooms), std::ref(corrupt),
-                           std::ref(max_pool));
-    }
-    for (std::thread& t : threads) t.join();
-    CHECK(ooms.load() == 0);
-    CHECK(corrupt.load() == 0);
+    const Traffic traffic = four_threads_of_small_traffic(10000, 64);
+    CHECK(traffic.ooms == 0);
+    CHECK(traffic.corrupt == 0);
     CHECK(vsr::detail::pool_for_device(0).check_invariants() == "");
     const vsr::MemoryPoolStats s = vsr::memory_pool_stats();
     CHECK(*s.current_count == 0);
-    CHECK(*s.total_count == 40000 - ooms.load());
+    CHECK(*s.total_count == 40000 - traffic.ooms);
     // Everything freed: the small pages go back, and a 12 MiB block fits.
     void* big = vsr::device_allocate(12 * MiB);
     stamp(big, 12 * MiB, 5);
@@ -169,18 +181,12 @@ TEST_SUITE("pool") {
     // slabs of its own, so every class swings per thread: about 1.21 here, 1.27 with half the
     // blocks.
     FreshPool fresh(nullptr, 512 * MiB);
-    std::atomic<std::size_t> ooms{0}, corrupt{0}, max_pool{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 4; ++t) {
-      threads.emplace_back(small_traffic, t, 30000, 4400, 8192, std::ref(ooms), std::ref(corrupt),
-                           std::ref(max_pool));
-    }
-    for (std::thread& t : threads) t.join();
-    CHECK(ooms.load() == 0);
-    CHECK(corrupt.load() == 0);
+    const Traffic traffic = four_threads_of_small_traffic(30000, 4400);
+    CHECK(traffic.ooms == 0);
+    CHECK(traffic.corrupt == 0);
     const vsr::MemoryPoolStats s = vsr::memory_pool_stats();
     const std::size_t peak_live = *s.peak_bytes;
-    const std::size_t peak_physical = std::max(max_pool.load(), *s.pool_size);
+    const std::size_t peak_physical = std::max(traffic.max_pool_size, *s.pool_size);
     CHECK(vsr::detail::pool_for_device(0).check_invariants() == "");
     INFO("peak live " << peak_live << " B, peak physical " << peak_physical << " B");
     CHECK(peak_live >= 32 * MiB);

@@ -16,20 +16,13 @@ using namespace vsr_test;
 
 namespace {
 
-CUstream make_stream() {
-  detail::bind_current_device();
-  CUstream s = nullptr;
-  REQUIRE(detail::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  return s;
-}
-
 // A stream whose work waits behind a paused stream: unlike a paused stream, its work stays
 // pending after it is destroyed (cuStreamDestroy releases a stream's own hold).
 struct Gate {
   CUstream held = nullptr;
   CUevent event = nullptr;
   Gate() {
-    held = make_stream();
+    held = new_stream();
     REQUIRE(emulator().stream_pause(held, 1) == 0);
     REQUIRE(detail::driver().cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
     REQUIRE(detail::driver().cuEventRecord(event, held) == CUDA_SUCCESS);
@@ -97,14 +90,14 @@ TEST_SUITE("pool") {
     for (const std::size_t size : kSizes) {
       CAPTURE(size);
       Gate gate;
-      CUstream s = make_stream();
+      CUstream s = new_stream();
       gate.hold(s);
       void* p = device_allocate(size, s);
       memset_async(p, 0xaa, size, s);  // pending behind the gate
       device_deallocate(p, size, s);
       forget_stream(s);
       REQUIRE(api.cuStreamDestroy(s) == CUDA_SUCCESS);
-      CUstream s2 = make_stream();
+      CUstream s2 = new_stream();
       REQUIRE(s2 == s);  // the same handle value
       void* q = device_allocate(size, s2);
       if (q == p) CHECK(api.cuStreamQuery(s2) == CUDA_ERROR_NOT_READY);  // behind S's mark
@@ -134,14 +127,14 @@ TEST_SUITE("pool") {
     for (const std::size_t size : kSizes) {
       CAPTURE(size);
       Gate gate;
-      CUstream s = make_stream();
+      CUstream s = new_stream();
       gate.hold(s);
       std::vector<void*> blocks;
       for (int i = 0; i < 4; ++i) blocks.push_back(device_allocate(size, s));
       for (void* p : blocks) memset_async(p, 0xaa, size, s);
       for (void* p : blocks) device_deallocate(p, size, s);
       REQUIRE(api.cuStreamDestroy(s) == CUDA_SUCCESS);  // its work is still queued
-      CUstream s2 = make_stream();
+      CUstream s2 = new_stream();
       REQUIRE(s2 != s);
       std::vector<void*> taken;
       for (int i = 0; i < 4; ++i) {
@@ -211,7 +204,7 @@ TEST_SUITE("pool") {
       EmulatorOption limit("ADDRESS_SPACE", address_space);
       const detail::DriverApi& api = detail::driver();
       const std::size_t size = driver_free_bytes() / (2 * MiB) * (2 * MiB);
-      CUstream s1 = make_stream(), s2 = make_stream();
+      CUstream s1 = new_stream(), s2 = new_stream();
       void* p = device_allocate(size, s1);
       const std::size_t held = *memory_pool_stats().pool_size;
       Paused hold(s1);
@@ -323,7 +316,7 @@ TEST_SUITE("pool") {
     EmulatorOption no_sync("FREE_NO_SYNC", "1");
     const detail::DriverApi& api = detail::driver();
     const std::size_t unmap_before = emulator().outstanding().unmap_with_pending_work;
-    CUstream s = make_stream();
+    CUstream s = new_stream();
     void* p = device_allocate(3 * MiB, s);
     Paused hold(s);
     memset_async(p, 0xaa, 3 * MiB, s);

@@ -16,6 +16,24 @@
 
 using namespace vsr_ops_test;
 
+namespace {
+
+/// Every multiple of 0.01 on [0, 1] as T (computed two ways: i * 0.01 and i / 100 in T) in 7, 10
+/// and 100 bins: the histogram equals the reference loop's edge search.
+template <class T>
+void check_hundredths_against_edge_search() {
+  std::vector<T> grid;
+  for (int i = 0; i <= 100; ++i) grid.push_back(static_cast<T>(i * 0.01));
+  for (int i = 0; i <= 100; ++i) grid.push_back(static_cast<T>(i) / static_cast<T>(100));
+  const auto g = input(grid.data(), dtype_of<T>(), 1, 1, static_cast<std::int64_t>(grid.size()));
+  for (const int bins : {7, 10, 100}) {
+    CAPTURE(bins);
+    CHECK(histogram(g, bins, 0, 1)[0] == ref_hist(grid, 0, grid.size(), std::nullopt, bins, 0, 1));
+  }
+}
+
+}  // namespace
+
 TEST_SUITE("ops") {
   TEST_CASE_TEMPLATE("statistics match a reference loop", T, ALL_DTYPES) {
     const int bands = 3;
@@ -272,16 +290,7 @@ TEST_SUITE("ops") {
     const auto r = input(v.data(), DType::float64, 1, 1, 9);
     CHECK(histogram(r, 10, 0, 1)[0] == std::vector<std::int64_t>{1, 1, 2, 0, 0, 2, 1, 0, 0, 2});
     CHECK(histogram(r, 10, 0, 1)[0] == ref_hist(v, 0, v.size(), std::nullopt, 10, 0, 1));
-    // Every multiple of 0.01 on [0, 1] in 7, 10 and 100 bins against the edge search.
-    std::vector<double> grid;
-    for (int i = 0; i <= 100; ++i) grid.push_back(i * 0.01);
-    for (int i = 0; i <= 100; ++i) grid.push_back(i / 100.0);
-    const auto g = input(grid.data(), DType::float64, 1, 1, static_cast<std::int64_t>(grid.size()));
-    for (const int bins : {7, 10, 100}) {
-      CAPTURE(bins);
-      CHECK(histogram(g, bins, 0, 1)[0] ==
-            ref_hist(grid, 0, grid.size(), std::nullopt, bins, 0, 1));
-    }
+    check_hundredths_against_edge_search<double>();
   }
 
   TEST_CASE("float32 histograms: numpy's float32 edges, values compared in float32") {
@@ -299,16 +308,7 @@ TEST_SUITE("ops") {
           std::vector<std::int64_t>{1, 0, 0});
     CHECK(histogram(input(hi.data(), DType::float32, 1, 1, 1), 3, 0.1, 0.49999999)[0] ==
           std::vector<std::int64_t>{0, 0, 1});
-    // Every float32 multiple of 0.01 on [0, 1] in 7, 10 and 100 bins against the edge search.
-    std::vector<float> grid;
-    for (int i = 0; i <= 100; ++i) grid.push_back(static_cast<float>(i * 0.01));
-    for (int i = 0; i <= 100; ++i) grid.push_back(static_cast<float>(i) / 100.0f);
-    const auto g = input(grid.data(), DType::float32, 1, 1, static_cast<std::int64_t>(grid.size()));
-    for (const int bins : {7, 10, 100}) {
-      CAPTURE(bins);
-      CHECK(histogram(g, bins, 0, 1)[0] ==
-            ref_hist(grid, 0, grid.size(), std::nullopt, bins, 0, 1));
-    }
+    check_hundredths_against_edge_search<float>();
   }
 
   TEST_CASE("histograms of narrow and signed types (CUB's known miscounts)") {

@@ -33,6 +33,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -41,41 +42,64 @@ struct Fail : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The GDAL types a raster of this tool may have, with their numpy names.
+struct TypeName {
+  GDALDataType type;
+  const char* name;
+};
+constexpr TypeName kTypeNames[] = {
+    {GDT_Byte, "uint8"},    {GDT_UInt16, "uint16"},   {GDT_Int16, "int16"},
+    {GDT_UInt32, "uint32"}, {GDT_Int32, "int32"},     {GDT_UInt64, "uint64"},
+    {GDT_Int64, "int64"},   {GDT_Float32, "float32"}, {GDT_Float64, "float64"}};
+
 GDALDataType type_of(const std::string& name) {
-  if (name == "uint8") return GDT_Byte;
-  if (name == "uint16") return GDT_UInt16;
-  if (name == "int16") return GDT_Int16;
-  if (name == "uint32") return GDT_UInt32;
-  if (name == "int32") return GDT_Int32;
-  if (name == "uint64") return GDT_UInt64;
-  if (name == "int64") return GDT_Int64;
-  if (name == "float32") return GDT_Float32;
-  if (name == "float64") return GDT_Float64;
+  for (const TypeName& t : kTypeNames) {
+    if (name == t.name) return t.type;
+  }
   throw Fail("unknown dtype " + name);
 }
 
-const char* name_of(GDALDataType t) {
-  switch (t) {
+const char* name_of(GDALDataType type) {
+  for (const TypeName& t : kTypeNames) {
+    if (type == t.type) return t.name;
+  }
+  return "other";
+}
+
+/// Calls @p f with a value of the C++ type of GDAL @p type; false (f not called) for a type not
+/// in kTypeNames.
+template <class F>
+bool with_type(GDALDataType type, F&& f) {
+  switch (type) {
     case GDT_Byte:
-      return "uint8";
+      f(std::uint8_t{});
+      return true;
     case GDT_UInt16:
-      return "uint16";
+      f(std::uint16_t{});
+      return true;
     case GDT_Int16:
-      return "int16";
+      f(std::int16_t{});
+      return true;
     case GDT_UInt32:
-      return "uint32";
+      f(std::uint32_t{});
+      return true;
     case GDT_Int32:
-      return "int32";
+      f(std::int32_t{});
+      return true;
     case GDT_UInt64:
-      return "uint64";
+      f(std::uint64_t{});
+      return true;
     case GDT_Int64:
-      return "int64";
+      f(std::int64_t{});
+      return true;
     case GDT_Float32:
-      return "float32";
+      f(float{});
+      return true;
     case GDT_Float64:
-      return "float64";
+      f(double{});
+      return true;
     default:
-      return "other";
+      return false;
   }
 }
 
@@ -110,55 +134,19 @@ std::string value_text(const Pattern& p, GDALDataType type, int b, long y, long 
 
 /// Stores decimal @p text as one element of @p type at @p dst.
 void store(GDALDataType type, const std::string& text, void* dst) {
-  switch (type) {
-    case GDT_Byte: {
-      const auto v = static_cast<std::uint8_t>(std::strtoul(text.c_str(), nullptr, 10));
-      std::memcpy(dst, &v, 1);
-      break;
+  const bool known = with_type(type, [&](auto zero) {
+    using T = decltype(zero);
+    T v;
+    if constexpr (std::is_floating_point_v<T>) {
+      v = static_cast<T>(std::strtod(text.c_str(), nullptr));
+    } else if constexpr (std::is_signed_v<T>) {
+      v = static_cast<T>(std::strtoll(text.c_str(), nullptr, 10));
+    } else {
+      v = static_cast<T>(std::strtoull(text.c_str(), nullptr, 10));
     }
-    case GDT_UInt16: {
-      const auto v = static_cast<std::uint16_t>(std::strtoul(text.c_str(), nullptr, 10));
-      std::memcpy(dst, &v, 2);
-      break;
-    }
-    case GDT_Int16: {
-      const auto v = static_cast<std::int16_t>(std::strtol(text.c_str(), nullptr, 10));
-      std::memcpy(dst, &v, 2);
-      break;
-    }
-    case GDT_UInt32: {
-      const auto v = static_cast<std::uint32_t>(std::strtoul(text.c_str(), nullptr, 10));
-      std::memcpy(dst, &v, 4);
-      break;
-    }
-    case GDT_Int32: {
-      const auto v = static_cast<std::int32_t>(std::strtol(text.c_str(), nullptr, 10));
-      std::memcpy(dst, &v, 4);
-      break;
-    }
-    case GDT_UInt64: {
-      const std::uint64_t v = std::strtoull(text.c_str(), nullptr, 10);
-      std::memcpy(dst, &v, 8);
-      break;
-    }
-    case GDT_Int64: {
-      const std::int64_t v = std::strtoll(text.c_str(), nullptr, 10);
-      std::memcpy(dst, &v, 8);
-      break;
-    }
-    case GDT_Float32: {
-      const auto v = static_cast<float>(std::strtod(text.c_str(), nullptr));
-      std::memcpy(dst, &v, 4);
-      break;
-    }
-    case GDT_Float64: {
-      const double v = std::strtod(text.c_str(), nullptr);
-      std::memcpy(dst, &v, 8);
-      break;
-    }
-    default:
-      throw Fail("bad type");
-  }
+    std::memcpy(dst, &v, sizeof v);
+  });
+  if (!known) throw Fail("bad type");
 }
 
 void set_nodata(GDALRasterBandH band, GDALDataType type, const std::string& text) {
@@ -315,58 +303,26 @@ int make(int argc, char** argv) {
 }
 
 std::string number(GDALDataType type, const unsigned char* p) {
-  char buf[64];
-  switch (type) {
-    case GDT_Byte:
-      return std::to_string(*p);
-    case GDT_UInt16: {
-      std::uint16_t v;
-      std::memcpy(&v, p, 2);
-      return std::to_string(v);
-    }
-    case GDT_Int16: {
-      std::int16_t v;
-      std::memcpy(&v, p, 2);
-      return std::to_string(v);
-    }
-    case GDT_UInt32: {
-      std::uint32_t v;
-      std::memcpy(&v, p, 4);
-      return std::to_string(v);
-    }
-    case GDT_Int32: {
-      std::int32_t v;
-      std::memcpy(&v, p, 4);
-      return std::to_string(v);
-    }
-    case GDT_UInt64: {
-      std::uint64_t v;
-      std::memcpy(&v, p, 8);
-      return std::to_string(v);
-    }
-    case GDT_Int64: {
-      std::int64_t v;
-      std::memcpy(&v, p, 8);
-      return std::to_string(v);
-    }
-    case GDT_Float32:
-    case GDT_Float64: {
-      double v;
-      if (type == GDT_Float32) {
-        float f;
-        std::memcpy(&f, p, 4);
-        v = f;
+  std::string text = "null";
+  with_type(type, [&](auto zero) {
+    using T = decltype(zero);
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(v)) {
+        text = "NaN";
+      } else if (std::isinf(v)) {
+        text = v > 0 ? "Infinity" : "-Infinity";
       } else {
-        std::memcpy(&v, p, 8);
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.17g", static_cast<double>(v));
+        text = buf;
       }
-      if (std::isnan(v)) return "NaN";
-      if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
-      std::snprintf(buf, sizeof buf, "%.17g", v);
-      return buf;
+    } else {
+      text = std::to_string(v);
     }
-    default:
-      return "null";
-  }
+  });
+  return text;
 }
 
 std::string json_text(const char* s) {

@@ -54,11 +54,9 @@ using namespace vsr::emu;
 /// Allocates `bytesize` bytes of device memory (256-byte aligned host memory) in the current
 /// context, charged to its device.
 VSR_EMU_EXPORT CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytesize) {
-  VSR_EMU_BEGIN("cuMemAlloc");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
+  VSR_EMU_ENTRY("cuMemAlloc");
   CUctx_st* ctx = nullptr;
-  if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(need_context(s, &ctx));
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   return alloc_linear(s, ctx, bytesize, LinearKind::device, dptr);
 }
@@ -69,11 +67,9 @@ VSR_EMU_EXPORT CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytesize) {
 /// with VSR_EMU_FREE_NO_SYNC; a free that does not wait counts queued work that still uses the
 /// memory (unmap_with_pending_work).
 VSR_EMU_EXPORT CUresult cuMemFree(CUdeviceptr dptr) {
-  VSR_EMU_BEGIN("cuMemFree");
-  State& s = st();
-  std::unique_lock lock(s.mutex);
+  VSR_EMU_ENTRY("cuMemFree");
   CUctx_st* ctx = nullptr;
-  if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(need_context(s, &ctx));
   if (dptr == 0) return CUDA_SUCCESS;
   auto it = s.linear.find(dptr);
   if (it == s.linear.end() || it->second.free_pending) return CUDA_ERROR_INVALID_VALUE;
@@ -96,11 +92,9 @@ VSR_EMU_EXPORT CUresult cuMemFree(CUdeviceptr dptr) {
 /// Allocates managed memory (flags CU_MEM_ATTACH_GLOBAL or _HOST); charged to the current
 /// context's device like cuMemAlloc. NOT_SUPPORTED with VSR_EMU_MANAGED=0.
 VSR_EMU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
-  VSR_EMU_BEGIN("cuMemAllocManaged");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
+  VSR_EMU_ENTRY("cuMemAllocManaged");
   CUctx_st* ctx = nullptr;
-  if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(need_context(s, &ctx));
   if (!s.config.managed) return CUDA_ERROR_NOT_SUPPORTED;
   if (dptr == nullptr || bytesize == 0 ||
       (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) {
@@ -115,7 +109,7 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUstream stream, bool p
   State& s = st();
   std::lock_guard lock(s.mutex);
   StreamRef ref;
-  if (CUresult r = resolve_stream(s, stream, ptds, &ref); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(resolve_stream(s, stream, ptds, &ref));
   if (!s.config.memory_pools) return CUDA_ERROR_NOT_SUPPORTED;
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   // The pointer is usable in stream order at once: nothing to enqueue.
@@ -126,7 +120,7 @@ CUresult free_async(CUdeviceptr dptr, CUstream stream, bool ptds) {
   State& s = st();
   std::unique_lock lock(s.mutex);
   StreamRef ref;
-  if (CUresult r = resolve_stream(s, stream, ptds, &ref); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(resolve_stream(s, stream, ptds, &ref));
   auto it = s.linear.find(dptr);
   if (dptr == 0 || it == s.linear.end() || it->second.free_pending ||
       it->second.kind == LinearKind::managed) {
@@ -175,7 +169,7 @@ CUresult host_alloc(void** pp, size_t bytesize, unsigned flags) {
   State& s = st();
   std::lock_guard lock(s.mutex);
   CUctx_st* ctx = nullptr;
-  if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(need_context(s, &ctx));
   constexpr unsigned kKnown =
       CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
   if (pp == nullptr || bytesize == 0 || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -203,11 +197,9 @@ VSR_EMU_EXPORT CUresult cuMemAllocHost(void** pp, size_t bytesize) {
 
 /// Frees cuMemHostAlloc/cuMemAllocHost memory; NULL is a no-op.
 VSR_EMU_EXPORT CUresult cuMemFreeHost(void* p) {
-  VSR_EMU_BEGIN("cuMemFreeHost");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
+  VSR_EMU_ENTRY("cuMemFreeHost");
   CUctx_st* ctx = nullptr;
-  if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(need_context(s, &ctx));
   if (p == nullptr) return CUDA_SUCCESS;
   auto it = s.host.find(reinterpret_cast<uintptr_t>(p));
   if (it == s.host.end()) return CUDA_ERROR_INVALID_VALUE;

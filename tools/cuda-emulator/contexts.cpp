@@ -44,10 +44,8 @@ using namespace vsr::emu;
 
 /// Retains (and activates) the primary context of `dev`; every call returns the same handle.
 VSR_EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
-  VSR_EMU_BEGIN("cuDevicePrimaryCtxRetain");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_device(s, dev); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuDevicePrimaryCtxRetain");
+  VSR_EMU_TRY(need_device(s, dev));
   if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUctx_st& primary = s.devices[static_cast<size_t>(dev)]->primary;
   primary.refcount++;
@@ -59,10 +57,8 @@ VSR_EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
 /// Drops one retain of the primary context of `dev`; at zero the context is reset: its streams,
 /// events, cuMemAlloc/Async/Managed and host allocations are destroyed (§3.2).
 VSR_EMU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
-  VSR_EMU_BEGIN("cuDevicePrimaryCtxRelease");
-  State& s = st();
-  std::unique_lock lock(s.mutex);
-  if (CUresult r = need_device(s, dev); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuDevicePrimaryCtxRelease");
+  VSR_EMU_TRY(need_device(s, dev));
   CUctx_st& primary = s.devices[static_cast<size_t>(dev)]->primary;
   if (primary.refcount == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (--primary.refcount == 0) reset_context(lock, &primary);
@@ -71,10 +67,8 @@ VSR_EMU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
 
 /// Writes the primary context's flags (always 0) and whether it is active.
 VSR_EMU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
-  VSR_EMU_BEGIN("cuDevicePrimaryCtxGetState");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_device(s, dev); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuDevicePrimaryCtxGetState");
+  VSR_EMU_TRY(need_device(s, dev));
   if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *flags = 0;
   *active = s.devices[static_cast<size_t>(dev)]->primary.active ? 1 : 0;
@@ -83,10 +77,8 @@ VSR_EMU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* f
 
 /// Binds `ctx` (a primary context handle, or NULL to unbind) to the calling thread.
 VSR_EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
-  VSR_EMU_BEGIN("cuCtxSetCurrent");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_init(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuCtxSetCurrent");
+  VSR_EMU_TRY(need_init(s));
   if (ctx != nullptr) {
     bool found = false;
     for (auto& d : s.devices) found = found || &d->primary == ctx;
@@ -99,10 +91,8 @@ VSR_EMU_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
 /// Writes the calling thread's current context (NULL when none). Before cuInit it returns
 /// NOT_INITIALIZED without writing (§1.1).
 VSR_EMU_EXPORT CUresult cuCtxGetCurrent(CUcontext* ctx) {
-  VSR_EMU_BEGIN("cuCtxGetCurrent");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_init(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuCtxGetCurrent");
+  VSR_EMU_TRY(need_init(s));
   if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *ctx = tl_current;
   return CUDA_SUCCESS;
@@ -110,17 +100,18 @@ VSR_EMU_EXPORT CUresult cuCtxGetCurrent(CUcontext* ctx) {
 
 namespace {
 
+// The context argument of the 13.0 forms: *ctx, which must be active, or the current context when
+// it is NULL (§1.2).
+CUresult given_or_current(State& s, CUcontext* ctx) {
+  if (*ctx == nullptr) return need_context(s, ctx);
+  return (*ctx)->active ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
 CUresult ctx_get_device(CUdevice* device, CUcontext ctx) {
   State& s = st();
   std::lock_guard lock(s.mutex);
-  if (CUresult r = need_init(s); r != CUDA_SUCCESS) return r;
-  if (ctx == nullptr) {
-    CUctx_st* cur = nullptr;
-    if (CUresult r = need_context(s, &cur); r != CUDA_SUCCESS) return r;
-    ctx = cur;
-  } else if (!ctx->active) {
-    return CUDA_ERROR_INVALID_CONTEXT;
-  }
+  VSR_EMU_TRY(need_init(s));
+  VSR_EMU_TRY(given_or_current(s, &ctx));
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *device = ctx->device;
   return CUDA_SUCCESS;
@@ -129,13 +120,7 @@ CUresult ctx_get_device(CUdevice* device, CUcontext ctx) {
 CUresult ctx_synchronize(CUcontext ctx) {
   State& s = st();
   std::unique_lock lock(s.mutex);
-  if (ctx == nullptr) {
-    CUctx_st* cur = nullptr;
-    if (CUresult r = need_context(s, &cur); r != CUDA_SUCCESS) return r;
-    ctx = cur;
-  } else if (!ctx->active) {
-    return CUDA_ERROR_INVALID_CONTEXT;
-  }
+  VSR_EMU_TRY(given_or_current(s, &ctx));
   // Work still queued on destroyed streams counts too (§3.7: cuStreamDestroy returns at once).
   WaitList all = context_work(s, ctx);
   lock.unlock();

@@ -128,9 +128,7 @@ VSR_EMU_EXPORT CUresult cuInit(unsigned int flags) {
     std::lock_guard lock(s.mutex);
     read_fail_env_once(s);
   }
-  VSR_EMU_BEGIN("cuInit");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
+  VSR_EMU_ENTRY("cuInit");
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (s.config.device_count == 0) return CUDA_ERROR_NO_DEVICE;
   s.initialized = true;
@@ -147,10 +145,8 @@ VSR_EMU_EXPORT CUresult cuDriverGetVersion(int* version) {
 
 /// Writes the number of emulated devices (VSR_EMU_DEVICE_COUNT).
 VSR_EMU_EXPORT CUresult cuDeviceGetCount(int* count) {
-  VSR_EMU_BEGIN("cuDeviceGetCount");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_init(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuDeviceGetCount");
+  VSR_EMU_TRY(need_init(s));
   if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *count = s.config.device_count;
   return CUDA_SUCCESS;
@@ -158,22 +154,18 @@ VSR_EMU_EXPORT CUresult cuDeviceGetCount(int* count) {
 
 /// Writes the device handle of `ordinal` (the ordinal itself).
 VSR_EMU_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
-  VSR_EMU_BEGIN("cuDeviceGet");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_init(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuDeviceGet");
+  VSR_EMU_TRY(need_init(s));
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult r = need_device(s, ordinal); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(need_device(s, ordinal));
   *device = ordinal;
   return CUDA_SUCCESS;
 }
 
 /// Writes an attribute of `dev` (an H100-like 9.0 device; feature attributes follow the options).
 VSR_EMU_EXPORT CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attrib, CUdevice dev) {
-  VSR_EMU_BEGIN("cuDeviceGetAttribute");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_device(s, dev); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuDeviceGetAttribute");
+  VSR_EMU_TRY(need_device(s, dev));
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   bool known = false;
   int v = attribute_value(s.config, dev, static_cast<int>(attrib), &known);
@@ -184,10 +176,8 @@ VSR_EMU_EXPORT CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attr
 
 /// Writes the device name ("vibespatial-raster host emulator"), truncated to `len` bytes.
 VSR_EMU_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
-  VSR_EMU_BEGIN("cuDeviceGetName");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_device(s, dev); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuDeviceGetName");
+  VSR_EMU_TRY(need_device(s, dev));
   if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   std::snprintf(name, static_cast<size_t>(len), "%s", "vibespatial-raster host emulator");
   return CUDA_SUCCESS;
@@ -195,10 +185,8 @@ VSR_EMU_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
 
 /// Writes the emulated capacity of `dev` (VSR_EMU_DEVICE_MEMORY).
 VSR_EMU_EXPORT CUresult cuDeviceTotalMem(size_t* bytes, CUdevice dev) {
-  VSR_EMU_BEGIN("cuDeviceTotalMem");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_device(s, dev); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuDeviceTotalMem");
+  VSR_EMU_TRY(need_device(s, dev));
   if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *bytes = s.config.device_memory;
   return CUDA_SUCCESS;

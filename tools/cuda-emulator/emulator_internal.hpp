@@ -58,23 +58,26 @@ VSR_EMU_EXPORT CUresult legacy_cuGetProcAddress(const char* symbol, void** pfn, 
 // Old-ABI exports (32-bit sizes and pointers, §1.4). The emulator does not implement that ABI:
 // these return CUDA_ERROR_NOT_SUPPORTED without reading their arguments, so they are declared
 // without parameters. cuDevicePrimaryCtxRelease (7000) and cuEventElapsedTime (2000) have the
-// same ABI and semantics as their successors and forward to them.
+// same ABI and semantics as their successors and forward to them. The unsupported names, one
+// X(name) each: declared here, defined in legacy_abi.cpp.
+#define VSR_EMU_UNSUPPORTED_LEGACY_ENTRIES(X) \
+  X(cuDeviceTotalMem)                         \
+  X(cuMemGetInfo)                             \
+  X(cuMemAlloc)                               \
+  X(cuMemFree)                                \
+  X(cuMemAllocHost)                           \
+  X(cuMemcpyHtoD)                             \
+  X(cuMemcpyDtoH)                             \
+  X(cuMemcpyDtoD)                             \
+  X(cuMemcpyHtoDAsync)                        \
+  X(cuMemcpyDtoHAsync)                        \
+  X(cuMemcpyDtoDAsync)                        \
+  X(cuMemsetD8)                               \
+  X(cuMemsetD32)                              \
+  X(cuStreamDestroy)                          \
+  X(cuEventDestroy)
 #define VSR_EMU_LEGACY_ENTRY(name) VSR_EMU_EXPORT CUresult legacy_##name() __asm__(#name);
-VSR_EMU_LEGACY_ENTRY(cuDeviceTotalMem)
-VSR_EMU_LEGACY_ENTRY(cuMemGetInfo)
-VSR_EMU_LEGACY_ENTRY(cuMemAlloc)
-VSR_EMU_LEGACY_ENTRY(cuMemFree)
-VSR_EMU_LEGACY_ENTRY(cuMemAllocHost)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyHtoD)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyDtoH)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyDtoD)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyHtoDAsync)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyDtoHAsync)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyDtoDAsync)
-VSR_EMU_LEGACY_ENTRY(cuMemsetD8)
-VSR_EMU_LEGACY_ENTRY(cuMemsetD32)
-VSR_EMU_LEGACY_ENTRY(cuStreamDestroy)
-VSR_EMU_LEGACY_ENTRY(cuEventDestroy)
+VSR_EMU_UNSUPPORTED_LEGACY_ENTRIES(VSR_EMU_LEGACY_ENTRY)
 #undef VSR_EMU_LEGACY_ENTRY
 VSR_EMU_EXPORT CUresult
 legacy_cuDevicePrimaryCtxRelease(CUdevice dev) __asm__("cuDevicePrimaryCtxRelease");

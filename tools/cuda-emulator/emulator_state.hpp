@@ -269,6 +269,19 @@ extern thread_local CUctx_st* tl_current;
     if (injected_ != CUDA_SUCCESS) return injected_;    \
   } while (0)
 
+// The start of an entry point that works on the state: VSR_EMU_BEGIN, then `s` is the state and
+// `lock` (a std::unique_lock, for entry points that wait) holds its mutex to the end of the scope.
+#define VSR_EMU_ENTRY(entry)               \
+  VSR_EMU_BEGIN(entry);                    \
+  ::vsr::emu::State& s = ::vsr::emu::st(); \
+  std::unique_lock lock(s.mutex)
+
+// Returns the result of `check` (a need_* call or the like) unless it is CUDA_SUCCESS.
+#define VSR_EMU_TRY(check)                                          \
+  do {                                                              \
+    if (const CUresult r_ = (check); r_ != CUDA_SUCCESS) return r_; \
+  } while (0)
+
 // --- options.cpp ---
 
 std::string base_name(std::string_view name);

@@ -11,21 +11,7 @@
     if (injected != CUDA_SUCCESS) return injected;   \
     return CUDA_ERROR_NOT_SUPPORTED;                 \
   }
-VSR_EMU_LEGACY_ENTRY(cuDeviceTotalMem)
-VSR_EMU_LEGACY_ENTRY(cuMemGetInfo)
-VSR_EMU_LEGACY_ENTRY(cuMemAlloc)
-VSR_EMU_LEGACY_ENTRY(cuMemFree)
-VSR_EMU_LEGACY_ENTRY(cuMemAllocHost)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyHtoD)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyDtoH)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyDtoD)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyHtoDAsync)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyDtoHAsync)
-VSR_EMU_LEGACY_ENTRY(cuMemcpyDtoDAsync)
-VSR_EMU_LEGACY_ENTRY(cuMemsetD8)
-VSR_EMU_LEGACY_ENTRY(cuMemsetD32)
-VSR_EMU_LEGACY_ENTRY(cuStreamDestroy)
-VSR_EMU_LEGACY_ENTRY(cuEventDestroy)
+VSR_EMU_UNSUPPORTED_LEGACY_ENTRIES(VSR_EMU_LEGACY_ENTRY)
 #undef VSR_EMU_LEGACY_ENTRY
 
 // The 7000 ABI differs from _v2 (11000) only in how it interacts with the runtime API, which the

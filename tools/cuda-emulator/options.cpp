@@ -31,39 +31,50 @@ bool parse_double(std::string_view text, double* out) {
   return true;
 }
 
-// "<bytes>" or "<f>x" (a multiple of all devices' memory).
-bool parse_address_space(const char* text, size_t* bytes, double* factor) {
+// "<bytes>" or "<number><suffix>": *bytes = bytes and *scaled = 0, or *bytes = 0 and *scaled =
+// number / divisor where `valid(number)`.
+bool parse_bytes_or_scaled(const char* text, char suffix, bool (*valid)(double), double divisor,
+                           size_t* bytes, double* scaled) {
   if (text == nullptr) return false;
   std::string_view v(text);
-  if (!v.empty() && v.back() == 'x') {
-    double f = 0;
-    if (!parse_double(v.substr(0, v.size() - 1), &f) || f <= 0) return false;
+  if (!v.empty() && v.back() == suffix) {
+    double number = 0;
+    if (!parse_double(v.substr(0, v.size() - 1), &number) || !valid(number)) return false;
     *bytes = 0;
-    *factor = f;
+    *scaled = number / divisor;
     return true;
   }
   size_t b = 0;
   if (!parse_size(text, &b)) return false;
   *bytes = b;
-  *factor = 0;
+  *scaled = 0;
   return true;
+}
+
+// "<bytes>" or "<f>x" (a multiple of all devices' memory).
+bool parse_address_space(const char* text, size_t* bytes, double* factor) {
+  return parse_bytes_or_scaled(
+      text, 'x', [](double f) { return f > 0; }, 1, bytes, factor);
 }
 
 // "<bytes>" or "<p>%" (a percentage of the device memory, below 100).
 bool parse_overhead(const char* text, size_t* bytes, double* fraction) {
-  if (text == nullptr) return false;
-  std::string_view v(text);
-  if (!v.empty() && v.back() == '%') {
-    double p = 0;
-    if (!parse_double(v.substr(0, v.size() - 1), &p) || p >= 100) return false;
-    *bytes = 0;
-    *fraction = p / 100;
-    return true;
+  return parse_bytes_or_scaled(
+      text, '%', [](double p) { return p < 100; }, 100, bytes, fraction);
+}
+
+// Calls `item` with each item of a comma list, blanks around it trimmed and empty ones skipped;
+// false as soon as it returns false.
+template <typename F>
+bool for_each_item(std::string_view list, F&& item) {
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    std::string_view one = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+    while (!one.empty() && one.front() == ' ') one.remove_prefix(1);
+    while (!one.empty() && one.back() == ' ') one.remove_suffix(1);
+    if (!one.empty() && !item(one)) return false;
   }
-  size_t b = 0;
-  if (!parse_size(text, &b)) return false;
-  *bytes = b;
-  *fraction = 0;
   return true;
 }
 
@@ -75,18 +86,12 @@ constexpr const char* kA100Latency =
 // A comma list of `entry:<number><ns|us|ms|s>` items and presets ("a100"); "" clears.
 bool parse_latency(std::string_view spec, std::map<std::string, std::chrono::nanoseconds>* out) {
   std::map<std::string, std::chrono::nanoseconds> plan;
-  while (!spec.empty()) {
-    const size_t comma = spec.find(',');
-    std::string_view item = spec.substr(0, comma);
-    spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    if (item.empty()) continue;
+  const bool ok = for_each_item(spec, [&](std::string_view item) {
     if (item == "a100") {
       std::map<std::string, std::chrono::nanoseconds> preset;
       if (!parse_latency(kA100Latency, &preset)) return false;
       plan.insert(preset.begin(), preset.end());
-      continue;
+      return true;
     }
     const size_t colon = item.find(':');
     if (colon == std::string_view::npos || colon == 0) return false;
@@ -104,10 +109,28 @@ bool parse_latency(std::string_view spec, std::map<std::string, std::chrono::nan
     if (scale == 0 || !parse_double(amount, &value) || value * scale > 60e9) return false;
     plan[base_name(item.substr(0, colon))] =
         std::chrono::nanoseconds(static_cast<long long>(std::llround(value * scale)));
-  }
+    return true;
+  });
+  if (!ok) return false;
   *out = std::move(plan);
   return true;
 }
+
+// The options that are plain flags: VSR_EMU_<name> in the environment, vsr_emu_set_option(name)
+// at any time. (VMM, MANAGED and MEMORY_POOLS are flags too, but switching one off is checked
+// against live objects; REPORT is read from the environment only.)
+struct Flag {
+  std::string_view name;
+  bool Config::*field;
+};
+constexpr Flag kPlainFlags[] = {{"SYNC", &Config::sync},
+                                {"STICKY", &Config::sticky},
+                                {"ASYNC_DEFAULT_STREAMS", &Config::async_default_streams},
+                                {"RECYCLE_HANDLES", &Config::recycle_handles},
+                                {"FREE_NO_SYNC", &Config::free_no_sync},
+                                {"REQUIRE_CONTEXT", &Config::require_context},
+                                {"STICKY_VMM", &Config::sticky_vmm},
+                                {"ABORT_ON_MISUSE", &Config::abort_on_misuse}};
 
 // What VSR_EMU_ADVERSARIAL switches (on: the harshest legal driver; off: the defaults).
 void apply_adversarial(Config& c, bool on) {
@@ -128,14 +151,7 @@ void apply_adversarial(Config& c, bool on) {
 
 bool parse_plan(const char* spec, std::vector<FailRule>* out) {
   std::vector<FailRule> plan;
-  std::string_view rest = spec != nullptr ? spec : "";
-  while (!rest.empty()) {
-    size_t comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    if (item.empty()) continue;
+  const bool ok = for_each_item(spec != nullptr ? spec : "", [&](std::string_view item) {
     size_t c1 = item.find(':');
     if (c1 == std::string_view::npos || c1 == 0) return false;
     FailRule rule;
@@ -158,7 +174,9 @@ bool parse_plan(const char* spec, std::vector<FailRule>* out) {
       rule.has_error = true;
     }
     plan.push_back(std::move(rule));
-  }
+    return true;
+  });
+  if (!ok) return false;
   *out = std::move(plan);
   return true;
 }
@@ -200,14 +218,9 @@ std::string env_value(const Config& e, std::string_view name) {
   if (name == "VMM") return flag(e.vmm);
   if (name == "MANAGED") return flag(e.managed);
   if (name == "MEMORY_POOLS") return flag(e.memory_pools);
-  if (name == "SYNC") return flag(e.sync);
-  if (name == "STICKY") return flag(e.sticky);
-  if (name == "ASYNC_DEFAULT_STREAMS") return flag(e.async_default_streams);
-  if (name == "RECYCLE_HANDLES") return flag(e.recycle_handles);
-  if (name == "FREE_NO_SYNC") return flag(e.free_no_sync);
-  if (name == "REQUIRE_CONTEXT") return flag(e.require_context);
-  if (name == "STICKY_VMM") return flag(e.sticky_vmm);
-  if (name == "ABORT_ON_MISUSE") return flag(e.abort_on_misuse);
+  for (const Flag& f : kPlainFlags) {
+    if (name == f.name) return flag(e.*f.field);
+  }
   if (name == "MEMINFO_QUANTUM") return std::to_string(e.meminfo_quantum);
   if (name == "ADDRESS_SPACE") {
     return e.address_space_factor > 0 ? format_double(e.address_space_factor) + "x"
@@ -327,18 +340,13 @@ void read_env(Config& c) {
   bool_env("VSR_EMU_VMM", &c.vmm);
   bool_env("VSR_EMU_MANAGED", &c.managed);
   bool_env("VSR_EMU_MEMORY_POOLS", &c.memory_pools);
-  bool_env("VSR_EMU_SYNC", &c.sync);
-  bool_env("VSR_EMU_STICKY", &c.sticky);
+  for (const Flag& f : kPlainFlags) {
+    bool_env(("VSR_EMU_" + std::string(f.name)).c_str(), &(c.*f.field));
+  }
   bool_env("VSR_EMU_REPORT", &c.report);
   size_t version = static_cast<size_t>(c.driver_version);
   size_env("VSR_EMU_DRIVER_VERSION", &version);
   c.driver_version = static_cast<int>(version);
-  bool_env("VSR_EMU_ASYNC_DEFAULT_STREAMS", &c.async_default_streams);
-  bool_env("VSR_EMU_RECYCLE_HANDLES", &c.recycle_handles);
-  bool_env("VSR_EMU_FREE_NO_SYNC", &c.free_no_sync);
-  bool_env("VSR_EMU_REQUIRE_CONTEXT", &c.require_context);
-  bool_env("VSR_EMU_STICKY_VMM", &c.sticky_vmm);
-  bool_env("VSR_EMU_ABORT_ON_MISUSE", &c.abort_on_misuse);
   size_env("VSR_EMU_MEMINFO_QUANTUM", &c.meminfo_quantum);
   if (const char* v = std::getenv("VSR_EMU_ADDRESS_SPACE"); v != nullptr) {
     if (!parse_address_space(v, &c.address_space, &c.address_space_factor)) {
@@ -486,23 +494,11 @@ VSR_EMU_EXPORT int vsr_emu_set_option(const char* name, const char* value) {
   const bool vmm_live = !s.reservations.empty() || s.live_physical != 0 || !s.mappings.empty();
 
   // Options that take a mode or a size.
-  struct Flag {
-    std::string_view name;
-    bool* target;
-  };
-  const Flag flags[] = {{"SYNC", &c.sync},
-                        {"STICKY", &c.sticky},
-                        {"ASYNC_DEFAULT_STREAMS", &c.async_default_streams},
-                        {"RECYCLE_HANDLES", &c.recycle_handles},
-                        {"FREE_NO_SYNC", &c.free_no_sync},
-                        {"REQUIRE_CONTEXT", &c.require_context},
-                        {"STICKY_VMM", &c.sticky_vmm},
-                        {"ABORT_ON_MISUSE", &c.abort_on_misuse}};
-  for (const Flag& f : flags) {
+  for (const Flag& f : kPlainFlags) {
     if (n != f.name) continue;
     bool v = false;
     if (!parse_bool(value, &v)) return CUDA_ERROR_INVALID_VALUE;
-    *f.target = v;
+    c.*f.field = v;
     return CUDA_SUCCESS;
   }
   if (n == "ADVERSARIAL") {

@@ -148,6 +148,31 @@ CUdriverProcAddressQueryResult resolve(const char* symbol, int cuda_version, boo
 constexpr cuuint64_t kKnownProcFlags =
     CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
 
+// Both ABIs of cuGetProcAddress: the argument checks and the lookup, its outcome in *result.
+CUresult get_proc_address(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
+                          CUdriverProcAddressQueryResult* result) {
+  CUresult injected = vsr::emu::begin_call("cuGetProcAddress");
+  if (injected != CUDA_SUCCESS) return injected;
+  if (symbol == nullptr || pfn == nullptr || (flags & ~kKnownProcFlags) != 0 ||
+      cuda_version > vsr::emu::driver_version()) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *result = resolve(symbol, cuda_version,
+                    (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, pfn);
+  return CUDA_SUCCESS;
+}
+
+// cuGetErrorName and cuGetErrorString: the `field` of `error`'s row.
+CUresult error_text(const char* entry, const char* ErrorRow::*field, CUresult error,
+                    const char** str) {
+  CUresult injected = vsr::emu::begin_call(entry);
+  if (injected != CUDA_SUCCESS) return injected;
+  if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const ErrorRow* row = find_error(error);
+  *str = row != nullptr ? row->*field : nullptr;
+  return row != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 }  // namespace
 
 namespace vsr::emu {
@@ -167,23 +192,13 @@ bool error_by_name(std::string_view name, CUresult* out) {
 /// Writes the enumerator name of `error` to *str; unknown codes give INVALID_VALUE and NULL.
 /// Works before cuInit.
 VSR_EMU_EXPORT CUresult cuGetErrorName(CUresult error, const char** str) {
-  CUresult injected = vsr::emu::begin_call("cuGetErrorName");
-  if (injected != CUDA_SUCCESS) return injected;
-  if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const ErrorRow* row = find_error(error);
-  *str = row != nullptr ? row->name : nullptr;
-  return row != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  return error_text("cuGetErrorName", &ErrorRow::name, error, str);
 }
 
 /// Writes a description of `error` to *str; unknown codes give INVALID_VALUE and NULL.
 /// Works before cuInit.
 VSR_EMU_EXPORT CUresult cuGetErrorString(CUresult error, const char** str) {
-  CUresult injected = vsr::emu::begin_call("cuGetErrorString");
-  if (injected != CUDA_SUCCESS) return injected;
-  if (str == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const ErrorRow* row = find_error(error);
-  *str = row != nullptr ? row->text : nullptr;
-  return row != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  return error_text("cuGetErrorString", &ErrorRow::text, error, str);
 }
 
 /// cuGetProcAddress_v2 (12000): resolves a base name at an ABI version (§2.2). Unknown names and
@@ -191,29 +206,18 @@ VSR_EMU_EXPORT CUresult cuGetErrorString(CUresult error, const char** str) {
 /// driver's is INVALID_VALUE. Works before cuInit.
 VSR_EMU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version,
                                          cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
-  CUresult injected = vsr::emu::begin_call("cuGetProcAddress");
-  if (injected != CUDA_SUCCESS) return injected;
-  if (symbol == nullptr || pfn == nullptr || (flags & ~kKnownProcFlags) != 0 ||
-      cuda_version > vsr::emu::driver_version()) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  CUdriverProcAddressQueryResult result = resolve(
-      symbol, cuda_version, (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, pfn);
-  if (status != nullptr) *status = result;
-  return CUDA_SUCCESS;
+  CUdriverProcAddressQueryResult result{};
+  CUresult r = get_proc_address(symbol, pfn, cuda_version, flags, &result);
+  if (r == CUDA_SUCCESS && status != nullptr) *status = result;
+  return r;
 }
 
 /// The old 4-argument cuGetProcAddress (11030): as _v2, but a symbol that cannot be resolved is
 /// CUDA_ERROR_NOT_FOUND (11.x behaviour, §2.2).
 CUresult legacy_cuGetProcAddress(const char* symbol, void** pfn, int cuda_version,
                                  cuuint64_t flags) {
-  CUresult injected = vsr::emu::begin_call("cuGetProcAddress");
-  if (injected != CUDA_SUCCESS) return injected;
-  if (symbol == nullptr || pfn == nullptr || (flags & ~kKnownProcFlags) != 0 ||
-      cuda_version > vsr::emu::driver_version()) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  CUdriverProcAddressQueryResult result = resolve(
-      symbol, cuda_version, (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, pfn);
+  CUdriverProcAddressQueryResult result{};
+  CUresult r = get_proc_address(symbol, pfn, cuda_version, flags, &result);
+  if (r != CUDA_SUCCESS) return r;
   return result == CU_GET_PROC_ADDRESS_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }

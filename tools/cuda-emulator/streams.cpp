@@ -150,7 +150,7 @@ CUresult need_current(State& s) {
 }
 
 CUresult find_event(State& s, CUevent event, std::shared_ptr<Event>* out) {
-  if (CUresult r = need_current(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(need_current(s));
   auto it = s.events.find(event);
   if (it == s.events.end()) return unknown_handle(s, event);
   *out = it->second;
@@ -301,7 +301,7 @@ CUresult resolve_stream(State& s, CUstream handle, bool ptds, StreamRef* out) {
     out->ctx = ctx;
     return CUDA_SUCCESS;
   }
-  if (CUresult r = need_current(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(need_current(s));
   auto it = s.streams.find(handle);
   if (it == s.streams.end()) return unknown_handle(s, handle);
   CUctx_st* ctx = it->second->ctx;
@@ -446,11 +446,9 @@ using namespace vsr::emu;
 /// Creates a stream (flags CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING) in the current context.
 /// It runs its work FIFO on its own worker thread, or inline when VSR_EMU_SYNC=1.
 VSR_EMU_EXPORT CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
-  VSR_EMU_BEGIN("cuStreamCreate");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
+  VSR_EMU_ENTRY("cuStreamCreate");
   CUctx_st* ctx = nullptr;
-  if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(need_context(s, &ctx));
   if (stream == nullptr || (flags != CU_STREAM_DEFAULT && flags != CU_STREAM_NON_BLOCKING)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -470,10 +468,8 @@ VSR_EMU_EXPORT CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
 /// Destroys a created stream at once; its queued work still runs to completion (a hold set with
 /// vsr_emu_stream_pause is released). The handle is a tombstone from then on.
 VSR_EMU_EXPORT CUresult cuStreamDestroy(CUstream stream) {
-  VSR_EMU_BEGIN("cuStreamDestroy");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_current(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuStreamDestroy");
+  VSR_EMU_TRY(need_current(s));
   auto it = s.streams.find(stream);
   if (it == s.streams.end()) return unknown_handle(s, stream);
   std::shared_ptr<Stream> victim = it->second;
@@ -517,7 +513,7 @@ CUresult stream_query(CUstream stream, bool ptds) {
   State& s = st();
   std::lock_guard lock(s.mutex);
   StreamRef ref;
-  if (CUresult r = resolve_stream(s, stream, ptds, &ref); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(resolve_stream(s, stream, ptds, &ref));
   std::vector<std::shared_ptr<Stream>> targets;
   if (ref.kind == StreamKind::created) {
     targets.push_back(ref.stream);
@@ -535,13 +531,19 @@ CUresult stream_query(CUstream stream, bool ptds) {
   return CUDA_SUCCESS;
 }
 
+// The stream and the event of cuStreamWaitEvent and cuEventRecord, in that order of checks.
+CUresult stream_and_event(State& s, CUstream stream, bool ptds, CUevent event, StreamRef* ref,
+                          std::shared_ptr<Event>* ev) {
+  VSR_EMU_TRY(resolve_stream(s, stream, ptds, ref));
+  return find_event(s, event, ev);
+}
+
 CUresult stream_wait_event(CUstream stream, CUevent event, unsigned flags, bool ptds) {
   State& s = st();
   std::unique_lock lock(s.mutex);
   StreamRef ref;
-  if (CUresult r = resolve_stream(s, stream, ptds, &ref); r != CUDA_SUCCESS) return r;
   std::shared_ptr<Event> ev;
-  if (CUresult r = find_event(s, event, &ev); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(stream_and_event(s, stream, ptds, event, &ref, &ev));
   if ((flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -558,7 +560,7 @@ CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data, bool pt
   State& s = st();
   std::unique_lock lock(s.mutex);
   StreamRef ref;
-  if (CUresult r = resolve_stream(s, stream, ptds, &ref); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(resolve_stream(s, stream, ptds, &ref));
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
   return submit(lock, ref, [fn, user_data](bool) {
     fn(user_data);
@@ -570,9 +572,8 @@ CUresult event_record(CUevent event, CUstream stream, bool ptds) {
   State& s = st();
   std::unique_lock lock(s.mutex);
   StreamRef ref;
-  if (CUresult r = resolve_stream(s, stream, ptds, &ref); r != CUDA_SUCCESS) return r;
   std::shared_ptr<Event> ev;
-  if (CUresult r = find_event(s, event, &ev); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(stream_and_event(s, stream, ptds, event, &ref, &ev));
   if (ev->ctx != ref.ctx) return CUDA_ERROR_INVALID_HANDLE;
   const uint64_t generation = ++ev->generation;
   ev->recorded = true;
@@ -655,11 +656,9 @@ CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
 
 /// Creates an event in the current context. INTERPROCESS requires DISABLE_TIMING.
 VSR_EMU_EXPORT CUresult cuEventCreate(CUevent* event, unsigned int flags) {
-  VSR_EMU_BEGIN("cuEventCreate");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
+  VSR_EMU_ENTRY("cuEventCreate");
   CUctx_st* ctx = nullptr;
-  if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(need_context(s, &ctx));
   constexpr unsigned kKnown =
       CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
   if (event == nullptr || (flags & ~kKnown) != 0 ||
@@ -689,7 +688,7 @@ CUresult event_target(CUevent event, std::shared_ptr<Stream>* stream, uint64_t* 
   State& s = st();
   std::lock_guard lock(s.mutex);
   std::shared_ptr<Event> ev;
-  if (CUresult r = find_event(s, event, &ev); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(find_event(s, event, &ev));
   if (ev->ctx->poisoned) return CUDA_ERROR_ILLEGAL_ADDRESS;
   *stream = ev->recorded ? ev->stream : nullptr;
   *seq = ev->seq;
@@ -703,7 +702,7 @@ VSR_EMU_EXPORT CUresult cuEventQuery(CUevent event) {
   VSR_EMU_BEGIN("cuEventQuery");
   std::shared_ptr<Stream> stream;
   uint64_t seq = 0;
-  if (CUresult r = event_target(event, &stream, &seq); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(event_target(event, &stream, &seq));
   if (stream == nullptr) return CUDA_SUCCESS;
   std::lock_guard slock(stream->mutex);
   return stream->completed >= seq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
@@ -714,7 +713,7 @@ VSR_EMU_EXPORT CUresult cuEventSynchronize(CUevent event) {
   VSR_EMU_BEGIN("cuEventSynchronize");
   std::shared_ptr<Stream> stream;
   uint64_t seq = 0;
-  if (CUresult r = event_target(event, &stream, &seq); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(event_target(event, &stream, &seq));
   if (stream != nullptr) wait_for(stream, seq);
   return CUDA_SUCCESS;
 }
@@ -722,11 +721,9 @@ VSR_EMU_EXPORT CUresult cuEventSynchronize(CUevent event) {
 /// Destroys `event` at once, even while its captured work is pending. The handle is a tombstone
 /// from then on.
 VSR_EMU_EXPORT CUresult cuEventDestroy(CUevent event) {
-  VSR_EMU_BEGIN("cuEventDestroy");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
+  VSR_EMU_ENTRY("cuEventDestroy");
   std::shared_ptr<Event> ev;
-  if (CUresult r = find_event(s, event, &ev); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(find_event(s, event, &ev));
   s.events.erase(event);
   retire_handle(s, event, 'e');
   return CUDA_SUCCESS;
@@ -734,17 +731,15 @@ VSR_EMU_EXPORT CUresult cuEventDestroy(CUevent event) {
 
 /// Milliseconds between two completed, timed events.
 VSR_EMU_EXPORT CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
-  VSR_EMU_BEGIN("cuEventElapsedTime");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
+  VSR_EMU_ENTRY("cuEventElapsedTime");
   if (ms == nullptr) {
-    if (CUresult r = need_current(s); r != CUDA_SUCCESS) return r;
+    VSR_EMU_TRY(need_current(s));
     return CUDA_ERROR_INVALID_VALUE;
   }
   std::shared_ptr<Event> a;
   std::shared_ptr<Event> b;
-  if (CUresult r = find_event(s, start, &a); r != CUDA_SUCCESS) return r;
-  if (CUresult r = find_event(s, end, &b); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(find_event(s, start, &a));
+  VSR_EMU_TRY(find_event(s, end, &b));
   for (const auto* e : {a.get(), b.get()}) {
     if (!e->recorded || (e->flags & CU_EVENT_DISABLE_TIMING) != 0) {
       return CUDA_ERROR_INVALID_HANDLE;
@@ -764,7 +759,7 @@ VSR_EMU_EXPORT int vsr_emu_stream_pause(CUstream stream, int paused) {
   std::shared_ptr<Stream> target;
   if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) {
     CUctx_st* ctx = nullptr;
-    if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    VSR_EMU_TRY(need_context(s, &ctx));
     if (!default_streams_async(s.config)) return CUDA_ERROR_NOT_SUPPORTED;
     target = stream == CU_STREAM_PER_THREAD ? per_thread_stream(s, ctx, true)
                                             : legacy_stream(s, ctx, true);

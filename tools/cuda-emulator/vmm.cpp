@@ -71,11 +71,9 @@ bool whole_mappings(State& s, uintptr_t ptr, size_t size,
 /// free = capacity - charged - context overhead for the current context's device, rounded down
 /// to VSR_EMU_MEMINFO_QUANTUM when set.
 VSR_EMU_EXPORT CUresult cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-  VSR_EMU_BEGIN("cuMemGetInfo");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
+  VSR_EMU_ENTRY("cuMemGetInfo");
   CUctx_st* ctx = nullptr;
-  if (CUresult r = need_context(s, &ctx); r != CUDA_SUCCESS) return r;
+  VSR_EMU_TRY(need_context(s, &ctx));
   if (free_bytes == nullptr || total_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   size_t free = device_free(s, ctx->device);
   if (s.config.meminfo_quantum != 0)
@@ -90,10 +88,8 @@ VSR_EMU_EXPORT CUresult cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 VSR_EMU_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity,
                                                       const CUmemAllocationProp* prop,
                                                       CUmemAllocationGranularity_flags option) {
-  VSR_EMU_BEGIN("cuMemGetAllocationGranularity");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuMemGetAllocationGranularity");
+  VSR_EMU_TRY(need_vmm(s));
   if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (option == CU_MEM_ALLOC_GRANULARITY_MINIMUM) {
     *granularity = s.config.granularity;
@@ -112,10 +108,8 @@ VSR_EMU_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity,
 /// OUT_OF_MEMORY, as a real driver does when virtual address space runs out.
 VSR_EMU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
                                             CUdeviceptr addr, unsigned long long flags) {
-  VSR_EMU_BEGIN("cuMemAddressReserve");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuMemAddressReserve");
+  VSR_EMU_TRY(need_vmm(s));
   const size_t page = page_size();
   if (ptr == nullptr || size == 0 || size % page != 0 || flags != 0 || addr % page != 0 ||
       (alignment != 0 && !is_pow2(alignment))) {
@@ -158,10 +152,8 @@ VSR_EMU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_
 /// (strict, §3.4.3). Queued work that still targets the range is counted
 /// (unmap_with_pending_work).
 VSR_EMU_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
-  VSR_EMU_BEGIN("cuMemAddressFree");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuMemAddressFree");
+  VSR_EMU_TRY(need_vmm(s));
   if (ptr == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
   auto it = s.reservations.find(ptr);
   if (it == s.reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
@@ -181,10 +173,8 @@ VSR_EMU_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 /// device at once. Handle ids increase monotonically, are never 0 and never reused (§3.4.4).
 VSR_EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                                     const CUmemAllocationProp* prop, unsigned long long flags) {
-  VSR_EMU_BEGIN("cuMemCreate");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuMemCreate");
+  VSR_EMU_TRY(need_vmm(s));
   if (handle == nullptr || prop == nullptr || size == 0 || flags != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -231,10 +221,8 @@ VSR_EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t
 /// Unknown or already released ids are INVALID_VALUE (the real driver's behaviour is undefined;
 /// a released id counts as a stale handle).
 VSR_EMU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-  VSR_EMU_BEGIN("cuMemRelease");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuMemRelease");
+  VSR_EMU_TRY(need_vmm(s));
   auto it = s.handles.find(handle);
   if (handle == 0 || it == s.handles.end()) return bad_vmm_handle(s, handle);
   std::shared_ptr<Physical> p = it->second;
@@ -253,10 +241,8 @@ VSR_EMU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 /// inside one reservation, over no existing mapping. The mapping starts with no access.
 VSR_EMU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                  CUmemGenericAllocationHandle handle, unsigned long long flags) {
-  VSR_EMU_BEGIN("cuMemMap");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuMemMap");
+  VSR_EMU_TRY(need_vmm(s));
   if (ptr == 0 || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   auto h = s.handles.find(handle);
   if (h == s.handles.end()) return bad_vmm_handle(s, handle);
@@ -289,10 +275,8 @@ VSR_EMU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 /// reservation (§3.4.7). The range becomes plain reservation again; queued work that still
 /// targets it is counted (unmap_with_pending_work): the driver does not wait for it (§7 #2).
 VSR_EMU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
-  VSR_EMU_BEGIN("cuMemUnmap");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuMemUnmap");
+  VSR_EMU_TRY(need_vmm(s));
   std::map<uintptr_t, Mapping>::iterator first;
   std::map<uintptr_t, Mapping>::iterator past;
   if (!whole_mappings(s, ptr, size, &first, &past)) return CUDA_ERROR_INVALID_VALUE;
@@ -318,10 +302,8 @@ VSR_EMU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 /// has (mprotect).
 VSR_EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
                                        size_t count) {
-  VSR_EMU_BEGIN("cuMemSetAccess");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuMemSetAccess");
+  VSR_EMU_TRY(need_vmm(s));
   if (ptr == 0 || size == 0 || desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
@@ -362,10 +344,8 @@ VSR_EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmem
 /// Writes the access flags of `location` (a device) for the mapped address `ptr`.
 VSR_EMU_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
                                        CUdeviceptr ptr) {
-  VSR_EMU_BEGIN("cuMemGetAccess");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuMemGetAccess");
+  VSR_EMU_TRY(need_vmm(s));
   if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (location->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
   if (location->id < 0 || location->id >= s.config.device_count) return CUDA_ERROR_INVALID_DEVICE;
@@ -380,10 +360,8 @@ VSR_EMU_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLoc
 /// Writes the handle mapped at `addr` (the same id cuMemCreate returned) and adds a reference.
 VSR_EMU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
                                                     void* addr) {
-  VSR_EMU_BEGIN("cuMemRetainAllocationHandle");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuMemRetainAllocationHandle");
+  VSR_EMU_TRY(need_vmm(s));
   if (handle == nullptr || addr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto it = containing(s.mappings, reinterpret_cast<uintptr_t>(addr));
   if (it == s.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
@@ -396,10 +374,8 @@ VSR_EMU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle
 /// Writes the properties `handle` was created with.
 VSR_EMU_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(
     CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
-  VSR_EMU_BEGIN("cuMemGetAllocationPropertiesFromHandle");
-  State& s = st();
-  std::lock_guard lock(s.mutex);
-  if (CUresult r = need_vmm(s); r != CUDA_SUCCESS) return r;
+  VSR_EMU_ENTRY("cuMemGetAllocationPropertiesFromHandle");
+  VSR_EMU_TRY(need_vmm(s));
   if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto it = s.handles.find(handle);
   if (it == s.handles.end()) return bad_vmm_handle(s, handle);

@@ -8,6 +8,7 @@
 // emulator, or the build has no CUDA ops (VSR_TEST_CUDA_OPS unset: built without nvcc).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../reference.hpp"
+#include "all_dtypes.hpp"
 #include "driver/cuda_driver.hpp"
 #include "ops/ops_backend.hpp"
 
@@ -27,9 +28,6 @@
 using namespace vibespatial::raster;
 
 namespace {
-
-const DType kAll[] = {DType::uint8, DType::int8,   DType::uint16, DType::int16,   DType::uint32,
-                      DType::int32, DType::uint64, DType::int64,  DType::float32, DType::float64};
 
 /// Random bytes as pixels, then nodata (7) every 13th pixel and NaN every 17th for floats;
 /// floats get finite random values in +-1e6.
@@ -108,7 +106,7 @@ TEST_SUITE("gpu") {
   TEST_CASE("every op and dtype: device == host") {
     const int bands = 3;
     const std::int64_t h = 211, w = 307;
-    for (DType dt : kAll) {
+    for (DType dt : vsr_test::kAllDTypes) {
       CAPTURE(to_string(dt));
       const auto host = make(dt, bands, h, w, 1234);
       const auto dev = on_device(host);

@@ -4,6 +4,7 @@
 // emulator's control API, and small VMM helpers.
 #pragma once
 
+#include "outstanding_checks.hpp"
 #include "vsr_emulator.h"
 
 #include <cuda.h>
@@ -264,13 +265,8 @@ inline vsr_emu_outstanding outstanding(int dev = -1) {
 }
 
 inline void check_nothing_outstanding() {
-  vsr_emu_outstanding o = outstanding();
-  CHECK(o.reservations == 0);
-  CHECK(o.handles == 0);
-  CHECK(o.physical_bytes == 0);
-  CHECK(o.mappings == 0);
-  CHECK(o.allocations == 0);
-  CHECK(o.managed == 0);
+  const vsr_emu_outstanding o = outstanding();
+  check_no_device_memory(o);
   CHECK(o.host_allocations == 0);
   CHECK(o.streams == 0);
   CHECK(o.events == 0);
