@@ -47,7 +47,7 @@ std::string checked_sections(std::string_view text, const std::vector<std::strin
         std::string_view(list).substr(start, comma == std::string::npos ? comma : comma - start);
     if (std::find(known.begin(), known.end(), name) == known.end()) {
       std::string names;
-      for (const std::string_view k : known) names += (names.empty() ? "" : ",") + std::string(k);
+      for (const std::string_view k : known) names.append(names.empty() ? "" : ",").append(k);
       throw vsr_cli::UsageError("--sections: unknown section '" + std::string(name) +
                                 "' (choose from " + names + ")");
     }

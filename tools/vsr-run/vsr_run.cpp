@@ -682,13 +682,13 @@ void Job::open_input() {
   input_label_ += std::string(", ") + shape;
   if (!args_.bands.empty()) {
     input_label_ += ", bands";
-    for (const int b : bands_) input_label_ += " " + std::to_string(b);
+    for (const int b : bands_) input_label_.append(" ").append(std::to_string(b));
   }
   bool mixed = false;
   for (const auto& nd : band_nodata_) mixed = mixed || nd != band_nodata_.front();
   if (mixed) {
     input_label_ += ", nodata per band:";
-    for (const auto& nd : band_nodata_) input_label_ += " " + nodata_text(nd);
+    for (const auto& nd : band_nodata_) input_label_.append(" ").append(nodata_text(nd));
   } else {
     input_label_ += ", nodata " + nodata_text(band_nodata_.front());
   }
