@@ -246,6 +246,18 @@ CUresult VmmPool::recover_stuck() noexcept {
   return first;
 }
 
+bool VmmPool::create_pages(std::size_t until, std::vector<CUmemGenericAllocationHandle>& out) {
+  while (out.size() < until) {
+    CUmemGenericAllocationHandle h = 0;
+    const CUresult r = driver().cuMemCreate(&h, page_, &prop_, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) return false;
+    if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemCreate", __FILE__, __LINE__);
+    out.push_back(h);  // `out` has room (acquire_pages reserved it)
+    ++pages_held_;
+  }
+  return true;
+}
+
 bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
                             std::vector<CUmemGenericAllocationHandle>& out, bool create) {
   const DriverApi& api = driver();
@@ -265,14 +277,8 @@ bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
     const std::size_t cap =
         small_pages_ + large_peak_pages_ +
         static_cast<std::size_t>(reserve_ * static_cast<double>(large_peak_pages_));
-    while (out.size() < count && pages_held_ < cap) {
-      CUmemGenericAllocationHandle h = 0;
-      const CUresult r = api.cuMemCreate(&h, page_, &prop_, 0);
-      if (r == CUDA_ERROR_OUT_OF_MEMORY) break;
-      if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemCreate", __FILE__, __LINE__);
-      out.push_back(h);
-      ++pages_held_;
-    }
+    const std::size_t below_cap = pages_held_ < cap ? cap - pages_held_ : 0;
+    create_pages(std::min(count, out.size() + below_cap), out);  // a full device ends it
     // Idle free large pages elsewhere: unmap them from their range's tail and reuse the handles.
     for (auto it = free_by_addr_.begin(); out.size() < count && it != free_by_addr_.end();) {
       const CUdeviceptr begin = it->first;
@@ -301,14 +307,7 @@ bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
       out.clear();
       return false;
     }
-    while (out.size() < count) {
-      CUmemGenericAllocationHandle h = 0;
-      const CUresult r = api.cuMemCreate(&h, page_, &prop_, 0);
-      if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{count * page_};
-      if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemCreate", __FILE__, __LINE__);
-      out.push_back(h);
-      ++pages_held_;
-    }
+    if (!create_pages(count, out)) throw DeviceFull{count * page_};
   } catch (...) {
     spare_.insert(spare_.end(), out.begin(), out.end());  // valid pages stay in the pool
     out.clear();

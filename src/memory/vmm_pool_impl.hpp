@@ -407,6 +407,9 @@ class VmmPool final : public DevicePool {
   // A window of `pages` mapped pages for the stream with key `key`; with `create` false only from
   // pages the pool holds (0 if it holds too few). Mutex held.
   CUdeviceptr compose(std::size_t pages, CUstream key, bool create);
+  // New pages (cuMemCreate) into `out` until it holds `until`; false when the device is full
+  // (what was created stays in `out`). Throws CudaError on other failures. Mutex held.
+  bool create_pages(std::size_t until, std::vector<CUmemGenericAllocationHandle>& out);
   // Gathers `count` pages; with `create` false only pages the pool holds, returning false (and
   // taking none) if it holds too few. Throws DeviceFull when the driver has no memory left.
   bool acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,

@@ -254,3 +254,28 @@ TEST_SUITE("pool") {
     }
   }
 }
+
+TEST_SUITE("pool") {
+  TEST_CASE("the warm reserve: a full device ends it, and the request takes free pages instead") {
+    // Tier A (no OOM recovery), reserve 0.1, every cuMemCreate failing with OUT_OF_MEMORY once the
+    // blocks exist: a 32 MiB request that no free range fits composes a window over `a`'s free
+    // pages and fills its holes with `d`'s, unmapped. The reserve's creates fail first; were that
+    // an error, the request would fail although the pool holds the pages it needs.
+    FreshPool fresh("VIBESPATIAL_GPU_POOL_ONLY", 616 * MiB);
+    setenv("VIBESPATIAL_GPU_POOL_RESERVE", "0.1", 1);
+    void* a = vsr::device_allocate(16 * MiB);
+    void* b = vsr::device_allocate(16 * MiB);
+    void* d = vsr::device_allocate(16 * MiB);
+    vsr::device_deallocate(a, 16 * MiB);
+    vsr::device_deallocate(d, 16 * MiB);
+    REQUIRE(vsr_test::emulator().set_fail("cuMemCreate:1+:CUDA_ERROR_OUT_OF_MEMORY") == 0);
+    void* c = nullptr;
+    CHECK_NOTHROW(c = vsr::device_allocate(32 * MiB));
+    CHECK(vsr_test::faults_fired("cuMemCreate") >= 1);
+    vsr_test::emulator().set_fail(nullptr);
+    CHECK(vsr::detail::pool_for_device(0).check_invariants() == "");
+    if (c != nullptr) vsr::device_deallocate(c, 32 * MiB);
+    vsr::device_deallocate(b, 16 * MiB);
+    unsetenv("VIBESPATIAL_GPU_POOL_RESERVE");
+  }
+}
