@@ -112,7 +112,12 @@ std::vector<Live> scenario(int& typed_errors, CUstream busy) {
   return live;
 }
 
-void run_tier(const char* tier_env, const char* vmm) {
+// `reserve`: VIBESPATIAL_GPU_POOL_RESERVE for the runs (nullptr: unset), set after FreshPool
+// (which clears it) and before the pool is configured.
+void run_tier(const char* tier_env, const char* vmm, const char* reserve = nullptr) {
+  const auto set_reserve = [reserve] {
+    if (reserve != nullptr) setenv("VIBESPATIAL_GPU_POOL_RESERVE", reserve, 1);
+  };
   int clean_errors = 0;
   std::vector<std::pair<const char*, unsigned long long>> counts;
   // The first run of a process makes calls that later ones do not (the driver seam's and the
@@ -122,6 +127,7 @@ void run_tier(const char* tier_env, const char* vmm) {
   // single clean run failed "never reached" under ASan).
   for (int run = 0; run < 4; ++run) {
     FreshPool fresh(tier_env, 64 * MiB, vmm);
+    set_reserve();
     CUstream busy = new_stream();
     emulator().set_fail("");  // restart the call counts where the replays set their fault
     std::vector<Live> live = scenario(clean_errors, busy);
@@ -145,6 +151,7 @@ void run_tier(const char* tier_env, const char* vmm) {
   // emulator failed it then: checked).
   auto replay = [&](const char* entry, unsigned long long n) {
     FreshPool fresh(tier_env, 64 * MiB, vmm);
+    set_reserve();
     CUstream busy = new_stream();
     const std::string spec = std::string(entry) + ":" + std::to_string(n);
     REQUIRE(emulator().set_fail(spec.c_str()) == 0);
@@ -193,7 +200,8 @@ void run_tier(const char* tier_env, const char* vmm) {
     }
   }
   MESSAGE(injected << " single-fault runs (" << replayed_again << " run again), tier env "
-                   << std::string(tier_env ? tier_env : "(none)") << ", VMM=" << std::string(vmm));
+                   << std::string(tier_env ? tier_env : "(none)") << ", VMM=" << std::string(vmm)
+                   << ", reserve " << std::string(reserve ? reserve : "(default)"));
   CHECK(injected > 0);
 }
 
@@ -202,6 +210,12 @@ void run_tier(const char* tier_env, const char* vmm) {
 TEST_SUITE("pool") {
   TEST_CASE("fault injection, tier B: each driver call fails once in turn") {
     run_tier(nullptr, "1");
+  }
+  // The warm reserve creates pages ahead of need (acquire_pages): its cuMemCreate calls, and
+  // every later call on pages it made, fail in turn too. 0.5 of the scenario's peak large pages
+  // is a few pages, so the reserve is made and used.
+  TEST_CASE("fault injection, tier B with a warm reserve") {
+    run_tier(nullptr, "1", "0.5");
   }
   TEST_CASE("fault injection, tier A") {
     run_tier("VIBESPATIAL_GPU_POOL_ONLY", "1");
