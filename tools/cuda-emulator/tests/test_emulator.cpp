@@ -400,6 +400,46 @@ TEST_CASE("emulator: classic allocations, copies and sticky faults") {
   check_nothing_outstanding();
 }
 
+// CUDA 13's forms that name a context (cuCtxGetDevice_v2, cuCtxSynchronize_v2): NULL means the
+// current context; a given one must be active, even while it is still some thread's current one.
+TEST_CASE("emulator: the 13.0 context forms take a given context only while it is active") {
+  Driver& d = drv();
+  const CUcontext ctx = use_device();
+  decltype(&::cuCtxGetDevice_v2) get_device_v2 = nullptr;
+  decltype(&::cuCtxSynchronize_v2) synchronize_v2 = nullptr;
+  d.symbol(get_device_v2, "cuCtxGetDevice_v2");
+  d.symbol(synchronize_v2, "cuCtxSynchronize_v2");
+  CUdevice dev = -1;
+  CHECK_CU(get_device_v2(&dev, ctx), CUDA_SUCCESS);
+  CHECK(dev == 0);
+  dev = -1;
+  CHECK_CU(get_device_v2(&dev, nullptr), CUDA_SUCCESS);
+  CHECK(dev == 0);
+  CHECK_CU(synchronize_v2(ctx), CUDA_SUCCESS);
+  CHECK_CU(get_device_v2(nullptr, ctx), CUDA_ERROR_INVALID_VALUE);
+  // Every reference dropped: the primary context is inactive, though still current here.
+  int refs = 0;
+  while (d.primary_release(0) == CUDA_SUCCESS) ++refs;
+  REQUIRE(refs >= 1);
+  CUcontext cur = nullptr;
+  CHECK_CU(d.ctx_get_current(&cur), CUDA_SUCCESS);
+  CHECK(cur == ctx);
+  dev = -1;
+  CHECK_CU(get_device_v2(&dev, ctx), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK(dev == -1);  // nothing written
+  CHECK_CU(synchronize_v2(ctx), CUDA_ERROR_INVALID_CONTEXT);
+  // Retained again: the same handle, active again.
+  for (int i = 0; i < refs; ++i) {
+    CUcontext again = nullptr;
+    REQUIRE_CU(d.primary_retain(&again, 0));
+    CHECK(again == ctx);
+  }
+  CHECK_CU(get_device_v2(&dev, ctx), CUDA_SUCCESS);
+  CHECK(dev == 0);
+  CHECK_CU(synchronize_v2(ctx), CUDA_SUCCESS);
+  check_nothing_outstanding();
+}
+
 TEST_CASE("emulator: fault injection") {
   Driver& d = drv();
   use_device();
