@@ -6,9 +6,12 @@
 #include "emulator_state.hpp"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +24,30 @@
 using namespace vsr::emu;
 
 namespace {
+
+// The emulator's physical memory is host objects: each cuMemCreate handle is a memfd (one open
+// file: `ulimit -n` caps them) and each mapping a host mapping (vm.max_map_count caps them,
+// 65530 by default). Past either limit cuMemCreate / cuMemMap return OUT_OF_MEMORY with device
+// memory to spare, which a real driver would not: said once on stderr, so that a large trace
+// that fails on the emulator is not taken for a pool that ran out.
+void note_host_limit(const char* entry, const char* what, std::size_t count, const char* limit,
+                     long value) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  std::fprintf(stderr,
+               "vsr-cuda-emulator: %s: the host refused a new %s with %zu held (%s is %ld): "
+               "returning CUDA_ERROR_OUT_OF_MEMORY, which a real device would not\n",
+               entry, what, count, limit, value);
+}
+
+long max_map_count() {
+  long limit = -1;
+  if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+    if (std::fscanf(f, "%ld", &limit) != 1) limit = -1;
+    std::fclose(f);
+  }
+  return limit;
+}
 
 // §1.1 \notefnerr: every VMM entry may also return an error of earlier asynchronous work. With
 // STICKY_VMM a sticky error of any context reaches them; the call has still done its work, so a
@@ -196,6 +223,12 @@ VSR_EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t
   const int dev = prop->location.id;
   if (!charge(s, dev, size)) return CUDA_ERROR_OUT_OF_MEMORY;
   int fd = memfd_create("vsr-emu-physical", MFD_CLOEXEC);
+  if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+    rlimit files{};
+    getrlimit(RLIMIT_NOFILE, &files);
+    note_host_limit("cuMemCreate", "memfd (one open file per handle)", s.handles.size(),
+                    "ulimit -n", static_cast<long>(files.rlim_cur));
+  }
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
     if (fd >= 0) close(fd);
     uncharge(s, dev, size);
@@ -259,7 +292,13 @@ VSR_EMU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   if (containing(s.mappings, ptr) != s.mappings.end()) return CUDA_ERROR_INVALID_VALUE;
   void* got = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, p->fd,
                    static_cast<off_t>(offset));
-  if (got == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (got == MAP_FAILED) {
+    if (errno == ENOMEM) {
+      note_host_limit("cuMemMap", "host mapping", s.mappings.size(), "vm.max_map_count",
+                      max_map_count());
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   Mapping m;
   m.size = size;
   m.granule = g;
