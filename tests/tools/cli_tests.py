@@ -176,6 +176,10 @@ def empty_and_unknown_values_are_errors(env):
         (env.vsr_bench, ["alloc", "--sections", "malloc,"]),
         (env.vsr_bench, ["dispatch", "--sections", "bogus"]),
         (env.vsr_bench, ["dispatch", "--seed", "1"]),
+        (env.vsr_bench, ["alloc", "--large-live", "0"]),
+        (env.vsr_bench, ["alloc", "--large-live", "-3"]),
+        (env.vsr_bench, ["alloc", "--large-live", ""]),
+        (env.vsr_bench, ["dispatch", "--large-live", "8"]),
         (env.vsr_bench, ["nosuch"]),
     ]
     for tool, args in bad:
@@ -183,6 +187,19 @@ def empty_and_unknown_values_are_errors(env):
         expect_exit(p, 2, "%s %r" % (os.path.basename(tool), args))
         text = strict_text(p.stderr, "error message")
         check(text.strip() != "", "%s %r printed no message" % (tool, args))
+
+
+# --- issue 11: --large-live sizes the large trace ------------------------------------------------
+
+@case
+def bench_large_live_sizes_the_large_trace(env):
+    # meson test sets MALLOC_PERTURB_, which makes malloc (the bench's baseline) write every block.
+    p = env.run(env.vsr_bench, "alloc", "--quick", "--json", "--sections", "malloc",
+                "--large-live", "24", env={"MALLOC_PERTURB_": "0"})
+    expect_exit(p, 0, "vsr-bench alloc --large-live 24")
+    out = json.loads(p.stdout)
+    live = {s["trace"]: s["live"] for s in out["sections"] if s["section"] == "pool_vs_malloc"}
+    check(live == {"small": 10000, "large": 24}, live)
 
 
 # --- issue 17 item 14: a budget of 0 is refused, never "no GPU" ----------------------------------

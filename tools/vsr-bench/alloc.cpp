@@ -130,6 +130,7 @@ int run_alloc(const AllocOptions& o) {
     z.frag_cap = 1 * kGiB;
     z.rounds = z.drv_rounds = z.thread_rounds = 3;
   }
+  if (o.large_live != 0) z.large_live = o.large_live;
   fit_to_device(rep, z);
   if (!o.json) print_machine(rep, o, z);
 

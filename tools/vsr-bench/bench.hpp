@@ -28,6 +28,7 @@ struct AllocOptions {
   bool quick = false;
   std::uint64_t seed = 20240611;
   std::string sections;  // comma-separated subset of malloc,driver,threads,frag,scale; empty: all
+  std::size_t large_live = 0;  // --large-live: the large trace's live blocks; 0: the default (256)
 };
 
 struct DispatchOptions {

@@ -4,9 +4,10 @@
 // reported, because the machines this runs on are shared and noisy.
 //
 //   vsr-bench alloc [--quick] [--json] [--seed N] [--sections malloc,driver,threads,frag,scale]
-//                                                    the device memory pool (issue 3); scale:
+//                   [--large-live N]                 the device memory pool (issue 3); scale:
 //                                                    the large trace at 8 and 141 GiB emulated
-//                                                    devices side by side (issue 11)
+//                                                    devices side by side (issue 11); N: the
+//                                                    large trace's live blocks (default 256)
 //   vsr-bench dispatch [--quick] [--json] [--sections cpu,gpu,pipeline,focal]
 //                                                    op throughput vs copy bandwidth (issue 5);
 //                                                    the pipeline section also runs on the
@@ -31,7 +32,9 @@ namespace {
 int usage(FILE* to) {
   std::fprintf(to,
                "usage: vsr-bench alloc [--quick] [--json] [--seed N] [--sections LIST]\n"
+               "                       [--large-live N]\n"
                "       LIST: comma-separated subset of malloc,driver,threads,frag,scale\n"
+               "       N: the large trace's live blocks of 1-64 MiB (default 256)\n"
                "       vsr-bench dispatch [--quick] [--json] [--sections LIST]\n"
                "       LIST: comma-separated subset of cpu,gpu,pipeline,focal\n");
   return 2;
@@ -110,6 +113,9 @@ int parse_and_run(int argc, char** argv) {
       }
     } else if (words.is("--seed") && !dispatch) {
       o.seed = vsr_cli::parse_integer<std::uint64_t>(words.option(), words.value());
+    } else if (words.is("--large-live") && !dispatch) {
+      o.large_live = vsr_cli::parse_integer<std::size_t>(words.option(), words.value());
+      if (o.large_live == 0) throw vsr_cli::UsageError("--large-live: must be at least 1");
     } else {
       words.unknown();
     }
