@@ -353,6 +353,8 @@ def _tiff_block_shape(path: str) -> tuple[int, int] | None:
 
 def _describe(obj: Any) -> tuple[int, int, int, np.dtype, int, str | None]:
     """(bands, height, width, dtype, ndim, path) of a RasterMetadata, a path, or an array."""
+    if _is_dataarray(obj):
+        _check_dims(obj)
     if isinstance(obj, RasterMetadata):
         return obj.band_count, obj.height, obj.width, np.dtype(obj.dtype), 3, None
     if isinstance(obj, (str, os.PathLike)):
@@ -538,6 +540,23 @@ def _xarray_if_imported() -> Any:
     import sys
 
     return sys.modules.get("xarray")
+
+
+_X_DIMS = ("x", "lon", "longitude")
+_Y_DIMS = ("y", "lat", "latitude")
+
+
+def _check_dims(array: Any) -> None:
+    """A DataArray's spatial dims (named x / y, lon / lat or longitude / latitude) must be its
+    last two, y then x: (band, y, x) or (y, x). Any other order would be read silently as
+    other bands, rows and columns."""
+    dims = tuple(str(d) for d in array.dims)
+    xs = [k for k, d in enumerate(dims) if d.lower() in _X_DIMS]
+    ys = [k for k, d in enumerate(dims) if d.lower() in _Y_DIMS]
+    n = len(dims)
+    if (xs and xs != [n - 1]) or (ys and ys != [n - 2]):
+        raise ValueError(f"a raster DataArray is (band, y, x) or (y, x), not {dims}: "
+                         f"transpose it first (array.transpose(..., 'y', 'x'))")
 
 
 def _affine6(value: Any) -> tuple[float, float, float, float, float, float]:
@@ -729,9 +748,10 @@ def _as_dask(data: Any) -> Any:
 def _prepare(array: Any, nodata: Any, affine: Any, crs: Any) -> tuple[Any, Any, tuple, Any, Any]:
     """(source DataArray or None, dask array, affine, crs, nodata)."""
     if _is_dataarray(array):
-        a_aff, a_crs, a_nodata = _georef_of(array)
         if array.ndim not in (2, 3):
             raise ValueError(f"a raster DataArray is (band, y, x) or (y, x), not {array.dims}")
+        _check_dims(array)
+        a_aff, a_crs, a_nodata = _georef_of(array)
         data = _as_dask(array.data)
         src = array
         affine = a_aff if affine is None else affine

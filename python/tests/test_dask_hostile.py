@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vibespatial_raster.dask under careless and hostile use: each test is a misuse that once
+failed silently (a wrong result, a destroyed input, directories made from a typo) or with an
+error that named nothing the caller passed. Expected: a typed error naming the argument,
+nothing lost, no partial output."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+
+import dask.array as da  # noqa: E402
+
+from vibespatial_raster import io, ops  # noqa: E402
+from vibespatial_raster import dask as vd  # noqa: E402
+from vibespatial_raster.buffers import OwnedRasterArray, RasterMetadata  # noqa: E402
+
+NAN = float("nan")
+UTM = (10.0, 0.0, 500000.0, 0.0, -10.0, 5000000.0)
+
+needs_io = pytest.mark.skipif(not io.io_available(), reason="built without GDAL")
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def geotiff(tmp_path):
+    data = np.random.default_rng(3).random((2, 100, 100), dtype=np.float32)
+    path = tmp_path / "in.tif"
+    io.write_raster(path, OwnedRasterArray.from_numpy(data, nodata=NAN, affine=UTM,
+                                                      crs="EPSG:32633"))
+    return path, data
+
+
+# ---------------------------------------------------------------------------------------------
+# DataArrays whose dims are not (band, y, x)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_dataarray_with_band_last_is_refused_not_misread():
+    xr = pytest.importorskip("xarray")
+    # (y, x, band), as image libraries lay pixels out: once read as 100 bands of 60 x 3.
+    img = xr.DataArray(np.zeros((100, 60, 3), np.float32), dims=("y", "x", "band"))
+    for call in (lambda: vd.map_tiles(img, lambda r: r, chunks=None),
+                 lambda: vd.map_bands(img, lambda b: b),
+                 lambda: vd.plan_chunks(img, vram_budget=1 << 30)):
+        with pytest.raises(ValueError, match=r"\('y', 'x', 'band'\).*transpose"):
+            call()
+    # x before y is as wrong (rows would be columns).
+    swapped = xr.DataArray(np.zeros((2, 60, 100), np.float32), dims=("band", "x", "y"))
+    with pytest.raises(ValueError, match=r"\('band', 'x', 'y'\)"):
+        vd.map_tiles(swapped, lambda r: r, chunks=None)
+    # The transposed array is accepted, and so are arrays with other dim names.
+    got = vd.map_tiles(img.transpose("band", "y", "x"), lambda r: r, chunks=None)
+    assert got.dims == ("band", "y", "x") and got.shape == (3, 100, 60)
+    plain = xr.DataArray(np.zeros((3, 10, 10), np.float32))
+    assert vd.map_tiles(plain, lambda r: r, chunks=None).shape == (3, 10, 10)
