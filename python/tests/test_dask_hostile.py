@@ -63,3 +63,43 @@ def test_a_dataarray_with_band_last_is_refused_not_misread():
     assert got.dims == ("band", "y", "x") and got.shape == (3, 100, 60)
     plain = xr.DataArray(np.zeros((3, 10, 10), np.float32))
     assert vd.map_tiles(plain, lambda r: r, chunks=None).shape == (3, 10, 10)
+
+
+# ---------------------------------------------------------------------------------------------
+# process_geotiff / write_raster: paths
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_io
+def test_process_geotiff_never_overwrites_its_input(geotiff, tmp_path):
+    src, _ = geotiff
+    before = digest(src)
+    for out in (src, tmp_path / "." / "in.tif", str(src)):
+        with pytest.raises(ValueError, match="out_path.*input"):
+            vd.process_geotiff(src, out, ops.focal_mean_3x3, halo=1, progress=False)
+    # A hard link is the same file under another name.
+    link = tmp_path / "link.tif"
+    link.hardlink_to(src)
+    with pytest.raises(ValueError, match="out_path.*input"):
+        vd.process_geotiff(src, link, ops.focal_mean_3x3, halo=1, progress=False)
+    assert digest(src) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif", "link.tif"]
+
+
+@needs_io
+def test_an_output_in_a_missing_directory_raises_before_any_work(geotiff, tmp_path):
+    src, data = geotiff
+    calls = []
+
+    def op(r):
+        calls.append(r.height)
+        return r
+
+    out = tmp_path / "typo" / "deeper" / "out.tif"
+    with pytest.raises(FileNotFoundError, match="typo"):
+        vd.process_geotiff(src, out, op, progress=False)
+    with pytest.raises(FileNotFoundError, match="typo"):
+        vd.write_raster(da.from_array(data, chunks=(1, 50, 50)), out)
+    assert not (tmp_path / "typo").exists()  # once made, with the output in it
+    assert calls == []  # nothing computed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif"]

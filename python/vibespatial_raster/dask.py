@@ -36,6 +36,7 @@ or a shared file system).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
@@ -1150,6 +1151,28 @@ def _on_workers(client: Any, fn: Callable[..., Any], *args: Any) -> Any:
     return client.submit(fn, *args, pure=False).result()
 
 
+def _make_parts_dir(parts_dir: str, out_path: str) -> None:
+    """Makes ``parts_dir`` beside ``out_path``; FileNotFoundError when the output's directory
+    does not exist (it is never made: a mistyped path must not become a directory tree)."""
+    _check_out_dir(out_path)
+    os.mkdir(parts_dir)
+
+
+def _check_out_dir(out_path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(errno.ENOENT, "the output's directory does not exist", parent)
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.abspath(a) == os.path.abspath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False  # one of them does not exist
+
+
 def _run_with_progress(graph: Any, progress: bool, client: Any) -> Any:
     client = client if client is not None else _default_client_or_none()
     if client is not None:
@@ -1180,8 +1203,9 @@ def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
     Georeferencing as :func:`map_bands`.
 
     Raises:
-        ValueError / RuntimeError: what :func:`vibespatial_raster.io.write_raster` and GDAL
-        raise; whatever computing ``array`` raises.
+        FileNotFoundError: ``path``'s directory does not exist (it is not made); ValueError /
+        RuntimeError: what :func:`vibespatial_raster.io.write_raster` and GDAL raise; whatever
+        computing ``array`` raises.
     """
     _, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
     return _write(data, os.fspath(path), nodata=nodata, affine=aff, crs=crs_text,
@@ -1198,7 +1222,7 @@ def _write(data: Any, path: str, *, nodata: Any, affine: tuple[float, ...], crs:
     parts_dir = f"{path}.parts-{uuid.uuid4().hex[:12]}"
     # Made and removed where the tasks run: a task still running after a failure finds no
     # directory to write into.
-    _on_workers(client, os.makedirs, parts_dir)
+    _on_workers(client, _make_parts_dir, parts_dir, path)
     target = _PartWriter(parts_dir, nodata, affine, crs)
     stored = da.store(data, cast(Any, target), lock=False, compute=False)
     merged = dask.delayed(_merge_parts, pure=False)(
@@ -1226,11 +1250,23 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
     dtype, band count and nodata and the input's size, affine and CRS (as
     :func:`vibespatial_raster.io.process_raster_streamed`); it is written as :func:`write_raster`
     writes, with Dask's progress bar unless ``progress=False``.
+
+    Raises:
+        ValueError: ``out_path`` is the input file (also through another name or a hard link:
+        the input is never replaced), a bad ``kind`` or argument; FileNotFoundError: the
+        output's directory does not exist; both before any work. What :func:`read_raster`,
+        :func:`map_tiles` / :func:`map_bands` and :func:`write_raster` raise.
     """
     if kind not in ("tiles", "bands"):
         raise ValueError(f"kind must be 'tiles' or 'bands', not {kind!r}")
     p_in, p_out = os.fspath(in_path), os.fspath(out_path)
     c = client if client is not None else _default_client_or_none()
+    # Before any work: the input is never replaced (not even by its own result), and a
+    # mistyped output directory fails now, not after the whole job.
+    if _on_workers(c, _same_file, p_in, p_out):
+        raise ValueError(f"process_geotiff: out_path {p_out!r} is the input file {p_in!r}: "
+                         "write the result to another path (the input is never replaced)")
+    _on_workers(c, _check_out_dir, p_out)
     meta = _metadata(p_in, c)
     if kind == "bands":
         if halo:
