@@ -103,3 +103,44 @@ def test_an_output_in_a_missing_directory_raises_before_any_work(geotiff, tmp_pa
     assert not (tmp_path / "typo").exists()  # once made, with the output in it
     assert calls == []  # nothing computed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops whose results disagree with the first result
+# ---------------------------------------------------------------------------------------------
+
+
+def widening(r):
+    """float32 on the small inference block, float64 on real chunks."""
+    a = r.to_numpy()
+    return OwnedRasterArray.from_numpy(a.astype(np.float32 if a.shape[-1] <= 8 else np.float64),
+                                       nodata=r.nodata, affine=r.affine)
+
+
+def drifting_nodata(r):
+    """nodata 0 on the small inference block, 5 on real chunks."""
+    a = r.to_numpy()
+    return OwnedRasterArray.from_numpy(a, nodata=0.0 if a.shape[-1] <= 8 else 5.0,
+                                       affine=r.affine)
+
+
+@pytest.mark.parametrize("op,what", [(widening, "dtype float64"),
+                                     (drifting_nodata, "nodata 5.0")])
+def test_a_chunk_result_unlike_the_first_raises(op, what):
+    arr = da.zeros((1, 64, 64), dtype=np.float32, chunks=(1, 32, 32))
+    lazy = vd.map_tiles(arr, op, chunks=None)
+    with pytest.raises(ValueError, match=what):
+        lazy.compute(scheduler="sync")
+    # A consistent op still passes, NaN nodata included.
+    same = vd.map_tiles(arr, lambda r: r, nodata=NAN, chunks=None).compute(scheduler="sync")
+    assert same.dtype == np.float32
+
+
+@needs_io
+def test_a_widening_op_is_not_written_cast(geotiff, tmp_path):
+    src, _ = geotiff
+    out = tmp_path / "wide.tif"
+    with pytest.raises(ValueError, match="dtype float64"):
+        vd.process_geotiff(src, out, widening, progress=False,
+                           chunks=((2,), (50, 50), (50, 50)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif"]

@@ -641,6 +641,18 @@ class _TaskSpec:
     row_sizes: tuple[int, ...]
     col_sizes: tuple[int, ...]
     out_bands: int | None = None
+    # What the first result (the op on a small block at submission) had: every chunk's result
+    # must agree, or the array's declared dtype and the written file's nodata would be wrong.
+    out_dtype: str | None = None
+    out_nodata: float | int | None = None
+
+
+def _same_nodata(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
 
 
 def _shifted(affine: Sequence[float], row: int, col: int) -> tuple[float, ...]:
@@ -688,6 +700,14 @@ def _block_result(out: Any, spec: _TaskSpec) -> np.ndarray:
     if spec.out_bands is not None and data.shape[0] != spec.out_bands:
         raise ValueError(f"the op returned {data.shape[0]} band(s) where the first result had "
                          f"{spec.out_bands}")
+    if spec.out_dtype is not None:
+        if data.dtype != np.dtype(spec.out_dtype):
+            raise ValueError(f"the op returned dtype {data.dtype} where the first result had "
+                             f"{spec.out_dtype}: an op must return one dtype for every chunk")
+        if not _same_nodata(out.nodata, spec.out_nodata):
+            raise ValueError(f"the op returned nodata {out.nodata!r} where the first result "
+                             f"had {spec.out_nodata!r}: an op must return one nodata for every "
+                             "chunk")
     return data[0] if spec.two_d else data
 
 
@@ -837,7 +857,8 @@ def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, c
                              "chunk (per_band=False)")
     elif data.ndim == 2 and info.bands != 1:
         raise ValueError(f"the op returns {info.bands} bands for a 2D (single-band) array")
-    spec = replace(spec, out_bands=info.bands)
+    spec = replace(spec, out_bands=info.bands, out_dtype=info.dtype.name,
+                   out_nodata=info.nodata)
 
     def grown(sizes: Sequence[int]) -> tuple[int, ...]:
         n = len(sizes)
@@ -878,7 +899,8 @@ def map_bands(array: Any, op: BandOp, *, nodata: Any = _UNSET, affine: Any = Non
     moved there within its budget by ``dispatch_per_band_gpu``) or CPU (``dispatch_per_band_cpu``)
     as ``device`` says (see the module), and the results are stacked as those dispatchers stack
     them: with the input's nodata, affine and CRS. ``op`` must return a raster of its input's
-    shape; it is called once at submission on a small block to learn the result's dtype.
+    shape; it is called once at submission on a small block to learn the result's dtype,
+    band count and nodata, which every chunk's result must then have (ValueError otherwise).
 
     ``nodata``, ``affine`` (rasterio order) and ``crs`` default to the DataArray's (attrs
     ``nodata`` / ``_FillValue``, ``transform``, ``crs`` or rioxarray's ``spatial_ref``) and
@@ -887,8 +909,9 @@ def map_bands(array: Any, op: BandOp, *, nodata: Any = _UNSET, affine: Any = Non
 
     Raises:
         ValueError: a bad ``device``, a budget that cannot hold one whole band (use
-        :func:`map_tiles`), an op returning another shape; TypeError: a non-callable op or a
-        non-raster dtype.
+        :func:`map_tiles`), an op returning another shape, or (when computed) a chunk result
+        whose dtype, band count or nodata differ from the first result's; TypeError: a
+        non-callable op or a non-raster dtype.
     """
     src, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
     if data.ndim == 3:
