@@ -144,3 +144,32 @@ def test_a_widening_op_is_not_written_cast(geotiff, tmp_path):
         vd.process_geotiff(src, out, widening, progress=False,
                            chunks=((2,), (50, 50), (50, 50)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Halos as wide as the chunks or the raster
+# ---------------------------------------------------------------------------------------------
+
+
+def whole_focal(data):
+    return ops.focal_mean_3x3(OwnedRasterArray.from_numpy(data, nodata=NAN)).to_numpy()
+
+
+def test_chunks_are_never_thinner_than_the_halo():
+    m = RasterMetadata(100, 100, 1, np.dtype(np.float32), None, UTM, None)
+    # A small raster on a big cluster: min_chunks once split it into 1-row chunks.
+    for halo in (1, 3, 5):
+        chunks = vd.plan_chunks(m, halo=halo, vram_budget=1 << 30, min_chunks=1000)
+        assert min(chunks[1]) >= halo and sum(chunks[1]) == 100, (halo, chunks)
+    # The last chunk is evened out with the one before it, even when halving leaves too little.
+    assert min(vd._split(81, 40, 35)) >= 35
+    assert sum(vd._split(81, 40, 35)) == 81
+
+
+@pytest.mark.parametrize("chunks,halo", [((1, 5, 5), 8), (((1,), (40,), (7, 7, 7, 7, 7, 5)), 7),
+                                         ((1, 16, 16), 100), ((1, 16, 16), 10**6)])
+def test_map_tiles_with_a_halo_wider_than_the_chunks(chunks, halo):
+    data = np.random.default_rng(5).random((1, 40, 40), dtype=np.float32)
+    arr = da.from_array(data, chunks=chunks)
+    got = vd.map_tiles(arr, ops.focal_mean_3x3, halo=halo, nodata=NAN, chunks=None)
+    np.testing.assert_array_equal(got.compute(scheduler="sync"), whole_focal(data))

@@ -387,7 +387,9 @@ def _int_arg(name: str, value: Any, minimum: int) -> int:
 def _split(total: int, size: int, halo: int) -> tuple[int, ...]:
     """Chunks of ``size`` along an axis of ``total``; a last chunk thinner than the halo is
     evened out with the one before it (map_overlap needs every chunk at least halo thick), so
-    no chunk exceeds ``size``."""
+    no chunk exceeds ``size``; where halving would leave a chunk thinner than the halo, the
+    two merge instead (one chunk of less than ``size + halo``). With ``size`` >= ``halo``,
+    no chunk is thinner than the halo unless the axis is."""
     size = max(1, min(size, total))
     chunks = [size] * (total // size)
     rest = total - size * len(chunks)
@@ -395,7 +397,7 @@ def _split(total: int, size: int, halo: int) -> tuple[int, ...]:
         chunks.append(rest)
     if halo and len(chunks) > 1 and chunks[-1] < halo:
         pair = chunks[-2] + chunks[-1]
-        chunks[-2:] = [pair - pair // 2, pair // 2]
+        chunks[-2:] = [pair - pair // 2, pair // 2] if pair // 2 >= halo else [pair]
     return tuple(chunks)
 
 
@@ -480,7 +482,8 @@ def chunk_plan(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int =
         align = block_shape[0] if block_shape is not None else 256
         if rows >= align:
             rows -= rows % align
-        th = max(1, min(th, rows, height))
+        # Never thinner than twice the halo: map_overlap needs every chunk at least halo thick.
+        th = max(1, min(th, max(rows, 2 * halo), height))
 
     row_chunks = _split(height, th, halo)
     col_chunks = _split(width, tw, halo)
@@ -512,7 +515,8 @@ def plan_chunks(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int 
     single bands; tiles are aligned down to the file's blocks (``block_shape`` (rows, cols)
     when given or found). With no GPU anywhere, the chunks hold Dask's ``array.chunk-size``
     per buffer. Chunks are then split further, bands first, until there are ``min_chunks``
-    (default: the cluster's total threads; 1 without a client).
+    (default: the cluster's total threads; 1 without a client), rows never thinner than twice
+    the halo (so a small raster on a big cluster may get fewer chunks).
 
     Returns ((bands...), (rows...), (cols...)), or ((rows...), (cols...)) for a 2D array.
 
@@ -738,7 +742,7 @@ class _ResultInfo:
 
 def _infer(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype) -> _ResultInfo:
     """What ``op`` returns for a small block of ``bands`` bands: dtype, bands, nodata."""
-    side = 8 + 2 * spec.halo
+    side = 8 + 2 * min(spec.halo, 64)  # a halo wider than any chunk must not size it
     fill = 0 if spec.nodata is None or (isinstance(spec.nodata, float) and
                                          math.isnan(spec.nodata)) else spec.nodata
     sample = np.full((bands, side, side), fill, dtype=dtype)
@@ -838,10 +842,11 @@ def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, c
     if chunks is not None:
         data = data.rechunk(chunks)
     if halo:
-        # map_overlap needs every chunk at least halo thick.
+        # map_overlap needs every chunk at least halo thick (an axis thinner than the halo
+        # becomes one chunk, which has no neighbours to exchange with).
         fixed = list(data.chunks)
         for ax in (-2, -1):
-            fixed[ax] = _split(sum(fixed[ax]), max(fixed[ax]), halo) \
+            fixed[ax] = _split(sum(fixed[ax]), max(max(fixed[ax]), halo), halo) \
                 if min(fixed[ax]) < halo else fixed[ax]
         if tuple(fixed) != data.chunks:
             data = data.rechunk(tuple(fixed))
@@ -870,8 +875,10 @@ def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, c
         band_chunks = ((info.bands,),) if info.bands != in_bands else (data.chunks[0],)
     meta = np.empty((0,) * data.ndim, dtype=info.dtype)
     token = "vsr-bands" if each_band else "vsr-tiles"
-    if halo:
-        depth = {data.ndim - 2: halo, data.ndim - 1: halo}
+    # Only axes of several chunks exchange a halo (Dask refuses a depth beyond the array).
+    depth = {data.ndim - 2: halo if len(rows) > 1 else 0,
+             data.ndim - 1: halo if len(cols) > 1 else 0}
+    if any(depth.values()):
         if data.ndim == 3:
             depth[0] = 0
         result = da.map_overlap(_run_block, data, op=op, spec=spec, depth=depth,
@@ -948,7 +955,9 @@ def map_tiles(array: Any, op: BandOp, *, halo: int = 0, nodata: Any = _UNSET,
     None keeps the array's chunks; or
     Dask chunks. The halo comes from the neighbouring chunks through ``dask.array.map_overlap``
     (``boundary="none"``: tiles at the raster's edges are clamped there, not padded), so with
-    ``halo`` >= the op's radius the result equals the op on the whole raster. Each tile reaches
+    ``halo`` >= the op's radius the result equals the op on the whole raster; chunks thinner
+    than the halo are first rechunked to at least its width (an axis thinner than the halo
+    becomes one chunk). Each tile reaches
     ``op`` as a raster with all the chunk's bands, the affine shifted to the tile's origin, on
     the worker's GPU or CPU as ``device`` says. ``op`` returns a raster of the tile's height and
     width; it may change the dtype and, when every band is in one chunk, the band count.
