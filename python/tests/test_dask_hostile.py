@@ -173,3 +173,28 @@ def test_map_tiles_with_a_halo_wider_than_the_chunks(chunks, halo):
     arr = da.from_array(data, chunks=chunks)
     got = vd.map_tiles(arr, ops.focal_mean_3x3, halo=halo, nodata=NAN, chunks=None)
     np.testing.assert_array_equal(got.compute(scheduler="sync"), whole_focal(data))
+
+
+# ---------------------------------------------------------------------------------------------
+# Clients
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_closed_or_wrong_client_raises_a_clear_error():
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        client = distributed.Client(cluster)
+        vd.register(client)
+        vd.register(client)  # registering again replaces it
+        assert len(vd.memory_pool_stats(client)) == 1
+        client.close()
+        for call in (lambda: vd.register(client), lambda: vd.memory_pool_stats(client),
+                     lambda: vd.available_vram_bytes(client),
+                     lambda: vd.free_pool_memory(client),
+                     lambda: vd.plan_chunks(np.zeros((1, 10, 10), np.float32), client=client),
+                     lambda: vd.map_tiles(np.zeros((1, 10, 10), np.float32), lambda r: r,
+                                          chunks=None, client=client)):
+            with pytest.raises(ValueError, match="client is closed"):
+                call()
+    with pytest.raises(TypeError, match="client must be a distributed.Client, not str"):
+        vd.register("tcp://127.0.0.1:8786")

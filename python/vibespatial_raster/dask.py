@@ -213,7 +213,14 @@ def _free_now() -> int:
 def register(client: Any = None, **options: Any) -> PoolPlugin:
     """Register :class:`PoolPlugin` (``options`` are its arguments) with the cluster of
     ``client`` (default: the current client); it runs on every worker, present and future.
-    Registering again replaces it."""
+    Registering again replaces it.
+
+    Raises:
+        TypeError: ``client`` is not a ``distributed.Client``, or an unknown option;
+        ValueError: the client is closed, or there is no client; what :class:`PoolPlugin`
+        raises for its options. (Every function here taking ``client=`` checks it the same
+        way.)
+    """
     plugin = PoolPlugin(**options)
     _client(client).register_plugin(plugin, name=PoolPlugin.name)
     return plugin
@@ -221,11 +228,27 @@ def register(client: Any = None, **options: Any) -> PoolPlugin:
 
 def _client(client: Any) -> Any:
     if client is not None:
-        return client
+        return _checked(client)
     try:
         return distributed.default_client()
     except ValueError:
         raise ValueError("no Dask client: create a distributed.Client or pass client=") from None
+
+
+def _checked(client: Any) -> Any:
+    """``client`` if it is an open ``distributed.Client``; TypeError / ValueError otherwise
+    (a closed client's calls fail deep in distributed with an AttributeError)."""
+    if not isinstance(client, distributed.Client):
+        raise TypeError(f"client must be a distributed.Client, not {type(client).__name__}")
+    if str(getattr(client.status, "value", client.status)) in ("closing", "closed"):
+        raise ValueError(f"the Dask client is closed (status {client.status!r}): pass an open "
+                         "client, or none to use the current one")
+    return client
+
+
+def _client_or_none(client: Any) -> Any:
+    """``client`` (checked), else the current client, else None (Dask's local schedulers)."""
+    return _checked(client) if client is not None else _default_client_or_none()
 
 
 def _default_client_or_none() -> Any:
@@ -433,7 +456,7 @@ def chunk_plan(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int =
         block_shape = (bh, bw)
 
     worker_budgets: dict[str, int] = {}
-    c = client if client is not None else _default_client_or_none()
+    c = _client_or_none(client)
     if vram_budget is not None:
         budget = _int_arg("vram_budget", vram_budget, 0)
     elif c is not None:
@@ -753,7 +776,7 @@ def _infer(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype) -> _ResultI
 def _infer_on_cluster(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype,
                       client: Any) -> _ResultInfo:
     """:func:`_infer` on a worker (where the op will run, GPU or CPU), or here without one."""
-    client = client if client is not None else _default_client_or_none()
+    client = _client_or_none(client)
     if client is None:
         return _infer(op, spec, bands, dtype)
     return client.submit(_infer, op, spec, bands, dtype, pure=False).result()
@@ -1024,7 +1047,7 @@ def read_raster(path: str | os.PathLike, *, chunks: Any = None,
     Raises what :func:`vibespatial_raster.io.read_raster_metadata` raises.
     """
     p = os.fspath(path)
-    c = client if client is not None else _default_client_or_none()
+    c = _client_or_none(client)
     meta = _metadata(p, c)
     band_list = tuple(int(b) for b in (bands or range(1, meta.band_count + 1)))
     for b in band_list:
@@ -1206,7 +1229,7 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def _run_with_progress(graph: Any, progress: bool, client: Any) -> Any:
-    client = client if client is not None else _default_client_or_none()
+    client = _client_or_none(client)
     if client is not None:
         future = client.compute(graph)
         if progress:
@@ -1250,7 +1273,7 @@ def _write(data: Any, path: str, *, nodata: Any, affine: tuple[float, ...], crs:
            client: Any) -> RasterMetadata:
     if data.ndim == 2:
         data = data[np.newaxis]
-    client = client if client is not None else _default_client_or_none()
+    client = _client_or_none(client)
     parts_dir = f"{path}.parts-{uuid.uuid4().hex[:12]}"
     # Made and removed where the tasks run: a task still running after a failure finds no
     # directory to write into.
@@ -1292,7 +1315,7 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
     if kind not in ("tiles", "bands"):
         raise ValueError(f"kind must be 'tiles' or 'bands', not {kind!r}")
     p_in, p_out = os.fspath(in_path), os.fspath(out_path)
-    c = client if client is not None else _default_client_or_none()
+    c = _client_or_none(client)
     # Before any work: the input is never replaced (not even by its own result), and a
     # mistyped output directory fails now, not after the whole job.
     if _on_workers(c, _same_file, p_in, p_out):
