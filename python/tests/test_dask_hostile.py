@@ -7,7 +7,6 @@ nothing lost, no partial output."""
 from __future__ import annotations
 
 import hashlib
-import math
 
 import numpy as np
 import pytest
