@@ -36,6 +36,7 @@ or a shared file system).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
@@ -212,7 +213,14 @@ def _free_now() -> int:
 def register(client: Any = None, **options: Any) -> PoolPlugin:
     """Register :class:`PoolPlugin` (``options`` are its arguments) with the cluster of
     ``client`` (default: the current client); it runs on every worker, present and future.
-    Registering again replaces it."""
+    Registering again replaces it.
+
+    Raises:
+        TypeError: ``client`` is not a ``distributed.Client``, or an unknown option;
+        ValueError: the client is closed, or there is no client; what :class:`PoolPlugin`
+        raises for its options. (Every function here taking ``client=`` checks it the same
+        way.)
+    """
     plugin = PoolPlugin(**options)
     _client(client).register_plugin(plugin, name=PoolPlugin.name)
     return plugin
@@ -220,11 +228,27 @@ def register(client: Any = None, **options: Any) -> PoolPlugin:
 
 def _client(client: Any) -> Any:
     if client is not None:
-        return client
+        return _checked(client)
     try:
         return distributed.default_client()
     except ValueError:
         raise ValueError("no Dask client: create a distributed.Client or pass client=") from None
+
+
+def _checked(client: Any) -> Any:
+    """``client`` if it is an open ``distributed.Client``; TypeError / ValueError otherwise
+    (a closed client's calls fail deep in distributed with an AttributeError)."""
+    if not isinstance(client, distributed.Client):
+        raise TypeError(f"client must be a distributed.Client, not {type(client).__name__}")
+    if str(getattr(client.status, "value", client.status)) in ("closing", "closed"):
+        raise ValueError(f"the Dask client is closed (status {client.status!r}): pass an open "
+                         "client, or none to use the current one")
+    return client
+
+
+def _client_or_none(client: Any) -> Any:
+    """``client`` (checked), else the current client, else None (Dask's local schedulers)."""
+    return _checked(client) if client is not None else _default_client_or_none()
 
 
 def _default_client_or_none() -> Any:
@@ -353,6 +377,8 @@ def _tiff_block_shape(path: str) -> tuple[int, int] | None:
 
 def _describe(obj: Any) -> tuple[int, int, int, np.dtype, int, str | None]:
     """(bands, height, width, dtype, ndim, path) of a RasterMetadata, a path, or an array."""
+    if _is_dataarray(obj):
+        _check_dims(obj)
     if isinstance(obj, RasterMetadata):
         return obj.band_count, obj.height, obj.width, np.dtype(obj.dtype), 3, None
     if isinstance(obj, (str, os.PathLike)):
@@ -384,7 +410,9 @@ def _int_arg(name: str, value: Any, minimum: int) -> int:
 def _split(total: int, size: int, halo: int) -> tuple[int, ...]:
     """Chunks of ``size`` along an axis of ``total``; a last chunk thinner than the halo is
     evened out with the one before it (map_overlap needs every chunk at least halo thick), so
-    no chunk exceeds ``size``."""
+    no chunk exceeds ``size``; where halving would leave a chunk thinner than the halo, the
+    two merge instead (one chunk of less than ``size + halo``). With ``size`` >= ``halo``,
+    no chunk is thinner than the halo unless the axis is."""
     size = max(1, min(size, total))
     chunks = [size] * (total // size)
     rest = total - size * len(chunks)
@@ -392,7 +420,7 @@ def _split(total: int, size: int, halo: int) -> tuple[int, ...]:
         chunks.append(rest)
     if halo and len(chunks) > 1 and chunks[-1] < halo:
         pair = chunks[-2] + chunks[-1]
-        chunks[-2:] = [pair - pair // 2, pair // 2]
+        chunks[-2:] = [pair - pair // 2, pair // 2] if pair // 2 >= halo else [pair]
     return tuple(chunks)
 
 
@@ -428,7 +456,7 @@ def chunk_plan(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int =
         block_shape = (bh, bw)
 
     worker_budgets: dict[str, int] = {}
-    c = client if client is not None else _default_client_or_none()
+    c = _client_or_none(client)
     if vram_budget is not None:
         budget = _int_arg("vram_budget", vram_budget, 0)
     elif c is not None:
@@ -477,7 +505,8 @@ def chunk_plan(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int =
         align = block_shape[0] if block_shape is not None else 256
         if rows >= align:
             rows -= rows % align
-        th = max(1, min(th, rows, height))
+        # Never thinner than twice the halo: map_overlap needs every chunk at least halo thick.
+        th = max(1, min(th, max(rows, 2 * halo), height))
 
     row_chunks = _split(height, th, halo)
     col_chunks = _split(width, tw, halo)
@@ -509,7 +538,8 @@ def plan_chunks(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int 
     single bands; tiles are aligned down to the file's blocks (``block_shape`` (rows, cols)
     when given or found). With no GPU anywhere, the chunks hold Dask's ``array.chunk-size``
     per buffer. Chunks are then split further, bands first, until there are ``min_chunks``
-    (default: the cluster's total threads; 1 without a client).
+    (default: the cluster's total threads; 1 without a client), rows never thinner than twice
+    the halo (so a small raster on a big cluster may get fewer chunks).
 
     Returns ((bands...), (rows...), (cols...)), or ((rows...), (cols...)) for a 2D array.
 
@@ -538,6 +568,23 @@ def _xarray_if_imported() -> Any:
     import sys
 
     return sys.modules.get("xarray")
+
+
+_X_DIMS = ("x", "lon", "longitude")
+_Y_DIMS = ("y", "lat", "latitude")
+
+
+def _check_dims(array: Any) -> None:
+    """A DataArray's spatial dims (named x / y, lon / lat or longitude / latitude) must be its
+    last two, y then x: (band, y, x) or (y, x). Any other order would be read silently as
+    other bands, rows and columns."""
+    dims = tuple(str(d) for d in array.dims)
+    xs = [k for k, d in enumerate(dims) if d.lower() in _X_DIMS]
+    ys = [k for k, d in enumerate(dims) if d.lower() in _Y_DIMS]
+    n = len(dims)
+    if (xs and xs != [n - 1]) or (ys and ys != [n - 2]):
+        raise ValueError(f"a raster DataArray is (band, y, x) or (y, x), not {dims}: "
+                         f"transpose it first (array.transpose(..., 'y', 'x'))")
 
 
 def _affine6(value: Any) -> tuple[float, float, float, float, float, float]:
@@ -621,6 +668,18 @@ class _TaskSpec:
     row_sizes: tuple[int, ...]
     col_sizes: tuple[int, ...]
     out_bands: int | None = None
+    # What the first result (the op on a small block at submission) had: every chunk's result
+    # must agree, or the array's declared dtype and the written file's nodata would be wrong.
+    out_dtype: str | None = None
+    out_nodata: float | int | None = None
+
+
+def _same_nodata(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
 
 
 def _shifted(affine: Sequence[float], row: int, col: int) -> tuple[float, ...]:
@@ -668,6 +727,14 @@ def _block_result(out: Any, spec: _TaskSpec) -> np.ndarray:
     if spec.out_bands is not None and data.shape[0] != spec.out_bands:
         raise ValueError(f"the op returned {data.shape[0]} band(s) where the first result had "
                          f"{spec.out_bands}")
+    if spec.out_dtype is not None:
+        if data.dtype != np.dtype(spec.out_dtype):
+            raise ValueError(f"the op returned dtype {data.dtype} where the first result had "
+                             f"{spec.out_dtype}: an op must return one dtype for every chunk")
+        if not _same_nodata(out.nodata, spec.out_nodata):
+            raise ValueError(f"the op returned nodata {out.nodata!r} where the first result "
+                             f"had {spec.out_nodata!r}: an op must return one nodata for every "
+                             "chunk")
     return data[0] if spec.two_d else data
 
 
@@ -698,7 +765,7 @@ class _ResultInfo:
 
 def _infer(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype) -> _ResultInfo:
     """What ``op`` returns for a small block of ``bands`` bands: dtype, bands, nodata."""
-    side = 8 + 2 * spec.halo
+    side = 8 + 2 * min(spec.halo, 64)  # a halo wider than any chunk must not size it
     fill = 0 if spec.nodata is None or (isinstance(spec.nodata, float) and
                                          math.isnan(spec.nodata)) else spec.nodata
     sample = np.full((bands, side, side), fill, dtype=dtype)
@@ -709,7 +776,7 @@ def _infer(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype) -> _ResultI
 def _infer_on_cluster(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype,
                       client: Any) -> _ResultInfo:
     """:func:`_infer` on a worker (where the op will run, GPU or CPU), or here without one."""
-    client = client if client is not None else _default_client_or_none()
+    client = _client_or_none(client)
     if client is None:
         return _infer(op, spec, bands, dtype)
     return client.submit(_infer, op, spec, bands, dtype, pure=False).result()
@@ -729,9 +796,10 @@ def _as_dask(data: Any) -> Any:
 def _prepare(array: Any, nodata: Any, affine: Any, crs: Any) -> tuple[Any, Any, tuple, Any, Any]:
     """(source DataArray or None, dask array, affine, crs, nodata)."""
     if _is_dataarray(array):
-        a_aff, a_crs, a_nodata = _georef_of(array)
         if array.ndim not in (2, 3):
             raise ValueError(f"a raster DataArray is (band, y, x) or (y, x), not {array.dims}")
+        _check_dims(array)
+        a_aff, a_crs, a_nodata = _georef_of(array)
         data = _as_dask(array.data)
         src = array
         affine = a_aff if affine is None else affine
@@ -797,10 +865,11 @@ def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, c
     if chunks is not None:
         data = data.rechunk(chunks)
     if halo:
-        # map_overlap needs every chunk at least halo thick.
+        # map_overlap needs every chunk at least halo thick (an axis thinner than the halo
+        # becomes one chunk, which has no neighbours to exchange with).
         fixed = list(data.chunks)
         for ax in (-2, -1):
-            fixed[ax] = _split(sum(fixed[ax]), max(fixed[ax]), halo) \
+            fixed[ax] = _split(sum(fixed[ax]), max(max(fixed[ax]), halo), halo) \
                 if min(fixed[ax]) < halo else fixed[ax]
         if tuple(fixed) != data.chunks:
             data = data.rechunk(tuple(fixed))
@@ -816,7 +885,8 @@ def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, c
                              "chunk (per_band=False)")
     elif data.ndim == 2 and info.bands != 1:
         raise ValueError(f"the op returns {info.bands} bands for a 2D (single-band) array")
-    spec = replace(spec, out_bands=info.bands)
+    spec = replace(spec, out_bands=info.bands, out_dtype=info.dtype.name,
+                   out_nodata=info.nodata)
 
     def grown(sizes: Sequence[int]) -> tuple[int, ...]:
         n = len(sizes)
@@ -828,8 +898,10 @@ def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, c
         band_chunks = ((info.bands,),) if info.bands != in_bands else (data.chunks[0],)
     meta = np.empty((0,) * data.ndim, dtype=info.dtype)
     token = "vsr-bands" if each_band else "vsr-tiles"
-    if halo:
-        depth = {data.ndim - 2: halo, data.ndim - 1: halo}
+    # Only axes of several chunks exchange a halo (Dask refuses a depth beyond the array).
+    depth = {data.ndim - 2: halo if len(rows) > 1 else 0,
+             data.ndim - 1: halo if len(cols) > 1 else 0}
+    if any(depth.values()):
         if data.ndim == 3:
             depth[0] = 0
         result = da.map_overlap(_run_block, data, op=op, spec=spec, depth=depth,
@@ -857,7 +929,8 @@ def map_bands(array: Any, op: BandOp, *, nodata: Any = _UNSET, affine: Any = Non
     moved there within its budget by ``dispatch_per_band_gpu``) or CPU (``dispatch_per_band_cpu``)
     as ``device`` says (see the module), and the results are stacked as those dispatchers stack
     them: with the input's nodata, affine and CRS. ``op`` must return a raster of its input's
-    shape; it is called once at submission on a small block to learn the result's dtype.
+    shape; it is called once at submission on a small block to learn the result's dtype,
+    band count and nodata, which every chunk's result must then have (ValueError otherwise).
 
     ``nodata``, ``affine`` (rasterio order) and ``crs`` default to the DataArray's (attrs
     ``nodata`` / ``_FillValue``, ``transform``, ``crs`` or rioxarray's ``spatial_ref``) and
@@ -866,8 +939,9 @@ def map_bands(array: Any, op: BandOp, *, nodata: Any = _UNSET, affine: Any = Non
 
     Raises:
         ValueError: a bad ``device``, a budget that cannot hold one whole band (use
-        :func:`map_tiles`), an op returning another shape; TypeError: a non-callable op or a
-        non-raster dtype.
+        :func:`map_tiles`), an op returning another shape, or (when computed) a chunk result
+        whose dtype, band count or nodata differ from the first result's; TypeError: a
+        non-callable op or a non-raster dtype.
     """
     src, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
     if data.ndim == 3:
@@ -904,7 +978,9 @@ def map_tiles(array: Any, op: BandOp, *, halo: int = 0, nodata: Any = _UNSET,
     None keeps the array's chunks; or
     Dask chunks. The halo comes from the neighbouring chunks through ``dask.array.map_overlap``
     (``boundary="none"``: tiles at the raster's edges are clamped there, not padded), so with
-    ``halo`` >= the op's radius the result equals the op on the whole raster. Each tile reaches
+    ``halo`` >= the op's radius the result equals the op on the whole raster; chunks thinner
+    than the halo are first rechunked to at least its width (an axis thinner than the halo
+    becomes one chunk). Each tile reaches
     ``op`` as a raster with all the chunk's bands, the affine shifted to the tile's origin, on
     the worker's GPU or CPU as ``device`` says. ``op`` returns a raster of the tile's height and
     width; it may change the dtype and, when every band is in one chunk, the band count.
@@ -971,7 +1047,7 @@ def read_raster(path: str | os.PathLike, *, chunks: Any = None,
     Raises what :func:`vibespatial_raster.io.read_raster_metadata` raises.
     """
     p = os.fspath(path)
-    c = client if client is not None else _default_client_or_none()
+    c = _client_or_none(client)
     meta = _metadata(p, c)
     band_list = tuple(int(b) for b in (bands or range(1, meta.band_count + 1)))
     for b in band_list:
@@ -1130,8 +1206,30 @@ def _on_workers(client: Any, fn: Callable[..., Any], *args: Any) -> Any:
     return client.submit(fn, *args, pure=False).result()
 
 
+def _make_parts_dir(parts_dir: str, out_path: str) -> None:
+    """Makes ``parts_dir`` beside ``out_path``; FileNotFoundError when the output's directory
+    does not exist (it is never made: a mistyped path must not become a directory tree)."""
+    _check_out_dir(out_path)
+    os.mkdir(parts_dir)
+
+
+def _check_out_dir(out_path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(errno.ENOENT, "the output's directory does not exist", parent)
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.abspath(a) == os.path.abspath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False  # one of them does not exist
+
+
 def _run_with_progress(graph: Any, progress: bool, client: Any) -> Any:
-    client = client if client is not None else _default_client_or_none()
+    client = _client_or_none(client)
     if client is not None:
         future = client.compute(graph)
         if progress:
@@ -1160,8 +1258,9 @@ def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
     Georeferencing as :func:`map_bands`.
 
     Raises:
-        ValueError / RuntimeError: what :func:`vibespatial_raster.io.write_raster` and GDAL
-        raise; whatever computing ``array`` raises.
+        FileNotFoundError: ``path``'s directory does not exist (it is not made); ValueError /
+        RuntimeError: what :func:`vibespatial_raster.io.write_raster` and GDAL raise; whatever
+        computing ``array`` raises.
     """
     _, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
     return _write(data, os.fspath(path), nodata=nodata, affine=aff, crs=crs_text,
@@ -1174,11 +1273,11 @@ def _write(data: Any, path: str, *, nodata: Any, affine: tuple[float, ...], crs:
            client: Any) -> RasterMetadata:
     if data.ndim == 2:
         data = data[np.newaxis]
-    client = client if client is not None else _default_client_or_none()
+    client = _client_or_none(client)
     parts_dir = f"{path}.parts-{uuid.uuid4().hex[:12]}"
     # Made and removed where the tasks run: a task still running after a failure finds no
     # directory to write into.
-    _on_workers(client, os.makedirs, parts_dir)
+    _on_workers(client, _make_parts_dir, parts_dir, path)
     target = _PartWriter(parts_dir, nodata, affine, crs)
     stored = da.store(data, cast(Any, target), lock=False, compute=False)
     merged = dask.delayed(_merge_parts, pure=False)(
@@ -1206,11 +1305,23 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
     dtype, band count and nodata and the input's size, affine and CRS (as
     :func:`vibespatial_raster.io.process_raster_streamed`); it is written as :func:`write_raster`
     writes, with Dask's progress bar unless ``progress=False``.
+
+    Raises:
+        ValueError: ``out_path`` is the input file (also through another name or a hard link:
+        the input is never replaced), a bad ``kind`` or argument; FileNotFoundError: the
+        output's directory does not exist; both before any work. What :func:`read_raster`,
+        :func:`map_tiles` / :func:`map_bands` and :func:`write_raster` raise.
     """
     if kind not in ("tiles", "bands"):
         raise ValueError(f"kind must be 'tiles' or 'bands', not {kind!r}")
     p_in, p_out = os.fspath(in_path), os.fspath(out_path)
-    c = client if client is not None else _default_client_or_none()
+    c = _client_or_none(client)
+    # Before any work: the input is never replaced (not even by its own result), and a
+    # mistyped output directory fails now, not after the whole job.
+    if _on_workers(c, _same_file, p_in, p_out):
+        raise ValueError(f"process_geotiff: out_path {p_out!r} is the input file {p_in!r}: "
+                         "write the result to another path (the input is never replaced)")
+    _on_workers(c, _check_out_dir, p_out)
     meta = _metadata(p_in, c)
     if kind == "bands":
         if halo:

@@ -1,0 +1,199 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vibespatial_raster.dask under careless and hostile use: each test is a misuse that once
+failed silently (a wrong result, a destroyed input, directories made from a typo) or with an
+error that named nothing the caller passed. Expected: a typed error naming the argument,
+nothing lost, no partial output."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+
+import dask.array as da  # noqa: E402
+
+from vibespatial_raster import io, ops  # noqa: E402
+from vibespatial_raster import dask as vd  # noqa: E402
+from vibespatial_raster.buffers import OwnedRasterArray, RasterMetadata  # noqa: E402
+
+NAN = float("nan")
+UTM = (10.0, 0.0, 500000.0, 0.0, -10.0, 5000000.0)
+
+needs_io = pytest.mark.skipif(not io.io_available(), reason="built without GDAL")
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def geotiff(tmp_path):
+    data = np.random.default_rng(3).random((2, 100, 100), dtype=np.float32)
+    path = tmp_path / "in.tif"
+    io.write_raster(path, OwnedRasterArray.from_numpy(data, nodata=NAN, affine=UTM,
+                                                      crs="EPSG:32633"))
+    return path, data
+
+
+# ---------------------------------------------------------------------------------------------
+# DataArrays whose dims are not (band, y, x)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_dataarray_with_band_last_is_refused_not_misread():
+    xr = pytest.importorskip("xarray")
+    # (y, x, band), as image libraries lay pixels out: once read as 100 bands of 60 x 3.
+    img = xr.DataArray(np.zeros((100, 60, 3), np.float32), dims=("y", "x", "band"))
+    for call in (lambda: vd.map_tiles(img, lambda r: r, chunks=None),
+                 lambda: vd.map_bands(img, lambda b: b),
+                 lambda: vd.plan_chunks(img, vram_budget=1 << 30)):
+        with pytest.raises(ValueError, match=r"\('y', 'x', 'band'\).*transpose"):
+            call()
+    # x before y is as wrong (rows would be columns).
+    swapped = xr.DataArray(np.zeros((2, 60, 100), np.float32), dims=("band", "x", "y"))
+    with pytest.raises(ValueError, match=r"\('band', 'x', 'y'\)"):
+        vd.map_tiles(swapped, lambda r: r, chunks=None)
+    # The transposed array is accepted, and so are arrays with other dim names.
+    got = vd.map_tiles(img.transpose("band", "y", "x"), lambda r: r, chunks=None)
+    assert got.dims == ("band", "y", "x") and got.shape == (3, 100, 60)
+    plain = xr.DataArray(np.zeros((3, 10, 10), np.float32))
+    assert vd.map_tiles(plain, lambda r: r, chunks=None).shape == (3, 10, 10)
+
+
+# ---------------------------------------------------------------------------------------------
+# process_geotiff / write_raster: paths
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_io
+def test_process_geotiff_never_overwrites_its_input(geotiff, tmp_path):
+    src, _ = geotiff
+    before = digest(src)
+    for out in (src, tmp_path / "." / "in.tif", str(src)):
+        with pytest.raises(ValueError, match="out_path.*input"):
+            vd.process_geotiff(src, out, ops.focal_mean_3x3, halo=1, progress=False)
+    # A hard link is the same file under another name.
+    link = tmp_path / "link.tif"
+    link.hardlink_to(src)
+    with pytest.raises(ValueError, match="out_path.*input"):
+        vd.process_geotiff(src, link, ops.focal_mean_3x3, halo=1, progress=False)
+    assert digest(src) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif", "link.tif"]
+
+
+@needs_io
+def test_an_output_in_a_missing_directory_raises_before_any_work(geotiff, tmp_path):
+    src, data = geotiff
+    calls = []
+
+    def op(r):
+        calls.append(r.height)
+        return r
+
+    out = tmp_path / "typo" / "deeper" / "out.tif"
+    with pytest.raises(FileNotFoundError, match="typo"):
+        vd.process_geotiff(src, out, op, progress=False)
+    with pytest.raises(FileNotFoundError, match="typo"):
+        vd.write_raster(da.from_array(data, chunks=(1, 50, 50)), out)
+    assert not (tmp_path / "typo").exists()  # once made, with the output in it
+    assert calls == []  # nothing computed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops whose results disagree with the first result
+# ---------------------------------------------------------------------------------------------
+
+
+def widening(r):
+    """float32 on the small inference block, float64 on real chunks."""
+    a = r.to_numpy()
+    return OwnedRasterArray.from_numpy(a.astype(np.float32 if a.shape[-1] <= 8 else np.float64),
+                                       nodata=r.nodata, affine=r.affine)
+
+
+def drifting_nodata(r):
+    """nodata 0 on the small inference block, 5 on real chunks."""
+    a = r.to_numpy()
+    return OwnedRasterArray.from_numpy(a, nodata=0.0 if a.shape[-1] <= 8 else 5.0,
+                                       affine=r.affine)
+
+
+@pytest.mark.parametrize("op,what", [(widening, "dtype float64"),
+                                     (drifting_nodata, "nodata 5.0")])
+def test_a_chunk_result_unlike_the_first_raises(op, what):
+    arr = da.zeros((1, 64, 64), dtype=np.float32, chunks=(1, 32, 32))
+    lazy = vd.map_tiles(arr, op, chunks=None)
+    with pytest.raises(ValueError, match=what):
+        lazy.compute(scheduler="sync")
+    # A consistent op still passes, NaN nodata included.
+    same = vd.map_tiles(arr, lambda r: r, nodata=NAN, chunks=None).compute(scheduler="sync")
+    assert same.dtype == np.float32
+
+
+@needs_io
+def test_a_widening_op_is_not_written_cast(geotiff, tmp_path):
+    src, _ = geotiff
+    out = tmp_path / "wide.tif"
+    with pytest.raises(ValueError, match="dtype float64"):
+        vd.process_geotiff(src, out, widening, progress=False,
+                           chunks=((2,), (50, 50), (50, 50)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Halos as wide as the chunks or the raster
+# ---------------------------------------------------------------------------------------------
+
+
+def whole_focal(data):
+    return ops.focal_mean_3x3(OwnedRasterArray.from_numpy(data, nodata=NAN)).to_numpy()
+
+
+def test_chunks_are_never_thinner_than_the_halo():
+    m = RasterMetadata(100, 100, 1, np.dtype(np.float32), None, UTM, None)
+    # A small raster on a big cluster: min_chunks once split it into 1-row chunks.
+    for halo in (1, 3, 5):
+        chunks = vd.plan_chunks(m, halo=halo, vram_budget=1 << 30, min_chunks=1000)
+        assert min(chunks[1]) >= halo and sum(chunks[1]) == 100, (halo, chunks)
+    # The last chunk is evened out with the one before it, even when halving leaves too little.
+    assert min(vd._split(81, 40, 35)) >= 35
+    assert sum(vd._split(81, 40, 35)) == 81
+
+
+@pytest.mark.parametrize("chunks,halo", [((1, 5, 5), 8), (((1,), (40,), (7, 7, 7, 7, 7, 5)), 7),
+                                         ((1, 16, 16), 100), ((1, 16, 16), 10**6)])
+def test_map_tiles_with_a_halo_wider_than_the_chunks(chunks, halo):
+    data = np.random.default_rng(5).random((1, 40, 40), dtype=np.float32)
+    arr = da.from_array(data, chunks=chunks)
+    got = vd.map_tiles(arr, ops.focal_mean_3x3, halo=halo, nodata=NAN, chunks=None)
+    np.testing.assert_array_equal(got.compute(scheduler="sync"), whole_focal(data))
+
+
+# ---------------------------------------------------------------------------------------------
+# Clients
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_closed_or_wrong_client_raises_a_clear_error():
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        client = distributed.Client(cluster)
+        vd.register(client)
+        vd.register(client)  # registering again replaces it
+        assert len(vd.memory_pool_stats(client)) == 1
+        client.close()
+        for call in (lambda: vd.register(client), lambda: vd.memory_pool_stats(client),
+                     lambda: vd.available_vram_bytes(client),
+                     lambda: vd.free_pool_memory(client),
+                     lambda: vd.plan_chunks(np.zeros((1, 10, 10), np.float32), client=client),
+                     lambda: vd.map_tiles(np.zeros((1, 10, 10), np.float32), lambda r: r,
+                                          chunks=None, client=client)):
+            with pytest.raises(ValueError, match="client is closed"):
+                call()
+    with pytest.raises(TypeError, match="client must be a distributed.Client, not str"):
+        vd.register("tcp://127.0.0.1:8786")
