@@ -677,7 +677,8 @@ class _TaskSpec:
 def _same_nodata(a: Any, b: Any) -> bool:
     if a is None or b is None:
         return a is None and b is None
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+    floats = (float, np.floating)
+    if isinstance(a, floats) and isinstance(b, floats) and math.isnan(a) and math.isnan(b):
         return True
     return bool(a == b)
 
