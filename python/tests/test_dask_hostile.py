@@ -104,6 +104,35 @@ def test_an_output_in_a_missing_directory_raises_before_any_work(geotiff, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif"]
 
 
+@pytest.mark.parametrize("options,says", [({"compress": "bogus"}, "'BOGUS' .* COMPRESS"),
+                                          ({"blocksize": 7}, "multiple of 16, not 7")])
+def test_write_options_gdal_refuses_fail_before_the_job(geotiff, tmp_path, options, says):
+    src, data = geotiff
+    calls = []
+
+    def op(r):
+        calls.append(r.height)
+        return r
+
+    out = tmp_path / "out.tif"
+    with pytest.raises(ValueError, match=says):
+        vd.process_geotiff(src, out, op, progress=False, **options)
+    # Only the op's run on a small block (to learn its dtype) happened: no 100-row chunk.
+    assert calls and max(calls) <= 8
+    computed = []  # no client: Dask's local scheduler, in this process
+
+    def count(block):
+        computed.append(block.shape)
+        return block
+
+    with pytest.raises(ValueError, match=says):
+        lazy = da.from_array(data, chunks=(1, 50, 50)).map_blocks(
+            count, dtype=data.dtype, meta=np.empty((0, 0, 0), data.dtype))
+        vd.write_raster(lazy, out, **options)
+    assert computed == []  # no chunk was computed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif"]  # no output, no parts
+
+
 # ---------------------------------------------------------------------------------------------
 # Ops whose results disagree with the first result
 # ---------------------------------------------------------------------------------------------

@@ -1200,6 +1200,19 @@ def _merge_parts(_stored: Any, parts_dir: str, out_path: str,
     return _io.read_raster_metadata(out_path)
 
 
+def _probe_write(parts_dir: str, dtype: np.dtype, nodata: Any, affine: tuple[float, ...],
+                 crs: str | None, compress: str | None, tiled: bool, blocksize: int) -> None:
+    """One pixel written with the output's dtype, georeferencing and options, then removed: what
+    GDAL refuses (an unknown ``compress``, a tile side that is not a multiple of 16, a CRS it
+    does not understand) fails before the job, not after every chunk has been computed."""
+    probe = os.path.join(parts_dir, "probe.tif")
+    pixel = OwnedRasterArray.from_numpy(np.zeros((1, 1, 1), dtype), nodata=nodata,
+                                        affine=affine, crs=crs)
+    _io.write_raster(probe, pixel, compress=compress, tiled=tiled, blockxsize=blocksize,
+                     blockysize=blocksize)
+    os.remove(probe)
+
+
 def _on_workers(client: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` on a worker (the file system the tasks see), or here without a client."""
     if client is None:
@@ -1285,6 +1298,8 @@ def _write(data: Any, path: str, *, nodata: Any, affine: tuple[float, ...], crs:
         stored, parts_dir, path, data.chunks, np.dtype(data.dtype), nodata, affine, crs,
         compress, bool(tiled), int(blocksize))
     try:
+        _on_workers(client, _probe_write, parts_dir, np.dtype(data.dtype), nodata, affine, crs,
+                    compress, bool(tiled), int(blocksize))
         return _run_with_progress(merged, progress, client)
     except BaseException:
         _on_workers(client, shutil.rmtree, parts_dir, True)  # a failed job leaves no parts

@@ -103,8 +103,10 @@ def write_raster(path: str | os.PathLike, raster: OwnedRasterArray, *, driver: s
     its dtype, every band, affine, CRS and nodata.
 
     Raises:
-        ValueError: an unknown driver or a CRS GDAL does not understand; RuntimeError: GDAL
-        cannot create or write the file.
+        ValueError: an unknown driver, a CRS GDAL does not understand, or options the driver
+        refuses (an unknown ``compress``, a tiled GeoTIFF's block side that is not a positive
+        multiple of 16), before anything is written; RuntimeError: GDAL cannot create or
+        write the file.
     """
     _check_raster(raster)
     _core.write_raster(_path(path), raster._as_native(), str(driver), _compress(compress),

@@ -96,6 +96,35 @@ std::string gdal_message() {
   throw std::runtime_error(what + gdal_message());
 }
 
+/// Checks @p opts against @p driver's creation option list (names, types, the values a choice
+/// takes) before anything is created: GDAL itself only warns and then writes with the defaults
+/// (COMPRESS=BOGUS gave an uncompressed file). Throws std::invalid_argument naming each problem.
+void validate_creation_options(GDALDriverH driver, const std::string& driver_name,
+                               const CPLStringList& opts) {
+  struct Collect {
+    std::string messages;
+    static void CPL_STDCALL record(CPLErr /*type*/, CPLErrorNum /*num*/, const char* msg) {
+      auto* self = static_cast<Collect*>(CPLGetErrorHandlerUserData());
+      if (self == nullptr) return;
+      try {
+        self->messages += (self->messages.empty() ? "" : "; ") +
+                          std::string(msg != nullptr ? msg : "invalid creation option");
+      } catch (...) {
+      }
+    }
+  } collect;
+  CPLPushErrorHandlerEx(&Collect::record, &collect);
+  const int ok = GDALValidateCreationOptions(driver, opts.List());
+  CPLPopErrorHandler();
+  if (ok == FALSE) {
+    throw std::invalid_argument("write_raster: GDAL's " + shown(driver_name) +
+                                " driver refuses the creation options: " +
+                                detail::printable(collect.messages.empty()
+                                                      ? std::string("invalid creation option")
+                                                      : collect.messages));
+  }
+}
+
 struct DatasetCloser {
   void operator()(void* ds) const noexcept { GDALClose(static_cast<GDALDatasetH>(ds)); }
 };
@@ -387,6 +416,10 @@ Dataset create_dataset(const std::string& file, const std::string& path, DType d
   if (gtiff) {
     if (!options.compress.empty()) opts.SetNameValue("COMPRESS", options.compress.c_str());
     if (options.tiled) {
+      if (options.block < 16 || options.block % 16 != 0) {
+        throw std::invalid_argument("write_raster: a GeoTIFF tile side must be a positive "
+                                    "multiple of 16, not " + std::to_string(options.block));
+      }
       opts.SetNameValue("TILED", "YES");
       opts.SetNameValue("BLOCKXSIZE", std::to_string(options.block).c_str());
       opts.SetNameValue("BLOCKYSIZE", std::to_string(options.block).c_str());
@@ -413,6 +446,7 @@ Dataset create_dataset(const std::string& file, const std::string& path, DType d
     }
     opts.SetNameValue(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
   }
+  validate_creation_options(driver, options.driver, opts);
   GDALDatasetH ds = GDALCreate(driver, file.c_str(), static_cast<int>(width),
                                static_cast<int>(height), band_count, gdal_type(dtype), opts.List());
   if (ds == nullptr) fail("cannot create raster '" + shown(path) + "'");

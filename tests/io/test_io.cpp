@@ -792,6 +792,55 @@ TEST_CASE("64-bit integer nodata at the type's limits reads and writes exactly")
   CHECK(as_vector<std::int64_t>(c) == std::vector<std::int64_t>{imax, 5, 5, 1, imax, 0});
 }
 
+TEST_CASE("creation options GDAL would ignore are errors, before anything is written") {
+  TempDir dir;
+  const std::string src = dir.file("src.tif");
+  make_tiff_f32(src, 40, 20, 1, {0, 1, 0, 0, 0, -1}, {std::nullopt}, ramp(1, 20, 40));
+  const OwnedRasterArray r = read_raster(src);
+  const auto refused = [&](const WriteOptions& w, const char* says) {
+    const std::string out = dir.file("out.tif");
+    CAPTURE(says);
+    CHECK_THROWS_WITH_AS(write_raster(out, r, w), doctest::Contains(says), std::invalid_argument);
+    CHECK(!fs::exists(out));
+    StreamOptions so;
+    so.write = w;
+    const BandOp keep = [](const OwnedRasterArray& t) { return clip(t, -1e9, 1e9); };
+    CHECK_THROWS_WITH_AS(process_raster_file(src, out, keep, RasterPlan{}, so),
+                         doctest::Contains(says), std::invalid_argument);
+    CHECK(!fs::exists(out));
+  };
+  WriteOptions w;
+  w.compress = "BOGUS";  // GDAL alone warns and writes uncompressed
+  refused(w, "'BOGUS' is an unexpected value for COMPRESS");
+  w = WriteOptions{};
+  w.creation_options = {"NOSUCHOPTION=1"};
+  refused(w, "NOSUCHOPTION");
+  w.creation_options = {"TILED=maybe"};
+  refused(w, "'maybe' is an unexpected value for TILED");
+  w = WriteOptions{};
+  w.block = 7;  // GDAL fails only at creation, after a streamed job has computed its first pass
+  refused(w, "a positive multiple of 16, not 7");
+  w.block = 0;
+  refused(w, "not 0");
+  // An existing target is left as it was.
+  const std::string kept = dir.file("kept.tif");
+  fs::copy_file(src, kept);
+  const auto before = fs::file_size(kept);
+  w = WriteOptions{};
+  w.compress = "zip";
+  CHECK_THROWS_AS(write_raster(kept, r, w), std::invalid_argument);
+  CHECK(fs::file_size(kept) == before);
+  CHECK(read_raster(kept).host_data() != nullptr);
+  // What GDAL takes still works: any case of a known value, untiled with any block.
+  w.compress = "lzw";
+  write_raster(dir.file("lzw.tif"), r, w);
+  w = WriteOptions{};
+  w.tiled = false;
+  w.block = 7;
+  write_raster(dir.file("strips.tif"), r, w);
+  CHECK(read_raster_metadata(dir.file("strips.tif")).width == 40);
+}
+
 TEST_CASE("per-band nodata, metadata, creation options, overwrite and format by extension") {
   TempDir dir;
   // HFA keeps a nodata per band.

@@ -199,8 +199,11 @@ VSR_EXPORT OwnedRasterArray read_raster(const std::string& path, std::optional<R
  * @brief Writes @p raster (host or device resident; a device raster is copied to the host, not
  * moved) to @p path, replacing any existing file only once the new one is complete (see
  * "Outputs" above): its dtype, every band, affine, CRS and nodata (on every band).
- * @throws std::invalid_argument for an unknown driver or a CRS GDAL does not understand;
- *         std::runtime_error when the temporary file cannot be created, GDAL cannot create,
+ * @throws std::invalid_argument for an unknown driver, a CRS GDAL does not understand, or
+ *         creation options the driver refuses (an unknown name, a value of the wrong type or
+ *         not among its choices, such as COMPRESS=BOGUS, which GDAL alone would only warn
+ *         about; a GeoTIFF tile side that is not a positive multiple of 16), checked before
+ *         anything is created; std::runtime_error when the temporary file cannot be created, GDAL cannot create,
  *         write, flush or close it (its message included; e.g. a full disk), or the rename
  *         fails. @p path is then as it was.
  */
