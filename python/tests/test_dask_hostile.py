@@ -134,6 +134,65 @@ def test_write_options_gdal_refuses_fail_before_the_job(geotiff, tmp_path, optio
 
 
 # ---------------------------------------------------------------------------------------------
+# chunks= in the forms Dask takes, and none other
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_io
+@pytest.mark.parametrize("kind,chunks", [("bands", 1), ("bands", (1, 50, 50)),
+                                         ("bands", {0: 1}), ("bands", -1), ("tiles", 50),
+                                         ("tiles", (1, -1, "auto"))])
+def test_process_geotiff_takes_the_dask_chunks_read_raster_takes(geotiff, tmp_path, kind,
+                                                                 chunks):
+    # kind="bands" once indexed chunks as a tuple of tuples: an int failed with "'int' object
+    # is not subscriptable", (1, 50, 50) with "'int' object is not iterable".
+    src, data = geotiff
+    out = tmp_path / "out.tif"
+    vd.process_geotiff(src, out, lambda r: r, kind=kind, chunks=chunks, progress=False)
+    np.testing.assert_array_equal(io.read_raster(out).to_numpy(), data)
+    assert vd.read_raster(src, chunks=chunks).compute(scheduler="sync").shape == data.shape
+
+
+BAD_CHUNKS = [(1.5, TypeError), (object(), TypeError), (True, TypeError),
+              ((1, 50.0, 50), TypeError), ("bogus", ValueError), ((1, 2), ValueError),
+              (((1,), (100,), (100,)), ValueError), (((0, 2), (100,), (100,)), ValueError),
+              ((0, 50, 50), ValueError)]
+
+
+@needs_io
+@pytest.mark.parametrize("chunks,error", BAD_CHUNKS)
+def test_malformed_chunks_are_named_before_any_work(geotiff, tmp_path, chunks, error):
+    src, data = geotiff
+    calls = []
+
+    def op(r):
+        calls.append(r.height)
+        return r
+
+    arr = da.from_array(data, chunks=(1, 50, 50))
+    for who, call in (
+            ("read_raster", lambda: vd.read_raster(src, chunks=chunks)),
+            ("map_tiles", lambda: vd.map_tiles(arr, op, chunks=chunks)),
+            ("process_geotiff", lambda: vd.process_geotiff(src, tmp_path / "o.tif", op,
+                                                           kind="bands", chunks=chunks,
+                                                           progress=False)),
+            ("process_geotiff", lambda: vd.process_geotiff(src, tmp_path / "o.tif", op,
+                                                           chunks=chunks, progress=False))):
+        with pytest.raises(error, match=rf"^{who}: chunks .*must be Dask chunks: an int"):
+            call()
+    assert calls == []  # the op never ran, not even on the small block
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif"]
+
+
+def test_a_block_shape_that_is_not_rows_cols_is_named():
+    m = RasterMetadata(100, 100, 1, np.dtype(np.float32), None, UTM, None)
+    for bad in (16, "16", (16,), (16, 16, 16)):
+        with pytest.raises(TypeError, match=r"block_shape must be \(rows, cols\)"):
+            vd.plan_chunks(m, vram_budget=1 << 30, block_shape=bad)
+    assert vd.plan_chunks(m, vram_budget=1 << 30, block_shape=[16, 16])
+
+
+# ---------------------------------------------------------------------------------------------
 # Ops whose results disagree with the first result
 # ---------------------------------------------------------------------------------------------
 

@@ -424,6 +424,39 @@ def _split(total: int, size: int, halo: int) -> tuple[int, ...]:
     return tuple(chunks)
 
 
+_CHUNK_FORMS = ("Dask chunks: an int (every axis), -1 (whole axes), 'auto' or a size such as "
+                "'64MiB', a dict {axis: size}, or one entry per axis (an int, -1 or None for "
+                "the whole axis, 'auto', or the tuple of that axis's chunk sizes, adding up to "
+                "it)")
+
+
+def _dask_chunks(who: str, chunks: Any, shape: tuple[int, ...],
+                 dtype: np.dtype) -> tuple[tuple[int, ...], ...]:
+    """``chunks`` as Dask reads them for an array of ``shape`` (``normalize_chunks``): TypeError
+    for another type, ValueError for chunks that do not fit the shape or hold an empty chunk,
+    both naming ``chunks`` and the forms accepted (not an error deep in Dask or a task)."""
+    def is_int(v: Any) -> bool:
+        return hasattr(v, "__index__") and not isinstance(v, (bool, np.bool_))
+
+    entries = (chunks.values() if isinstance(chunks, dict)
+               else chunks if isinstance(chunks, (tuple, list)) else (chunks,))
+    flat = [v for e in entries for v in (e if isinstance(e, (tuple, list)) else (e,))]
+    if isinstance(chunks, (bool, np.bool_)) or not (
+            is_int(chunks) or isinstance(chunks, (str, tuple, list, dict))) or any(
+            not (is_int(v) or isinstance(v, str) or v is None) for v in flat):
+        raise TypeError(f"{who}: chunks must be {_CHUNK_FORMS}; not {chunks!r}")
+    try:
+        norm = da.core.normalize_chunks(chunks, shape, dtype=dtype)
+    except Exception as e:  # noqa: BLE001 - Dask's own wording, as a ValueError naming chunks
+        raise ValueError(f"{who}: chunks {chunks!r} are not chunks of the {shape} array ("
+                         f"{str(e).splitlines()[0] or type(e).__name__}); chunks must be "
+                         f"{_CHUNK_FORMS}") from None
+    if any(not is_int(s) or s <= 0 for axis in norm for s in axis):
+        raise ValueError(f"{who}: chunks {chunks!r} hold an empty chunk ({norm}) for the {shape} "
+                         f"array; chunks must be {_CHUNK_FORMS}")
+    return tuple(tuple(int(s) for s in axis) for axis in norm)
+
+
 def _cpu_budget(buffers: int, scratch: int) -> int:
     """A budget whose usable part holds a chunk of Dask's ``array.chunk-size`` bytes (per
     buffer) and the scratch: the planner then sizes chunks for workers without a GPU."""
@@ -452,6 +485,9 @@ def chunk_plan(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int =
     if block_shape is None and path is not None:
         block_shape = _tiff_block_shape(path)
     if block_shape is not None:
+        if isinstance(block_shape, (str, bytes)) or not isinstance(block_shape, Sequence) or \
+                len(block_shape) != 2:
+            raise TypeError(f"block_shape must be (rows, cols), not {block_shape!r}")
         bh, bw = (_int_arg("block_shape", v, 1) for v in block_shape)
         block_shape = (bh, bw)
 
@@ -847,8 +883,8 @@ def _starts(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, chunks: Any,
-         nodata: Any,
+def _map(data: Any, op: BandOp, *, who: str, halo: int, each_band: bool, per_band: bool,
+         chunks: Any, nodata: Any,
          affine: tuple[float, ...], crs: str | None, device: str, buffers_per_band: int,
          scratch_bytes: int, client: Any) -> tuple[Any, _ResultInfo]:
     """``op`` over the chunks of the Dask array ``data`` (prepared by :func:`_prepare`)."""
@@ -858,11 +894,11 @@ def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, c
     halo = _int_arg("halo", halo, 0)
     buffers = _int_arg("buffers_per_band", buffers_per_band, 1)
     scratch = _int_arg("scratch_bytes", scratch_bytes, 0)
-    if isinstance(chunks, str):
-        if chunks != "plan":
-            raise ValueError(f"chunks must be 'plan', None or Dask chunks, not {chunks!r}")
+    if isinstance(chunks, str) and chunks == "plan":
         chunks = plan_chunks(data, buffers_per_band=buffers, halo=halo, scratch_bytes=scratch,
                              client=client, per_band=per_band)
+    elif chunks is not None:
+        chunks = _dask_chunks(who, chunks, tuple(data.shape), np.dtype(data.dtype))
     if chunks is not None:
         data = data.rechunk(chunks)
     if halo:
@@ -958,7 +994,8 @@ def map_bands(array: Any, op: BandOp, *, nodata: Any = _UNSET, affine: Any = Non
         chunks: Any = (_split(data.shape[0], bpc, 0), (data.shape[1],), (data.shape[2],))
     else:
         chunks = ((data.shape[0],), (data.shape[1],))
-    result, info = _map(data, op, halo=0, each_band=True, per_band=True, chunks=chunks,
+    result, info = _map(data, op, who="map_bands", halo=0, each_band=True, per_band=True,
+                        chunks=chunks,
                         nodata=nodata,
                         affine=aff, crs=crs_text, device=device,
                         buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
@@ -976,19 +1013,20 @@ def map_tiles(array: Any, op: BandOp, *, halo: int = 0, nodata: Any = _UNSET,
     ``chunks``: "plan" (default) rechunks to :func:`plan_chunks` for ``halo``,
     ``buffers_per_band``, ``scratch_bytes`` and ``per_band`` (False: every band in each tile,
     for ops that combine bands; True: a band-independent op, so tiles may hold fewer bands);
-    None keeps the array's chunks; or
-    Dask chunks. The halo comes from the neighbouring chunks through ``dask.array.map_overlap``
-    (``boundary="none"``: tiles at the raster's edges are clamped there, not padded), so with
-    ``halo`` >= the op's radius the result equals the op on the whole raster; chunks thinner
-    than the halo are first rechunked to at least its width (an axis thinner than the halo
-    becomes one chunk). Each tile reaches
-    ``op`` as a raster with all the chunk's bands, the affine shifted to the tile's origin, on
+    None keeps the array's chunks; or Dask chunks, in the forms :func:`read_raster` takes
+    (TypeError / ValueError naming ``chunks`` for others). The halo comes from the
+    neighbouring chunks through ``dask.array.map_overlap`` (``boundary="none"``: tiles at the
+    raster's edges are clamped there, not padded), so with ``halo`` >= the op's radius the
+    result equals the op on the whole raster; chunks thinner than the halo are first
+    rechunked to at least its width (an axis thinner than the halo becomes one chunk). Each
+    tile reaches ``op`` as a raster with all the chunk's bands, the affine shifted to the tile's origin, on
     the worker's GPU or CPU as ``device`` says. ``op`` returns a raster of the tile's height and
     width; it may change the dtype and, when every band is in one chunk, the band count.
     Georeferencing, DataArrays and errors as :func:`map_bands`.
     """
     src, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
-    result, info = _map(data, op, halo=halo, each_band=False, per_band=per_band, chunks=chunks,
+    result, info = _map(data, op, who="map_tiles", halo=halo, each_band=False,
+                        per_band=per_band, chunks=chunks,
                         nodata=nodata,
                         affine=aff, crs=crs_text, device=device,
                         buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
@@ -1040,12 +1078,18 @@ def read_raster(path: str | os.PathLike, *, chunks: Any = None,
     workers read in parallel.
 
     ``chunks``: None plans them (:func:`plan_chunks` with ``buffers_per_band``, ``halo``,
-    ``scratch_bytes``, ``per_band``; aligned to the file's tiles); or Dask chunks.
+    ``scratch_bytes``, ``per_band``; aligned to the file's tiles); or Dask chunks for the
+    (bands, height, width) array: an int (every axis), -1 or None (whole axes), ``"auto"`` or a
+    size such as ``"64MiB"``, a dict ``{axis: size}``, or one entry per axis (an int, -1,
+    ``"auto"``, or that axis's chunk sizes, adding up to it).
     ``xarray=True`` returns an xarray ``DataArray`` (dims band, y, x; ``x`` / ``y`` pixel-centre
     coordinates for a north-up affine; attrs ``crs`` (WKT), ``transform`` (rasterio order),
     ``_FillValue``; a rioxarray-style ``spatial_ref`` coordinate).
 
-    Raises what :func:`vibespatial_raster.io.read_raster_metadata` raises.
+    Raises:
+        TypeError / ValueError: ``chunks`` of another type, or that do not fit the array or
+        hold an empty chunk (naming ``chunks`` and these forms); ValueError: a band not in the
+        file. What :func:`vibespatial_raster.io.read_raster_metadata` raises.
     """
     p = os.fspath(path)
     c = _client_or_none(client)
@@ -1055,7 +1099,10 @@ def read_raster(path: str | os.PathLike, *, chunks: Any = None,
         if not 1 <= b <= meta.band_count:
             raise ValueError(f"band {b} is not in [1, {meta.band_count}]")
     sub = replace(meta, band_count=len(band_list))
-    if chunks is None:
+    if chunks is not None:
+        chunks = _dask_chunks("read_raster", chunks, (len(band_list), meta.height, meta.width),
+                              np.dtype(meta.dtype))
+    else:
         chunks = chunk_plan(sub, buffers_per_band=buffers_per_band, halo=halo,
                             scratch_bytes=scratch_bytes, client=client, per_band=per_band,
                             block_shape=_tiff_block_shape(p)).chunks
@@ -1317,14 +1364,16 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
 
     ``kind="tiles"``: :func:`map_tiles` with ``halo`` (``per_band`` default False);
     ``kind="bands"``: :func:`map_bands`. ``chunks`` (default: planned for the workers'
-    smallest budget and the file's tiles) as :func:`read_raster`. The output takes the op's
+    smallest budget and the file's tiles) as :func:`read_raster`; with ``kind="bands"`` only
+    their band chunks count (each chunk holds whole bands). The output takes the op's
     dtype, band count and nodata and the input's size, affine and CRS (as
     :func:`vibespatial_raster.io.process_raster_streamed`); it is written as :func:`write_raster`
     writes, with Dask's progress bar unless ``progress=False``.
 
     Raises:
         ValueError: ``out_path`` is the input file (also through another name or a hard link:
-        the input is never replaced), a bad ``kind`` or argument; FileNotFoundError: the
+        the input is never replaced), a bad ``kind`` or argument; TypeError / ValueError:
+        ``chunks`` as :func:`read_raster` says; FileNotFoundError: the
         output's directory does not exist; both before any work. What :func:`read_raster`,
         :func:`map_tiles` / :func:`map_bands` and :func:`write_raster` raise.
     """
@@ -1339,6 +1388,9 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
                          "write the result to another path (the input is never replaced)")
     _on_workers(c, _check_out_dir, p_out)
     meta = _metadata(p_in, c)
+    if chunks is not None:
+        chunks = _dask_chunks("process_geotiff", chunks,
+                              (meta.band_count, meta.height, meta.width), np.dtype(meta.dtype))
     if kind == "bands":
         if halo:
             raise ValueError("kind='bands' processes whole bands: no halo")
@@ -1347,7 +1399,7 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
         if band_plan.plan.strategy is TilingStrategy.TILED:
             raise ValueError(f"process_geotiff: one whole band does not fit the smallest worker "
                              f"budget ({band_plan.budget} bytes); use kind='tiles'")
-        bpc = max(band_plan.chunks[0]) if chunks is None else max(chunks[0])
+        bpc = max(band_plan.chunks[0] if chunks is None else chunks[0])
         chunks = (_split(meta.band_count, bpc, 0), (meta.height,), (meta.width,))
         per_band = True
     elif per_band is None:
@@ -1355,7 +1407,7 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
     arr = read_raster(p_in, chunks=chunks, buffers_per_band=buffers_per_band, halo=halo,
                       scratch_bytes=scratch_bytes, per_band=per_band, client=client)
     affine, crs = _affine6(meta.affine), _crs_text(meta.crs)
-    result, info = _map(arr, op, halo=halo if kind == "tiles" else 0,
+    result, info = _map(arr, op, who="process_geotiff", halo=halo if kind == "tiles" else 0,
                         each_band=kind == "bands", per_band=per_band,
                         chunks=None, nodata=meta.nodata, affine=affine, crs=crs, device=device,
                         buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
