@@ -7,6 +7,7 @@ nothing lost, no partial output."""
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 import numpy as np
 import pytest
@@ -190,6 +191,76 @@ def test_a_block_shape_that_is_not_rows_cols_is_named():
         with pytest.raises(TypeError, match=r"block_shape must be \(rows, cols\)"):
             vd.plan_chunks(m, vram_budget=1 << 30, block_shape=bad)
     assert vd.plan_chunks(m, vram_budget=1 << 30, block_shape=[16, 16])
+
+
+# ---------------------------------------------------------------------------------------------
+# nodata an integer dtype cannot hold
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nodata", [-1, 256, 1e10, -9999.0])
+def test_an_integer_nodata_the_dtype_cannot_hold_marks_no_pixel_as_without_dask(tmp_path, nodata):
+    # As OwnedRasterArray.from_numpy and the ops have it: kept, no pixel is nodata. The small
+    # block that learns the op's result was filled with it: -1 / 256 for uint8 failed with
+    # NumPy's OverflowError, 1e10 with a RuntimeWarning (invalid value in cast).
+    data = np.arange(2 * 20 * 20, dtype=np.uint64).astype(np.uint8).reshape(2, 20, 20)
+    whole = OwnedRasterArray.from_numpy(data, nodata=nodata)
+    expect = ops.fill_nodata(whole, 7).to_numpy()  # no pixel is nodata: unchanged
+    np.testing.assert_array_equal(expect, data)
+    arr = da.from_array(data, chunks=(1, 10, 10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for lazy in (vd.map_bands(arr, lambda b: ops.fill_nodata(b, 7), nodata=nodata),
+                     vd.map_tiles(arr, lambda r: ops.fill_nodata(r, 7), nodata=nodata,
+                                  chunks=None)):
+            np.testing.assert_array_equal(lazy.compute(scheduler="sync"), expect)
+        same = vd.map_tiles(arr, lambda r: r, nodata=nodata, chunks=None)
+        if io.io_available():
+            out = tmp_path / "out.tif"
+            meta = vd.write_raster(same, out, nodata=nodata)
+            assert meta.nodata == whole.nodata
+            np.testing.assert_array_equal(io.read_raster(out).to_numpy(), data)
+
+
+@needs_io
+def test_process_geotiff_of_a_file_whose_nodata_its_dtype_cannot_hold(tmp_path):
+    data = np.arange(20 * 20, dtype=np.uint64).astype(np.uint8).reshape(1, 20, 20)
+    src = tmp_path / "in.tif"
+    io.write_raster(src, OwnedRasterArray.from_numpy(data, nodata=256, affine=UTM))
+    assert io.read_raster_metadata(src).nodata == 256  # GDAL keeps it
+    out = tmp_path / "out.tif"
+    meta = vd.process_geotiff(src, out, lambda r: r, chunks=(1, 10, 10), progress=False)
+    assert meta.nodata == 256
+    np.testing.assert_array_equal(io.read_raster(out).to_numpy(), data)
+
+
+@pytest.mark.parametrize("nodata,error,says", [
+    (NAN, ValueError, "a NaN nodata cannot mark pixels of dtype uint8"),
+    (np.float32("nan"), ValueError, "a NaN nodata cannot mark pixels of dtype uint8"),
+    ("x", TypeError, "nodata must be a number or None, not 'x'"),
+    (True, TypeError, "nodata must be a number or None, not True")])
+def test_a_nodata_from_numpy_refuses_is_refused_by_name_before_any_work(tmp_path, nodata,
+                                                                         error, says):
+    with pytest.raises(error, match=says):  # the rule checked: OwnedRasterArray's
+        OwnedRasterArray.from_numpy(np.zeros((2, 2), np.uint8), nodata=nodata)
+    calls = []
+
+    def op(r):
+        calls.append(r.height)
+        return r
+
+    arr = da.zeros((2, 20, 20), dtype=np.uint8, chunks=(1, 10, 10))
+    for who, call in (("map_bands", lambda: vd.map_bands(arr, op, nodata=nodata)),
+                      ("map_tiles", lambda: vd.map_tiles(arr, op, nodata=nodata)),
+                      ("write_raster", lambda: vd.write_raster(arr, tmp_path / "o.tif",
+                                                               nodata=nodata))):
+        # Once "from_numpy: ..." from the op's first run, and "invalid literal for int()" for
+        # "x" (a ValueError from NumPy filling the small block).
+        prefix = f"{who}: " if error is ValueError else ""
+        with pytest.raises(error, match=f"^{prefix}{says}"):
+            call()
+    assert calls == []
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ from . import ops as _ops
 from ._dtypes import planning_dtype, raster_dtype
 from ._errors import DriverUnavailableError
 from .buffers import OwnedRasterArray, RasterMetadata, RasterPlan, Residency, TilingStrategy
+from .buffers import _checked_nodata
 
 __all__ = [
     "ChunkPlan",
@@ -800,12 +801,23 @@ class _ResultInfo:
     nodata: float | int | None
 
 
+def _sample_fill(nodata: Any, dtype: np.dtype) -> Any:
+    """The small block's pixels: the nodata where ``dtype`` holds it exactly, else 0 (NaN, or
+    an integer dtype's nodata it cannot hold, such as 256 for uint8: that marks no pixel)."""
+    if nodata is None:
+        return 0
+    try:
+        with np.errstate(all="ignore"):
+            held = np.array([nodata]).astype(dtype)[0]
+    except (OverflowError, TypeError, ValueError):
+        return 0
+    return held if held == nodata else 0
+
+
 def _infer(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype) -> _ResultInfo:
     """What ``op`` returns for a small block of ``bands`` bands: dtype, bands, nodata."""
     side = 8 + 2 * min(spec.halo, 64)  # a halo wider than any chunk must not size it
-    fill = 0 if spec.nodata is None or (isinstance(spec.nodata, float) and
-                                         math.isnan(spec.nodata)) else spec.nodata
-    sample = np.full((bands, side, side), fill, dtype=dtype)
+    sample = np.full((bands, side, side), _sample_fill(spec.nodata, dtype), dtype=dtype)
     out = _execute(sample, op, spec, 0, 0)
     return _ResultInfo(np.dtype(out.dtype), int(out.band_count), out.nodata)
 
@@ -830,8 +842,10 @@ def _as_dask(data: Any) -> Any:
     return da.from_array(np.asarray(data), chunks=-1)
 
 
-def _prepare(array: Any, nodata: Any, affine: Any, crs: Any) -> tuple[Any, Any, tuple, Any, Any]:
-    """(source DataArray or None, dask array, affine, crs, nodata)."""
+def _prepare(who: str, array: Any, nodata: Any, affine: Any,
+             crs: Any) -> tuple[Any, Any, tuple, Any, Any]:
+    """(source DataArray or None, dask array, affine, crs, nodata); the nodata checked for the
+    array's dtype as :meth:`OwnedRasterArray.from_numpy` checks it, before any work."""
     if _is_dataarray(array):
         if array.ndim not in (2, 3):
             raise ValueError(f"a raster DataArray is (band, y, x) or (y, x), not {array.dims}")
@@ -852,7 +866,7 @@ def _prepare(array: Any, nodata: Any, affine: Any, crs: Any) -> tuple[Any, Any, 
     if data.ndim not in (2, 3):
         raise ValueError(f"a raster array is (bands, height, width) or (height, width), not "
                          f"{data.ndim}D")
-    raster_dtype(data.dtype)
+    _checked_nodata(who, nodata, raster_dtype(data.dtype))
     return src, data, _affine6(_IDENTITY if affine is None else affine), _crs_text(crs), nodata
 
 
@@ -971,16 +985,20 @@ def map_bands(array: Any, op: BandOp, *, nodata: Any = _UNSET, affine: Any = Non
 
     ``nodata``, ``affine`` (rasterio order) and ``crs`` default to the DataArray's (attrs
     ``nodata`` / ``_FillValue``, ``transform``, ``crs`` or rioxarray's ``spatial_ref``) and
-    else to None, the identity and None. A DataArray comes back as a DataArray with the same
-    dims, coordinates and attrs (``_FillValue`` / ``nodata`` set to the result's nodata).
+    else to None, the identity and None. ``nodata`` is checked as
+    :meth:`OwnedRasterArray.from_numpy` checks it: a number or None, never NaN for an integer
+    dtype; an integer nodata the dtype cannot hold (256 or -1 for uint8) marks no pixel, as in
+    the ops. A DataArray comes back as a DataArray with the same dims, coordinates and attrs
+    (``_FillValue`` / ``nodata`` set to the result's nodata).
 
     Raises:
-        ValueError: a bad ``device``, a budget that cannot hold one whole band (use
-        :func:`map_tiles`), an op returning another shape, or (when computed) a chunk result
-        whose dtype, band count or nodata differ from the first result's; TypeError: a
-        non-callable op or a non-raster dtype.
+        ValueError: a bad ``device``, a NaN ``nodata`` for an integer dtype, a budget that
+        cannot hold one whole band (use :func:`map_tiles`), an op returning another shape, or
+        (when computed) a chunk result whose dtype, band count or nodata differ from the first
+        result's; TypeError: a non-callable op, a non-raster dtype or a ``nodata`` that is not
+        a number. The arguments are checked before the op runs.
     """
-    src, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
+    src, data, aff, crs_text, nodata = _prepare("map_bands", array, nodata, affine, crs)
     if data.ndim == 3:
         if bands_per_chunk is None:
             cp = chunk_plan(data, buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
@@ -1024,7 +1042,7 @@ def map_tiles(array: Any, op: BandOp, *, halo: int = 0, nodata: Any = _UNSET,
     width; it may change the dtype and, when every band is in one chunk, the band count.
     Georeferencing, DataArrays and errors as :func:`map_bands`.
     """
-    src, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
+    src, data, aff, crs_text, nodata = _prepare("map_tiles", array, nodata, affine, crs)
     result, info = _map(data, op, who="map_tiles", halo=halo, each_band=False,
                         per_band=per_band, chunks=chunks,
                         nodata=nodata,
@@ -1316,14 +1334,15 @@ def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
     parts into ``path`` through a GDAL VRT, one chunk-sized tile at a time (compressed as
     ``compress``, tiled ``blocksize`` square). ``progress=True`` shows Dask's progress bar
     (``distributed.progress`` with a client, else ``dask.diagnostics.ProgressBar``).
-    Georeferencing as :func:`map_bands`.
+    Georeferencing and the check of ``nodata`` as :func:`map_bands`.
 
     Raises:
-        FileNotFoundError: ``path``'s directory does not exist (it is not made); ValueError /
+        FileNotFoundError: ``path``'s directory does not exist (it is not made); TypeError /
+        ValueError: a ``nodata`` :func:`map_bands` refuses, before any work; ValueError /
         RuntimeError: what :func:`vibespatial_raster.io.write_raster` and GDAL raise; whatever
         computing ``array`` raises.
     """
-    _, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
+    _, data, aff, crs_text, nodata = _prepare("write_raster", array, nodata, affine, crs)
     return _write(data, os.fspath(path), nodata=nodata, affine=aff, crs=crs_text,
                   compress=compress, tiled=tiled, blocksize=blocksize, progress=progress,
                   client=client)
