@@ -65,6 +65,54 @@ def test_a_dataarray_with_band_last_is_refused_not_misread():
     assert vd.map_tiles(plain, lambda r: r, chunks=None).shape == (3, 10, 10)
 
 
+@pytest.mark.parametrize("ydim,xdim", [("lat", "lon"), ("latitude", "longitude"),
+                                       ("Lat", "Lon"), ("y", "x")])
+@pytest.mark.parametrize("coord_dtype", [np.float64, np.float32])
+def test_lat_lon_coordinates_give_the_affine_as_x_y_do(tmp_path, ydim, xdim, coord_dtype):
+    # Only x / y coordinates were read: lat / lon got the identity affine without a word.
+    xr = pytest.importorskip("xarray")
+    lon = (10.0 + 0.1 * (np.arange(30) + 0.5)).astype(coord_dtype)
+    lat = (50.0 - 0.1 * (np.arange(20) + 0.5)).astype(coord_dtype)
+    src = xr.DataArray(da.zeros((1, 20, 30), dtype=np.float32, chunks=(1, 10, 10)),
+                       dims=("band", ydim, xdim), coords={ydim: lat, xdim: lon},
+                       attrs={"crs": "EPSG:4326"})
+    want = pytest.approx((0.1, 0.0, 10.0, 0.0, -0.1, 50.0), rel=1e-6, abs=1e-5)
+    seen = []
+
+    def op(r):
+        seen.append(r.affine)
+        return r
+
+    vd.map_tiles(src, op, chunks=None)
+    vd.map_bands(src, op)
+    assert seen and all(a == want for a in seen)
+    if io.io_available():
+        assert vd.write_raster(src, tmp_path / "out.tif").affine == want
+
+
+@pytest.mark.parametrize("ydim,xdim", [("lat", "lon"), ("y", "x")])
+def test_unevenly_spaced_coordinates_are_refused_not_read_as_the_identity(tmp_path, ydim,
+                                                                          xdim):
+    xr = pytest.importorskip("xarray")
+    lat = 50.0 - 0.1 * (np.arange(20) + 0.5)
+    gap = 10.0 + 0.1 * (np.arange(30) + 0.5) + np.where(np.arange(30) >= 15, 0.1, 0.0)
+    for lon in (gap, np.geomspace(1.0, 2.0, 30), np.full(30, 10.0)):
+        src = xr.DataArray(np.zeros((1, 20, 30), np.float32), dims=("band", ydim, xdim),
+                           coords={ydim: lat, xdim: lon})
+        for call in (lambda: vd.map_tiles(src, lambda r: r, chunks=None),
+                     lambda: vd.map_bands(src, lambda b: b),
+                     lambda: vd.write_raster(src, tmp_path / "out.tif")):
+            with pytest.raises(ValueError, match=f"'{xdim}' coordinates are not evenly spaced"
+                                                 ".*affine="):
+                call()
+        # An affine given, or carried in the attrs, is used: the coordinates are not read.
+        given = (0.1, 0.0, 10.0, 0.0, -0.1, 50.0)
+        assert vd.map_tiles(src, lambda r: r, affine=given, chunks=None).shape == src.shape
+        carried = src.assign_attrs(transform=given)
+        assert vd.map_tiles(carried, lambda r: r, chunks=None).shape == src.shape
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # process_geotiff / write_raster: paths
 # ---------------------------------------------------------------------------------------------

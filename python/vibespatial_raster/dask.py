@@ -636,10 +636,53 @@ def _affine6(value: Any) -> tuple[float, float, float, float, float, float]:
     return tuple(float(v) for v in vals)  # type: ignore[return-value]
 
 
-def _georef_of(x: Any) -> tuple[tuple[float, ...] | None, Any, Any]:
+def _regular_axis(values: Any, name: str) -> tuple[float, float]:
+    """(first pixel centre, spacing) of a coordinate of pixel centres; ValueError unless it is
+    numeric and evenly spaced (to a thousandth of a pixel, plus the rounding of its dtype)."""
+    try:
+        v = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"the DataArray's {name!r} coordinate is not numeric "
+                         f"({np.asarray(values).dtype}): no affine maps it; pass affine= or "
+                         "set attrs['transform']") from None
+    step = (v[-1] - v[0]) / (v.size - 1)
+    raw = np.asarray(values)
+    rounding = 4 * float(np.finfo(raw.dtype).eps) * float(np.nanmax(np.abs(v))) \
+        if raw.dtype.kind == "f" else 0.0
+    off = np.abs(v - (v[0] + step * np.arange(v.size)))
+    if not (np.isfinite(step) and step != 0 and np.all(off <= 1e-3 * abs(step) + rounding)):
+        raise ValueError(f"the DataArray's {name!r} coordinates are not evenly spaced pixel "
+                         f"centres (spacing {float(np.diff(v).min())!r} to "
+                         f"{float(np.diff(v).max())!r}): no "
+                         "affine maps them; pass affine= or set attrs['transform']")
+    return float(v[0]), float(step)
+
+
+def _coords_affine(x: Any) -> tuple[float, ...] | None:
+    """The affine of a DataArray's 1D coordinates along its last two dims when they are named
+    x / y, lon / lat or longitude / latitude (any case), as pixel centres; None when either
+    has no coordinate or fewer than two pixels. ValueError when they are not evenly spaced
+    (the identity would put the pixels elsewhere without a word)."""
+    if x.ndim < 2:
+        return None
+    ydim, xdim = x.dims[-2], x.dims[-1]
+    if str(xdim).lower() not in _X_DIMS or str(ydim).lower() not in _Y_DIMS:
+        return None
+    if xdim not in x.coords or ydim not in x.coords or x.sizes[xdim] < 2 or \
+            x.sizes[ydim] < 2:
+        return None
+    x0, dx = _regular_axis(x.coords[xdim].values, str(xdim))
+    y0, dy = _regular_axis(x.coords[ydim].values, str(ydim))
+    return (dx, 0.0, x0 - dx / 2, 0.0, dy, y0 - dy / 2)
+
+
+def _georef_of(x: Any, *, affine_needed: bool = True
+               ) -> tuple[tuple[float, ...] | None, Any, Any]:
     """(affine, crs, nodata) a DataArray carries, as rioxarray and read_raster leave them:
     attrs ``transform`` / ``crs`` / ``nodata`` / ``_FillValue``, or the ``spatial_ref``
-    coordinate's ``GeoTransform`` / ``crs_wkt``, or regular ``x`` / ``y`` coordinates."""
+    coordinate's ``GeoTransform`` / ``crs_wkt``, or regular ``x`` / ``y`` (``lon`` / ``lat``,
+    ``longitude`` / ``latitude``) coordinates (:func:`_coords_affine`; not read unless
+    ``affine_needed``)."""
     attrs = dict(x.attrs)
     affine: tuple[float, ...] | None = None
     crs: Any = attrs.get("crs")
@@ -650,13 +693,8 @@ def _georef_of(x: Any) -> tuple[tuple[float, ...] | None, Any, Any]:
     elif "GeoTransform" in ref_attrs:
         g = [float(v) for v in str(ref_attrs["GeoTransform"]).split()]
         affine = (g[1], g[2], g[0], g[4], g[5], g[3])
-    elif "x" in x.coords and "y" in x.coords and x.sizes.get("x", 0) > 1 and \
-            x.sizes.get("y", 0) > 1:
-        xs = np.asarray(x.coords["x"], dtype=np.float64)
-        ys = np.asarray(x.coords["y"], dtype=np.float64)
-        dx, dy = xs[1] - xs[0], ys[1] - ys[0]
-        if np.allclose(np.diff(xs), dx) and np.allclose(np.diff(ys), dy):
-            affine = (dx, 0.0, xs[0] - dx / 2, 0.0, dy, ys[0] - dy / 2)
+    elif affine_needed:
+        affine = _coords_affine(x)
     if crs is None:
         crs = ref_attrs.get("crs_wkt") or ref_attrs.get("spatial_ref")
     if crs is None:
@@ -850,7 +888,7 @@ def _prepare(who: str, array: Any, nodata: Any, affine: Any,
         if array.ndim not in (2, 3):
             raise ValueError(f"a raster DataArray is (band, y, x) or (y, x), not {array.dims}")
         _check_dims(array)
-        a_aff, a_crs, a_nodata = _georef_of(array)
+        a_aff, a_crs, a_nodata = _georef_of(array, affine_needed=affine is None)
         data = _as_dask(array.data)
         src = array
         affine = a_aff if affine is None else affine
@@ -984,15 +1022,18 @@ def map_bands(array: Any, op: BandOp, *, nodata: Any = _UNSET, affine: Any = Non
     band count and nodata, which every chunk's result must then have (ValueError otherwise).
 
     ``nodata``, ``affine`` (rasterio order) and ``crs`` default to the DataArray's (attrs
-    ``nodata`` / ``_FillValue``, ``transform``, ``crs`` or rioxarray's ``spatial_ref``) and
-    else to None, the identity and None. ``nodata`` is checked as
+    ``nodata`` / ``_FillValue``, ``transform``, ``crs`` or rioxarray's ``spatial_ref``; else
+    the affine of its pixel-centre coordinates along its last two dims when those are named
+    ``x`` / ``y``, ``lon`` / ``lat`` or ``longitude`` / ``latitude``, ValueError when they are
+    not evenly spaced) and else to None, the identity and None. ``nodata`` is checked as
     :meth:`OwnedRasterArray.from_numpy` checks it: a number or None, never NaN for an integer
     dtype; an integer nodata the dtype cannot hold (256 or -1 for uint8) marks no pixel, as in
     the ops. A DataArray comes back as a DataArray with the same dims, coordinates and attrs
     (``_FillValue`` / ``nodata`` set to the result's nodata).
 
     Raises:
-        ValueError: a bad ``device``, a NaN ``nodata`` for an integer dtype, a budget that
+        ValueError: a bad ``device``, a NaN ``nodata`` for an integer dtype, spatial
+        coordinates not evenly spaced (with no ``affine`` given or carried), a budget that
         cannot hold one whole band (use :func:`map_tiles`), an op returning another shape, or
         (when computed) a chunk result whose dtype, band count or nodata differ from the first
         result's; TypeError: a non-callable op, a non-raster dtype or a ``nodata`` that is not
