@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
+import dask  # noqa: E402
 import dask.array as da  # noqa: E402
 
 from vibespatial_raster import io, ops  # noqa: E402
@@ -132,6 +133,39 @@ def test_process_geotiff_never_overwrites_its_input(geotiff, tmp_path):
         vd.process_geotiff(src, link, ops.focal_mean_3x3, halo=1, progress=False)
     assert digest(src) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif", "link.tif"]
+
+
+@needs_io
+def test_write_raster_never_overwrites_a_file_its_array_reads(geotiff, tmp_path):
+    # write_raster(read_raster(p), p) replaced p, with an op between: the input was lost.
+    xr = pytest.importorskip("xarray")
+    src, data = geotiff
+    other = tmp_path / "other.tif"
+    io.write_raster(other, OwnedRasterArray.from_numpy(data, nodata=NAN, affine=UTM))
+    link = tmp_path / "link.tif"
+    link.hardlink_to(src)
+    before = {p.name: digest(p) for p in (src, other)}
+    read = vd.read_raster(src, chunks=(1, 50, 50))
+    arrays = [read,
+              vd.map_tiles(read, ops.focal_mean_3x3, halo=1, chunks=None) * 2,
+              vd.read_raster(other, chunks=(1, 50, 50)) + read,  # any of several inputs
+              dask.optimize(vd.map_bands(read, ops.focal_mean_3x3) + 1)[0],  # fused layers
+              vd.read_raster(src, xarray=True, chunks=(1, 50, 50)),
+              xr.DataArray(read, dims=("band", "y", "x")).isel(y=slice(0, 10))]
+    for array in arrays:
+        for out in (src, str(src), tmp_path / "." / "in.tif", link):
+            with pytest.raises(ValueError, match=r"^write_raster: path .* is the input file "
+                                                 r".*in\.tif.*never replaced"):
+                vd.write_raster(array, out)
+    with pytest.raises(ValueError, match="is the input file .*other"):
+        vd.write_raster(arrays[2], other)
+    assert {p.name: digest(p) for p in (src, other)} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tif", "link.tif", "other.tif"]
+    # Another path is written; a persisted array holds its pixels and reads no file.
+    out = tmp_path / "out.tif"
+    vd.write_raster(arrays[1], out)
+    vd.write_raster(read.persist(scheduler="sync") * 2, other)
+    np.testing.assert_array_equal(io.read_raster(other).to_numpy(), data * 2)
 
 
 @needs_io

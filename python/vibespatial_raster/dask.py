@@ -37,6 +37,7 @@ or a shared file system).
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import shutil
@@ -1348,6 +1349,57 @@ def _same_file(a: str, b: str) -> bool:
         return False  # one of them does not exist
 
 
+def _read_paths(data: Any) -> list[str]:
+    """The paths of the :class:`_WindowReader` objects in ``data``'s Dask graph: the files
+    :func:`read_raster` reads for it (through any operation on its result). The graph's layers
+    are walked without materializing blockwise ones (their literal arguments and task are
+    looked at); files read by other means are not found."""
+    try:
+        from dask._task_spec import GraphNode
+    except ImportError:  # a Dask of tuple tasks: the tuples are walked
+        GraphNode = ()  # noqa: N806
+    from dask.blockwise import Blockwise
+
+    found: dict[str, None] = {}
+    seen: set[int] = set()
+
+    def visit(obj: Any, depth: int) -> None:
+        if isinstance(obj, _WindowReader):
+            found[obj.path] = None
+            return
+        if depth > 32 or id(obj) in seen or isinstance(obj, (str, bytes, np.ndarray)):
+            return
+        if isinstance(obj, (tuple, list, set, frozenset)):
+            seen.add(id(obj))
+            for v in obj:
+                visit(v, depth + 1)
+        elif isinstance(obj, dict):
+            seen.add(id(obj))
+            for v in obj.values():
+                visit(v, depth + 1)
+        elif isinstance(obj, functools.partial):
+            visit((obj.func, obj.args, obj.keywords), depth + 1)
+        elif GraphNode and isinstance(obj, GraphNode):
+            seen.add(id(obj))
+            for attr in ("value", "func", "args", "kwargs", "target"):
+                visit(getattr(obj, attr, None), depth + 1)
+
+    graph = data.__dask_graph__()
+    for layer in getattr(graph, "layers", {"": graph}).values():
+        if isinstance(layer, Blockwise):
+            visit(tuple(layer.indices), 0)
+            visit(getattr(layer, "task", None), 0)
+            visit(getattr(layer, "dsk", None), 0)
+        else:
+            for task in layer.values():
+                visit(task, 0)
+    return list(found)
+
+
+def _first_same_file(paths: Sequence[str], path: str) -> str | None:
+    return next((p for p in paths if _same_file(p, path)), None)
+
+
 def _run_with_progress(graph: Any, progress: bool, client: Any) -> Any:
     client = _client_or_none(client)
     if client is not None:
@@ -1377,16 +1429,28 @@ def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
     (``distributed.progress`` with a client, else ``dask.diagnostics.ProgressBar``).
     Georeferencing and the check of ``nodata`` as :func:`map_bands`.
 
+    ``path`` must not be a file ``array`` reads: the files of the :func:`read_raster` calls
+    in its Dask graph (through any operations on their results; also under another name or a
+    hard link) are refused. A file read into the array by other means (``da.from_delayed``,
+    another reader) is not recognised; a persisted array no longer reads its file.
+
     Raises:
-        FileNotFoundError: ``path``'s directory does not exist (it is not made); TypeError /
-        ValueError: a ``nodata`` :func:`map_bands` refuses, before any work; ValueError /
+        ValueError: ``path`` is a file the array reads (see above); FileNotFoundError:
+        ``path``'s directory does not exist (it is not made); TypeError / ValueError: a
+        ``nodata`` :func:`map_bands` refuses; all before any work. ValueError /
         RuntimeError: what :func:`vibespatial_raster.io.write_raster` and GDAL raise; whatever
         computing ``array`` raises.
     """
     _, data, aff, crs_text, nodata = _prepare("write_raster", array, nodata, affine, crs)
-    return _write(data, os.fspath(path), nodata=nodata, affine=aff, crs=crs_text,
-                  compress=compress, tiled=tiled, blocksize=blocksize, progress=progress,
-                  client=client)
+    p, c = os.fspath(path), _client_or_none(client)
+    # Before any work, as process_geotiff: a file the array reads is never replaced.
+    read = _read_paths(data)
+    same = _on_workers(c, _first_same_file, read, p) if read else None
+    if same is not None:
+        raise ValueError(f"write_raster: path {p!r} is the input file {same!r}: write the "
+                         "result to another path (the input is never replaced)")
+    return _write(data, p, nodata=nodata, affine=aff, crs=crs_text, compress=compress,
+                  tiled=tiled, blocksize=blocksize, progress=progress, client=c)
 
 
 def _write(data: Any, path: str, *, nodata: Any, affine: tuple[float, ...], crs: str | None,
