@@ -1079,9 +1079,10 @@ def map_tiles(array: Any, op: BandOp, *, halo: int = 0, nodata: Any = _UNSET,
     raster's edges are clamped there, not padded), so with ``halo`` >= the op's radius the
     result equals the op on the whole raster; chunks thinner than the halo are first
     rechunked to at least its width (an axis thinner than the halo becomes one chunk). Each
-    tile reaches ``op`` as a raster with all the chunk's bands, the affine shifted to the tile's origin, on
-    the worker's GPU or CPU as ``device`` says. ``op`` returns a raster of the tile's height and
-    width; it may change the dtype and, when every band is in one chunk, the band count.
+    tile reaches ``op`` as a raster with all the chunk's bands, the affine shifted to the
+    tile's origin, on the worker's GPU or CPU as ``device`` says. ``op`` returns a raster of
+    the tile's height and width; it may change the dtype and, when every band is in one
+    chunk, the band count.
     Georeferencing, DataArrays and errors as :func:`map_bands`.
     """
     src, data, aff, crs_text, nodata = _prepare("map_tiles", array, nodata, affine, crs)
