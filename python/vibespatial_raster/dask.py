@@ -1355,10 +1355,13 @@ def _read_paths(data: Any) -> list[str]:
     :func:`read_raster` reads for it (through any operation on its result). The graph's layers
     are walked without materializing blockwise ones (their literal arguments and task are
     looked at); files read by other means are not found."""
+    nodes: tuple[type, ...] = ()
     try:
         from dask._task_spec import GraphNode
+
+        nodes = (GraphNode,)
     except ImportError:  # a Dask of tuple tasks: the tuples are walked
-        GraphNode = ()  # noqa: N806
+        pass
     from dask.blockwise import Blockwise
 
     found: dict[str, None] = {}
@@ -1380,7 +1383,7 @@ def _read_paths(data: Any) -> list[str]:
                 visit(v, depth + 1)
         elif isinstance(obj, functools.partial):
             visit((obj.func, obj.args, obj.keywords), depth + 1)
-        elif GraphNode and isinstance(obj, GraphNode):
+        elif isinstance(obj, nodes):
             seen.add(id(obj))
             for attr in ("value", "func", "args", "kwargs", "target"):
                 visit(getattr(obj, attr, None), depth + 1)
