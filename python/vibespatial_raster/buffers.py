@@ -156,6 +156,17 @@ def _nodata_value(nodata: Any) -> float | None:
     return float(nodata)
 
 
+def _checked_nodata(who: str, nodata: Any, dtype: np.dtype) -> float | None:
+    """``nodata`` as the runtime holds it (a float, or None) for pixels of ``dtype``: TypeError
+    for a value that is not a number, ValueError for a NaN nodata on an integer dtype (``who``
+    names the caller). An integer dtype's nodata that the dtype cannot hold (256 or 1e10 for
+    uint8) is kept: such a raster has no nodata pixels, as the ops say."""
+    value = _nodata_value(nodata)
+    if value is not None and math.isnan(value) and dtype.kind in "iu":
+        raise ValueError(f"{who}: a NaN nodata cannot mark pixels of dtype {dtype}")
+    return value
+
+
 def _nodata_for(dtype: np.dtype, value: float | None) -> float | int | None:
     """nodata as the seed shows it: an int for integer rasters when it is one."""
     if value is None:
@@ -421,9 +432,7 @@ class OwnedRasterArray:
         shape3 = arr.shape if arr.ndim == 3 else (1, *arr.shape)
         if min(shape3) <= 0:
             raise ValueError(f"from_numpy: empty raster of shape {arr.shape}")
-        value = _nodata_value(nodata)
-        if value is not None and math.isnan(value) and dtype.kind in "iu":
-            raise ValueError(f"from_numpy: a NaN nodata cannot mark pixels of dtype {dtype}")
+        value = _checked_nodata("from_numpy", nodata, dtype)
         where = Residency(residency)
         contiguous = np.ascontiguousarray(arr, dtype=dtype)
         native = _core.Raster.from_host(contiguous, dtype.name, int(shape3[0]), int(shape3[1]),
@@ -462,9 +471,7 @@ class OwnedRasterArray:
         shape3 = tuple(shape) if len(shape) == 3 else (1, *shape)
         if min(shape3) <= 0:
             raise ValueError(f"from_device: empty array of shape {tuple(shape)}")
-        value = _nodata_value(nodata)
-        if value is not None and math.isnan(value) and dtype.kind in "iu":
-            raise ValueError(f"from_device: a NaN nodata cannot mark pixels of dtype {dtype}")
+        value = _checked_nodata("from_device", nodata, dtype)
         self = object.__new__(cls)
         self._native = None
         self._ext = ext

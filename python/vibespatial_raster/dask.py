@@ -37,6 +37,7 @@ or a shared file system).
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import shutil
@@ -62,6 +63,7 @@ from . import ops as _ops
 from ._dtypes import planning_dtype, raster_dtype
 from ._errors import DriverUnavailableError
 from .buffers import OwnedRasterArray, RasterMetadata, RasterPlan, Residency, TilingStrategy
+from .buffers import _checked_nodata
 
 __all__ = [
     "ChunkPlan",
@@ -424,6 +426,39 @@ def _split(total: int, size: int, halo: int) -> tuple[int, ...]:
     return tuple(chunks)
 
 
+_CHUNK_FORMS = ("Dask chunks: an int (every axis), -1 (whole axes), 'auto' or a size such as "
+                "'64MiB', a dict {axis: size}, or one entry per axis (an int, -1 or None for "
+                "the whole axis, 'auto', or the tuple of that axis's chunk sizes, adding up to "
+                "it)")
+
+
+def _dask_chunks(who: str, chunks: Any, shape: tuple[int, ...],
+                 dtype: np.dtype) -> tuple[tuple[int, ...], ...]:
+    """``chunks`` as Dask reads them for an array of ``shape`` (``normalize_chunks``): TypeError
+    for another type, ValueError for chunks that do not fit the shape or hold an empty chunk,
+    both naming ``chunks`` and the forms accepted (not an error deep in Dask or a task)."""
+    def is_int(v: Any) -> bool:
+        return hasattr(v, "__index__") and not isinstance(v, (bool, np.bool_))
+
+    entries = (chunks.values() if isinstance(chunks, dict)
+               else chunks if isinstance(chunks, (tuple, list)) else (chunks,))
+    flat = [v for e in entries for v in (e if isinstance(e, (tuple, list)) else (e,))]
+    if isinstance(chunks, (bool, np.bool_)) or not (
+            is_int(chunks) or isinstance(chunks, (str, tuple, list, dict))) or any(
+            not (is_int(v) or isinstance(v, str) or v is None) for v in flat):
+        raise TypeError(f"{who}: chunks must be {_CHUNK_FORMS}; not {chunks!r}")
+    try:
+        norm = da.core.normalize_chunks(chunks, shape, dtype=dtype)
+    except Exception as e:  # noqa: BLE001 - Dask's own wording, as a ValueError naming chunks
+        raise ValueError(f"{who}: chunks {chunks!r} are not chunks of the {shape} array ("
+                         f"{str(e).splitlines()[0] or type(e).__name__}); chunks must be "
+                         f"{_CHUNK_FORMS}") from None
+    if any(not is_int(s) or s <= 0 for axis in norm for s in axis):
+        raise ValueError(f"{who}: chunks {chunks!r} hold an empty chunk ({norm}) for the {shape} "
+                         f"array; chunks must be {_CHUNK_FORMS}")
+    return tuple(tuple(int(s) for s in axis) for axis in norm)
+
+
 def _cpu_budget(buffers: int, scratch: int) -> int:
     """A budget whose usable part holds a chunk of Dask's ``array.chunk-size`` bytes (per
     buffer) and the scratch: the planner then sizes chunks for workers without a GPU."""
@@ -452,6 +487,9 @@ def chunk_plan(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int =
     if block_shape is None and path is not None:
         block_shape = _tiff_block_shape(path)
     if block_shape is not None:
+        if isinstance(block_shape, (str, bytes)) or not isinstance(block_shape, Sequence) or \
+                len(block_shape) != 2:
+            raise TypeError(f"block_shape must be (rows, cols), not {block_shape!r}")
         bh, bw = (_int_arg("block_shape", v, 1) for v in block_shape)
         block_shape = (bh, bw)
 
@@ -599,10 +637,53 @@ def _affine6(value: Any) -> tuple[float, float, float, float, float, float]:
     return tuple(float(v) for v in vals)  # type: ignore[return-value]
 
 
-def _georef_of(x: Any) -> tuple[tuple[float, ...] | None, Any, Any]:
+def _regular_axis(values: Any, name: str) -> tuple[float, float]:
+    """(first pixel centre, spacing) of a coordinate of pixel centres; ValueError unless it is
+    numeric and evenly spaced (to a thousandth of a pixel, plus the rounding of its dtype)."""
+    try:
+        v = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"the DataArray's {name!r} coordinate is not numeric "
+                         f"({np.asarray(values).dtype}): no affine maps it; pass affine= or "
+                         "set attrs['transform']") from None
+    step = (v[-1] - v[0]) / (v.size - 1)
+    raw = np.asarray(values)
+    rounding = 4 * float(np.finfo(raw.dtype).eps) * float(np.nanmax(np.abs(v))) \
+        if raw.dtype.kind == "f" else 0.0
+    off = np.abs(v - (v[0] + step * np.arange(v.size)))
+    if not (np.isfinite(step) and step != 0 and np.all(off <= 1e-3 * abs(step) + rounding)):
+        raise ValueError(f"the DataArray's {name!r} coordinates are not evenly spaced pixel "
+                         f"centres (spacing {float(np.diff(v).min())!r} to "
+                         f"{float(np.diff(v).max())!r}): no "
+                         "affine maps them; pass affine= or set attrs['transform']")
+    return float(v[0]), float(step)
+
+
+def _coords_affine(x: Any) -> tuple[float, ...] | None:
+    """The affine of a DataArray's 1D coordinates along its last two dims when they are named
+    x / y, lon / lat or longitude / latitude (any case), as pixel centres; None when either
+    has no coordinate or fewer than two pixels. ValueError when they are not evenly spaced
+    (the identity would put the pixels elsewhere without a word)."""
+    if x.ndim < 2:
+        return None
+    ydim, xdim = x.dims[-2], x.dims[-1]
+    if str(xdim).lower() not in _X_DIMS or str(ydim).lower() not in _Y_DIMS:
+        return None
+    if xdim not in x.coords or ydim not in x.coords or x.sizes[xdim] < 2 or \
+            x.sizes[ydim] < 2:
+        return None
+    x0, dx = _regular_axis(x.coords[xdim].values, str(xdim))
+    y0, dy = _regular_axis(x.coords[ydim].values, str(ydim))
+    return (dx, 0.0, x0 - dx / 2, 0.0, dy, y0 - dy / 2)
+
+
+def _georef_of(x: Any, *, affine_needed: bool = True
+               ) -> tuple[tuple[float, ...] | None, Any, Any]:
     """(affine, crs, nodata) a DataArray carries, as rioxarray and read_raster leave them:
     attrs ``transform`` / ``crs`` / ``nodata`` / ``_FillValue``, or the ``spatial_ref``
-    coordinate's ``GeoTransform`` / ``crs_wkt``, or regular ``x`` / ``y`` coordinates."""
+    coordinate's ``GeoTransform`` / ``crs_wkt``, or regular ``x`` / ``y`` (``lon`` / ``lat``,
+    ``longitude`` / ``latitude``) coordinates (:func:`_coords_affine`; not read unless
+    ``affine_needed``)."""
     attrs = dict(x.attrs)
     affine: tuple[float, ...] | None = None
     crs: Any = attrs.get("crs")
@@ -613,13 +694,8 @@ def _georef_of(x: Any) -> tuple[tuple[float, ...] | None, Any, Any]:
     elif "GeoTransform" in ref_attrs:
         g = [float(v) for v in str(ref_attrs["GeoTransform"]).split()]
         affine = (g[1], g[2], g[0], g[4], g[5], g[3])
-    elif "x" in x.coords and "y" in x.coords and x.sizes.get("x", 0) > 1 and \
-            x.sizes.get("y", 0) > 1:
-        xs = np.asarray(x.coords["x"], dtype=np.float64)
-        ys = np.asarray(x.coords["y"], dtype=np.float64)
-        dx, dy = xs[1] - xs[0], ys[1] - ys[0]
-        if np.allclose(np.diff(xs), dx) and np.allclose(np.diff(ys), dy):
-            affine = (dx, 0.0, xs[0] - dx / 2, 0.0, dy, ys[0] - dy / 2)
+    elif affine_needed:
+        affine = _coords_affine(x)
     if crs is None:
         crs = ref_attrs.get("crs_wkt") or ref_attrs.get("spatial_ref")
     if crs is None:
@@ -764,12 +840,23 @@ class _ResultInfo:
     nodata: float | int | None
 
 
+def _sample_fill(nodata: Any, dtype: np.dtype) -> Any:
+    """The small block's pixels: the nodata where ``dtype`` holds it exactly, else 0 (NaN, or
+    an integer dtype's nodata it cannot hold, such as 256 for uint8: that marks no pixel)."""
+    if nodata is None:
+        return 0
+    try:
+        with np.errstate(all="ignore"):
+            held = np.array([nodata]).astype(dtype)[0]
+    except (OverflowError, TypeError, ValueError):
+        return 0
+    return held if held == nodata else 0
+
+
 def _infer(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype) -> _ResultInfo:
     """What ``op`` returns for a small block of ``bands`` bands: dtype, bands, nodata."""
     side = 8 + 2 * min(spec.halo, 64)  # a halo wider than any chunk must not size it
-    fill = 0 if spec.nodata is None or (isinstance(spec.nodata, float) and
-                                         math.isnan(spec.nodata)) else spec.nodata
-    sample = np.full((bands, side, side), fill, dtype=dtype)
+    sample = np.full((bands, side, side), _sample_fill(spec.nodata, dtype), dtype=dtype)
     out = _execute(sample, op, spec, 0, 0)
     return _ResultInfo(np.dtype(out.dtype), int(out.band_count), out.nodata)
 
@@ -794,13 +881,15 @@ def _as_dask(data: Any) -> Any:
     return da.from_array(np.asarray(data), chunks=-1)
 
 
-def _prepare(array: Any, nodata: Any, affine: Any, crs: Any) -> tuple[Any, Any, tuple, Any, Any]:
-    """(source DataArray or None, dask array, affine, crs, nodata)."""
+def _prepare(who: str, array: Any, nodata: Any, affine: Any,
+             crs: Any) -> tuple[Any, Any, tuple, Any, Any]:
+    """(source DataArray or None, dask array, affine, crs, nodata); the nodata checked for the
+    array's dtype as :meth:`OwnedRasterArray.from_numpy` checks it, before any work."""
     if _is_dataarray(array):
         if array.ndim not in (2, 3):
             raise ValueError(f"a raster DataArray is (band, y, x) or (y, x), not {array.dims}")
         _check_dims(array)
-        a_aff, a_crs, a_nodata = _georef_of(array)
+        a_aff, a_crs, a_nodata = _georef_of(array, affine_needed=affine is None)
         data = _as_dask(array.data)
         src = array
         affine = a_aff if affine is None else affine
@@ -816,7 +905,7 @@ def _prepare(array: Any, nodata: Any, affine: Any, crs: Any) -> tuple[Any, Any, 
     if data.ndim not in (2, 3):
         raise ValueError(f"a raster array is (bands, height, width) or (height, width), not "
                          f"{data.ndim}D")
-    raster_dtype(data.dtype)
+    _checked_nodata(who, nodata, raster_dtype(data.dtype))
     return src, data, _affine6(_IDENTITY if affine is None else affine), _crs_text(crs), nodata
 
 
@@ -847,8 +936,8 @@ def _starts(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, chunks: Any,
-         nodata: Any,
+def _map(data: Any, op: BandOp, *, who: str, halo: int, each_band: bool, per_band: bool,
+         chunks: Any, nodata: Any,
          affine: tuple[float, ...], crs: str | None, device: str, buffers_per_band: int,
          scratch_bytes: int, client: Any) -> tuple[Any, _ResultInfo]:
     """``op`` over the chunks of the Dask array ``data`` (prepared by :func:`_prepare`)."""
@@ -858,11 +947,11 @@ def _map(data: Any, op: BandOp, *, halo: int, each_band: bool, per_band: bool, c
     halo = _int_arg("halo", halo, 0)
     buffers = _int_arg("buffers_per_band", buffers_per_band, 1)
     scratch = _int_arg("scratch_bytes", scratch_bytes, 0)
-    if isinstance(chunks, str):
-        if chunks != "plan":
-            raise ValueError(f"chunks must be 'plan', None or Dask chunks, not {chunks!r}")
+    if isinstance(chunks, str) and chunks == "plan":
         chunks = plan_chunks(data, buffers_per_band=buffers, halo=halo, scratch_bytes=scratch,
                              client=client, per_band=per_band)
+    elif chunks is not None:
+        chunks = _dask_chunks(who, chunks, tuple(data.shape), np.dtype(data.dtype))
     if chunks is not None:
         data = data.rechunk(chunks)
     if halo:
@@ -934,17 +1023,24 @@ def map_bands(array: Any, op: BandOp, *, nodata: Any = _UNSET, affine: Any = Non
     band count and nodata, which every chunk's result must then have (ValueError otherwise).
 
     ``nodata``, ``affine`` (rasterio order) and ``crs`` default to the DataArray's (attrs
-    ``nodata`` / ``_FillValue``, ``transform``, ``crs`` or rioxarray's ``spatial_ref``) and
-    else to None, the identity and None. A DataArray comes back as a DataArray with the same
-    dims, coordinates and attrs (``_FillValue`` / ``nodata`` set to the result's nodata).
+    ``nodata`` / ``_FillValue``, ``transform``, ``crs`` or rioxarray's ``spatial_ref``; else
+    the affine of its pixel-centre coordinates along its last two dims when those are named
+    ``x`` / ``y``, ``lon`` / ``lat`` or ``longitude`` / ``latitude``, ValueError when they are
+    not evenly spaced) and else to None, the identity and None. ``nodata`` is checked as
+    :meth:`OwnedRasterArray.from_numpy` checks it: a number or None, never NaN for an integer
+    dtype; an integer nodata the dtype cannot hold (256 or -1 for uint8) marks no pixel, as in
+    the ops. A DataArray comes back as a DataArray with the same dims, coordinates and attrs
+    (``_FillValue`` / ``nodata`` set to the result's nodata).
 
     Raises:
-        ValueError: a bad ``device``, a budget that cannot hold one whole band (use
-        :func:`map_tiles`), an op returning another shape, or (when computed) a chunk result
-        whose dtype, band count or nodata differ from the first result's; TypeError: a
-        non-callable op or a non-raster dtype.
+        ValueError: a bad ``device``, a NaN ``nodata`` for an integer dtype, spatial
+        coordinates not evenly spaced (with no ``affine`` given or carried), a budget that
+        cannot hold one whole band (use :func:`map_tiles`), an op returning another shape, or
+        (when computed) a chunk result whose dtype, band count or nodata differ from the first
+        result's; TypeError: a non-callable op, a non-raster dtype or a ``nodata`` that is not
+        a number. The arguments are checked before the op runs.
     """
-    src, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
+    src, data, aff, crs_text, nodata = _prepare("map_bands", array, nodata, affine, crs)
     if data.ndim == 3:
         if bands_per_chunk is None:
             cp = chunk_plan(data, buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
@@ -958,7 +1054,8 @@ def map_bands(array: Any, op: BandOp, *, nodata: Any = _UNSET, affine: Any = Non
         chunks: Any = (_split(data.shape[0], bpc, 0), (data.shape[1],), (data.shape[2],))
     else:
         chunks = ((data.shape[0],), (data.shape[1],))
-    result, info = _map(data, op, halo=0, each_band=True, per_band=True, chunks=chunks,
+    result, info = _map(data, op, who="map_bands", halo=0, each_band=True, per_band=True,
+                        chunks=chunks,
                         nodata=nodata,
                         affine=aff, crs=crs_text, device=device,
                         buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
@@ -976,19 +1073,21 @@ def map_tiles(array: Any, op: BandOp, *, halo: int = 0, nodata: Any = _UNSET,
     ``chunks``: "plan" (default) rechunks to :func:`plan_chunks` for ``halo``,
     ``buffers_per_band``, ``scratch_bytes`` and ``per_band`` (False: every band in each tile,
     for ops that combine bands; True: a band-independent op, so tiles may hold fewer bands);
-    None keeps the array's chunks; or
-    Dask chunks. The halo comes from the neighbouring chunks through ``dask.array.map_overlap``
-    (``boundary="none"``: tiles at the raster's edges are clamped there, not padded), so with
-    ``halo`` >= the op's radius the result equals the op on the whole raster; chunks thinner
-    than the halo are first rechunked to at least its width (an axis thinner than the halo
-    becomes one chunk). Each tile reaches
-    ``op`` as a raster with all the chunk's bands, the affine shifted to the tile's origin, on
-    the worker's GPU or CPU as ``device`` says. ``op`` returns a raster of the tile's height and
-    width; it may change the dtype and, when every band is in one chunk, the band count.
+    None keeps the array's chunks; or Dask chunks, in the forms :func:`read_raster` takes
+    (TypeError / ValueError naming ``chunks`` for others). The halo comes from the
+    neighbouring chunks through ``dask.array.map_overlap`` (``boundary="none"``: tiles at the
+    raster's edges are clamped there, not padded), so with ``halo`` >= the op's radius the
+    result equals the op on the whole raster; chunks thinner than the halo are first
+    rechunked to at least its width (an axis thinner than the halo becomes one chunk). Each
+    tile reaches ``op`` as a raster with all the chunk's bands, the affine shifted to the
+    tile's origin, on the worker's GPU or CPU as ``device`` says. ``op`` returns a raster of
+    the tile's height and width; it may change the dtype and, when every band is in one
+    chunk, the band count.
     Georeferencing, DataArrays and errors as :func:`map_bands`.
     """
-    src, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
-    result, info = _map(data, op, halo=halo, each_band=False, per_band=per_band, chunks=chunks,
+    src, data, aff, crs_text, nodata = _prepare("map_tiles", array, nodata, affine, crs)
+    result, info = _map(data, op, who="map_tiles", halo=halo, each_band=False,
+                        per_band=per_band, chunks=chunks,
                         nodata=nodata,
                         affine=aff, crs=crs_text, device=device,
                         buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
@@ -1040,12 +1139,18 @@ def read_raster(path: str | os.PathLike, *, chunks: Any = None,
     workers read in parallel.
 
     ``chunks``: None plans them (:func:`plan_chunks` with ``buffers_per_band``, ``halo``,
-    ``scratch_bytes``, ``per_band``; aligned to the file's tiles); or Dask chunks.
+    ``scratch_bytes``, ``per_band``; aligned to the file's tiles); or Dask chunks for the
+    (bands, height, width) array: an int (every axis), -1 or None (whole axes), ``"auto"`` or a
+    size such as ``"64MiB"``, a dict ``{axis: size}``, or one entry per axis (an int, -1,
+    ``"auto"``, or that axis's chunk sizes, adding up to it).
     ``xarray=True`` returns an xarray ``DataArray`` (dims band, y, x; ``x`` / ``y`` pixel-centre
     coordinates for a north-up affine; attrs ``crs`` (WKT), ``transform`` (rasterio order),
     ``_FillValue``; a rioxarray-style ``spatial_ref`` coordinate).
 
-    Raises what :func:`vibespatial_raster.io.read_raster_metadata` raises.
+    Raises:
+        TypeError / ValueError: ``chunks`` of another type, or that do not fit the array or
+        hold an empty chunk (naming ``chunks`` and these forms); ValueError: a band not in the
+        file. What :func:`vibespatial_raster.io.read_raster_metadata` raises.
     """
     p = os.fspath(path)
     c = _client_or_none(client)
@@ -1055,7 +1160,10 @@ def read_raster(path: str | os.PathLike, *, chunks: Any = None,
         if not 1 <= b <= meta.band_count:
             raise ValueError(f"band {b} is not in [1, {meta.band_count}]")
     sub = replace(meta, band_count=len(band_list))
-    if chunks is None:
+    if chunks is not None:
+        chunks = _dask_chunks("read_raster", chunks, (len(band_list), meta.height, meta.width),
+                              np.dtype(meta.dtype))
+    else:
         chunks = chunk_plan(sub, buffers_per_band=buffers_per_band, halo=halo,
                             scratch_bytes=scratch_bytes, client=client, per_band=per_band,
                             block_shape=_tiff_block_shape(p)).chunks
@@ -1242,6 +1350,60 @@ def _same_file(a: str, b: str) -> bool:
         return False  # one of them does not exist
 
 
+def _read_paths(data: Any) -> list[str]:
+    """The paths of the :class:`_WindowReader` objects in ``data``'s Dask graph: the files
+    :func:`read_raster` reads for it (through any operation on its result). The graph's layers
+    are walked without materializing blockwise ones (their literal arguments and task are
+    looked at); files read by other means are not found."""
+    nodes: tuple[type, ...] = ()
+    try:
+        from dask._task_spec import GraphNode
+
+        nodes = (GraphNode,)
+    except ImportError:  # a Dask of tuple tasks: the tuples are walked
+        pass
+    from dask.blockwise import Blockwise
+
+    found: dict[str, None] = {}
+    seen: set[int] = set()
+
+    def visit(obj: Any, depth: int) -> None:
+        if isinstance(obj, _WindowReader):
+            found[obj.path] = None
+            return
+        if depth > 32 or id(obj) in seen or isinstance(obj, (str, bytes, np.ndarray)):
+            return
+        if isinstance(obj, (tuple, list, set, frozenset)):
+            seen.add(id(obj))
+            for v in obj:
+                visit(v, depth + 1)
+        elif isinstance(obj, dict):
+            seen.add(id(obj))
+            for v in obj.values():
+                visit(v, depth + 1)
+        elif isinstance(obj, functools.partial):
+            visit((obj.func, obj.args, obj.keywords), depth + 1)
+        elif isinstance(obj, nodes):
+            seen.add(id(obj))
+            for attr in ("value", "func", "args", "kwargs", "target"):
+                visit(getattr(obj, attr, None), depth + 1)
+
+    graph = data.__dask_graph__()
+    for layer in getattr(graph, "layers", {"": graph}).values():
+        if isinstance(layer, Blockwise):
+            visit(tuple(layer.indices), 0)
+            visit(getattr(layer, "task", None), 0)
+            visit(getattr(layer, "dsk", None), 0)
+        else:
+            for task in layer.values():
+                visit(task, 0)
+    return list(found)
+
+
+def _first_same_file(paths: Sequence[str], path: str) -> str | None:
+    return next((p for p in paths if _same_file(p, path)), None)
+
+
 def _run_with_progress(graph: Any, progress: bool, client: Any) -> Any:
     client = _client_or_none(client)
     if client is not None:
@@ -1269,17 +1431,30 @@ def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
     parts into ``path`` through a GDAL VRT, one chunk-sized tile at a time (compressed as
     ``compress``, tiled ``blocksize`` square). ``progress=True`` shows Dask's progress bar
     (``distributed.progress`` with a client, else ``dask.diagnostics.ProgressBar``).
-    Georeferencing as :func:`map_bands`.
+    Georeferencing and the check of ``nodata`` as :func:`map_bands`.
+
+    ``path`` must not be a file ``array`` reads: the files of the :func:`read_raster` calls
+    in its Dask graph (through any operations on their results; also under another name or a
+    hard link) are refused. A file read into the array by other means (``da.from_delayed``,
+    another reader) is not recognised; a persisted array no longer reads its file.
 
     Raises:
-        FileNotFoundError: ``path``'s directory does not exist (it is not made); ValueError /
+        ValueError: ``path`` is a file the array reads (see above); FileNotFoundError:
+        ``path``'s directory does not exist (it is not made); TypeError / ValueError: a
+        ``nodata`` :func:`map_bands` refuses; all before any work. ValueError /
         RuntimeError: what :func:`vibespatial_raster.io.write_raster` and GDAL raise; whatever
         computing ``array`` raises.
     """
-    _, data, aff, crs_text, nodata = _prepare(array, nodata, affine, crs)
-    return _write(data, os.fspath(path), nodata=nodata, affine=aff, crs=crs_text,
-                  compress=compress, tiled=tiled, blocksize=blocksize, progress=progress,
-                  client=client)
+    _, data, aff, crs_text, nodata = _prepare("write_raster", array, nodata, affine, crs)
+    p, c = os.fspath(path), _client_or_none(client)
+    # Before any work, as process_geotiff: a file the array reads is never replaced.
+    read = _read_paths(data)
+    same = _on_workers(c, _first_same_file, read, p) if read else None
+    if same is not None:
+        raise ValueError(f"write_raster: path {p!r} is the input file {same!r}: write the "
+                         "result to another path (the input is never replaced)")
+    return _write(data, p, nodata=nodata, affine=aff, crs=crs_text, compress=compress,
+                  tiled=tiled, blocksize=blocksize, progress=progress, client=c)
 
 
 def _write(data: Any, path: str, *, nodata: Any, affine: tuple[float, ...], crs: str | None,
@@ -1317,14 +1492,16 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
 
     ``kind="tiles"``: :func:`map_tiles` with ``halo`` (``per_band`` default False);
     ``kind="bands"``: :func:`map_bands`. ``chunks`` (default: planned for the workers'
-    smallest budget and the file's tiles) as :func:`read_raster`. The output takes the op's
+    smallest budget and the file's tiles) as :func:`read_raster`; with ``kind="bands"`` only
+    their band chunks count (each chunk holds whole bands). The output takes the op's
     dtype, band count and nodata and the input's size, affine and CRS (as
     :func:`vibespatial_raster.io.process_raster_streamed`); it is written as :func:`write_raster`
     writes, with Dask's progress bar unless ``progress=False``.
 
     Raises:
         ValueError: ``out_path`` is the input file (also through another name or a hard link:
-        the input is never replaced), a bad ``kind`` or argument; FileNotFoundError: the
+        the input is never replaced), a bad ``kind`` or argument; TypeError / ValueError:
+        ``chunks`` as :func:`read_raster` says; FileNotFoundError: the
         output's directory does not exist; both before any work. What :func:`read_raster`,
         :func:`map_tiles` / :func:`map_bands` and :func:`write_raster` raise.
     """
@@ -1339,6 +1516,9 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
                          "write the result to another path (the input is never replaced)")
     _on_workers(c, _check_out_dir, p_out)
     meta = _metadata(p_in, c)
+    if chunks is not None:
+        chunks = _dask_chunks("process_geotiff", chunks,
+                              (meta.band_count, meta.height, meta.width), np.dtype(meta.dtype))
     if kind == "bands":
         if halo:
             raise ValueError("kind='bands' processes whole bands: no halo")
@@ -1347,7 +1527,7 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
         if band_plan.plan.strategy is TilingStrategy.TILED:
             raise ValueError(f"process_geotiff: one whole band does not fit the smallest worker "
                              f"budget ({band_plan.budget} bytes); use kind='tiles'")
-        bpc = max(band_plan.chunks[0]) if chunks is None else max(chunks[0])
+        bpc = max(band_plan.chunks[0] if chunks is None else chunks[0])
         chunks = (_split(meta.band_count, bpc, 0), (meta.height,), (meta.width,))
         per_band = True
     elif per_band is None:
@@ -1355,7 +1535,7 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
     arr = read_raster(p_in, chunks=chunks, buffers_per_band=buffers_per_band, halo=halo,
                       scratch_bytes=scratch_bytes, per_band=per_band, client=client)
     affine, crs = _affine6(meta.affine), _crs_text(meta.crs)
-    result, info = _map(arr, op, halo=halo if kind == "tiles" else 0,
+    result, info = _map(arr, op, who="process_geotiff", halo=halo if kind == "tiles" else 0,
                         each_band=kind == "bands", per_band=per_band,
                         chunks=None, nodata=meta.nodata, affine=affine, crs=crs, device=device,
                         buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
