@@ -378,40 +378,22 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
   return out;
 }
 
-/// Creates the dataset @p file (the temporary file of @p path, which messages name).
-Dataset create_dataset(const std::string& file, const std::string& path, DType dtype,
-                       int band_count, std::int64_t height, std::int64_t width,
-                       const std::optional<NodataValue>& nodata, const Affine* affine,
-                       const std::string& crs, const WriteOptions& options) {
+/// The driver @p options name; std::invalid_argument when GDAL has none of that name.
+GDALDriverH output_driver(const WriteOptions& options) {
   register_drivers();
-  if (height > INT_MAX || width > INT_MAX) {
-    throw std::invalid_argument("write_raster: " + std::to_string(width) + " x " +
-                                std::to_string(height) + " exceeds GDAL's size limit");
-  }
   GDALDriverH driver = GDALGetDriverByName(options.driver.c_str());
   if (driver == nullptr) {
     throw std::invalid_argument("write_raster: unknown GDAL driver '" + shown(options.driver) +
                                 "'");
   }
-  const bool gtiff = options.driver == "GTiff";
-  if (dtype == DType::int8 && !VSR_GDAL_HAS_INT8 && !gtiff) {
-    throw std::invalid_argument("write_raster: int8 needs GDAL >= 3.7 for driver '" +
-                                shown(options.driver) + "' (this GDAL is " GDAL_RELEASE_NAME ")");
-  }
-  std::string wkt;
-  if (!crs.empty()) {
-    OGRSpatialReferenceH srs = OSRNewSpatialReference(nullptr);
-    char* text = nullptr;
-    const bool ok = OSRSetFromUserInput(srs, crs.c_str()) == OGRERR_NONE &&
-                    OSRExportToWkt(srs, &text) == OGRERR_NONE;
-    if (text != nullptr) wkt = text;
-    CPLFree(text);
-    OSRDestroySpatialReference(srs);
-    if (!ok)
-      throw std::invalid_argument("write_raster: GDAL does not understand CRS '" + shown(crs) +
-                                  "'");
-  }
+  return driver;
+}
 
+/// The creation options a write of @p band_count bands of @p dtype passes to @p driver, checked
+/// (validate_creation_options) before anything is created.
+CPLStringList creation_options(GDALDriverH driver, const WriteOptions& options, DType dtype,
+                               int band_count) {
+  const bool gtiff = options.driver == "GTiff";
   CPLStringList opts;
   if (gtiff) {
     if (!options.compress.empty()) opts.SetNameValue("COMPRESS", options.compress.c_str());
@@ -447,6 +429,40 @@ Dataset create_dataset(const std::string& file, const std::string& path, DType d
     opts.SetNameValue(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
   }
   validate_creation_options(driver, options.driver, opts);
+  return opts;
+}
+
+/// Creates the dataset @p file (the temporary file of @p path, which messages name).
+Dataset create_dataset(const std::string& file, const std::string& path, DType dtype,
+                       int band_count, std::int64_t height, std::int64_t width,
+                       const std::optional<NodataValue>& nodata, const Affine* affine,
+                       const std::string& crs, const WriteOptions& options) {
+  register_drivers();
+  if (height > INT_MAX || width > INT_MAX) {
+    throw std::invalid_argument("write_raster: " + std::to_string(width) + " x " +
+                                std::to_string(height) + " exceeds GDAL's size limit");
+  }
+  GDALDriverH driver = output_driver(options);
+  const bool gtiff = options.driver == "GTiff";
+  if (dtype == DType::int8 && !VSR_GDAL_HAS_INT8 && !gtiff) {
+    throw std::invalid_argument("write_raster: int8 needs GDAL >= 3.7 for driver '" +
+                                shown(options.driver) + "' (this GDAL is " GDAL_RELEASE_NAME ")");
+  }
+  std::string wkt;
+  if (!crs.empty()) {
+    OGRSpatialReferenceH srs = OSRNewSpatialReference(nullptr);
+    char* text = nullptr;
+    const bool ok = OSRSetFromUserInput(srs, crs.c_str()) == OGRERR_NONE &&
+                    OSRExportToWkt(srs, &text) == OGRERR_NONE;
+    if (text != nullptr) wkt = text;
+    CPLFree(text);
+    OSRDestroySpatialReference(srs);
+    if (!ok)
+      throw std::invalid_argument("write_raster: GDAL does not understand CRS '" + shown(crs) +
+                                  "'");
+  }
+
+  const CPLStringList opts = creation_options(driver, options, dtype, band_count);
   GDALDatasetH ds = GDALCreate(driver, file.c_str(), static_cast<int>(width),
                                static_cast<int>(height), band_count, gdal_type(dtype), opts.List());
   if (ds == nullptr) fail("cannot create raster '" + shown(path) + "'");
@@ -513,6 +529,11 @@ OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow
   QuietErrors quiet;
   Dataset ds = open_readonly(path, open, "read_raster");
   return read_open(ds.get(), path, window, std::move(bands));
+}
+
+void check_write_options(const WriteOptions& options) {
+  QuietErrors quiet;
+  (void)creation_options(output_driver(options), options, DType::float32, 1);
 }
 
 void write_raster(const std::string& path, const OwnedRasterArray& raster,

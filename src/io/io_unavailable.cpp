@@ -56,6 +56,10 @@ void write_raster(const std::string& /*path*/, const OwnedRasterArray& /*raster*
   unavailable("write_raster");
 }
 
+void check_write_options(const WriteOptions& /*options*/) {
+  unavailable("check_write_options");
+}
+
 void process_raster_streamed(const std::string& /*in*/, const std::string& /*out*/,
                              const BandOp& /*op*/, const RasterPlan& /*plan*/,
                              const WriteOptions& /*options*/,

@@ -800,6 +800,7 @@ TEST_CASE("creation options GDAL would ignore are errors, before anything is wri
   const auto refused = [&](const WriteOptions& w, const char* says) {
     const std::string out = dir.file("out.tif");
     CAPTURE(says);
+    CHECK_THROWS_WITH_AS(check_write_options(w), doctest::Contains(says), std::invalid_argument);
     CHECK_THROWS_WITH_AS(write_raster(out, r, w), doctest::Contains(says), std::invalid_argument);
     CHECK(!fs::exists(out));
     StreamOptions so;
@@ -832,7 +833,11 @@ TEST_CASE("creation options GDAL would ignore are errors, before anything is wri
   CHECK(fs::file_size(kept) == before);
   CHECK(read_raster(kept).host_data() != nullptr);
   // What GDAL takes still works: any case of a known value, untiled with any block.
+  CHECK_NOTHROW(check_write_options(WriteOptions{}));
+  CHECK_THROWS_WITH_AS(check_write_options(driver_options("NoSuch")),
+                       doctest::Contains("unknown GDAL driver"), std::invalid_argument);
   w.compress = "lzw";
+  CHECK_NOTHROW(check_write_options(w));
   write_raster(dir.file("lzw.tif"), r, w);
   w = WriteOptions{};
   w.tiled = false;

@@ -985,6 +985,18 @@ def output_control(env):
     p = env.run(env.vsr_run, "--op", "focal-mean", "-i", src, "-o", env.path("x.tif"), "--co",
                 "NOEQUALS")
     expect_exit(p, 2, "--co without =")
+    # Options the driver refuses are usage errors before anything is read or written (GDAL
+    # alone warns and writes with its defaults: COMPRESS=BOGUS gave an uncompressed file).
+    for args, says in [(["--co", "COMPRESS=BOGUS"], b"'BOGUS' is an unexpected value for COMPRESS"),
+                       (["--co", "NOSUCHOPTION=1"], b"NOSUCHOPTION"),
+                       (["-of", "HFA", "--co", "COMPRESS=LZW"], b"HFA driver refuses"),
+                       (["-of", "NoSuchDriver"], b"unknown GDAL driver 'NoSuchDriver'")]:
+        p = env.run(env.vsr_run, "--op", "focal-mean", "-i", src, "-o", env.path("bad.tif"),
+                    *args)
+        expect_exit(p, 2, "vsr-run %r" % (args,))
+        check(says in p.stderr and b"usage" not in p.stderr.lower()[:5], p.stderr)
+        check(not os.path.exists(env.path("bad.tif")), "no output for %r" % (args,))
+        check(b"throughput" not in p.stdout, "nothing was computed for %r" % (args,))
     p = env.run(env.vsr_run, "--op", "stats", "-i", src, "--bins", "4")
     expect_exit(p, 2, "--bins for stats")
 

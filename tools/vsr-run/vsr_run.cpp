@@ -644,6 +644,15 @@ void Job::check_output() {
     write_.creation_options = args_.creation_options;
     write_.num_threads = args_.threads;
     write_.overwrite = args_.overwrite;
+    // Options the driver refuses are a usage error now, not a failure after the whole run.
+    try {
+      vsr::check_write_options(write_);
+    } catch (const std::invalid_argument& e) {
+      std::string_view why = e.what();
+      if (why.starts_with("write_raster: ")) why.remove_prefix(14);
+      throw UsageError(std::string(args_.format.empty() ? "--co" : "-of / --co") + ": " +
+                       std::string(why));
+    }
   }
   open_.allow_virtual = args_.allow_virtual;
 }

@@ -210,6 +210,15 @@ VSR_EXPORT OwnedRasterArray read_raster(const std::string& path, std::optional<R
 VSR_EXPORT void write_raster(const std::string& path, const OwnedRasterArray& raster,
                              const WriteOptions& options = {});
 
+/**
+ * @brief Checks @p options as write_raster and the streamed writers will, without writing
+ * anything: the driver exists, its creation options (COMPRESS, the tile side, NUM_THREADS and
+ * every KEY=VALUE of creation_options) are ones it takes. For a tool to refuse bad options
+ * before it reads or computes anything.
+ * @throws std::invalid_argument naming what the driver refuses (as write_raster would).
+ */
+VSR_EXPORT void check_write_options(const WriteOptions& options);
+
 /// Where a streamed pass is: tile @p index of @p total (passes x tiles), its effective window
 /// (halo excluded), the window read (halo included, clamped to the raster) and the 0-based
 /// positions of its bands among the selected bands.
