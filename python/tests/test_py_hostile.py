@@ -5,6 +5,8 @@ and nothing on disk is lost."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -109,3 +111,23 @@ def test_read_raster_huge_band_is_value_error(tif):
     path, _ = tif
     with pytest.raises(ValueError, match="band"):
         io.read_raster(path, bands=[2**40])
+
+
+# ---- a FIFO (or a device) as input: GDAL's open blocked forever, Ctrl-C could not stop it ----
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+@pytest.mark.parametrize("call", ["read_raster_metadata", "read_raster"])
+def test_fifo_input_refused_without_blocking(tmp_path, call):
+    fifo = tmp_path / "pipe.tif"
+    os.mkfifo(fifo)
+    code = ("import sys\n"
+            "from vibespatial_raster import io\n"
+            f"try:\n    io.{call}(sys.argv[1])\n"
+            "except ValueError as e:\n    print('ValueError:', e)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True,
+                              text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{call} on a FIFO blocked for 30 s")
+    assert done.returncode == 0, done.stderr
+    assert "ValueError:" in done.stdout and "not a regular file" in done.stdout
