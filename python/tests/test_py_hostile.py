@@ -131,3 +131,38 @@ def test_fifo_input_refused_without_blocking(tmp_path, call):
         pytest.fail(f"{call} on a FIFO blocked for 30 s")
     assert done.returncode == 0, done.stderr
     assert "ValueError:" in done.stdout and "not a regular file" in done.stdout
+
+
+# ---- halo and block sizes: 1.7 and 256.9 were truncated, True taken as 1, "32" parsed ----
+
+@pytest.mark.parametrize("halo", [1.7, True, float("nan"), "1"])
+def test_streamed_halo_must_be_an_integer(tif, tmp_path, halo):
+    path, _ = tif
+    plan = dispatch.analyze_raster_plan(40, 50, "float32", band_count=3, vram_budget=0)
+    out = tmp_path / "o.tif"
+    with pytest.raises(TypeError, match="halo"):
+        io.process_raster_streamed(path, out, lambda t: t, plan, halo=halo)
+    assert not out.exists()
+
+
+def test_streamed_huge_halo_is_value_error(tif, tmp_path):
+    path, _ = tif
+    plan = dispatch.analyze_raster_plan(40, 50, "float32", band_count=3, vram_budget=0)
+    with pytest.raises(ValueError, match="halo"):
+        io.process_raster_streamed(path, tmp_path / "o.tif", lambda t: t, plan, halo=2**70)
+
+
+@pytest.mark.parametrize("side", [256.9, "32", True])
+def test_write_raster_block_side_must_be_an_integer(tif, tmp_path, side):
+    path, _ = tif
+    r = io.read_raster(path)
+    with pytest.raises(TypeError, match="blockxsize"):
+        io.write_raster(tmp_path / "o.tif", r, blockxsize=side, blockysize=side)
+    assert not (tmp_path / "o.tif").exists()
+
+
+def test_write_raster_block_side_numpy_integer_accepted(tif, tmp_path):
+    path, data = tif
+    io.write_raster(tmp_path / "o.tif", io.read_raster(path), blockxsize=np.int64(32),
+                    blockysize=np.int32(32))
+    assert np.array_equal(io.read_raster(tmp_path / "o.tif").to_numpy(), data)

@@ -55,7 +55,7 @@ def _index(name: str, value: Any) -> int:
     """An integer argument: ints and numpy integers; TypeError for bool, float, str and others
     (which int() would truncate or parse)."""
     if isinstance(value, (bool, np.bool_)) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be integers, not {value!r} ({type(value).__name__})")
+        raise TypeError(f"{name}: {value!r} is not an integer ({type(value).__name__})")
     return int(value.__index__())
 
 
@@ -103,10 +103,12 @@ def _compress(compress: str | None) -> str:
 
 
 def _block(blockxsize: int, blockysize: int) -> int:
-    if int(blockxsize) != int(blockysize):
+    blockxsize = _index("blockxsize", blockxsize)
+    blockysize = _index("blockysize", blockysize)
+    if blockxsize != blockysize:
         raise ValueError(f"blockxsize and blockysize must be equal (GTiff tiles are square "
                          f"here), not {blockxsize} and {blockysize}")
-    return int(blockxsize)
+    return blockxsize
 
 
 def read_raster_metadata(path: str | os.PathLike, *, allow_virtual: bool = False
@@ -155,8 +157,8 @@ def write_raster(path: str | os.PathLike, raster: OwnedRasterArray, *, driver: s
     Raises:
         ValueError: an unknown driver, a CRS GDAL does not understand, or options the driver
         refuses (an unknown ``compress``, a tiled GeoTIFF's block side that is not a positive
-        multiple of 16), before anything is written; RuntimeError: GDAL cannot create or
-        write the file.
+        multiple of 16), before anything is written; TypeError: a block side that is not an
+        integer (a float, bool or string); RuntimeError: GDAL cannot create or write the file.
     """
     _check_raster(raster)
     _core.write_raster(_path(path), raster._as_native(), str(driver), _compress(compress),
@@ -180,6 +182,7 @@ def process_raster_streamed(in_path: str | os.PathLike, out_path: str | os.PathL
     all or nothing: written beside ``out_path`` and renamed over it only when complete.
 
     Raises:
+        TypeError: a halo or block side that is not an integer (a float, bool or string);
         ValueError: a negative halo, a tiled plan without a tile shape, a tile result of the
         wrong shape or of a dtype, band count or nodata differing from the first tile's;
         whatever :func:`read_raster` / :func:`write_raster` or ``op_fn`` raise.
@@ -187,7 +190,10 @@ def process_raster_streamed(in_path: str | os.PathLike, out_path: str | os.PathL
     if not isinstance(plan, RasterPlan):
         raise TypeError(f"plan must be a RasterPlan, not {type(plan).__name__}")
     if halo is not None:
-        plan = replace(plan, halo=int(halo))
+        h = _index("halo", halo)
+        if abs(h) > _INT64_MAX:
+            raise ValueError(f"halo {h} is beyond 64 bits")
+        plan = replace(plan, halo=h)
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable")
     _core.process_raster_streamed(_path(in_path), _path(out_path),
