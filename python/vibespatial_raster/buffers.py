@@ -151,15 +151,16 @@ def _crs_string(crs: Any) -> str:
 def _nodata_value(nodata: Any) -> float | None:
     if nodata is None:
         return None
-    if isinstance(nodata, (bool, np.bool_)) or not isinstance(nodata, (int, float, np.number)):
+    if (isinstance(nodata, (bool, np.bool_, np.complexfloating))
+            or not isinstance(nodata, (int, float, np.number))):
         raise TypeError(f"nodata must be a number or None, not {nodata!r}")
     return float(nodata)
 
 
 def _checked_nodata(who: str, nodata: Any, dtype: np.dtype) -> float | None:
     """``nodata`` as the runtime holds it (a float, or None) for pixels of ``dtype``: TypeError
-    for a value that is not a number, ValueError for a NaN nodata on an integer dtype (``who``
-    names the caller). An integer dtype's nodata that the dtype cannot hold (256 or 1e10 for
+    for a value that is not a real number (complex, bool, str), ValueError for a NaN nodata on
+    an integer dtype (``who`` names the caller). An integer dtype's nodata that the dtype cannot hold (256 or 1e10 for
     uint8) is kept: such a raster has no nodata pixels, as the ops say."""
     value = _nodata_value(nodata)
     if value is not None and math.isnan(value) and dtype.kind in "iu":
@@ -420,10 +421,14 @@ class OwnedRasterArray:
         NumPy without a copy. ``residency=DEVICE`` puts it on the device (pool memory).
 
         Raises:
-            ValueError: ``data`` is not 2D or 3D, is empty, or a NaN ``nodata`` is given for an
-                integer dtype; TypeError: an unsupported dtype, or a ``nodata`` that is not a
-                number.
+            ValueError: ``data`` is not 2D or 3D, is empty, a masked array with masked pixels
+                (the mask would be lost: fill them with the nodata, ``data.filled(nodata)``),
+                or a NaN ``nodata`` is given for an integer dtype; TypeError: an unsupported
+                dtype, or a ``nodata`` that is not a real number (complex, bool, str).
         """
+        if np.ma.is_masked(data):
+            raise ValueError("from_numpy: data is a masked array with masked pixels, and the "
+                             "mask would be lost: give data.filled(nodata) and nodata=")
         arr = np.asarray(data)
         if arr.ndim not in (2, 3):
             raise ValueError(f"from_numpy: data must be 2D (height, width) or 3D (bands, height, "

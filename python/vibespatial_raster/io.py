@@ -7,7 +7,8 @@
 - :func:`process_raster_streamed`: read, process and write a file tile by tile following a
   plan (with halo), with only one tile in memory; the output takes the op's dtype.
 
-GDAL's geotransform is converted to the rasterio-order affine; the CRS comes back as WKT. In a
+Paths are str, bytes or os.PathLike; one holding a NUL byte raises ValueError (GDAL would
+stop the path there and read or replace another file). GDAL's geotransform is converted to the rasterio-order affine; the CRS comes back as WKT. In a
 build without GDAL every call raises RuntimeError ("built without GDAL").
 """
 
@@ -17,6 +18,8 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from . import _core
 from .buffers import OwnedRasterArray, RasterMetadata, RasterPlan, RasterWindow
@@ -37,10 +40,62 @@ def io_available() -> bool:
 
 
 def _path(p: Any) -> str:
+    """``p`` (a str, bytes or os.PathLike) as a str; ValueError for a NUL byte, which GDAL would
+    take as the end of the path (another file would be read, or replaced)."""
     try:
-        return os.fspath(p)
+        s = os.fsdecode(os.fspath(p))
     except TypeError:
         raise TypeError(f"expected a path, not {type(p).__name__}") from None
+    if "\0" in s:
+        raise ValueError(f"embedded null byte in path {s!r}")
+    return s
+
+
+def _index(name: str, value: Any) -> int:
+    """An integer argument: ints and numpy integers; TypeError for bool, float, str and others
+    (which int() would truncate or parse)."""
+    if isinstance(value, (bool, np.bool_)) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}: {value!r} is not an integer ({type(value).__name__})")
+    return int(value.__index__())
+
+
+_INT64_MAX = 2**63 - 1
+_INT_MAX = 2**31 - 1
+
+
+def _window(window: Any) -> tuple[int, int, int, int] | None:
+    if window is None:
+        return None
+    if isinstance(window, RasterWindow):
+        values = [window.col_off, window.row_off, window.width, window.height]
+    elif isinstance(window, (str, bytes)):
+        raise TypeError(f"window must be (col_off, row_off, width, height), not {window!r}")
+    else:
+        try:
+            values = list(window)
+        except TypeError:
+            raise TypeError("window must be (col_off, row_off, width, height), not "
+                            f"{window!r}") from None
+    if len(values) != 4:
+        raise ValueError("window must be (col_off, row_off, width, height)")
+    w = tuple(_index("window", v) for v in values)
+    if any(abs(v) > _INT64_MAX for v in w):
+        raise ValueError(f"window {w} is not inside any raster: values beyond 64 bits")
+    return w  # type: ignore[return-value]
+
+
+def _bands(bands: Any) -> list[int]:
+    if bands is None:
+        return []
+    if isinstance(bands, (str, bytes)) or not hasattr(bands, "__iter__"):
+        raise TypeError(f"bands must be a sequence of 1-based band numbers, not {bands!r}")
+    out = [_index("bands", b) for b in bands]
+    if not out:
+        raise ValueError("bands is empty: give None for all bands, or band numbers from 1")
+    for b in out:
+        if not 1 <= b <= _INT_MAX:
+            raise ValueError(f"band index {b} is outside [1, band count]")
+    return out
 
 
 def _compress(compress: str | None) -> str:
@@ -48,10 +103,12 @@ def _compress(compress: str | None) -> str:
 
 
 def _block(blockxsize: int, blockysize: int) -> int:
-    if int(blockxsize) != int(blockysize):
+    blockxsize = _index("blockxsize", blockxsize)
+    blockysize = _index("blockysize", blockysize)
+    if blockxsize != blockysize:
         raise ValueError(f"blockxsize and blockysize must be equal (GTiff tiles are square "
                          f"here), not {blockxsize} and {blockysize}")
-    return int(blockxsize)
+    return blockxsize
 
 
 def read_raster_metadata(path: str | os.PathLike, *, allow_virtual: bool = False
@@ -76,23 +133,18 @@ def read_raster(path: str | os.PathLike, *, window: RasterWindow | Sequence[int]
                 ) -> OwnedRasterArray:
     """Read ``window`` (default: all; a RasterWindow or (col_off, row_off, width, height)) of
     the 1-based ``bands`` (default: all) into a new host raster; its affine is shifted to the
-    window's origin. ``allow_virtual`` as :func:`read_raster_metadata`.
+    window's origin. ``allow_virtual`` as :func:`read_raster_metadata`. Window values and
+    band numbers are integers (Python or NumPy); ``bands`` may be any iterable of them.
 
     Raises:
         FileNotFoundError (an OSError): the file does not exist; ValueError: a file that is not
             a raster this call opens, a window outside the raster or empty, a band
-        outside [1, band count]; RuntimeError as :func:`read_raster_metadata`.
+        outside [1, band count], an empty ``bands``, a path with a NUL byte; TypeError: a
+        window value or band that is not an integer (a float, bool or string);
+        RuntimeError as :func:`read_raster_metadata`.
     """
-    w: tuple[int, ...] | None = None
-    if window is not None:
-        if isinstance(window, RasterWindow):
-            w = (window.col_off, window.row_off, window.width, window.height)
-        else:
-            w = tuple(int(v) for v in window)
-        if len(w) != 4:
-            raise ValueError("window must be (col_off, row_off, width, height)")
-    native = _core.read_raster(_path(path), w, [int(b) for b in (bands or [])],
-                               bool(allow_virtual))
+    w = _window(window)
+    native = _core.read_raster(_path(path), w, _bands(bands), bool(allow_virtual))
     return OwnedRasterArray._wrap(native)
 
 
@@ -105,8 +157,8 @@ def write_raster(path: str | os.PathLike, raster: OwnedRasterArray, *, driver: s
     Raises:
         ValueError: an unknown driver, a CRS GDAL does not understand, or options the driver
         refuses (an unknown ``compress``, a tiled GeoTIFF's block side that is not a positive
-        multiple of 16), before anything is written; RuntimeError: GDAL cannot create or
-        write the file.
+        multiple of 16), before anything is written; TypeError: a block side that is not an
+        integer (a float, bool or string); RuntimeError: GDAL cannot create or write the file.
     """
     _check_raster(raster)
     _core.write_raster(_path(path), raster._as_native(), str(driver), _compress(compress),
@@ -130,6 +182,7 @@ def process_raster_streamed(in_path: str | os.PathLike, out_path: str | os.PathL
     all or nothing: written beside ``out_path`` and renamed over it only when complete.
 
     Raises:
+        TypeError: a halo or block side that is not an integer (a float, bool or string);
         ValueError: a negative halo, a tiled plan without a tile shape, a tile result of the
         wrong shape or of a dtype, band count or nodata differing from the first tile's;
         whatever :func:`read_raster` / :func:`write_raster` or ``op_fn`` raise.
@@ -137,7 +190,10 @@ def process_raster_streamed(in_path: str | os.PathLike, out_path: str | os.PathL
     if not isinstance(plan, RasterPlan):
         raise TypeError(f"plan must be a RasterPlan, not {type(plan).__name__}")
     if halo is not None:
-        plan = replace(plan, halo=int(halo))
+        h = _index("halo", halo)
+        if abs(h) > _INT64_MAX:
+            raise ValueError(f"halo {h} is beyond 64 bits")
+        plan = replace(plan, halo=h)
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable")
     _core.process_raster_streamed(_path(in_path), _path(out_path),

@@ -151,6 +151,14 @@ Dataset open_readonly(const std::string& path, const OpenOptions& open, const ch
               cannot +
                   ": GDAL virtual file systems and URLs are refused unless allowed "
                   "(OpenOptions::allow_virtual; vsr-run --allow-virtual)");
+  VSR_EXPECTS(path.find('\0') == std::string::npos,
+              cannot + ": the path holds a NUL byte (GDAL would stop the path there)");
+  // A FIFO, socket or device would block GDAL's open, or feed it without end: only regular
+  // files (and directories, which drivers may take) are opened.
+  if (struct stat st{}; !is_virtual_path(path) && ::stat(path.c_str(), &st) == 0 &&
+                        !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    throw std::invalid_argument(cannot + ": not a regular file (a FIFO, socket or device)");
+  }
   std::vector<std::string> drivers = open.drivers.empty() ? default_input_drivers() : open.drivers;
   if (open.allow_virtual) drivers.emplace_back("VRT");
   CPLStringList allowed;

@@ -122,6 +122,11 @@ void sync_path(const std::string& path, int flags) noexcept {
 
 PendingOutput::PendingOutput(const std::string& target, bool overwrite) {
   namespace fs = std::filesystem;
+  // The system calls would stop the path at the NUL and replace another file.
+  if (target.find('\0') != std::string::npos) {
+    throw std::invalid_argument("cannot write '" + printable(target) +
+                                "': the path holds a NUL byte");
+  }
   std::error_code ec;
   fs::path t(target);
   // Replace the file a symbolic link names, not the link.

@@ -338,6 +338,19 @@ TEST_CASE("errors carry clear messages") {
                        doctest::Contains("does not understand CRS"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(write_raster(dir.file("no/such/dir/x.tif"), r),
                        doctest::Contains("cannot create"), std::runtime_error);
+  // A NUL byte would end the path early for GDAL: e.tif would be read instead.
+  CHECK_THROWS_WITH_AS(read_raster_metadata(path + std::string(1, '\0') + "x"),
+                       doctest::Contains("NUL byte"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(write_raster(path + std::string(1, '\0') + "x", r),
+                       doctest::Contains("NUL byte"), std::invalid_argument);
+  CHECK(read_raster_metadata(path).band_count == 2);
+  // A FIFO would block GDAL's open until a writer came: refused before it is opened.
+  const std::string fifo = dir.file("pipe.tif");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(read_raster_metadata(fifo), doctest::Contains("not a regular file"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(read_raster(fifo), doctest::Contains("not a regular file"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("exception messages are valid UTF-8 without control characters, whatever the path") {
