@@ -117,11 +117,10 @@ void validate_creation_options(GDALDriverH driver, const std::string& driver_nam
   const int ok = GDALValidateCreationOptions(driver, opts.List());
   CPLPopErrorHandler();
   if (ok == FALSE) {
-    throw std::invalid_argument("write_raster: GDAL's " + shown(driver_name) +
-                                " driver refuses the creation options: " +
-                                detail::printable(collect.messages.empty()
-                                                      ? std::string("invalid creation option")
-                                                      : collect.messages));
+    throw std::invalid_argument(
+        "write_raster: GDAL's " + shown(driver_name) + " driver refuses the creation options: " +
+        detail::printable(collect.messages.empty() ? std::string("invalid creation option")
+                                                   : collect.messages));
   }
 }
 
@@ -407,8 +406,10 @@ CPLStringList creation_options(GDALDriverH driver, const WriteOptions& options, 
     if (!options.compress.empty()) opts.SetNameValue("COMPRESS", options.compress.c_str());
     if (options.tiled) {
       if (options.block < 16 || options.block % 16 != 0) {
-        throw std::invalid_argument("write_raster: a GeoTIFF tile side must be a positive "
-                                    "multiple of 16, not " + std::to_string(options.block));
+        throw std::invalid_argument(
+            "write_raster: a GeoTIFF tile side must be a positive "
+            "multiple of 16, not " +
+            std::to_string(options.block));
       }
       opts.SetNameValue("TILED", "YES");
       opts.SetNameValue("BLOCKXSIZE", std::to_string(options.block).c_str());

@@ -203,8 +203,8 @@ VSR_EXPORT OwnedRasterArray read_raster(const std::string& path, std::optional<R
  *         creation options the driver refuses (an unknown name, a value of the wrong type or
  *         not among its choices, such as COMPRESS=BOGUS, which GDAL alone would only warn
  *         about; a GeoTIFF tile side that is not a positive multiple of 16), checked before
- *         anything is created; std::runtime_error when the temporary file cannot be created, GDAL cannot create,
- *         write, flush or close it (its message included; e.g. a full disk), or the rename
+ *         anything is created; std::runtime_error when the temporary file cannot be created, GDAL
+ * cannot create, write, flush or close it (its message included; e.g. a full disk), or the rename
  *         fails. @p path is then as it was.
  */
 VSR_EXPORT void write_raster(const std::string& path, const OwnedRasterArray& raster,
