@@ -160,8 +160,9 @@ def _nodata_value(nodata: Any) -> float | None:
 def _checked_nodata(who: str, nodata: Any, dtype: np.dtype) -> float | None:
     """``nodata`` as the runtime holds it (a float, or None) for pixels of ``dtype``: TypeError
     for a value that is not a real number (complex, bool, str), ValueError for a NaN nodata on
-    an integer dtype (``who`` names the caller). An integer dtype's nodata that the dtype cannot hold (256 or 1e10 for
-    uint8) is kept: such a raster has no nodata pixels, as the ops say."""
+    an integer dtype (``who`` names the caller). An integer dtype's nodata that the dtype
+    cannot hold (256 or 1e10 for uint8) is kept: such a raster has no nodata pixels, as the ops
+    say."""
     value = _nodata_value(nodata)
     if value is not None and math.isnan(value) and dtype.kind in "iu":
         raise ValueError(f"{who}: a NaN nodata cannot mark pixels of dtype {dtype}")

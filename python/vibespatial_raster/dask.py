@@ -401,9 +401,7 @@ def _describe(obj: Any) -> tuple[int, int, int, np.dtype, int, str | None]:
 
 
 def _int_arg(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
-    v = int(value.__index__())
+    v = _io._index(name, value)
     if v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, not {v}")
     return v

@@ -8,8 +8,9 @@
   plan (with halo), with only one tile in memory; the output takes the op's dtype.
 
 Paths are str, bytes or os.PathLike; one holding a NUL byte raises ValueError (GDAL would
-stop the path there and read or replace another file). GDAL's geotransform is converted to the rasterio-order affine; the CRS comes back as WKT. In a
-build without GDAL every call raises RuntimeError ("built without GDAL").
+stop the path there and read or replace another file). GDAL's geotransform is converted to the
+rasterio-order affine; the CRS comes back as WKT. In a build without GDAL every call raises
+RuntimeError ("built without GDAL").
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ def read_raster_metadata(path: str | os.PathLike, *, allow_virtual: bool = False
 
     Raises:
         FileNotFoundError (an OSError): the file does not exist (PermissionError: it cannot be
-            read); ValueError: the file is not a raster this call opens; RuntimeError: an unsupported data type, bands of
-        differing types or nodata, or a build without GDAL.
+            read); ValueError: the file is not a raster this call opens, a FIFO or device, a
+            path with a NUL byte; RuntimeError: an unsupported data type, bands of differing
+            types or nodata, or a build without GDAL.
     """
     return RasterMetadata._from_core(_core.read_raster_metadata(_path(path), bool(allow_virtual)))
 

@@ -67,18 +67,27 @@ class QuietErrors {
     if (failures_ > 0) throw std::runtime_error(what + ": " + detail::printable(first_));
   }
 
+  /// The warnings GDAL reported since construction, joined with "; " (printable).
+  std::string warnings() const { return detail::printable(warnings_); }
+
  private:
   static void CPL_STDCALL record(CPLErr type, CPLErrorNum /*num*/, const char* msg) {
     auto* self = static_cast<QuietErrors*>(CPLGetErrorHandlerUserData());
-    if (self == nullptr || (type != CE_Failure && type != CE_Fatal)) return;
+    if (self == nullptr) return;
+    const char* text = msg != nullptr ? msg : "unknown GDAL error";
     try {
-      if (self->failures_++ == 0) self->first_ = msg != nullptr ? msg : "unknown GDAL error";
+      if (type == CE_Warning) {
+        self->warnings_.append(self->warnings_.empty() ? "" : "; ").append(text);
+      } else if ((type == CE_Failure || type == CE_Fatal) && self->failures_++ == 0) {
+        self->first_ = text;
+      }
     } catch (...) {
     }
   }
 
   int failures_ = 0;
   std::string first_;
+  std::string warnings_;
 };
 
 /// @p text (a path, a driver name, a CRS) as it goes into an exception message: printable, so
@@ -94,34 +103,6 @@ std::string gdal_message() {
 
 [[noreturn]] void fail(const std::string& what) {
   throw std::runtime_error(what + gdal_message());
-}
-
-/// Checks @p opts against @p driver's creation option list (names, types, the values a choice
-/// takes) before anything is created: GDAL itself only warns and then writes with the defaults
-/// (COMPRESS=BOGUS gave an uncompressed file). Throws std::invalid_argument naming each problem.
-void validate_creation_options(GDALDriverH driver, const std::string& driver_name,
-                               const CPLStringList& opts) {
-  struct Collect {
-    std::string messages;
-    static void CPL_STDCALL record(CPLErr /*type*/, CPLErrorNum /*num*/, const char* msg) {
-      auto* self = static_cast<Collect*>(CPLGetErrorHandlerUserData());
-      if (self == nullptr) return;
-      try {
-        self->messages += (self->messages.empty() ? "" : "; ") +
-                          std::string(msg != nullptr ? msg : "invalid creation option");
-      } catch (...) {
-      }
-    }
-  } collect;
-  CPLPushErrorHandlerEx(&Collect::record, &collect);
-  const int ok = GDALValidateCreationOptions(driver, opts.List());
-  CPLPopErrorHandler();
-  if (ok == FALSE) {
-    throw std::invalid_argument(
-        "write_raster: GDAL's " + shown(driver_name) + " driver refuses the creation options: " +
-        detail::printable(collect.messages.empty() ? std::string("invalid creation option")
-                                                   : collect.messages));
-  }
 }
 
 struct DatasetCloser {
@@ -383,6 +364,20 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
   raster_io(ds, GF_Read, w, out.mutable_host_data(), meta.dtype, bands, w.width, w.width * w.height,
             path);
   return out;
+}
+
+/// Checks @p opts against @p driver's creation option list (names, types, the values a choice
+/// takes) before anything is created: GDAL itself only warns and then writes with the defaults
+/// (COMPRESS=BOGUS gave an uncompressed file). Throws std::invalid_argument with its warnings.
+void validate_creation_options(GDALDriverH driver, const std::string& driver_name,
+                               const CPLStringList& opts) {
+  QuietErrors quiet;  // GDALValidateCreationOptions says what is wrong only as warnings
+  if (GDALValidateCreationOptions(driver, opts.List()) == FALSE) {
+    const std::string why = quiet.warnings();
+    throw std::invalid_argument("write_raster: GDAL's " + shown(driver_name) +
+                                " driver refuses the creation options: " +
+                                (why.empty() ? std::string("invalid creation option") : why));
+  }
 }
 
 /// The driver @p options name; std::invalid_argument when GDAL has none of that name.

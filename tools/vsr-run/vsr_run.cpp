@@ -648,10 +648,7 @@ void Job::check_output() {
     try {
       vsr::check_write_options(write_);
     } catch (const std::invalid_argument& e) {
-      std::string_view why = e.what();
-      if (why.starts_with("write_raster: ")) why.remove_prefix(14);
-      throw UsageError(std::string(args_.format.empty() ? "--co" : "-of / --co") + ": " +
-                       std::string(why));
+      throw UsageError(std::string(args_.format.empty() ? "--co" : "-of / --co") + ": " + e.what());
     }
   }
   open_.allow_virtual = args_.allow_virtual;
