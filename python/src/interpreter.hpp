@@ -18,6 +18,15 @@
 //   it they are dropped later, by the next thread that takes the GIL through these guards.
 // A parked thread holds no GIL; the guards park only where the library holds no lock of its own
 // (at the binding's edge, or in a callback, which the library calls without its locks).
+//
+// A forced unwind can be caught only outside C++ exception handlers: caught while another
+// exception is being handled, the C++ runtime terminates the process. So no Python code (which
+// may give the GIL up at any bytecode) runs inside a catch block here: errors are translated
+// without calling Python (module.cpp, set_package_error), unraisable reports are made after the
+// catch block, and the library's pool calls OOM handlers outside its own handlers. What remains
+// out of reach is Python code that nanobind itself runs around a binding (a garbage collection
+// triggered while converting arguments or results running a __del__ at the moment the
+// interpreter starts finalizing).
 #pragma once
 
 #include <cxxabi.h>
