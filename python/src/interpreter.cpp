@@ -124,7 +124,7 @@ GilRelease::~GilRelease() {
   if (!can_take_gil()) park_thread();
   try {
     PyEval_RestoreThread(state_);
-  } catch (abi::__forced_unwind&) {
+  } catch (...) {  // a C function: only the forced unwind of pthread_exit() comes out
     // The interpreter started finalizing while this thread waited for the GIL.
     park_thread();
   }
@@ -135,7 +135,7 @@ GilAcquire::GilAcquire() {
   if (!can_take_gil()) throw InterpreterExiting();
   try {
     state_ = PyGILState_Ensure();
-  } catch (abi::__forced_unwind&) {
+  } catch (...) {  // as in ~GilRelease
     park_thread();
   }
   release_deferred();
@@ -145,7 +145,7 @@ GilAcquire::~GilAcquire() {
   // Releasing a thread state made for a foreign thread clears it, which can run Python code.
   try {
     PyGILState_Release(state_);
-  } catch (abi::__forced_unwind&) {
+  } catch (...) {  // as in ~GilRelease
     park_thread();
   }
 }
