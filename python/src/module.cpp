@@ -6,7 +6,10 @@
 // Conventions
 // - The GIL is released around every call that can take long (copies, ops, dispatch, I/O, pool
 //   configuration and trimming, device allocation) and taken again only to call back into
-//   Python (band ops, OOM handlers, progress callbacks).
+//   Python (band ops, OOM handlers, progress callbacks), always through interpreter.hpp's guards
+//   (never nb::gil_scoped_release / acquire): a daemon thread still in here when the interpreter
+//   exits is parked instead of being ended under C++ frames, which would abort the process.
+// - The module loads in the main interpreter only (PyInit__core at the end).
 // - Errors: the library's CudaError / DriverUnavailableError / OutOfMemoryError become the
 //   package's classes of the same names (vibespatial_raster._errors); std::invalid_argument ->
 //   ValueError, std::out_of_range -> IndexError, std::overflow_error -> OverflowError (nanobind's
@@ -16,6 +19,8 @@
 // - Rasters (vsr::OwnedRasterArray, Python name Raster) are handles: copies share storage. No
 //   binding changes the residency of a storage in place: moving makes a new storage, so a NumPy
 //   view or a device view of the old one stays valid for as long as it holds its handle.
+#include "interpreter.hpp"
+
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/c_api.h>
 #include <vibespatial/raster/dispatch.hpp>
@@ -44,6 +49,8 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <initializer_list>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -62,52 +69,85 @@ void* vsr_torch_malloc(ssize_t size, int device, CUstream stream);
 void vsr_torch_free(void* ptr, ssize_t size, int device, CUstream stream) noexcept;
 }
 
+// ---- nodata ----------------------------------------------------------------------------------
+
+// vsr::NodataValue crosses as a Python int or float, exactly: an int in int64's or uint64's range
+// is held as that integer (2**64 - 1 stays 2**64 - 1), a larger int as its nearest double (the
+// Python modules refuse those that have none), a float as itself. Back in Python, a value that is
+// exactly a double comes out as a float (the modules make integral ones ints for integer
+// rasters), any other (a 64-bit integer a double cannot hold) as its int.
+namespace nanobind::detail {
+template <>
+struct type_caster<vsr::NodataValue> {
+  NB_TYPE_CASTER(vsr::NodataValue, const_name("int | float"))
+
+  bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
+    PyObject* o = src.ptr();
+    if (PyBool_Check(o)) return false;
+    if (PyFloat_Check(o)) {
+      value = vsr::NodataValue(PyFloat_AS_DOUBLE(o));
+      return true;
+    }
+    if (!PyLong_Check(o)) return false;
+    int overflow = 0;
+    const long long i = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow == 0) {
+      if (i == -1 && PyErr_Occurred() != nullptr) return (PyErr_Clear(), false);
+      value = vsr::NodataValue::from_int64(i);
+      return true;
+    }
+    if (overflow > 0) {
+      const unsigned long long u = PyLong_AsUnsignedLongLong(o);
+      if (!(u == static_cast<unsigned long long>(-1) && PyErr_Occurred() != nullptr)) {
+        value = vsr::NodataValue::from_uint64(u);
+        return true;
+      }
+      PyErr_Clear();
+    }
+    const double d = PyLong_AsDouble(o);
+    if (d == -1.0 && PyErr_Occurred() != nullptr) return (PyErr_Clear(), false);
+    value = vsr::NodataValue(d);
+    return true;
+  }
+
+  static handle from_cpp(const vsr::NodataValue& v, rv_policy, cleanup_list*) noexcept {
+    if (v == vsr::NodataValue(v.to_double())) return PyFloat_FromDouble(v.to_double());
+    if (const auto i = v.as_int64()) return PyLong_FromLongLong(*i);
+    if (const auto u = v.as_uint64()) return PyLong_FromUnsignedLongLong(*u);
+    return PyFloat_FromDouble(v.to_double());
+  }
+};
+}  // namespace nanobind::detail
+
 namespace {
 
 using Raster = vsr::OwnedRasterArray;
 using AffineTuple = std::array<double, 6>;
+using Nodata = std::optional<vsr::NodataValue>;
 
-// ---- Python references held by C++ ----------------------------------------------------------
-
-/// Whether Python objects may still be touched: the interpreter runs and is not finalizing.
-bool python_alive() noexcept {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsInitialized() != 0 && Py_IsFinalizing() == 0;
-#else
-  return Py_IsInitialized() != 0 && _Py_IsFinalizing() == 0;
-#endif
-}
-
-/// A Python object owned by C++ code that may drop it on any thread, even after the interpreter
-/// is gone (the pool's handler registry is a static): released under the GIL while Python
-/// runs, leaked afterwards.
-class PyRef {
- public:
-  explicit PyRef(nb::object obj) : obj_(std::move(obj)) {}
-  PyRef(const PyRef&) = delete;
-  PyRef& operator=(const PyRef&) = delete;
-  ~PyRef() {
-    if (!obj_.is_valid()) return;
-    if (python_alive()) {
-      nb::gil_scoped_acquire gil;
-      obj_.reset();
-    } else {
-      (void)obj_.release();
-    }
-  }
-  const nb::object& get() const noexcept { return obj_; }
-
- private:
-  nb::object obj_;
-};
+using vsr_python::GilRelease;
+using vsr_python::PyRef;
+using vsr_python::with_gil;
 
 // ---- errors ----------------------------------------------------------------------------------
 
-/// Raises vibespatial_raster._errors.<name>(*args) as the pending Python error.
-void set_package_error(const char* name, const nb::tuple& args) {
+/// Raises vibespatial_raster._errors.<name>(message) with the attributes @p attrs as the pending
+/// Python error. The instance is made as the class's __init__ makes it, but without running
+/// Python code: this runs inside nanobind's exception handler, where a thread that CPython ends
+/// at exit (it would be, at any bytecode) aborts the process.
+void set_package_error(const char* name, const std::string& message,
+                       std::initializer_list<std::pair<const char*, nb::object>> attrs) {
   try {
     nb::object cls = nb::module_::import_("vibespatial_raster._errors").attr(name);
-    nb::object instance = cls(*args);
+    auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+    nb::tuple args = nb::make_tuple(message);
+    nb::object instance = nb::steal(type->tp_new(type, args.ptr(), nullptr));
+    if (!instance.is_valid()) throw nb::python_error();
+    for (const auto& [attr, value] : attrs) {
+      if (PyObject_GenericSetAttr(instance.ptr(), nb::str(attr).ptr(), value.ptr()) != 0) {
+        throw nb::python_error();
+      }
+    }
     PyErr_SetObject(cls.ptr(), instance.ptr());
   } catch (nb::python_error& e) {
     e.restore();
@@ -117,12 +157,17 @@ void set_package_error(const char* name, const nb::tuple& args) {
 void translate_exception(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
+  } catch (const vsr_python::PyException& e) {
+    e.restore();  // a callback's exception (a band op's, an OOM handler's), as it was raised
   } catch (const vsr::DriverUnavailableError& e) {
-    set_package_error("DriverUnavailableError", nb::make_tuple(e.what(), e.code(), e.name()));
+    set_package_error("DriverUnavailableError", e.what(),
+                      {{"code", nb::int_(e.code())}, {"name", nb::str(e.name().c_str())}});
   } catch (const vsr::CudaError& e) {
-    set_package_error("CudaError", nb::make_tuple(e.what(), e.code(), e.name()));
+    set_package_error("CudaError", e.what(),
+                      {{"code", nb::int_(e.code())}, {"name", nb::str(e.name().c_str())}});
   } catch (const vsr::OutOfMemoryError& e) {
-    set_package_error("OutOfMemoryError", nb::make_tuple(e.what(), e.requested_bytes()));
+    set_package_error("OutOfMemoryError", e.what(),
+                      {{"requested_bytes", nb::int_(e.requested_bytes())}});
   } catch (const std::system_error& e) {
     // An errno (a missing file): OSError(errno, message) is the errno's subclass, e.g.
     // FileNotFoundError. Other categories fall through to nanobind's RuntimeError.
@@ -274,35 +319,56 @@ nb::dlpack::dtype dlpack_of(vsr::DType d) {
 
 /// A BandOp that calls `fn(Raster) -> Raster` under the GIL. The dispatchers may call it from
 /// worker threads (dispatch_per_band_cpu) and copy it freely; the Python reference goes with the
-/// last copy.
+/// last copy. A Python exception leaves it as a PyException (re-raised by the binding).
 vsr::BandOp band_op(const nb::callable& fn) {
   auto ref = std::make_shared<PyRef>(nb::borrow<nb::object>(fn));
   return [ref](const Raster& band) -> Raster {
-    nb::gil_scoped_acquire gil;
-    nb::object arg = nb::cast(band, nb::rv_policy::copy);
-    nb::object result = ref->get()(arg);
-    if (!nb::isinstance<Raster>(result)) {
-      throw nb::type_error("the band operation must return a Raster (internal adapter error)");
-    }
-    return nb::cast<Raster>(result);
+    return with_gil([&] {
+      nb::object arg = nb::cast(band, nb::rv_policy::copy);
+      nb::object result = ref->get()(arg);
+      if (!nb::isinstance<Raster>(result)) {
+        throw nb::type_error("the band operation must return a Raster (internal adapter error)");
+      }
+      return nb::cast<Raster>(result);
+    });
   };
 }
 
+/// Registers `fn(requested_bytes) -> bool` with the pool's OOM chain. A handler that raises an
+/// Exception is reported through sys.unraisablehook and counts as having freed nothing; any
+/// other BaseException (KeyboardInterrupt, SystemExit, GeneratorExit) leaves the chain as a
+/// PyException and comes out of the allocating call (the chain holds no lock while handlers
+/// run, and leaves the registry as it was). On an interpreter that is exiting, the handler is
+/// not called (freed nothing) and the GIL is not taken.
 std::uint64_t add_oom_handler(const nb::callable& fn) {
   auto ref = std::make_shared<PyRef>(nb::borrow<nb::object>(fn));
   return vsr::add_oom_handler([ref](std::size_t requested) -> bool {
-    if (!python_alive()) return false;
-    nb::gil_scoped_acquire gil;
+    if (!vsr_python::python_alive()) return false;
     try {
-      return nb::cast<bool>(nb::bool_(ref->get()(requested)));
-    } catch (nb::python_error& e) {
-      // The pool cannot carry a Python exception; report it as Python reports errors in
-      // callbacks it cannot propagate, and count the handler as having freed nothing.
-      e.discard_as_unraisable("vibespatial_raster OOM handler");
-      return false;
-    } catch (const std::exception& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-      PyErr_WriteUnraisable(ref->get().ptr());
+      return with_gil([&]() -> bool {
+        // Reported after the catch block: sys.unraisablehook may be Python code, which must not
+        // run inside a C++ exception handler (see set_package_error).
+        std::optional<nb::python_error> failed;
+        std::string failed_cpp;
+        try {
+          return nb::cast<bool>(nb::bool_(ref->get()(requested)));
+        } catch (nb::python_error& e) {
+          if (!e.matches(PyExc_Exception)) throw;  // a BaseException: the caller's to see
+          failed.emplace(std::move(e));
+        } catch (const std::exception& e) {
+          failed_cpp = e.what();
+        }
+        // The pool cannot carry an ordinary exception; report it as Python reports errors in
+        // callbacks it cannot propagate, and count the handler as having freed nothing.
+        if (failed) {
+          failed->discard_as_unraisable("vibespatial_raster OOM handler");
+        } else {
+          PyErr_SetString(PyExc_RuntimeError, failed_cpp.c_str());
+          PyErr_WriteUnraisable(ref->get().ptr());
+        }
+        return false;
+      });
+    } catch (const vsr_python::InterpreterExiting&) {
       return false;
     }
   });
@@ -382,9 +448,18 @@ class DeviceBuffer {
 
 // ---- rasters ---------------------------------------------------------------------------------
 
+/// The library's rule for a raster's nodata, checked before any allocation (with_nodata applies
+/// it again): a NaN cannot mark integer pixels.
+void check_nodata(const char* who, const Nodata& nodata, vsr::DType d) {
+  if (nodata && nodata->is_nan() && !vsr::is_floating_point(d)) {
+    throw std::invalid_argument(std::string(who) + ": NaN nodata is not valid for integer dtype " +
+                                dtype_name(d));
+  }
+}
+
 Raster raster_from_host(const nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>& data,
                         const std::string& dtype, int bands, std::int64_t height,
-                        std::int64_t width, std::optional<double> nodata, const AffineTuple& affine,
+                        std::int64_t width, Nodata nodata, const AffineTuple& affine,
                         std::string crs) {
   const vsr::DType d = dtype_of(dtype);
   if (data.itemsize() != vsr::itemsize(d)) {
@@ -401,14 +476,17 @@ Raster raster_from_host(const nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>
                                 " elements, the raster " + std::to_string(expected));
   }
   const void* p = data.data();
-  nb::gil_scoped_release release;
-  return Raster::from_host(p, d, bands, height, width, nodata, affine_of(affine), std::move(crs));
+  GilRelease release;
+  check_nodata("from_host", nodata, d);
+  return Raster::from_host(p, d, bands, height, width, {}, affine_of(affine), std::move(crs))
+      .with_nodata(nodata);
 }
 
 /// A copy of `r` with residency `target`, in new storage (the old storage stays as it is).
 Raster copy_to(const Raster& r, vsr::Residency target) {
-  Raster out = Raster::allocate(target, r.dtype(), r.band_count(), r.height(), r.width(),
-                                r.nodata(), r.affine(), r.crs());
+  Raster out = Raster::allocate(target, r.dtype(), r.band_count(), r.height(), r.width(), {},
+                                r.affine(), r.crs())
+                   .with_nodata(r.exact_nodata());
   if (target == vsr::Residency::host) {
     r.copy_to_host(out.mutable_host_data());
   } else if (r.residency() == vsr::Residency::host) {
@@ -422,7 +500,10 @@ Raster copy_to(const Raster& r, vsr::Residency target) {
 }
 
 nb::tuple metadata_tuple(const vsr::RasterMetadata& m) {
-  return nb::make_tuple(m.height, m.width, m.band_count, dtype_name(m.dtype), m.nodata,
+  const Nodata nodata = m.exact_nodata ? m.exact_nodata
+                        : m.nodata     ? Nodata(*m.nodata)
+                                       : std::nullopt;
+  return nb::make_tuple(m.height, m.width, m.band_count, dtype_name(m.dtype), nodata,
                         tuple_of(m.affine), m.crs, m.driver);
 }
 
@@ -501,27 +582,71 @@ nb::object array_view(std::uintptr_t ptr, const std::vector<std::size_t>& shape,
   return nb::cast(a, nb::rv_policy::reference);
 }
 
+/// DLPack's DLManagedTensorVersioned (DLPack 1.0) up to its flags, the part read here.
+struct DlpackVersionedHead {
+  std::uint32_t major = 0, minor = 0;
+  void* manager_ctx = nullptr;
+  void (*deleter)(void*) = nullptr;
+  std::uint64_t flags = 0;
+};
+constexpr std::uint64_t kDlpackReadOnly = 1;
+
 /// Reads a DLPack capsule: (owner, ptr, shape, strides in elements, dtype name, device type,
-/// device id). The owner (nanobind's array object) keeps the producer's tensor alive and calls
-/// its deleter when it goes.
-nb::tuple import_dlpack(const nb::ndarray<>& a) {
-  std::vector<std::int64_t> shape(a.ndim());
-  std::vector<std::int64_t> strides(a.ndim());
-  for (std::size_t i = 0; i < a.ndim(); ++i) {
-    shape[i] = static_cast<std::int64_t>(a.shape(i));
-    strides[i] = a.stride_ptr() != nullptr ? a.stride(i) : 0;
-  }
-  if (a.stride_ptr() == nullptr) {  // DLPack: NULL strides mean compact row-major
-    std::int64_t s = 1;
-    for (std::size_t i = a.ndim(); i-- > 0;) {
-      strides[i] = s;
-      s *= shape[i];
+/// device id, read-only). The owner (nanobind's array object) keeps the producer's tensor alive
+/// and calls its deleter when it goes. Refuses, naming the field, what the capsule's DLTensor
+/// must not have: negative extents, a null pointer with pixels, a size beyond 64 bits, a
+/// multi-lane or unsupported dtype.
+nb::tuple import_dlpack(nb::handle capsule) {
+  PyObject* c = capsule.ptr();
+  bool readonly = false;
+  if (PyCapsule_IsValid(c, "dltensor_versioned") != 0) {
+    const auto* head =
+        static_cast<const DlpackVersionedHead*>(PyCapsule_GetPointer(c, "dltensor_versioned"));
+    if (head->major != 1) {
+      throw nb::type_error(("from_device: DLPack version " + std::to_string(head->major) + "." +
+                            std::to_string(head->minor) + " is not supported (1.x is)")
+                               .c_str());
     }
+    readonly = (head->flags & kDlpackReadOnly) != 0;
+  } else if (PyCapsule_IsValid(c, "dltensor") == 0) {
+    throw nb::type_error(
+        "from_device: __dlpack__ did not return an unused DLPack capsule ('dltensor' or "
+        "'dltensor_versioned')");
+  }
+  nb::ndarray<nb::ro> a;
+  if (!nb::try_cast(capsule, a, false)) {
+    throw nb::type_error("from_device: the DLPack capsule could not be imported");
   }
   const std::string dtype = dtype_from_dlpack(a.dtype());
-  nb::object owner = nb::cast(nb::ndarray<nb::array_api>(a), nb::rv_policy::reference);
+  std::vector<std::int64_t> shape(a.ndim());
+  std::vector<std::int64_t> strides(a.ndim());
+  unsigned __int128 bytes = vsr::itemsize(dtype_of(dtype));
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    shape[i] = a.shape_ptr()[i];
+    if (shape[i] < 0) {
+      throw nb::value_error(("from_device: DLPack shape[" + std::to_string(i) + "] is negative (" +
+                             std::to_string(shape[i]) + ")")
+                                .c_str());
+    }
+    bytes *= static_cast<std::uint64_t>(shape[i]);
+    if (bytes > std::numeric_limits<std::uint64_t>::max()) {
+      throw nb::value_error("from_device: the DLPack shape's size does not fit in 64 bits");
+    }
+    strides[i] = a.stride_ptr() != nullptr ? a.stride_ptr()[i] : 0;
+  }
+  if (a.stride_ptr() == nullptr) {  // DLPack: NULL strides mean compact row-major
+    std::int64_t step = 1;
+    for (std::size_t i = a.ndim(); i-- > 0;) {
+      strides[i] = step;
+      step *= shape[i];
+    }
+  }
+  if (a.data() == nullptr && bytes != 0) {
+    throw nb::value_error("from_device: the DLPack tensor's data pointer is null");
+  }
+  nb::object owner = nb::cast(nb::ndarray<nb::array_api, nb::ro>(a), nb::rv_policy::reference);
   return nb::make_tuple(owner, reinterpret_cast<std::uintptr_t>(a.data()), shape, strides, dtype,
-                        a.device_type(), a.device_id());
+                        a.device_type(), a.device_id(), readonly);
 }
 
 /// The histogram counts[band][bin] as a (bands, bins) int64 NumPy array.
@@ -554,9 +679,27 @@ void* exported(const char* name) {
 
 }  // namespace
 
+// nanobind's module init is renamed (it is not exported: exports.map) so that PyInit__core below
+// can refuse a subinterpreter before it runs.
+#define PyInit__core nanobind_generated_init__core
+
+namespace {
+/// Set once the module has been initialized (in the main interpreter, once per process).
+std::atomic<bool> g_module_initialized{false};
+}  // namespace
+
 NB_MODULE(_core, m) {
   m.doc() = "Bindings of the vibespatial-raster C++ library (private: use the package's modules).";
   nb::register_exception_translator(translate_exception, nullptr);
+
+  // Which thread may still take the GIL while the interpreter finalizes: the one running the
+  // atexit functions (our hook says which), else the main thread.
+  vsr_python::note_main_thread(nb::cast<unsigned long>(
+      nb::module_::import_("threading").attr("main_thread")().attr("ident")));
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
+    vsr_python::note_finalizing_thread();
+    vsr_python::release_deferred();
+  }));
 
   m.attr("__version__") = vsr_version();
 
@@ -564,7 +707,7 @@ NB_MODULE(_core, m) {
   m.def("driver_info", [] {
     vsr::DriverInfo info;
     {
-      nb::gil_scoped_release release;
+      GilRelease release;
       info = vsr::driver_info();
     }
     nb::list devices;
@@ -594,19 +737,40 @@ NB_MODULE(_core, m) {
   });
 
   // ---- memory ----
-  m.def("configure_memory_pool", &vsr::configure_memory_pool,
-        nb::call_guard<nb::gil_scoped_release>());
-  m.def("free_pool_memory", &vsr::free_pool_memory, nb::call_guard<nb::gil_scoped_release>());
+  m.def("configure_memory_pool", &vsr::configure_memory_pool, nb::call_guard<GilRelease>());
+  m.def("free_pool_memory", &vsr::free_pool_memory, nb::call_guard<GilRelease>());
   m.def(
       "forget_stream", [](std::uintptr_t stream) { vsr::forget_stream(stream_of(stream)); },
-      "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+      "stream"_a, nb::call_guard<GilRelease>());
   m.def(
       "memory_pool_stats",
-      [](std::optional<int> device) {
+      [](std::optional<nb::int_> device) {
         vsr::MemoryPoolStats s;
-        {
-          nb::gil_scoped_release release;
-          s = device ? vsr::memory_pool_stats(*device) : vsr::memory_pool_stats();
+        int overflow = 0;
+        const long long d = device ? PyLong_AsLongLongAndOverflow(device->ptr(), &overflow) : 0;
+        if (device && (overflow != 0 || d < std::numeric_limits<int>::min() ||
+                       d > std::numeric_limits<int>::max())) {
+          s.no_such_device = true;
+        } else {
+          GilRelease release;
+          s = device ? vsr::memory_pool_stats(static_cast<int>(d)) : vsr::memory_pool_stats();
+        }
+        if (s.no_such_device) {
+          // As the C ABI (VSR_ERROR_OUT_OF_RANGE), but a ValueError: the argument is wrong.
+          vsr::DriverInfo info;
+          {
+            GilRelease release;
+            info = vsr::driver_info();
+          }
+          const std::size_t n = info.devices.size();
+          std::string have =
+              !info.available ? "no usable CUDA device (" + info.reason + ")"
+              : n == 1        ? std::string("1 device (0)")
+                              : std::to_string(n) + " devices (0 to " + std::to_string(n - 1) + ")";
+          throw nb::value_error((std::string("memory_pool_stats: device ") +
+                                 nb::str(*device).c_str() + " does not exist: this process has " +
+                                 have)
+                                    .c_str());
         }
         return stats_dict(s);
       },
@@ -618,7 +782,7 @@ NB_MODULE(_core, m) {
       .def(
           "__init__",
           [](DeviceBuffer* self, std::size_t size, std::uintptr_t stream) {
-            nb::gil_scoped_release release;
+            GilRelease release;
             new (self) DeviceBuffer(size, stream);
           },
           "size"_a, "stream"_a = 0)
@@ -626,7 +790,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("size", &DeviceBuffer::size)
       .def_prop_ro("stream", &DeviceBuffer::stream)
       .def_prop_ro("closed", &DeviceBuffer::closed)
-      .def("close", &DeviceBuffer::close, nb::call_guard<nb::gil_scoped_release>());
+      .def("close", &DeviceBuffer::close, nb::call_guard<GilRelease>());
 
   m.def(
       "memcpy",
@@ -635,12 +799,11 @@ NB_MODULE(_core, m) {
         check(vsr_memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
                          kind, reinterpret_cast<void*>(stream)));
       },
-      "dst"_a, "src"_a, "nbytes"_a, "kind"_a, "stream"_a = 0,
-      nb::call_guard<nb::gil_scoped_release>());
+      "dst"_a, "src"_a, "nbytes"_a, "kind"_a, "stream"_a = 0, nb::call_guard<GilRelease>());
   m.def(
       "stream_synchronize",
       [](std::uintptr_t stream) { check(vsr_stream_synchronize(reinterpret_cast<void*>(stream))); },
-      "stream"_a = 0, nb::call_guard<nb::gil_scoped_release>());
+      "stream"_a = 0, nb::call_guard<GilRelease>());
   m.attr("COPY_HOST_TO_DEVICE") = static_cast<int>(VSR_COPY_HOST_TO_DEVICE);
   m.attr("COPY_DEVICE_TO_HOST") = static_cast<int>(VSR_COPY_DEVICE_TO_HOST);
   m.attr("COPY_DEVICE_TO_DEVICE") = static_cast<int>(VSR_COPY_DEVICE_TO_DEVICE);
@@ -653,7 +816,7 @@ NB_MODULE(_core, m) {
       "torch_malloc",
       [](std::int64_t size, int device, std::uintptr_t stream) {
         auto fn = reinterpret_cast<decltype(&vsr_torch_malloc)>(exported("vsr_torch_malloc"));
-        nb::gil_scoped_release release;
+        GilRelease release;
         return reinterpret_cast<std::uintptr_t>(
             fn(static_cast<ssize_t>(size), device, stream_of(stream)));
       },
@@ -662,21 +825,20 @@ NB_MODULE(_core, m) {
       "torch_free",
       [](std::uintptr_t ptr, std::int64_t size, int device, std::uintptr_t stream) {
         auto fn = reinterpret_cast<decltype(&vsr_torch_free)>(exported("vsr_torch_free"));
-        nb::gil_scoped_release release;
+        GilRelease release;
         fn(reinterpret_cast<void*>(ptr), static_cast<ssize_t>(size), device, stream_of(stream));
       },
       "ptr"_a, "size"_a, "device"_a, "stream"_a);
 
   // ---- budget and planning ----
-  m.def("available_vram_bytes", &vsr::available_vram_bytes,
-        nb::call_guard<nb::gil_scoped_release>());
+  m.def("available_vram_bytes", &vsr::available_vram_bytes, nb::call_guard<GilRelease>());
   m.def("usable_vram_budget", &vsr::usable_vram_budget, "vram_budget"_a);
   m.def(
       "max_bands_for_budget",
       [](std::int64_t height, std::int64_t width, const std::string& dtype, int buffers_per_band,
          std::uint64_t scratch_bytes, std::optional<std::uint64_t> vram_budget) {
         const vsr::DType d = dtype_of(dtype);
-        nb::gil_scoped_release release;
+        GilRelease release;
         return vsr::max_bands_for_budget(height, width, d, buffers_per_band, scratch_bytes,
                                          vram_budget);
       },
@@ -690,7 +852,7 @@ NB_MODULE(_core, m) {
         const vsr::DType d = dtype_of(dtype);
         vsr::RasterPlan p;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           p = vsr::analyze_raster_plan(height, width, d,
                                        plan_options(band_count, buffers_per_band, scratch_bytes,
                                                     halo, vram_budget, per_band));
@@ -707,7 +869,7 @@ NB_MODULE(_core, m) {
         vsr::RasterMetadata meta = metadata_of(height, width, band_count, dtype, {}, {}, {}, {});
         vsr::RasterPlan p;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           p = vsr::plan_from_metadata(
               meta, plan_options(1, buffers_per_band, scratch_bytes, halo, vram_budget, per_band));
         }
@@ -727,9 +889,8 @@ NB_MODULE(_core, m) {
       },
       "height"_a, "width"_a, "affine"_a);
   m.def(
-      "same_nodata",
-      [](std::optional<double> a, std::optional<double> b) { return vsr::same_nodata(a, b); },
-      "a"_a.none(), "b"_a.none());
+      "same_nodata", [](const Nodata& a, const Nodata& b) { return a == b; }, "a"_a.none(),
+      "b"_a.none());
   m.def(
       "itemsize", [](const std::string& dtype) { return vsr::itemsize(dtype_of(dtype)); },
       "dtype"_a);
@@ -741,26 +902,29 @@ NB_MODULE(_core, m) {
       .def_static(
           "allocate",
           [](const std::string& residency, const std::string& dtype, int bands, std::int64_t height,
-             std::int64_t width, std::optional<double> nodata, const AffineTuple& affine,
-             std::string crs) {
+             std::int64_t width, Nodata nodata, const AffineTuple& affine, std::string crs) {
             const vsr::Residency where = residency_of(residency);
             const vsr::DType d = dtype_of(dtype);
-            nb::gil_scoped_release release;
-            return Raster::allocate(where, d, bands, height, width, nodata, affine_of(affine),
-                                    std::move(crs));
+            check_nodata("allocate", nodata, d);
+            GilRelease release;
+            return Raster::allocate(where, d, bands, height, width, {}, affine_of(affine),
+                                    std::move(crs))
+                .with_nodata(nodata);
           },
           "residency"_a, "dtype"_a, "bands"_a, "height"_a, "width"_a, "nodata"_a.none(), "affine"_a,
           "crs"_a)
       .def_static(
           "from_device_memory",
           [](std::uintptr_t ptr, const std::string& dtype, int bands, std::int64_t height,
-             std::int64_t width, std::optional<double> nodata, const AffineTuple& affine,
-             std::string crs, std::uintptr_t stream) {
+             std::int64_t width, Nodata nodata, const AffineTuple& affine, std::string crs,
+             std::uintptr_t stream) {
             const vsr::DType d = dtype_of(dtype);
             if (ptr == 0) throw std::invalid_argument("from_device: null device pointer");
-            nb::gil_scoped_release release;
-            Raster out = Raster::allocate(vsr::Residency::device, d, bands, height, width, nodata,
-                                          affine_of(affine), std::move(crs));
+            check_nodata("from_device", nodata, d);
+            GilRelease release;
+            Raster out = Raster::allocate(vsr::Residency::device, d, bands, height, width, {},
+                                          affine_of(affine), std::move(crs))
+                             .with_nodata(nodata);
             check(vsr_memcpy(out.device_data(), reinterpret_cast<const void*>(ptr), out.byte_size(),
                              VSR_COPY_DEVICE_TO_DEVICE, reinterpret_cast<void*>(stream)));
             return out;
@@ -770,27 +934,22 @@ NB_MODULE(_core, m) {
       .def_static(
           "from_band_stack",
           [](const std::vector<Raster>& bands, const Raster& source) {
-            nb::gil_scoped_release release;
+            GilRelease release;
             return Raster::from_band_stack(bands, source);
           },
           "bands"_a, "source"_a)
       .def_static(
           "with_georeferencing",
-          [](const Raster& r, std::optional<double> nodata, const AffineTuple& affine,
-             std::string crs) {
-            // A 1x1 source carrying the georeferencing: from_band_stack gives a single result
-            // the source's metadata while sharing the result's pixels.
-            const unsigned char zero[8] = {};
-            Raster source = Raster::from_host(zero, r.dtype(), 1, 1, 1, nodata, affine_of(affine),
-                                              std::move(crs));
-            return Raster::from_band_stack({r}, source);
+          [](const Raster& r, Nodata nodata, const AffineTuple& affine, std::string crs) {
+            check_nodata("with_georeferencing", nodata, r.dtype());
+            return r.with_nodata(nodata).with_georeferencing(affine_of(affine), std::move(crs));
           },
           "raster"_a, "nodata"_a.none(), "affine"_a, "crs"_a)
       .def_prop_ro("band_count", &Raster::band_count)
       .def_prop_ro("height", &Raster::height)
       .def_prop_ro("width", &Raster::width)
       .def_prop_ro("dtype", [](const Raster& r) { return dtype_name(r.dtype()); })
-      .def_prop_ro("nodata", &Raster::nodata)
+      .def_prop_ro("nodata", &Raster::exact_nodata)
       .def_prop_ro("affine", [](const Raster& r) { return tuple_of(r.affine()); })
       .def_prop_ro("crs", &Raster::crs)
       .def_prop_ro("residency", [](const Raster& r) { return residency_name(r.residency()); })
@@ -806,7 +965,7 @@ NB_MODULE(_core, m) {
           "copy_to",
           [](const Raster& r, const std::string& residency) {
             const vsr::Residency target = residency_of(residency);
-            nb::gil_scoped_release release;
+            GilRelease release;
             return copy_to(r, target);
           },
           "residency"_a)
@@ -819,7 +978,7 @@ NB_MODULE(_core, m) {
                                           std::to_string(r.byte_size()));
             }
             void* dst = out.data();
-            nb::gil_scoped_release release;
+            GilRelease release;
             r.copy_to_host(dst);
           },
           "out"_a);
@@ -829,7 +988,7 @@ NB_MODULE(_core, m) {
       "dispatch_per_band_cpu",
       [](const Raster& r, const nb::callable& fn) {
         const vsr::BandOp op = band_op(fn);
-        nb::gil_scoped_release release;
+        GilRelease release;
         return vsr::dispatch_per_band_cpu(r, op);
       },
       "raster"_a, "op"_a);
@@ -838,7 +997,7 @@ NB_MODULE(_core, m) {
       [](const Raster& r, const nb::callable& fn, int buffers_per_band,
          std::uint64_t scratch_bytes) {
         const vsr::BandOp op = band_op(fn);
-        nb::gil_scoped_release release;
+        GilRelease release;
         return vsr::dispatch_per_band_gpu(r, op, buffers_per_band, scratch_bytes);
       },
       "raster"_a, "op"_a, "buffers_per_band"_a, "scratch_bytes"_a);
@@ -851,7 +1010,7 @@ NB_MODULE(_core, m) {
         const vsr::BandOp op = band_op(fn);
         const vsr::RasterPlan plan =
             plan_of(strategy, tile_shape, halo, n_tiles, estimate, bands_per_pass, fits);
-        nb::gil_scoped_release release;
+        GilRelease release;
         return with_halo ? vsr::dispatch_tiled_halo(r, op, plan) : vsr::dispatch_tiled(r, op, plan);
       },
       "raster"_a, "op"_a, "strategy"_a, "tile_shape"_a.none(), "halo"_a, "n_tiles"_a, "estimate"_a,
@@ -868,7 +1027,7 @@ NB_MODULE(_core, m) {
       [](const Raster& r) {
         std::vector<vsr::BandStatistics> stats;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           stats = vsr::band_statistics(r);
         }
         nb::list out;
@@ -883,7 +1042,7 @@ NB_MODULE(_core, m) {
       [](const Raster& r, double in_min, double in_max, double out_min, double out_max,
          const std::string& dtype) {
         const vsr::DType d = dtype_of(dtype);
-        nb::gil_scoped_release release;
+        GilRelease release;
         return vsr::rescale(r, in_min, in_max, out_min, out_max, d);
       },
       "raster"_a, "in_min"_a, "in_max"_a, "out_min"_a, "out_max"_a, "dtype"_a);
@@ -891,33 +1050,33 @@ NB_MODULE(_core, m) {
         nb::overload_cast<const vsr::OwnedRasterArray&, double, double, double, double,
                           vsr::OwnedRasterArray&>(&vsr::rescale_into),
         "raster"_a, "in_min"_a, "in_max"_a, "out_min"_a, "out_max"_a, "out"_a,
-        nb::call_guard<nb::gil_scoped_release>());
+        nb::call_guard<GilRelease>());
   m.def("clip", nb::overload_cast<const vsr::OwnedRasterArray&, double, double>(&vsr::clip),
-        "raster"_a, "lower"_a, "upper"_a, nb::call_guard<nb::gil_scoped_release>());
+        "raster"_a, "lower"_a, "upper"_a, nb::call_guard<GilRelease>());
   m.def("clip_into",
         nb::overload_cast<const vsr::OwnedRasterArray&, double, double, vsr::OwnedRasterArray&>(
             &vsr::clip_into),
-        "raster"_a, "lower"_a, "upper"_a, "out"_a, nb::call_guard<nb::gil_scoped_release>());
+        "raster"_a, "lower"_a, "upper"_a, "out"_a, nb::call_guard<GilRelease>());
   m.def("fill_nodata", nb::overload_cast<const vsr::OwnedRasterArray&, double>(&vsr::fill_nodata),
-        "raster"_a, "value"_a, nb::call_guard<nb::gil_scoped_release>());
+        "raster"_a, "value"_a, nb::call_guard<GilRelease>());
   m.def("fill_nodata_into",
         nb::overload_cast<const vsr::OwnedRasterArray&, double, vsr::OwnedRasterArray&>(
             &vsr::fill_nodata_into),
-        "raster"_a, "value"_a, "out"_a, nb::call_guard<nb::gil_scoped_release>());
+        "raster"_a, "value"_a, "out"_a, nb::call_guard<GilRelease>());
   m.def("normalized_difference",
         nb::overload_cast<const vsr::OwnedRasterArray&, const vsr::OwnedRasterArray&>(
             &vsr::normalized_difference),
-        "a"_a, "b"_a, nb::call_guard<nb::gil_scoped_release>());
+        "a"_a, "b"_a, nb::call_guard<GilRelease>());
   m.def("normalized_difference_into",
         nb::overload_cast<const vsr::OwnedRasterArray&, const vsr::OwnedRasterArray&,
                           vsr::OwnedRasterArray&>(&vsr::normalized_difference_into),
-        "a"_a, "b"_a, "out"_a, nb::call_guard<nb::gil_scoped_release>());
+        "a"_a, "b"_a, "out"_a, nb::call_guard<GilRelease>());
   m.def(
       "histogram",
       [](const Raster& r, int bins, double lower, double upper) {
         std::vector<std::vector<std::int64_t>> counts;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           counts = vsr::histogram(r, bins, lower, upper);
         }
         return histogram_array(counts, bins);
@@ -927,7 +1086,7 @@ NB_MODULE(_core, m) {
       "focal_mean_3x3",
       [](const Raster& r, const std::string& edge) {
         const vsr::EdgeMode e = edge_of(edge);
-        nb::gil_scoped_release release;
+        GilRelease release;
         return vsr::focal_mean_3x3(r, e);
       },
       "raster"_a, "edge"_a);
@@ -935,7 +1094,7 @@ NB_MODULE(_core, m) {
       "focal_mean_3x3_into",
       [](const Raster& r, const std::string& edge, Raster& out) {
         const vsr::EdgeMode e = edge_of(edge);
-        nb::gil_scoped_release release;
+        GilRelease release;
         vsr::focal_mean_3x3_into(r, e, out);
       },
       "raster"_a, "edge"_a, "out"_a);
@@ -947,7 +1106,7 @@ NB_MODULE(_core, m) {
       [](const std::string& path, bool allow_virtual) {
         vsr::RasterMetadata meta;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           meta = vsr::read_raster_metadata(path, vsr::OpenOptions{{}, allow_virtual});
         }
         return metadata_tuple(meta);
@@ -959,7 +1118,7 @@ NB_MODULE(_core, m) {
          std::vector<int> bands, bool allow_virtual) {
         std::optional<vsr::RasterWindow> w;
         if (window) w = vsr::RasterWindow{(*window)[0], (*window)[1], (*window)[2], (*window)[3]};
-        nb::gil_scoped_release release;
+        GilRelease release;
         return vsr::read_raster(path, w, std::move(bands), vsr::OpenOptions{{}, allow_virtual});
       },
       "path"_a, "window"_a.none(), "bands"_a, "allow_virtual"_a);
@@ -968,7 +1127,7 @@ NB_MODULE(_core, m) {
       [](const std::string& path, const Raster& r, const std::string& driver,
          const std::string& compress, bool tiled, int block) {
         const vsr::WriteOptions o = write_options(driver, compress, tiled, block);
-        nb::gil_scoped_release release;
+        GilRelease release;
         vsr::write_raster(path, r, o);
       },
       "path"_a, "raster"_a, "driver"_a, "compress"_a, "tiled"_a, "block"_a);
@@ -988,14 +1147,40 @@ NB_MODULE(_core, m) {
         if (progress) {
           auto ref = std::make_shared<PyRef>(nb::borrow<nb::object>(*progress));
           options.progress = [ref](std::int64_t done, std::int64_t total) {
-            nb::gil_scoped_acquire gil;
-            ref->get()(done, total);
+            with_gil([&] { ref->get()(done, total); });
           };
         }
-        nb::gil_scoped_release release;
+        GilRelease release;
         vsr::process_raster_file(in, out, op, plan, options);
       },
       "in_path"_a, "out_path"_a, "op"_a, "strategy"_a, "tile_shape"_a.none(), "halo"_a, "n_tiles"_a,
       "estimate"_a, "bands_per_pass"_a, "fits_budget"_a, "driver"_a, "compress"_a, "tiled"_a,
       "block"_a, "progress"_a.none(), "allow_virtual"_a);
+
+  g_module_initialized.store(true);
+}
+
+#undef PyInit__core
+
+/// The module's init: refuses every interpreter but the main one, and a second initialization
+/// in it, before anything is touched. The extension's state (nanobind's per-extension internals,
+/// its registered types, the pool's Python handlers) is one per process: initialized again in a
+/// subinterpreter it would be overwritten and the main interpreter broken (objects refused by
+/// their own methods, crashes); initialized again in the main interpreter (the module dropped
+/// from sys.modules and imported anew) the new module would lack its types.
+extern "C" NB_EXPORT PyObject* PyInit__core(void) {
+  if (PyInterpreterState_Get() != PyInterpreterState_Main()) {
+    PyErr_SetString(PyExc_ImportError,
+                    "vibespatial_raster cannot be imported in a subinterpreter: its native state "
+                    "is one per process (import it in the main interpreter only)");
+    return nullptr;
+  }
+  if (g_module_initialized.load()) {
+    PyErr_SetString(PyExc_ImportError,
+                    "vibespatial_raster._core is already initialized in this process and cannot "
+                    "be initialized again (keep the module object first imported; do not remove "
+                    "it from sys.modules)");
+    return nullptr;
+  }
+  return nanobind_generated_init__core();
 }

@@ -18,11 +18,13 @@ a move it shows the pixels as they were.
 
 from __future__ import annotations
 
+import decimal
 import enum
 import math
+import numbers
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,33 +150,70 @@ def _crs_string(crs: Any) -> str:
     return str(crs)
 
 
-def _nodata_value(nodata: Any) -> float | None:
+_INT64_MIN = -(2**63)
+_UINT64_END = 2**64
+
+
+def _nodata_value(nodata: Any, who: str = "nodata") -> int | float | None:
+    """``nodata`` as the runtime takes it: None, an int (integers of any kind, held exactly:
+    Python and NumPy integers, integral Fractions and Decimals) or a float (other real numbers:
+    floats, NumPy floats, Fractions, Decimals, NaN included). TypeError for what is not a real
+    number (bool, complex, str); ValueError for a signaling NaN Decimal. ``who`` names the
+    caller in the messages."""
     if nodata is None:
         return None
-    if (isinstance(nodata, (bool, np.bool_, np.complexfloating))
-            or not isinstance(nodata, (int, float, np.number))):
+    if isinstance(nodata, (bool, np.bool_, complex, np.complexfloating)):
         raise TypeError(f"nodata must be a number or None, not {nodata!r}")
-    return float(nodata)
+    if isinstance(nodata, (int, np.integer)):
+        return int(nodata)
+    if isinstance(nodata, (float, np.floating)):
+        return float(nodata)
+    if isinstance(nodata, decimal.Decimal):
+        if nodata.is_finite() and nodata == nodata.to_integral_value():
+            return int(nodata)
+        if nodata.is_snan():
+            raise ValueError(f"{who}: nodata {nodata!r} is a signaling NaN")
+        return float(nodata)
+    if isinstance(nodata, numbers.Rational):
+        if nodata.denominator == 1:
+            return int(nodata.numerator)
+        return float(nodata)
+    if isinstance(nodata, numbers.Real):
+        return float(nodata)
+    raise TypeError(f"nodata must be a number or None, not {nodata!r}")
 
 
-def _checked_nodata(who: str, nodata: Any, dtype: np.dtype) -> float | None:
-    """``nodata`` as the runtime holds it (a float, or None) for pixels of ``dtype``: TypeError
-    for a value that is not a real number (complex, bool, str), ValueError for a NaN nodata on
-    an integer dtype (``who`` names the caller). An integer dtype's nodata that the dtype
+def _checked_nodata(who: str, nodata: Any, dtype: np.dtype) -> int | float | None:
+    """``nodata`` as the runtime holds it for pixels of ``dtype`` (see :func:`_nodata_value`):
+    exactly for integer rasters (every int64 and uint64 value, 2**64 - 1 and -2**63 included),
+    as a float for float rasters. TypeError for a value that is not a real number (complex,
+    bool, str), ValueError for a NaN nodata on an integer dtype, OverflowError for an integer
+    beyond any float (``who`` names the caller). An integer dtype's nodata that the dtype
     cannot hold (256 or 1e10 for uint8) is kept: such a raster has no nodata pixels, as the ops
-    say."""
-    value = _nodata_value(nodata)
-    if value is not None and math.isnan(value) and dtype.kind in "iu":
+    say; an integer beyond 64 bits is kept as its nearest float."""
+    value = _nodata_value(nodata, who)
+    if value is None:
+        return None
+    if isinstance(value, int) and (dtype.kind == "f" or not _INT64_MIN <= value < _UINT64_END):
+        try:
+            value = float(value)
+        except OverflowError:
+            raise OverflowError(f"{who}: nodata {value} is too large for a float") from None
+    if isinstance(value, float) and math.isnan(value) and dtype.kind in "iu":
         raise ValueError(f"{who}: a NaN nodata cannot mark pixels of dtype {dtype}")
     return value
 
 
-def _nodata_for(dtype: np.dtype, value: float | None) -> float | int | None:
-    """nodata as the seed shows it: an int for integer rasters when it is one."""
+def _nodata_for(dtype: np.dtype, value: int | float | None) -> float | int | None:
+    """nodata as the seed shows it: an int for integer rasters when it is one (exactly), a
+    float for float rasters."""
     if value is None:
         return None
-    if dtype.kind in "iu" and math.isfinite(value) and float(value).is_integer():
-        return int(value)
+    if dtype.kind in "iu":
+        if isinstance(value, int):
+            return value
+        if math.isfinite(value) and float(value).is_integer():
+            return int(value)
     return float(value)
 
 
@@ -461,9 +500,17 @@ class OwnedRasterArray:
         producer names (CAI ``stream``; for DLPack the producer is asked for the legacy default
         stream). Operations that need the library's own storage (ops, dispatch) copy it.
 
+        Every field the interface declares is checked, and a wrong one named: CAI ``version``
+        (0 to 3), ``shape`` (non-negative integers), ``typestr`` (a raster dtype in this
+        machine's byte order), ``data`` (a ``(pointer, read_only)`` tuple with an aligned,
+        non-null pointer), ``strides``, ``mask`` (must be None) and ``stream`` (None or a
+        handle other than 0); DLPack's device, version, shape, dtype and read-only flag. A
+        read-only array gives read-only device views.
+
         Raises:
-            TypeError: no such interface, host memory (use from_numpy), or an unsupported dtype;
-            ValueError: not 2D/3D, empty, not C-contiguous, masked.
+            TypeError: no such interface, host memory (use from_numpy), an unsupported dtype,
+            or a field of the wrong type; ValueError: not 2D/3D, empty, not C-contiguous,
+            masked, non-native byte order, a byte size beyond 64 bits, or another bad value.
         """
         if hasattr(device_arr, "__cuda_array_interface__"):
             ext, shape, dtype = _import_cai(device_arr)
@@ -603,7 +650,7 @@ class OwnedRasterArray:
         new_nodata = self.nodata if nodata is _UNSET else nodata
         new_affine = self.affine if affine is _UNSET else affine
         new_crs = self.crs if crs is _UNSET else crs
-        value = _nodata_value(new_nodata)
+        value = _checked_nodata("with_georeferencing", new_nodata, self.dtype)
         native = _core.Raster.with_georeferencing(self._as_native(), value,
                                                   _affine_tuple(new_affine), _crs_string(new_crs))
         return type(self)._wrap(native, crs=new_crs, two_d=self._two_d, device_id=self._device_id)
@@ -819,27 +866,122 @@ class OwnedRasterArray:
                 f"affine={self.affine}, crs={self.crs!r})")
 
 
+_U64_END = 2**64
+
+
+def _is_int(v: Any) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out = []
+    step = itemsize
+    for n in reversed(shape):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out))
+
+
+def _checked_extent(where: str, shape: tuple[int, ...], itemsize: int) -> None:
+    """ValueError if the array's byte size does not fit in 64 bits (``where`` names the field)."""
+    size = itemsize
+    for n in shape:
+        size *= n
+    if size >= _U64_END:
+        raise ValueError(f"from_device: {where} {shape} is {size} bytes, beyond 64 bits")
+
+
+def _checked_pointer(where: str, ptr: int, itemsize: int) -> None:
+    if ptr == 0:
+        raise ValueError(f"from_device: {where} is a null pointer")
+    if ptr % itemsize != 0:
+        raise ValueError(f"from_device: {where} 0x{ptr:x} is not aligned to the element size "
+                         f"({itemsize} bytes)")
+
+
 def _import_cai(obj: Any) -> tuple[_External, tuple[int, ...], np.dtype]:
+    """Reads ``__cuda_array_interface__`` (versions 0 to 3), checking every field it uses: a
+    TypeError or ValueError names the field that is wrong."""
     cai = obj.__cuda_array_interface__
-    shape = tuple(int(s) for s in cai["shape"])
-    dtype = raster_dtype(np.dtype(cai["typestr"]))
+    if not isinstance(cai, Mapping):
+        raise TypeError(f"from_device: __cuda_array_interface__ must be a dict, not "
+                        f"{type(cai).__name__}")
+    for key in ("shape", "typestr", "data", "version"):
+        if key not in cai:
+            raise ValueError(f"from_device: __cuda_array_interface__ has no '{key}'")
+    version = cai["version"]
+    if not _is_int(version):
+        raise TypeError(f"from_device: __cuda_array_interface__ 'version' must be an integer, "
+                        f"not {version!r}")
+    if not 0 <= int(version) <= 3:
+        raise ValueError(f"from_device: __cuda_array_interface__ version {version} is not "
+                         "supported (0 to 3 are)")
     if cai.get("mask") is not None:
         raise ValueError("from_device: masked arrays (CUDA array interface 'mask') are not "
                          "supported")
+    raw_shape = cai["shape"]
+    if not isinstance(raw_shape, (tuple, list)) or not all(_is_int(n) for n in raw_shape):
+        raise TypeError(f"from_device: __cuda_array_interface__ 'shape' must be a tuple of "
+                        f"integers, not {raw_shape!r}")
+    shape = tuple(int(n) for n in raw_shape)
+    if any(n < 0 for n in shape):
+        raise ValueError(f"from_device: __cuda_array_interface__ 'shape' {shape} has a negative "
+                         "extent")
+    typestr = cai["typestr"]
+    if not isinstance(typestr, str):
+        raise TypeError(f"from_device: __cuda_array_interface__ 'typestr' must be a string, not "
+                        f"{typestr!r}")
+    try:
+        given = np.dtype(typestr)
+    except TypeError:
+        raise TypeError(f"from_device: __cuda_array_interface__ 'typestr' {typestr!r} is not a "
+                        "dtype") from None
+    if given.byteorder not in ("=", "|"):
+        raise ValueError(f"from_device: __cuda_array_interface__ 'typestr' {typestr!r} is not in "
+                         f"this machine's byte order ({sys.byteorder}-endian): byte-swap it "
+                         "first")
+    try:
+        dtype = raster_dtype(given)
+    except TypeError as e:
+        raise TypeError(f"from_device: __cuda_array_interface__ 'typestr' {typestr!r}: {e}") \
+            from None
+    _checked_extent("__cuda_array_interface__ 'shape'", shape, dtype.itemsize)
+    data = cai["data"]
+    if not isinstance(data, tuple) or len(data) != 2:
+        raise TypeError(f"from_device: __cuda_array_interface__ 'data' must be a tuple "
+                        f"(pointer, read_only), not {data!r}")
+    ptr, readonly = data
+    if not _is_int(ptr) or not 0 <= int(ptr) < _U64_END:
+        raise ValueError(f"from_device: __cuda_array_interface__ 'data' pointer {ptr!r} is not "
+                         "a 64-bit address")
+    if not isinstance(readonly, (bool, np.bool_)):
+        raise TypeError(f"from_device: __cuda_array_interface__ 'data' read-only flag must be a "
+                        f"bool, not {readonly!r}")
+    if all(n > 0 for n in shape):
+        _checked_pointer("__cuda_array_interface__ 'data' pointer", int(ptr), dtype.itemsize)
     strides = cai.get("strides")
     if strides is not None:
-        expected = []
-        step = dtype.itemsize
-        for n in reversed(shape):
-            expected.append(step)
-            step *= n
-        if tuple(int(s) for s in strides) != tuple(reversed(expected)) and len(shape) > 0:
+        if not isinstance(strides, (tuple, list)) or not all(_is_int(v) for v in strides):
+            raise TypeError(f"from_device: __cuda_array_interface__ 'strides' must be None or a "
+                            f"tuple of integers, not {strides!r}")
+        if len(strides) != len(shape):
+            raise ValueError(f"from_device: __cuda_array_interface__ 'strides' {tuple(strides)} "
+                             f"and 'shape' {shape} differ in length")
+        expected = _c_strides(shape, dtype.itemsize)
+        if any(n > 1 and int(v) != e for n, v, e in zip(shape, strides, expected)):
             raise ValueError("from_device: the array is not C-contiguous (copy it first, e.g. "
                              "cupy.ascontiguousarray)")
-    ptr, readonly = cai["data"]
-    stream = cai.get("stream") if int(cai.get("version", 0)) >= 3 else None
-    if stream == 0:
-        raise ValueError("from_device: CUDA array interface stream 0 is not allowed (v3)")
+    stream = cai.get("stream") if int(version) >= 3 else None
+    if stream is not None:
+        if not _is_int(stream):
+            raise TypeError(f"from_device: __cuda_array_interface__ 'stream' must be None or an "
+                            f"integer, not {stream!r}")
+        if int(stream) == 0:
+            raise ValueError("from_device: CUDA array interface stream 0 is not allowed (v3)")
+        if not 0 < int(stream) < _U64_END:
+            raise ValueError(f"from_device: __cuda_array_interface__ 'stream' {stream} is not a "
+                             "stream handle")
     device_id = _pointer_device(obj)
     return _External(int(ptr), obj, None if stream is None else int(stream), device_id,
                      _DLPACK_CUDA, bool(readonly)), shape, dtype
@@ -855,7 +997,14 @@ def _pointer_device(obj: Any) -> int:
 
 
 def _import_dlpack(obj: Any) -> tuple[_External, tuple[int, ...], np.dtype]:
-    device_type, _device_id = obj.__dlpack_device__()
+    """Imports a DLPack producer's CUDA tensor, checking what it declares: a TypeError or
+    ValueError names what is wrong."""
+    device = obj.__dlpack_device__()
+    if (not isinstance(device, tuple) or len(device) != 2
+            or not all(_is_int(v) for v in device)):
+        raise TypeError(f"from_device: __dlpack_device__() must return (device_type, "
+                        f"device_id), not {device!r}")
+    device_type = int(device[0])
     if device_type in (_DLPACK_CPU, _DLPACK_CUDA_HOST):
         raise TypeError("from_device: this DLPack array is in host memory; use from_numpy")
     if device_type not in (_DLPACK_CUDA, _DLPACK_CUDA_MANAGED):
@@ -864,13 +1013,15 @@ def _import_dlpack(obj: Any) -> tuple[_External, tuple[int, ...], np.dtype]:
         capsule = obj.__dlpack__(stream=1)  # we consume on the legacy default stream
     except TypeError:
         capsule = obj.__dlpack__()
-    owner, ptr, shape, strides, dtype, dev_type, dev_id = _core.import_dlpack(capsule)
-    expected = []
-    step = 1
-    for n in reversed(shape):
-        expected.append(step)
-        step *= n
-    if any(n > 1 and s != e for n, s, e in zip(shape, strides, reversed(expected))):
+    owner, ptr, shape, strides, dtype, dev_type, dev_id, readonly = _core.import_dlpack(capsule)
+    if (int(dev_type), int(dev_id)) != (device_type, int(device[1])):
+        raise ValueError(f"from_device: the DLPack tensor is on device {(dev_type, dev_id)}, but "
+                         f"__dlpack_device__() said {device}")
+    dtype = raster_dtype(dtype)
+    shape = tuple(int(n) for n in shape)
+    expected = _c_strides(shape, 1)
+    if any(n > 1 and s != e for n, s, e in zip(shape, strides, expected)):
         raise ValueError("from_device: the array is not C-contiguous (make it contiguous first)")
-    return _External(int(ptr), owner, 1, int(dev_id), int(dev_type), False), tuple(shape), \
-        raster_dtype(dtype)
+    if all(n > 0 for n in shape):
+        _checked_pointer("the DLPack tensor's data pointer", int(ptr), dtype.itemsize)
+    return _External(int(ptr), owner, 1, int(dev_id), int(dev_type), bool(readonly)), shape, dtype

@@ -26,6 +26,7 @@ pool serves CuPy, PyTorch and Numba too (:mod:`vibespatial_raster.allocators`).
 from __future__ import annotations
 
 import atexit
+import operator
 import threading
 from collections.abc import Callable
 
@@ -108,9 +109,22 @@ def memory_pool_stats(device: int | None = None) -> dict:
     ``oom_recoveries``, ``granularity``, ``small_block_limit``, ``tier_reason`` (why the device
     has its tier, in words, e.g. that its VMM self-test failed; "" before configuration).
 
-    Never raises; works before configuration and without a driver.
+    Without ``device`` it never raises, and works before configuration and without a driver.
+    A ``device`` the process does not have is refused, as the C ABI refuses it
+    (``vsr_memory_pool_stats_device``: ``VSR_ERROR_OUT_OF_RANGE``): a negative one, one beyond
+    the pool's limit of 64 devices, and, once the pool is configured, one at or beyond the
+    driver's device count. (Before configuration the driver's devices are not known yet: a
+    device from 0 to 63 gets the unconfigured snapshot.)
+
+    Raises:
+        ValueError: ``device`` does not exist (the message names it and the devices there are).
+        TypeError: ``device`` is not an integer (a bool, float or str).
     """
-    return _core.memory_pool_stats(device)
+    if device is None:
+        return _core.memory_pool_stats(None)
+    if isinstance(device, bool) or not hasattr(device, "__index__"):
+        raise TypeError(f"memory_pool_stats: device must be an integer, not {device!r}")
+    return _core.memory_pool_stats(operator.index(device))
 
 
 _handlers_lock = threading.Lock()
@@ -123,8 +137,16 @@ def add_oom_handler(handler: Callable[[int], object]) -> int:
     It is called as ``handler(requested_bytes)`` from whichever thread allocates, and returns a
     true value if it freed something (for instance ``lambda n: gc.collect() > 0``, the Python
     original's recovery). The pool holds none of its locks while handlers run, so a handler may
-    free device memory. An exception in a handler is reported through ``sys.unraisablehook`` and
-    counts as having freed nothing.
+    free device memory, and allocate: an allocation of its own that finds the device full fails
+    at once (OutOfMemoryError) instead of running the handlers again. That holds on the
+    handler's thread only: a handler must not wait for another thread's allocation that can find
+    the device full, since that allocation runs the handlers (this one too) again, without end.
+
+    An ``Exception`` in a handler is reported through ``sys.unraisablehook`` and counts as
+    having freed nothing. Any other ``BaseException`` (``KeyboardInterrupt`` from Ctrl-C,
+    ``SystemExit``, ``GeneratorExit``) stops the recovery and comes out of the allocating call
+    as it was raised; the pool and the handlers stay as they were. While the interpreter exits,
+    handlers are not called (they count as having freed nothing).
 
     Returns:
         the handler's id, for :func:`remove_oom_handler` (never 0).

@@ -16,6 +16,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 
@@ -535,12 +536,18 @@ MemoryPoolStats memory_pool_stats() noexcept {
 void* device_allocate(std::size_t bytes, CUstream stream) {
   // The direct path (g_direct_pool): one pointer, one thread-local flag, then the pool.
   detail::vmm::VmmPool* direct = detail::g_direct_pool.load(std::memory_order_acquire);
+  // The recovery chain runs after the DeviceFull handler has ended, not inside it: OOM handlers
+  // may call code that unwinds the thread by a foreign exception (CPython ends a thread that
+  // asks for the GIL while the interpreter exits), and a C++ runtime terminates the process when
+  // it meets one while another exception is being handled.
+  std::optional<detail::DeviceFull> full;
   if (direct != nullptr && detail::t_context_bound && bytes != 0) [[likely]] {
     try {
       return direct->allocate(bytes, stream);
-    } catch (const detail::DeviceFull& full) {
-      return detail::allocate_after_full(*direct, bytes, stream, full);
+    } catch (const detail::DeviceFull& f) {
+      full = f;
     }
+    return detail::allocate_after_full(*direct, bytes, stream, *full);
   }
   if (detail::in_forked_child()) [[unlikely]]
     detail::throw_forked_child(__func__);
@@ -549,9 +556,10 @@ void* device_allocate(std::size_t bytes, CUstream stream) {
   detail::DevicePool& pool = detail::pool_for_device(detail::current_device());
   try {
     return pool.allocate(bytes, stream);
-  } catch (const detail::DeviceFull& full) {
-    return detail::allocate_after_full(pool, bytes, stream, full);
+  } catch (const detail::DeviceFull& f) {
+    full = f;
   }
+  return detail::allocate_after_full(pool, bytes, stream, *full);
 }
 
 void forget_stream(CUstream stream) {

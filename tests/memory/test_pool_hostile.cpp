@@ -5,9 +5,12 @@
 // do not exist, failing frees, and tier variables with values that mean nothing.
 #include "pool_fixture.hpp"
 
+#include <cxxabi.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <latch>
 #include <string>
@@ -124,6 +127,53 @@ TEST_SUITE("pool") {
     CHECK(held == nullptr);
     device_deallocate(p, 4 * MiB);
     remove_oom_handler(frees);
+    CHECK(*memory_pool_stats().current_count == 0);
+  }
+
+  TEST_CASE("OOM handlers run outside any C++ exception handler: a thread may end inside one") {
+    // An embedding interpreter may end the allocating thread inside a handler by a foreign
+    // unwind (CPython's pthread_exit() of a daemon thread at exit), which the handler catches
+    // and passes on (or parks the thread in its catch block). A C++ runtime terminates the
+    // process when such an unwind is caught while another exception is being handled, so the
+    // chain must not run inside the handler of the pool's own DeviceFull. Both entries to the
+    // chain: a thread's first allocation (the checked path) and a later one (the direct path).
+    FreshPool fresh(nullptr, 8 * MiB);
+    void* held = device_allocate(6 * MiB);  // 3 of the device's 4 pages
+    std::atomic<int> caught{0};
+    const std::uint64_t id = add_oom_handler([&](std::size_t) -> bool {
+      try {
+        pthread_exit(nullptr);
+      } catch (...) {  // the forced unwind (catch (abi::__forced_unwind&) binds to no object)
+        ++caught;
+        throw;
+      }
+    });
+    std::atomic<int> returned{0};
+    std::thread first([&] {
+      (void)device_allocate(4 * MiB);
+      ++returned;
+    });
+    first.join();
+    std::thread later([&] {
+      device_deallocate(device_allocate(4096), 4096);
+      (void)device_allocate(4 * MiB);
+      ++returned;
+    });
+    later.join();
+    CHECK(caught == 2);
+    CHECK(returned == 0);
+    remove_oom_handler(id);
+    // The chain and the pool are as they were: a handler that frees makes the request succeed.
+    const std::uint64_t frees = add_oom_handler([&](std::size_t) {
+      if (held == nullptr) return false;
+      device_deallocate(held, 6 * MiB);
+      held = nullptr;
+      return true;
+    });
+    void* p = device_allocate(4 * MiB);
+    device_deallocate(p, 4 * MiB);
+    remove_oom_handler(frees);
+    CHECK(held == nullptr);
     CHECK(*memory_pool_stats().current_count == 0);
   }
 
