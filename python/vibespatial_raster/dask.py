@@ -107,14 +107,19 @@ _auto_mode: str | None = None
 
 def _process_mode() -> str:
     """"gpu" when this process has a real CUDA driver and the CUDA ops, else "cpu" (the
-    emulator runs no kernels; vsr-run decides the same way)."""
+    emulator runs no kernels; vsr-run decides the same way). Kept once the driver is available;
+    while it is not, each call looks again (the runtime starts a failed driver again)."""
     global _auto_mode
     with _mode_lock:
-        if _auto_mode is None:
-            info = _core.driver_info()
-            real = bool(info.get("available")) and not bool(info.get("emulated"))
-            _auto_mode = "gpu" if real and _ops.ops_built_with_cuda() else "cpu"
-        return _auto_mode
+        if _auto_mode is not None:
+            return _auto_mode
+        info = _core.driver_info()
+        available = bool(info.get("available"))
+        real = available and not bool(info.get("emulated"))
+        mode = "gpu" if real and _ops.ops_built_with_cuda() else "cpu"
+        if available:
+            _auto_mode = mode
+        return mode
 
 
 def _resolve_device(device: str) -> str:
