@@ -213,6 +213,16 @@ def test_a_64_bit_nodata_gdal_cannot_keep_is_refused_before_any_work(tmp_path, d
     assert list(tmp_path.iterdir()) == []  # no file, no parts
 
 
+@pytest.mark.parametrize("nodata", [1e300, -1e300, 1e-50, -1e-46, np.float64(3.5e38)])
+def test_a_float32_nodata_beyond_float32_is_refused_before_any_work(tmp_path, nodata):
+    # GDAL keeps a float32 band's nodata as a float32: 1e300 became inf and 1e-50 became 0 in
+    # the file, so every real zero (or infinity) was nodata.
+    out = tmp_path / "out.tif"
+    with pytest.raises(ValueError, match=r"^write_raster: nodata .* beyond float32's range"):
+        vd.write_raster(da.zeros((1, 8, 8), dtype=np.float32, chunks=4), out, nodata=nodata)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_process_geotiff_keeps_a_uint64_files_largest_nodata(tmp_path):
     # The file's nodata reaches the op as a double (2**64); the output keeps 2**64 - 1.
     src = tmp_path / "in.tif"
@@ -372,6 +382,19 @@ def test_leftovers_that_cannot_be_judged_are_reported_not_removed(tmp_path):
     assert (legacy / "part-b0-r0-c0.tif").read_bytes() == b"x"
 
 
+def test_a_dead_writer_of_another_host_is_reported_not_removed(tmp_path):
+    # From another host a lock may not be seen (NFS with local_lock=flock): a free lock there
+    # does not prove the writer gone. The lock record of a killed writer is made to name
+    # another host, as a writer there would have written it.
+    out = tmp_path / "out.tif"
+    kill(start_writer(out, tmp_path))
+    (left,) = parts_dirs(out)
+    (tmp_path / left / "writer.lock").write_bytes(b"pid 1 on another-host.example\n")
+    with pytest.warns(RuntimeWarning, match=rf"write_raster: 1 parts directories .*{left}"):
+        small_write(out)
+    assert parts_dirs(out) == [left]
+
+
 def test_only_this_targets_parts_directories_are_touched(tmp_path):
     # A dead writer of "out.tif" left parts; the sweep of another target, and of a target whose
     # own name holds ".parts-", must not remove them, nor user files and links named alike.
@@ -410,6 +433,6 @@ def test_a_failed_write_leaves_no_parts_and_no_lock(tmp_path):
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
-        vd.write_raster(da.zeros((1, 8, 8), np.uint8, chunks=4).map_blocks(
+        vd.write_raster(da.zeros((1, 8, 8), dtype=np.uint8, chunks=4).map_blocks(
             boom, dtype=np.uint8), out)
     assert list(tmp_path.iterdir()) == []

@@ -1253,7 +1253,9 @@ _INT64_LIMITS = {"int64": (-(2**63), 2**63 - 1), "uint64": (0, 2**64 - 1)}
 
 def _file_nodata(who: str, nodata: Any, dtype: np.dtype) -> float | int | None:
     """``nodata`` as the written file's GDAL NoData holds it: a Python int for a 64-bit integer
-    ``dtype`` (exactly), else a Python float (a NumPy scalar becomes a plain number). For a
+    ``dtype`` (exactly), else a Python float (a NumPy scalar becomes a plain number). GDAL keeps
+    a float32 band's nodata as a float32: a finite value it would turn into an infinity or into
+    zero (1e300, 1e-50) is refused with ValueError, since those would mark real pixels. For a
     64-bit integer dtype, the value its largest integer rounds to as a double (2**63 for int64,
     2**64 for uint64: what that nodata becomes in the runtime, which holds nodata as a double)
     stands for the largest integer, and any other value that is not an integer of the type's
@@ -1261,6 +1263,15 @@ def _file_nodata(who: str, nodata: Any, dtype: np.dtype) -> float | int | None:
     pixels as nodata."""
     if nodata is None:
         return None
+    if dtype.name == "float32":
+        given = float(nodata)
+        with np.errstate(over="ignore", under="ignore"):
+            held = float(np.float32(given))
+        if math.isfinite(given) and (math.isinf(held) or (held == 0 and given != 0)):
+            raise ValueError(f"{who}: nodata {nodata!r} is beyond float32's range: a float32 "
+                             f"GeoTIFF would keep it as {held!r} and mark those pixels as nodata; "
+                             "give a value float32 holds, or None")
+        return given
     if dtype.name not in _INT64_LIMITS:
         return float(nodata)
     lo, hi = _INT64_LIMITS[dtype.name]
@@ -1389,11 +1400,23 @@ def _on_workers(client: Any, fn: Callable[..., Any], *args: Any) -> Any:
 # A write's parts directory is ``<out>.parts-<12 hex digits>``; the process that called the write
 # holds an exclusive flock on the directory's WRITER_LOCK file for as long as the write runs
 # (made under another name, locked, then renamed, so the file never exists unlocked while its
-# writer lives). The kernel drops the lock when that process dies, however it dies, so a
-# directory whose lock file can be locked was left by a writer that is gone. No lock file: a
-# writer that could not make one (its process does not see the directory: another machine) or
-# one that is making it now; such directories are reported, never removed.
+# writer lives); the file names the writer's host. The kernel drops the lock when that process
+# dies, however it dies, so a directory whose lock file can be locked from the writer's host was
+# left by a writer that is gone. From another host a lock may not be seen (NFS mounted with
+# local_lock=flock, some cluster file systems), and without a lock file (a writer whose process
+# does not see the directory: another machine; one making it now) nothing can be said: such
+# directories are reported, never removed.
 _WRITER_LOCK = "writer.lock"
+
+
+def _lock_record() -> bytes:
+    return f"pid {os.getpid()} on {socket.gethostname()}\n".encode()
+
+
+def _recorded_here(record: bytes) -> bool:
+    """Whether a lock file's ``record`` names this host."""
+    host = record.decode("utf-8", "replace").rstrip("\n").partition(" on ")[2]
+    return host == socket.gethostname()
 
 
 def _parts_dir_pattern(out_path: str) -> re.Pattern[str]:
@@ -1407,7 +1430,8 @@ def _new_parts_dir(out_path: str) -> str:
 def _remove_if_writer_gone(parts_dir: str) -> bool | None:
     """Removes ``parts_dir`` if its writer is gone: True when removed, False when its writer
     holds the lock (a live write: another process, or another thread of this one), None when
-    it cannot tell (no lock file, no flock here) or could not remove it."""
+    it cannot tell (no lock file, a writer on another host, no flock here) or could not remove
+    it."""
     if fcntl is None:
         return None
     try:
@@ -1421,6 +1445,12 @@ def _remove_if_writer_gone(parts_dir: str) -> bool | None:
         except BlockingIOError:
             return False
         except OSError:
+            return None
+        try:
+            record = os.pread(fd, 4096, 0)
+        except OSError:
+            return None
+        if not _recorded_here(record):
             return None
         shutil.rmtree(parts_dir, ignore_errors=True)  # the lock held: no other sweep races it
         return None if os.path.lexists(parts_dir) else True
@@ -1449,8 +1479,8 @@ def _sweep_parts_dirs(out_path: str) -> list[str]:
                 continue
         except OSError:
             continue  # removed meanwhile
-        if _remove_if_writer_gone(path) is None:
-            unknown.append(path)
+        if _remove_if_writer_gone(path) is None and os.path.lexists(path):
+            unknown.append(path)  # (one another sweep removed meanwhile is not)
     return unknown
 
 
@@ -1479,7 +1509,7 @@ def _hold_writer_lock(parts_dir: str) -> int | None:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        os.write(fd, _lock_record())
         os.rename(tmp, os.path.join(parts_dir, _WRITER_LOCK))
     except OSError:
         os.close(fd)
@@ -1602,9 +1632,10 @@ def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
     Raises:
         ValueError: ``path`` is a file the array reads (see above); FileNotFoundError:
         ``path``'s directory does not exist (it is not made); TypeError / ValueError: a
-        ``nodata`` :func:`map_bands` refuses, or a nodata a 64-bit integer GeoTIFF cannot hold
-        (not an integer of the dtype's range: GDAL would keep some other integer); all before
-        any work. ValueError /
+        ``nodata`` :func:`map_bands` refuses, or a nodata the GeoTIFF would keep as another value
+        that marks real pixels (for a 64-bit integer dtype, anything but an integer of its
+        range; for float32, a finite value beyond its range: 1e300 would be inf, 1e-50 zero);
+        all before any work. ValueError /
         RuntimeError: what :func:`vibespatial_raster.io.write_raster` and GDAL raise; whatever
         computing ``array`` raises.
     """
