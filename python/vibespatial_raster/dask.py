@@ -1480,7 +1480,7 @@ def _sweep_parts_dirs(out_path: str) -> list[str]:
         except OSError:
             continue  # removed meanwhile
         if _remove_if_writer_gone(path) is None and os.path.lexists(path):
-            unknown.append(path)  # (one another sweep removed meanwhile is not)
+            unknown.append(path)  # (not one another sweep removed meanwhile)
     return unknown
 
 
