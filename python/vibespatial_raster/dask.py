@@ -36,14 +36,19 @@ or a shared file system).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import math
 import os
+import re
 import shutil
+import socket
+import stat
 import struct
 import threading
 import uuid
+import warnings
 import xml.sax.saxutils
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -64,6 +69,11 @@ from ._dtypes import planning_dtype, raster_dtype
 from ._errors import DriverUnavailableError
 from .buffers import OwnedRasterArray, RasterMetadata, RasterPlan, Residency, TilingStrategy
 from .buffers import _checked_nodata
+
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): parts left by a killed writer are only reported
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "ChunkPlan",
@@ -97,14 +107,19 @@ _auto_mode: str | None = None
 
 def _process_mode() -> str:
     """"gpu" when this process has a real CUDA driver and the CUDA ops, else "cpu" (the
-    emulator runs no kernels; vsr-run decides the same way)."""
+    emulator runs no kernels; vsr-run decides the same way). Kept once the driver is available;
+    while it is not, each call looks again (the runtime starts a failed driver again)."""
     global _auto_mode
     with _mode_lock:
-        if _auto_mode is None:
-            info = _core.driver_info()
-            real = bool(info.get("available")) and not bool(info.get("emulated"))
-            _auto_mode = "gpu" if real and _ops.ops_built_with_cuda() else "cpu"
-        return _auto_mode
+        if _auto_mode is not None:
+            return _auto_mode
+        info = _core.driver_info()
+        available = bool(info.get("available"))
+        real = available and not bool(info.get("emulated"))
+        mode = "gpu" if real and _ops.ops_built_with_cuda() else "cpu"
+        if available:
+            _auto_mode = mode
+        return mode
 
 
 def _resolve_device(device: str) -> str:
@@ -1231,6 +1246,63 @@ def _part_name(b0: int, r0: int, c0: int) -> str:
     return f"part-b{b0}-r{r0}-c{c0}.tif"
 
 
+# GDAL keeps the nodata of a 64-bit integer band as an integer of its type, read from its text
+# with strtoll / strtoull: any other text becomes some integer of the type.
+_INT64_LIMITS = {"int64": (-(2**63), 2**63 - 1), "uint64": (0, 2**64 - 1)}
+
+
+def _file_nodata(who: str, nodata: Any, dtype: np.dtype) -> float | int | None:
+    """``nodata`` as the written file's GDAL NoData holds it: a Python int for a 64-bit integer
+    ``dtype`` (exactly), else a Python float (a NumPy scalar becomes a plain number). GDAL keeps
+    a float32 band's nodata as a float32: a finite value it would turn into an infinity or into
+    zero (1e300, 1e-50) is refused with ValueError, since those would mark real pixels. For a
+    64-bit integer dtype, the value its largest integer rounds to as a double (2**63 for int64,
+    2**64 for uint64: what that nodata becomes in the runtime, which holds nodata as a double)
+    stands for the largest integer, and any other value that is not an integer of the type's
+    range is refused with ValueError: the file would hold some other integer and mark real
+    pixels as nodata."""
+    if nodata is None:
+        return None
+    if dtype.name == "float32":
+        given = float(nodata)
+        with np.errstate(over="ignore", under="ignore"):
+            held = float(np.float32(given))
+        if math.isfinite(given) and (math.isinf(held) or (held == 0 and given != 0)):
+            raise ValueError(f"{who}: nodata {nodata!r} is beyond float32's range: a float32 "
+                             f"GeoTIFF would keep it as {held!r} and mark those pixels as nodata; "
+                             "give a value float32 holds, or None")
+        return given
+    if dtype.name not in _INT64_LIMITS:
+        return float(nodata)
+    lo, hi = _INT64_LIMITS[dtype.name]
+    value: int | None
+    if isinstance(nodata, (int, np.integer)):
+        value = int(nodata)
+    else:
+        f = float(nodata)
+        value = int(f) if math.isfinite(f) and f.is_integer() else None
+    if value == hi + 1:  # float(hi) is hi + 1 for both types: the runtime's nodata is a double
+        value = hi
+    if value is None or not lo <= value <= hi:
+        raise ValueError(f"{who}: nodata {nodata!r} cannot be the nodata of a {dtype} GeoTIFF: "
+                         f"GDAL keeps a {dtype} raster's nodata as an integer from {lo} to {hi}, "
+                         "and would mark other pixels; give such an integer, or None")
+    return value
+
+
+def _nodata_text(nodata: float | int) -> str:
+    """``nodata`` (from :func:`_file_nodata`) as text GDAL reads back as the same value: an
+    integer's digits, or the shortest text of the double that reads back as that double (signed
+    zero, subnormals and the largest finite values included)."""
+    if isinstance(nodata, int):
+        return str(nodata)
+    if math.isnan(nodata):
+        return "nan"
+    if math.isinf(nodata):
+        return "inf" if nodata > 0 else "-inf"
+    return repr(float(nodata))
+
+
 def _vrt_xml(chunks: tuple[tuple[int, ...], ...], dtype: np.dtype, nodata: Any,
              affine: Sequence[float], crs: str | None, int8_as_byte: bool) -> str:
     esc = xml.sax.saxutils.escape
@@ -1254,8 +1326,7 @@ def _vrt_xml(chunks: tuple[tuple[int, ...], ...], dtype: np.dtype, nodata: Any,
                 lines.append('    <Metadata domain="IMAGE_STRUCTURE"><MDI key="PIXELTYPE">'
                              "SIGNEDBYTE</MDI></Metadata>")
             if nodata is not None:
-                text = "nan" if isinstance(nodata, float) and math.isnan(nodata) else repr(nodata)
-                lines.append(f"    <NoDataValue>{text}</NoDataValue>")
+                lines.append(f"    <NoDataValue>{_nodata_text(nodata)}</NoDataValue>")
             r0 = 0
             for rh in row_chunks:
                 c0 = 0
@@ -1326,11 +1397,126 @@ def _on_workers(client: Any, fn: Callable[..., Any], *args: Any) -> Any:
     return client.submit(fn, *args, pure=False).result()
 
 
-def _make_parts_dir(parts_dir: str, out_path: str) -> None:
-    """Makes ``parts_dir`` beside ``out_path``; FileNotFoundError when the output's directory
-    does not exist (it is never made: a mistyped path must not become a directory tree)."""
+# A write's parts directory is ``<out>.parts-<12 hex digits>``; the process that called the write
+# holds an exclusive flock on the directory's WRITER_LOCK file for as long as the write runs
+# (made under another name, locked, then renamed, so the file never exists unlocked while its
+# writer lives); the file names the writer's host. The kernel drops the lock when that process
+# dies, however it dies, so a directory whose lock file can be locked from the writer's host was
+# left by a writer that is gone. From another host a lock may not be seen (NFS mounted with
+# local_lock=flock, some cluster file systems), and without a lock file (a writer whose process
+# does not see the directory: another machine; one making it now) nothing can be said: such
+# directories are reported, never removed.
+_WRITER_LOCK = "writer.lock"
+
+
+def _lock_record() -> bytes:
+    return f"pid {os.getpid()} on {socket.gethostname()}\n".encode()
+
+
+def _recorded_here(record: bytes) -> bool:
+    """Whether a lock file's ``record`` names this host."""
+    host = record.decode("utf-8", "replace").rstrip("\n").partition(" on ")[2]
+    return host == socket.gethostname()
+
+
+def _parts_dir_pattern(out_path: str) -> re.Pattern[str]:
+    return re.compile(re.escape(os.path.basename(out_path)) + r"\.parts-[0-9a-f]{12}")
+
+
+def _new_parts_dir(out_path: str) -> str:
+    return f"{out_path}.parts-{uuid.uuid4().hex[:12]}"
+
+
+def _remove_if_writer_gone(parts_dir: str) -> bool | None:
+    """Removes ``parts_dir`` if its writer is gone: True when removed, False when its writer
+    holds the lock (a live write: another process, or another thread of this one), None when
+    it cannot tell (no lock file, a writer on another host, no flock here) or could not remove
+    it."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(os.path.join(parts_dir, _WRITER_LOCK),
+                     os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return None
+        try:
+            record = os.pread(fd, 4096, 0)
+        except OSError:
+            return None
+        if not _recorded_here(record):
+            return None
+        shutil.rmtree(parts_dir, ignore_errors=True)  # the lock held: no other sweep races it
+        return None if os.path.lexists(parts_dir) else True
+    finally:
+        os.close(fd)
+
+
+def _sweep_parts_dirs(out_path: str) -> list[str]:
+    """Removes the parts directories beside ``out_path`` that writes of ``out_path`` left when
+    their process died (killed before it could clean up); returns those whose writer it cannot
+    judge. Only real directories named as this module names them for ``out_path`` are looked
+    at: a file or symbolic link of such a name, or another target's parts, are never touched."""
+    parent = os.path.dirname(os.path.abspath(out_path))
+    pattern = _parts_dir_pattern(out_path)
+    unknown: list[str] = []
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return unknown
+    for name in names:
+        if not pattern.fullmatch(name):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                continue
+        except OSError:
+            continue  # removed meanwhile
+        if _remove_if_writer_gone(path) is None and os.path.lexists(path):
+            unknown.append(path)  # (not one another sweep removed meanwhile)
+    return unknown
+
+
+def _make_parts_dir(parts_dir: str, out_path: str) -> list[str]:
+    """Makes ``parts_dir`` beside ``out_path``, first removing the parts directories that dead
+    writes of ``out_path`` left; returns the leftovers it could not judge (see
+    :func:`_sweep_parts_dirs`). FileNotFoundError when the output's directory does not exist
+    (it is never made: a mistyped path must not become a directory tree)."""
     _check_out_dir(out_path)
+    unknown = _sweep_parts_dirs(out_path)
     os.mkdir(parts_dir)
+    return unknown
+
+
+def _hold_writer_lock(parts_dir: str) -> int | None:
+    """Makes ``parts_dir``'s lock file, locked by this process; returns its descriptor (close
+    it once the parts directory is gone), or None when this process cannot (it does not see the
+    directory: the workers run on another machine; or the file system has no flock)."""
+    if fcntl is None:
+        return None
+    tmp = os.path.join(parts_dir, f".{_WRITER_LOCK}.{uuid.uuid4().hex[:12]}")
+    try:
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, _lock_record())
+        os.rename(tmp, os.path.join(parts_dir, _WRITER_LOCK))
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        return None
+    return fd
 
 
 def _check_out_dir(out_path: str) -> None:
@@ -1429,7 +1615,14 @@ def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
     parts into ``path`` through a GDAL VRT, one chunk-sized tile at a time (compressed as
     ``compress``, tiled ``blocksize`` square). ``progress=True`` shows Dask's progress bar
     (``distributed.progress`` with a client, else ``dask.diagnostics.ProgressBar``).
-    Georeferencing and the check of ``nodata`` as :func:`map_bands`.
+    Georeferencing and the check of ``nodata`` as :func:`map_bands`; the file's nodata is the
+    value given, exactly (a 64-bit integer one too).
+
+    A write whose process is killed (SIGKILL, a lost machine) leaves its parts directory. The
+    next write of ``path`` removes those whose writer is known to be gone (the calling process
+    holds a lock on its parts directory while it lives) and warns (RuntimeWarning), naming them,
+    about those it cannot judge: a writer whose process does not see the workers' files (another
+    machine), a leftover of an older version. Parts of a live write are never removed.
 
     ``path`` must not be a file ``array`` reads: the files of the :func:`read_raster` calls
     in its Dask graph (through any operations on their results; also under another name or a
@@ -1439,7 +1632,10 @@ def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
     Raises:
         ValueError: ``path`` is a file the array reads (see above); FileNotFoundError:
         ``path``'s directory does not exist (it is not made); TypeError / ValueError: a
-        ``nodata`` :func:`map_bands` refuses; all before any work. ValueError /
+        ``nodata`` :func:`map_bands` refuses, or a nodata the GeoTIFF would keep as another value
+        that marks real pixels (for a 64-bit integer dtype, anything but an integer of its
+        range; for float32, a finite value beyond its range: 1e300 would be inf, 1e-50 zero);
+        all before any work. ValueError /
         RuntimeError: what :func:`vibespatial_raster.io.write_raster` and GDAL raise; whatever
         computing ``array`` raises.
     """
@@ -1451,32 +1647,47 @@ def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
     if same is not None:
         raise ValueError(f"write_raster: path {p!r} is the input file {same!r}: write the "
                          "result to another path (the input is never replaced)")
-    return _write(data, p, nodata=nodata, affine=aff, crs=crs_text, compress=compress,
-                  tiled=tiled, blocksize=blocksize, progress=progress, client=c)
+    return _write(data, p, who="write_raster", nodata=nodata, affine=aff, crs=crs_text,
+                  compress=compress, tiled=tiled, blocksize=blocksize, progress=progress,
+                  client=c)
 
 
-def _write(data: Any, path: str, *, nodata: Any, affine: tuple[float, ...], crs: str | None,
-           compress: str | None, tiled: bool, blocksize: int, progress: bool,
+def _write(data: Any, path: str, *, who: str, nodata: Any, affine: tuple[float, ...],
+           crs: str | None, compress: str | None, tiled: bool, blocksize: int, progress: bool,
            client: Any) -> RasterMetadata:
     if data.ndim == 2:
         data = data[np.newaxis]
+    nodata = _file_nodata(who, nodata, np.dtype(data.dtype))
     client = _client_or_none(client)
-    parts_dir = f"{path}.parts-{uuid.uuid4().hex[:12]}"
+    parts_dir = _new_parts_dir(path)
     # Made and removed where the tasks run: a task still running after a failure finds no
     # directory to write into.
-    _on_workers(client, _make_parts_dir, parts_dir, path)
-    target = _PartWriter(parts_dir, nodata, affine, crs)
-    stored = da.store(data, cast(Any, target), lock=False, compute=False)
-    merged = dask.delayed(_merge_parts, pure=False)(
-        stored, parts_dir, path, data.chunks, np.dtype(data.dtype), nodata, affine, crs,
-        compress, bool(tiled), int(blocksize))
+    unknown = _on_workers(client, _make_parts_dir, parts_dir, path)
+    lock_fd = None
     try:
+        lock_fd = _hold_writer_lock(parts_dir)
+        if unknown:
+            warnings.warn(f"{who}: {len(unknown)} parts directories beside {path!r} were left "
+                          "by writes of this path whose process cannot be checked from here "
+                          "(another machine, or an older version of this package); remove them "
+                          f"once no such write runs: {', '.join(unknown)}", RuntimeWarning,
+                          stacklevel=3)
+        target = _PartWriter(parts_dir, nodata, affine, crs)
+        stored = da.store(data, cast(Any, target), lock=False, compute=False)
+        merged = dask.delayed(_merge_parts, pure=False)(
+            stored, parts_dir, path, data.chunks, np.dtype(data.dtype), nodata, affine, crs,
+            compress, bool(tiled), int(blocksize))
         _on_workers(client, _probe_write, parts_dir, np.dtype(data.dtype), nodata, affine, crs,
                     compress, bool(tiled), int(blocksize))
         return _run_with_progress(merged, progress, client)
     except BaseException:
         _on_workers(client, shutil.rmtree, parts_dir, True)  # a failed job leaves no parts
         raise
+    finally:
+        # Only now that the parts directory is gone: a directory of a released lock is removed
+        # by the next write of this path.
+        if lock_fd is not None:
+            os.close(lock_fd)
 
 
 def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op: BandOp, *,
@@ -1538,5 +1749,6 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
                         chunks=None, nodata=meta.nodata, affine=affine, crs=crs, device=device,
                         buffers_per_band=buffers_per_band, scratch_bytes=scratch_bytes,
                         client=c)
-    return _write(result, p_out, nodata=info.nodata, affine=affine, crs=crs, compress=compress,
-                  tiled=tiled, blocksize=blocksize, progress=progress, client=c)
+    return _write(result, p_out, who="process_geotiff", nodata=info.nodata, affine=affine,
+                  crs=crs, compress=compress, tiled=tiled, blocksize=blocksize,
+                  progress=progress, client=c)

@@ -55,8 +55,11 @@ def configure_memory_pool() -> str:
     allocation, so calling it is optional.
 
     Raises:
-        DriverUnavailableError: no usable CUDA driver or device (nothing is cached: a later call
-            tries again).
+        DriverUnavailableError: no usable CUDA driver or device. Nothing is cached: a later
+            call (this, or any that needs the driver) starts the driver again (cuInit and the
+            device count again; a library that could not be loaded is looked for again), so a
+            first start that failed does not doom the process. A library that loaded but lacks
+            a required entry point stays refused.
         CudaError: the requested tier is impossible, e.g. ``VIBESPATIAL_GPU_MANAGED_MEMORY=1`` on
             a device without managed memory (``CUDA_ERROR_NOT_SUPPORTED``).
     """

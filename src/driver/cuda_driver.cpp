@@ -5,10 +5,14 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace vibespatial::raster::detail {
 namespace {
@@ -62,8 +66,8 @@ std::string printable(std::string_view text) {
 }
 
 // The name of `result` through `api` when it can say, else from the few codes the seam itself
-// reports. Takes the entry points explicitly: load() runs inside driver_state()'s initialiser and
-// must not reach driver_state() again (a recursive static initialisation aborts the process).
+// reports. Takes the entry points explicitly: the loader calls it while it holds its lock and
+// must not reach driver_state() again.
 std::string result_name(const DriverApi& api, CUresult result) {
   if (api.cuGetErrorName != nullptr) {
     const char* name = nullptr;
@@ -81,37 +85,76 @@ std::string result_name(const DriverApi& api, CUresult result) {
   }
 }
 
-void load(DriverState& s) {
-  const char* env = std::getenv("VIBESPATIAL_CUDA_DRIVER");
-  s.library = (env != nullptr && env[0] != '\0') ? env : kDefaultDriver;
-  s.result = CUDA_ERROR_NO_DEVICE;
+// The library, once dlopen'ed: kept (with its entry points) for the life of the process and
+// never dlopen'ed again. `unusable` says it lacks what the runtime needs, which no later call
+// can change.
+struct LoadedLibrary {
+  bool loaded = false;
+  bool unusable = false;
+  std::string path;
+  bool emulated = false;
+  int driver_version = 0;
+  int result = 0;      // why it is unusable
+  std::string reason;  // ditto
+  DriverApi api;
+};
 
+// dlopens the library named by VIBESPATIAL_CUDA_DRIVER (read at each try until one loads) and
+// resolves its entry points. False, with `s` saying why, when nothing could be loaded.
+bool load_library(LoadedLibrary& lib, DriverState& s) {
+  const char* env = std::getenv("VIBESPATIAL_CUDA_DRIVER");
+  const std::string path = (env != nullptr && env[0] != '\0') ? env : kDefaultDriver;
   // RTLD_LOCAL: the driver's symbols must not satisfy anyone else's references by accident.
   // The handle is never closed: entry points stay valid until process exit.
-  void* handle = dlopen(s.library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
-    s.reason = "no CUDA driver: cannot load " + s.library + (why ? std::string(": ") + why : "") +
+    s.library = path;
+    s.result = CUDA_ERROR_NO_DEVICE;
+    s.reason = "no CUDA driver: cannot load " + path + (why ? std::string(": ") + why : "") +
                " (install the NVIDIA driver, or set VIBESPATIAL_CUDA_DRIVER to the path of "
                "libvsr-cuda-emulator.so to run on the host emulator)";
-    return;
+    return false;
   }
-  s.emulated = dlsym(handle, "vsr_emu_query_outstanding") != nullptr;
+  lib.loaded = true;
+  lib.path = path;
+  lib.emulated = dlsym(handle, "vsr_emu_query_outstanding") != nullptr;
   auto get_proc =
       reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(handle, "cuGetProcAddress_v2"));
   if (get_proc == nullptr) {
-    s.reason = s.library +
-               " does not export cuGetProcAddress_v2: a CUDA 12.0 or newer driver "
-               "is required";
-    return;
+    lib.unusable = true;
+    lib.result = CUDA_ERROR_NO_DEVICE;
+    lib.reason = path +
+                 " does not export cuGetProcAddress_v2: a CUDA 12.0 or newer driver "
+                 "is required";
+    return true;
   }
   std::string missing;
-  if (!resolve_all(get_proc, s.api, missing)) {
-    s.result = CUDA_ERROR_NOT_FOUND;
-    s.reason = s.library + " lacks required entry points: " + missing;
+  if (!resolve_all(get_proc, lib.api, missing)) {
+    lib.unusable = true;
+    lib.result = CUDA_ERROR_NOT_FOUND;
+    lib.reason = path + " lacks required entry points: " + missing;
+    return true;
+  }
+  lib.api.cuDriverGetVersion(&lib.driver_version);
+  return true;
+}
+
+// One start of the driver: the library loaded if it is not yet, then cuInit and the device
+// count, which are called again at every start until they succeed (cuInit is idempotent).
+void start(LoadedLibrary& lib, DriverState& s) {
+  s.result = CUDA_ERROR_NO_DEVICE;
+  if (!lib.loaded && !load_library(lib, s)) return;
+  s.library = lib.path;
+  s.emulated = lib.emulated;
+  s.driver_version = lib.driver_version;
+  s.api = lib.api;
+  if (lib.unusable) {
+    s.result = lib.result;
+    s.reason = lib.reason;
+    s.settled = true;
     return;
   }
-  s.api.cuDriverGetVersion(&s.driver_version);
   const CUresult init = s.api.cuInit(0);
   if (init != CUDA_SUCCESS) {
     s.result = init;
@@ -133,7 +176,106 @@ void load(DriverState& s) {
   }
   s.result = CUDA_SUCCESS;
   s.available = true;
+  s.settled = true;
 }
+
+bool same_api(const DriverApi& a, const DriverApi& b) {
+  bool same = true;
+#define VSR_DRIVER_SAME(name, version, kind) same = same && a.name == b.name;
+  VSR_DRIVER_ENTRIES(VSR_DRIVER_SAME)
+#undef VSR_DRIVER_SAME
+  return same;
+}
+
+bool same_state(const DriverState& a, const DriverState& b) {
+  return a.available == b.available && a.settled == b.settled && a.result == b.result &&
+         a.library == b.library && a.reason == b.reason && a.emulated == b.emulated &&
+         a.driver_version == b.driver_version && a.device_count == b.device_count &&
+         same_api(a.api, b.api);
+}
+
+// The driver's states as the process saw them. A state, once published, is never changed or
+// freed (callers hold `const DriverState&`); a failed one is replaced by the next start's. The
+// loader is leaked on purpose: the pool's teardown at exit may still call the driver.
+class Loader {
+ public:
+  static Loader& get() {
+    static Loader* loader = new Loader();
+    return *loader;
+  }
+
+  // The current state, starting the driver again first when it is not settled. A call that
+  // waited while another thread started it takes that start's outcome: racing threads see one
+  // state, and a failing driver is started once per batch of racers, not once per racer.
+  const DriverState& state() noexcept {
+    const DriverState* s = current_.load(std::memory_order_acquire);
+    if (s != nullptr && s->settled) return *s;
+    const std::uint64_t seen = starts_.load(std::memory_order_acquire);
+    std::lock_guard lock(mutex_);
+    s = current_.load(std::memory_order_relaxed);
+    if (s != nullptr && (s->settled || starts_.load(std::memory_order_relaxed) != seen)) {
+      return *s;
+    }
+    s = publish(attempt());
+    starts_.fetch_add(1, std::memory_order_release);
+    current_.store(s, std::memory_order_release);
+    return *s;
+  }
+
+  // The current state without a new start (the first call starts the driver): for naming an
+  // error of a call that already ran, and for teardown.
+  const DriverState& current() noexcept {
+    const DriverState* s = current_.load(std::memory_order_acquire);
+    return s != nullptr ? *s : state();
+  }
+
+ private:
+  Loader() = default;
+
+  // One start, as a new state (null when there is no memory for one). mutex_ held.
+  std::unique_ptr<DriverState> attempt() noexcept {
+    try {
+      auto s = std::make_unique<DriverState>();
+      try {
+        start(library_, *s);
+        // The reason quotes a path and the environment: keep it printable, valid UTF-8.
+        s->reason = printable(s->reason);
+      } catch (...) {
+        *s = DriverState();
+        s->result = CUDA_ERROR_UNKNOWN;
+        s->reason = "unexpected failure while loading the CUDA driver";
+      }
+      return s;
+    } catch (...) {
+      return nullptr;
+    }
+  }
+
+  // `s` as a published state; one equal to a state published before is that one, so a driver
+  // failing the same way at every call costs no memory per call. Without memory for `s`, the
+  // current state stays (a later call starts again). mutex_ held.
+  const DriverState* publish(std::unique_ptr<DriverState> s) noexcept {
+    if (s != nullptr) {
+      for (const auto& p : published_) {
+        if (same_state(*p, *s)) return p.get();
+      }
+      try {
+        published_.push_back(std::move(s));
+        return published_.back().get();
+      } catch (...) {
+      }
+    }
+    static const DriverState none;  // unavailable, no reason: only before any state exists
+    const DriverState* c = current_.load(std::memory_order_relaxed);
+    return c != nullptr ? c : &none;
+  }
+
+  std::mutex mutex_;
+  LoadedLibrary library_;                                // mutex_
+  std::vector<std::unique_ptr<DriverState>> published_;  // mutex_; never shrinks
+  std::atomic<const DriverState*> current_{nullptr};
+  std::atomic<std::uint64_t> starts_{0};
+};
 
 }  // namespace
 
@@ -147,39 +289,26 @@ bool DriverApi::has_vmm() const noexcept {
 }
 
 const DriverState& driver_state() noexcept {
-  // Deliberately leaked: the pool's teardown at exit may still call the driver.
-  static const DriverState* state = [] {
-    auto* s = new DriverState();
-    try {
-      load(*s);
-      // The reason quotes a path and the environment: keep it printable, valid UTF-8.
-      s->reason = printable(s->reason);
-    } catch (...) {
-      s->available = false;
-      s->reason = "unexpected failure while loading the CUDA driver";
-    }
-    return s;
-  }();
-  return *state;
+  return Loader::get().state();
 }
 
 const DriverApi& driver() {
   const DriverState& s = driver_state();
   if (!s.available) {
-    throw DriverUnavailableError(s.result, cu_result_name(static_cast<CUresult>(s.result)),
+    throw DriverUnavailableError(s.result, result_name(s.api, static_cast<CUresult>(s.result)),
                                  s.reason);
   }
   return s.api;
 }
 
 std::string cu_result_name(CUresult result) {
-  return result_name(driver_state().api, result);
+  return result_name(Loader::get().current().api, result);
 }
 
 void throw_cuda_error(CUresult result, const char* expression, const char* file, int line) {
   std::string name = cu_result_name(result);
   std::string what = name + " from " + expression + " at " + file + ":" + std::to_string(line);
-  const DriverState& s = driver_state();
+  const DriverState& s = Loader::get().current();
   if (s.api.cuGetErrorString != nullptr) {
     const char* text = nullptr;
     if (s.api.cuGetErrorString(result, &text) == CUDA_SUCCESS && text != nullptr) {
@@ -232,7 +361,7 @@ ScopedDeviceContext::ScopedDeviceContext(int device) {
 }
 
 ScopedDeviceContext::~ScopedDeviceContext() {
-  if (changed_) driver_state().api.cuCtxSetCurrent(previous_);
+  if (changed_) Loader::get().current().api.cuCtxSetCurrent(previous_);
 }
 
 }  // namespace vibespatial::raster::detail

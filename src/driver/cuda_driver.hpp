@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The one seam between vibespatial-raster and the CUDA driver.
 //
-// The driver library (VIBESPATIAL_CUDA_DRIVER, default libcuda.so.1) is dlopen'ed once, and
-// every entry point is resolved with cuGetProcAddress_v2 at a pinned ABI version, so the same
-// binary runs against any driver >= those versions, against the host emulator, and starts on
-// machines with no driver at all. Nothing else in the project calls libcuda.
+// The driver library (VIBESPATIAL_CUDA_DRIVER, default libcuda.so.1) is dlopen'ed once it can
+// be, and every entry point is resolved with cuGetProcAddress_v2 at a pinned ABI version, so the
+// same binary runs against any driver >= those versions, against the host emulator, and starts
+// on machines with no driver at all. Until the driver starts (cuInit, a device), each use tries
+// again: nothing of a failed start is kept. Nothing else in the project calls libcuda.
 //
 // Contexts: the runtime works in each device's primary context (the one the CUDA runtime uses),
 // so memory from the pool is valid for Thrust, CUB and user kernels in the same process. The
@@ -94,25 +95,34 @@ struct DriverApi {
   bool has_vmm() const noexcept;
 };
 
-/// How loading went. Filled once; immutable afterwards.
+/// How one start of the driver went. Immutable once returned, and never freed: a reference to
+/// it stays valid for the life of the process, also after a later start replaced it.
 struct DriverState {
   bool available =
       false;            ///< library loaded, required entry points resolved, cuInit ok, >= 1 device
   int result = 0;       ///< CUresult explaining unavailability (CUDA_ERROR_NO_DEVICE if no library)
-  std::string library;  ///< what was dlopen'ed
+  std::string library;  ///< what was dlopen'ed (or failed to be)
   std::string reason;   ///< human-readable cause when unavailable
   bool emulated = false;  ///< the library exports the emulator's vsr_emu_* query functions
   int driver_version = 0;
   int device_count = 0;
+  /// No later start can change it: the driver is available, or the library that loaded lacks
+  /// what the runtime needs (cuGetProcAddress_v2, a required entry point).
+  bool settled = false;
   DriverApi api;
 };
 
-/// Loads the driver on first call (thread-safe, once per process) and returns its state.
+/// The driver's state, starting it first unless a start already settled it. A failed start is
+/// not kept: each call after one starts the driver again: cuInit and the device count are
+/// called again, and a library that could not be loaded is looked for again (the
+/// VIBESPATIAL_CUDA_DRIVER named then). A library that loaded is kept, with its entry points,
+/// and never dlopen'ed again. Thread-safe: racing callers see one state (a call that waited for
+/// another thread's start takes its outcome); repeated failures alike return one state object.
 /// Never throws.
 const DriverState& driver_state() noexcept;
 
-/// The resolved entry points. Throws DriverUnavailableError, saying why, when there is no
-/// usable driver.
+/// The resolved entry points (driver_state(), so a failed start is tried again). Throws
+/// DriverUnavailableError, saying why, when there is no usable driver.
 const DriverApi& driver();
 
 /// A host-visible pointer value as the driver's device pointer type.

@@ -5,7 +5,9 @@
  *   test_c_api              VIBESPATIAL_CUDA_DRIVER = the emulator, VSR_EMU_DEVICE_MEMORY = 64 MiB
  *   test_c_api --no-driver  VIBESPATIAL_CUDA_DRIVER = a library that does not exist
  *   test_c_api --no-device  the emulator with no device (cuInit fails): the same answers as with
- *                           no driver, never an abort */
+ *                           no driver, never an abort
+ *   test_c_api --start-fails-twice  VSR_EMU_FAIL=cuInit:1,cuInit:2: the first two calls fail,
+ *                           the third starts the driver */
 #define _GNU_SOURCE 1
 
 #include <vibespatial/raster/c_api.h>
@@ -674,6 +676,41 @@ static int run_without_driver(const char* mode, const char* reason) {
   return 0;
 }
 
+/* ---- a driver whose first starts fail ---- */
+
+/* Nothing is kept of a failed start: each call starts the driver again (once the failure of the
+ * first cuInit was kept for the whole process, and the driver never saw a second one). */
+static int run_start_fails_twice(void) {
+  char tier[VSR_TIER_CAPACITY] = "unchanged";
+  void* p = (void*)&p;
+  void* emulator;
+  unsigned long long (*call_count)(const char*);
+  const char* path = getenv("VIBESPATIAL_CUDA_DRIVER");
+
+  CHECK(path != NULL);
+  CHECK_FAILS(vsr_configure_memory_pool(tier, sizeof tier), VSR_ERROR_NO_DRIVER,
+              "vsr_configure_memory_pool");
+  CHECK(strstr(vsr_last_error_message(), "cuInit failed") != NULL);
+  CHECK(strcmp(tier, "unchanged") == 0);
+  CHECK_FAILS(vsr_device_allocate(MIB, NULL, &p), VSR_ERROR_NO_DRIVER, "vsr_device_allocate");
+  CHECK(p == NULL);
+  CHECK_OK(vsr_device_allocate(MIB, NULL, &p)); /* configures the pool on the way */
+  CHECK(p != NULL);
+  CHECK_OK(vsr_device_deallocate(p, MIB, NULL));
+  CHECK_OK(vsr_configure_memory_pool(tier, sizeof tier));
+  CHECK(strcmp(tier, "B") == 0);
+  CHECK(stats().configured == 1);
+
+  emulator = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* the instance the library loaded */
+  CHECK(emulator != NULL);
+  *(void**)(&call_count) = dlsym(emulator, "vsr_emu_call_count");
+  CHECK(call_count != NULL);
+  CHECK(call_count("cuInit") == 3); /* two failed starts, one good, none after */
+  dlclose(emulator);
+  printf("c-api (start fails twice): %d checks passed\n", g_checks);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--no-driver") == 0) {
     return run_without_driver("no driver", "VIBESPATIAL_CUDA_DRIVER");
@@ -681,8 +718,11 @@ int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--no-device") == 0) {
     return run_without_driver("no device", "cuInit failed");
   }
+  if (argc > 1 && strcmp(argv[1], "--start-fails-twice") == 0) {
+    return run_start_fails_twice();
+  }
   if (argc > 1) {
-    fprintf(stderr, "usage: %s [--no-driver | --no-device]\n", argv[0]);
+    fprintf(stderr, "usage: %s [--no-driver | --no-device | --start-fails-twice]\n", argv[0]);
     return 2;
   }
   test_version_and_names();

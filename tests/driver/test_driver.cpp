@@ -8,9 +8,15 @@
 
 #include <doctest/doctest.h>
 
+#include <dlfcn.h>
+#include <stdlib.h>
+
+#include <atomic>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 using namespace vibespatial::raster;
 
@@ -172,5 +178,160 @@ TEST_SUITE("driver-hidden-entries" * doctest::skip()) {
       CHECK_FALSE(static_cast<bool>(s.api.cuMemAllocAsync));
       CHECK(configure_memory_pool() == "B");
     }
+  }
+}
+
+namespace {
+
+// Calls of `entry` the emulator saw (its vsr_emu_call_count), through the instance the runtime
+// loaded.
+unsigned long long emulator_calls(const char* entry) {
+  const char* path = std::getenv("VIBESPATIAL_CUDA_DRIVER");
+  REQUIRE(path != nullptr);
+  void* handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(handle != nullptr);
+  auto count =
+      reinterpret_cast<unsigned long long (*)(const char*)>(dlsym(handle, "vsr_emu_call_count"));
+  REQUIRE(static_cast<bool>(count));
+  const unsigned long long n = count(entry);
+  dlclose(handle);
+  return n;
+}
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  REQUIRE_MESSAGE(v != nullptr, name);
+  return std::atoi(v);
+}
+
+}  // namespace
+
+// Run with a fault plan that fails the first two driver starts (cuInit, or cuDeviceGetCount
+// after a good cuInit), VSR_TEST_RESULT the CUresult they fail with and VSR_TEST_REASON a part
+// of the reason. The first failure was once kept for the whole process: every later call failed
+// with it and the driver never saw a second cuInit.
+TEST_SUITE("driver-retry" * doctest::skip()) {
+  TEST_CASE("a failed start is tried again by the next call, and a caller's state stays valid") {
+    const int result = env_int("VSR_TEST_RESULT");
+    const std::string reason_part = std::getenv("VSR_TEST_REASON");
+    const detail::DriverState& first = detail::driver_state();  // start 1 fails
+    REQUIRE_FALSE(first.available);
+    CHECK(first.result == result);
+    CHECK(first.reason.find(reason_part) != std::string::npos);
+    CHECK(first.device_count == 0);
+    CHECK(emulator_calls("cuInit") == 1);
+    const std::string first_reason = first.reason;
+    try {
+      configure_memory_pool();  // start 2 fails, as the plan says
+      FAIL("expected DriverUnavailableError");
+    } catch (const DriverUnavailableError& e) {
+      CHECK(e.code() == result);
+      CHECK(std::string(e.what()).find(reason_part) != std::string::npos);
+    }
+    CHECK(emulator_calls("cuInit") == 2);   // one start per call, not two
+    CHECK(configure_memory_pool() == "B");  // start 3 succeeds
+    CHECK(emulator_calls("cuInit") == 3);
+    // The state the first caller holds is the one it was given, still readable.
+    CHECK_FALSE(first.available);
+    CHECK(first.reason == first_reason);
+    const detail::DriverState& now = detail::driver_state();
+    CHECK(now.available);
+    CHECK(now.device_count >= 1);
+    CHECK(now.reason.empty());
+    CHECK(&detail::driver() == &now.api);
+    // A usable driver is settled: no call starts it again.
+    void* p = device_allocate(1 << 20);
+    CHECK(p != nullptr);
+    device_deallocate(p, 1 << 20);
+    CHECK(driver_info().available);
+    for (int i = 0; i < 100; ++i) CHECK(&detail::driver_state() == &now);
+    CHECK(emulator_calls("cuInit") == 3);
+  }
+}
+
+// Run with VSR_EMU_FAIL=cuInit:1+ (every start fails).
+TEST_SUITE("driver-retry-always-fails" * doctest::skip()) {
+  TEST_CASE("every call tries again; repeated failures reuse one state") {
+    const detail::DriverState& first = detail::driver_state();
+    REQUIRE_FALSE(first.available);
+    for (int i = 0; i < 1000; ++i) {
+      CHECK_THROWS_AS(configure_memory_pool(), DriverUnavailableError);
+      // The same failure is the same state: retrying forever does not grow memory.
+      REQUIRE(&detail::driver_state() == &first);
+    }
+    CHECK(emulator_calls("cuInit") == 2001);
+    CHECK_FALSE(driver_info().available);
+  }
+}
+
+// Run with VSR_EMU_FAIL=cuInit:1: threads race the first configuration while the first start
+// fails and later ones succeed.
+TEST_SUITE("driver-retry-threads" * doctest::skip()) {
+  TEST_CASE("threads racing a failing then succeeding start see one consistent state") {
+    constexpr int kThreads = 16;
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<std::string> tiers(kThreads);
+    std::vector<int> failures(kThreads, 0);
+    std::vector<std::string> odd(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (!go.load()) std::this_thread::yield();
+        for (int attempt = 0; attempt < 50 && tiers[t].empty(); ++attempt) {
+          const detail::DriverState& s = detail::driver_state();
+          // Whatever state a thread holds is whole: a failure has its reason, a success none.
+          if (s.available != s.reason.empty() || s.available != (s.device_count > 0)) {
+            odd[t] = "inconsistent state: " + s.reason;
+          }
+          if (!s.available) ++failures[t];
+          try {
+            tiers[t] = configure_memory_pool();
+          } catch (const DriverUnavailableError& e) {
+            ++failures[t];
+            if (std::string(e.what()).find("cuInit failed") == std::string::npos) odd[t] = e.what();
+          } catch (const std::exception& e) {
+            odd[t] = e.what();
+          }
+        }
+      });
+    }
+    while (ready.load() < kThreads) std::this_thread::yield();
+    go.store(true);
+    for (auto& th : threads) th.join();
+    int failed_calls = 0;
+    for (int t = 0; t < kThreads; ++t) {
+      CHECK_MESSAGE(odd[t].empty(), odd[t]);
+      CHECK(tiers[t] == "B");
+      failed_calls += failures[t];
+    }
+    CHECK(failed_calls >= 1);              // the first start failed, and someone was told
+    CHECK(emulator_calls("cuInit") == 2);  // one failed start, one good: racers share them
+    CHECK(detail::driver_state().available);
+  }
+}
+
+// Run with no driver library (VIBESPATIAL_CUDA_DRIVER names none) and VSR_TEST_EMULATOR the
+// emulator's path: nothing was loaded, so a later call loads the library named then.
+TEST_SUITE("driver-retry-library" * doctest::skip()) {
+  TEST_CASE("a library that could not be loaded is loaded by a later call") {
+    const detail::DriverState& first = detail::driver_state();
+    REQUIRE_FALSE(first.available);
+    CHECK(first.reason.find("cannot load") != std::string::npos);
+    CHECK(&detail::driver_state() == &first);  // the same failure again
+    REQUIRE(setenv("VIBESPATIAL_CUDA_DRIVER", std::getenv("VSR_TEST_EMULATOR"), 1) == 0);
+    CHECK(configure_memory_pool() == "B");
+    const detail::DriverState& now = detail::driver_state();
+    CHECK(now.available);
+    CHECK(now.emulated);
+    CHECK(now.library == std::getenv("VSR_TEST_EMULATOR"));
+    CHECK(first.reason.find("cannot load") != std::string::npos);  // still valid
+    // Once loaded, the library is kept: the variable is not read again.
+    REQUIRE(setenv("VIBESPATIAL_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1) == 0);
+    CHECK(&detail::driver_state() == &now);
+    CHECK(configure_memory_pool() == "B");
+    REQUIRE(setenv("VIBESPATIAL_CUDA_DRIVER", std::getenv("VSR_TEST_EMULATOR"), 1) == 0);
+    CHECK(emulator_calls("cuInit") == 1);
   }
 }

@@ -19,7 +19,7 @@
  * - The CUDA driver is loaded at run time from VIBESPATIAL_CUDA_DRIVER (default libcuda.so.1);
  *   point it at libvsr-cuda-emulator.so to run on the host emulator. When it cannot be loaded,
  *   or its cuInit fails (no device visible), calls that need it fail with VSR_ERROR_NO_DRIVER
- *   and a message saying why; nothing aborts.
+ *   and a message saying why; nothing aborts, and the next such call tries again.
  * - In a child forked from a process that used the pool, every pool function fails with
  *   VSR_ERROR_NO_DRIVER (CUDA cannot be used after fork without exec), never blocking, and
  *   vsr_memory_pool_stats reports an unconfigured pool. */
@@ -174,7 +174,10 @@ VSR_EXPORT int vsr_last_cuda_error(void);
 /** Configures the pool (once per process; later calls return the first tier) and writes the
  * tier ("A", "B", "C" or "fallback") with its NUL to tier_out, if tier_out is not NULL.
  * VSR_TIER_CAPACITY bytes always suffice. Errors: VSR_ERROR_NO_DRIVER (nothing is cached: a
- * later call tries again); VSR_ERROR_CUDA when the requested tier is impossible;
+ * later call, this or any other that needs the driver, starts it again: cuInit and the device
+ * count are called again, and a driver library that could not be loaded is looked for again; a
+ * library that loaded but lacks a required entry point stays refused, see vibespatial/raster/
+ * driver.hpp); VSR_ERROR_CUDA when the requested tier is impossible;
  * VSR_ERROR_INVALID_ARGUMENT when VIBESPATIAL_GPU_MANAGED_MEMORY or VIBESPATIAL_GPU_POOL_ONLY
  * holds anything but 1/true/yes/on or 0/false/no/off, or VIBESPATIAL_GPU_POOL_RESERVE anything but
  * a decimal fraction from 0 to 1 (nothing is configured);

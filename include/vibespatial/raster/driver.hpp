@@ -36,10 +36,14 @@ struct DriverInfo {
   std::vector<DeviceInfo> devices;
 };
 
-/// Loads the driver on first use (once per process) and describes it. Never throws: with no
-/// driver or no device it returns `available == false` and a reason. Device queries bind the
-/// device's primary context to no thread; they retain it for the life of the process.
-/// Thread-safe.
+/// Loads the driver on first use and describes it. Never throws: with no driver or no device it
+/// returns `available == false` and a reason. A failed start is not kept: until the driver is
+/// available, each call (of this or of any call that needs the driver) starts it again: cuInit
+/// and the device count are called again, and a library that could not be loaded is looked for
+/// again under the VIBESPATIAL_CUDA_DRIVER of that moment. A library that loaded is kept for the
+/// life of the process (never loaded again); one that lacks a required entry point stays
+/// refused. Device queries bind the device's primary context to no thread; they retain it for
+/// the life of the process. Thread-safe: racing first calls see one outcome.
 VSR_EXPORT DriverInfo driver_info() noexcept;
 
 }  // namespace vibespatial::raster
