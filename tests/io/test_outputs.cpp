@@ -515,6 +515,32 @@ TEST_CASE("a killed writer's temporary is removed by the next write, a live one 
   CHECK(fs::exists(unrelated + "/data/u.tif"));
 }
 
+TEST_CASE("removing a stale temporary never follows links out of it") {
+  TempDir dir;
+  const std::string target = dir.file("t.tif");
+  const fs::path elsewhere = dir.path / "elsewhere";
+  fs::create_directories(elsewhere);
+  put_file((elsewhere / "precious").string(), "keep me");
+  const std::string stale = record(static_cast<long>(::getpid()), my_start_time() + "1",
+                                   first_line_of("/proc/sys/kernel/random/boot_id"), "any");
+  // A stale temporary whose data/ is a link to another directory: the link goes, not its files.
+  const std::string t = dir.file(".t.tif.vsr-linked");
+  fs::create_directories(t);
+  fs::create_directory_symlink(elsewhere, t + "/data");
+  put_file(t + "/owner", stale);
+  // A "temporary" that is itself a link to that directory, and one whose owner record is a link
+  // to a record: neither is judged.
+  fs::create_directory_symlink(elsewhere, dir.file(".t.tif.vsr-dirlnk"));
+  const std::string u = dir.file(".t.tif.vsr-ownlnk");
+  fs::create_directories(u + "/data");
+  put_file(dir.file("record"), stale);
+  fs::create_symlink(dir.file("record"), u + "/owner");
+  write_raster(target, small_raster());
+  CHECK(bytes_of_file((elsewhere / "precious").string()) == "keep me");
+  CHECK(names_in(dir.path) == std::vector<std::string>{".t.tif.vsr-dirlnk", ".t.tif.vsr-ownlnk",
+                                                       "elsewhere", "record", "t.tif"});
+}
+
 TEST_CASE("targets that are not regular files are refused, links are followed") {
   TempDir dir;
   const OwnedRasterArray r = small_raster();
