@@ -116,6 +116,7 @@ constexpr std::size_t path_capacity = 4096;
 
 struct Slot {
   std::atomic<int> state{0};
+  pid_t owner = 0;  ///< the process that made the temporary: a child of fork leaves it alone
   char temp[path_capacity];
 };
 
@@ -131,6 +132,7 @@ int publish(const std::string& temp) noexcept {
     int expected = 0;
     if (!s.state.compare_exchange_strong(expected, 1, std::memory_order_acquire)) continue;
     std::memcpy(s.temp, temp.c_str(), temp.size() + 1);
+    s.owner = ::getpid();
     s.state.store(2, std::memory_order_release);
     return i;
   }
@@ -149,8 +151,11 @@ constexpr std::array<int, 7> cleanup_signals = {SIGHUP,  SIGINT,  SIGQUIT, SIGTE
 
 void remove_partial_outputs_and_reraise(int sig) {
   const int saved_errno = errno;
+  const pid_t me = ::getpid();
   for (Slot& s : registry) {
-    if (s.state.load(std::memory_order_acquire) == 2) remove_temporary_signal_safe(s.temp);
+    if (s.state.load(std::memory_order_acquire) == 2 && s.owner == me) {
+      remove_temporary_signal_safe(s.temp);
+    }
   }
   // Default action, then the signal again: it is blocked while this handler runs, so it is
   // delivered (and ends the process as it would have) when the handler returns.

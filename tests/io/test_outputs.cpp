@@ -515,6 +515,31 @@ TEST_CASE("a killed writer's temporary is removed by the next write, a live one 
   CHECK(fs::exists(unrelated + "/data/u.tif"));
 }
 
+TEST_CASE("a forked child dying of a signal leaves its parent's temporaries alone") {
+  TempDir dir;
+  const std::string target = dir.file("t.tif");
+  detail::PendingOutput mine(target);
+  put_file(mine.path(), "mine");
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // A child of fork without exec (a worker pool): it inherits the registry of writes in
+    // progress, which are its parent's, not its own. (The test runner's own handler goes
+    // first: the library installs its handlers only over the default disposition.)
+    ::signal(SIGTERM, SIG_DFL);
+    remove_partial_outputs_on_signals();
+    ::raise(SIGTERM);
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGTERM);
+  CHECK(fs::exists(mine.path()));
+  mine.commit(true);
+  CHECK(bytes_of_file(target) == "mine");
+}
+
 TEST_CASE("removing a stale temporary never follows links out of it") {
   TempDir dir;
   const std::string target = dir.file("t.tif");

@@ -29,8 +29,8 @@
 //   directory, a unique hidden name ".<name>.vsr-XXXXXX", mode 0700), under the target's own file
 //   name, check GDAL's errors on every write, the flush and the close, check that the driver
 //   wrote a regular, non-empty file under that name and that GDAL reads it back with the shape
-//   and nodata written, and only then rename it (and the sidecar files the driver wrote beside it, e.g.
-//   .aux.xml or .hdr) over the target (rename(2): atomic on one file system). On any error the
+//   and nodata written, and only then rename it (and the sidecar files the driver wrote beside it,
+//   e.g. .aux.xml or .hdr) over the target (rename(2): atomic on one file system). On any error the
 //   temporary directory is removed and the target is untouched: an existing file survives byte
 //   for byte, a new one does not appear. Outputs are regular files: a target that is a
 //   directory, FIFO, socket or device is refused (std::invalid_argument), and so are drivers
@@ -116,8 +116,9 @@ VSR_EXPORT std::uint64_t available_host_memory() noexcept;
 
 /**
  * @brief Installs handlers for SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE, SIGXCPU and SIGXFSZ
- * (each only where its disposition is the default) that remove the temporary files of the
- * writes in progress (unlink, async-signal-safe) and then re-raise the signal with its default
+ * (each only where its disposition is the default) that remove the temporary files of this
+ * process's writes in progress (unlink, async-signal-safe; a child of fork without exec leaves
+ * its parent's alone) and then re-raise the signal with its default
  * action, so the process still dies of it (exit status as before, e.g. 130 in a shell for
  * SIGINT) and the targets stay untouched. For programs: a library call never installs handlers
  * on its own. Idempotent and thread-safe; throws nothing. Up to 64 writes in progress at once
