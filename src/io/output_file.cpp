@@ -348,7 +348,9 @@ PendingOutput::PendingOutput(const std::string& target, bool overwrite) {
   }
   target_mode_ = st.st_mode;
 
-  const std::string prefix = "." + name_.substr(0, temp_name_bytes) + temp_marker;
+  // Built piecewise: GCC 12 at -O3 warns (-Wrestrict, a false positive) on "." + substr(...).
+  std::string prefix(1, '.');
+  prefix.append(name_, 0, temp_name_bytes).append(temp_marker);
   remove_stale_temporaries(dir_, prefix);
 
   std::string templ = (fs::path(dir_) / (prefix + std::string(temp_random, 'X'))).string();
