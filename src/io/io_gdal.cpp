@@ -236,17 +236,34 @@ std::optional<NodataValue> band_nodata(GDALRasterBandH band, DType dtype) {
 }
 
 /// Sets band @p band's nodata exactly: 64-bit integers through GDAL's Int64/UInt64 setters (the
-/// double setter stores INT64_MAX as "9" and UINT64_MAX as "1").
+/// double setter stores INT64_MAX as "9" and UINT64_MAX as "1"). A NaN nodata of a float band
+/// that the driver cannot record (GPKG) is left unrecorded: NaN pixels are invalid all the same
+/// (see ops.hpp, "Valid pixels").
 void set_band_nodata(GDALRasterBandH band, DType dtype, const NodataValue& nodata) {
   CPLErr err = CE_None;
-  if (const auto i = nodata.as_int64(); dtype == DType::int64 && i) {
-    err = GDALSetRasterNoDataValueAsInt64(band, *i);
-  } else if (const auto u = nodata.as_uint64(); dtype == DType::uint64 && u) {
-    err = GDALSetRasterNoDataValueAsUInt64(band, *u);
-  } else {
-    err = GDALSetRasterNoDataValue(band, nodata.to_double());
+  std::string why;
+  {
+    QuietErrors own;  // this call's errors are judged here, not by the caller's QuietErrors
+    if (const auto i = nodata.as_int64(); dtype == DType::int64 && i) {
+      err = GDALSetRasterNoDataValueAsInt64(band, *i);
+    } else if (const auto u = nodata.as_uint64(); dtype == DType::uint64 && u) {
+      err = GDALSetRasterNoDataValueAsUInt64(band, *u);
+    } else {
+      err = GDALSetRasterNoDataValue(band, nodata.to_double());
+    }
+    why = gdal_message();
   }
-  if (err != CE_None) fail("cannot set nodata " + nodata.to_string());
+  // A driver may report a failure and record the value all the same (GPKG's float coverages
+  // in GDAL 3.6): what the band then holds decides.
+  if (err == CE_None || band_nodata(band, dtype) == std::optional<NodataValue>(nodata)) {
+    CPLErrorReset();
+    return;
+  }
+  if (is_floating_point(dtype) && std::isnan(nodata.to_double())) {
+    CPLErrorReset();
+    return;
+  }
+  throw std::runtime_error("cannot set nodata " + nodata.to_string() + why);
 }
 
 /// Header of an open dataset; @p bands (1-based) select the bands checked for a common dtype
@@ -341,12 +358,12 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
         ") is not inside raster '" + shown(path) + "' of " + std::to_string(meta.width) + " x " +
         std::to_string(meta.height) + " pixels");
   }
+  const std::uint64_t bytes = detail::checked_mul(
+      detail::checked_mul(
+          static_cast<std::uint64_t>(w.width) * static_cast<std::uint64_t>(w.height),
+          static_cast<std::uint64_t>(meta.band_count), "raster pixel count"),
+      itemsize(meta.dtype), "raster byte count");
   if (check_memory) {
-    const std::uint64_t bytes = detail::checked_mul(
-        detail::checked_mul(
-            static_cast<std::uint64_t>(w.width) * static_cast<std::uint64_t>(w.height),
-            static_cast<std::uint64_t>(meta.band_count), "raster pixel count"),
-        itemsize(meta.dtype), "raster byte count");
     const std::uint64_t limit = available_host_memory();
     if (bytes > limit) {
       throw HostMemoryLimitError(bytes, limit,
@@ -357,10 +374,21 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
                                      " for_each_raster_tile)");
     }
   }
-  OwnedRasterArray out =
-      OwnedRasterArray::allocate(Residency::host, meta.dtype, meta.band_count, w.height, w.width,
-                                 std::nullopt, meta.affine.shifted(w.col_off, w.row_off), meta.crs)
-          .with_nodata(meta.exact_nodata);
+  std::optional<OwnedRasterArray> allocated;
+  try {
+    allocated = OwnedRasterArray::allocate(Residency::host, meta.dtype, meta.band_count, w.height,
+                                           w.width, std::nullopt,
+                                           meta.affine.shifted(w.col_off, w.row_off), meta.crs);
+  } catch (const std::bad_alloc&) {
+    // Memory taken meanwhile by someone else: still a host-memory error naming the read.
+    const std::uint64_t limit = available_host_memory();
+    throw HostMemoryLimitError(bytes, limit,
+                               "reading " + window_text(w, meta.band_count, meta.dtype) + " of '" +
+                                   shown(path) + "': out of host memory allocating its " +
+                                   detail::byte_text(bytes) + " (" + detail::byte_text(limit) +
+                                   " available)");
+  }
+  OwnedRasterArray out = allocated->with_nodata(meta.exact_nodata);
   raster_io(ds, GF_Read, w, out.mutable_host_data(), meta.dtype, bands, w.width, w.width * w.height,
             path);
   return out;
@@ -370,41 +398,123 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
 /// takes) before anything is created: GDAL itself only warns and then writes with the defaults
 /// (COMPRESS=BOGUS gave an uncompressed file). Throws std::invalid_argument with its warnings.
 void validate_creation_options(GDALDriverH driver, const std::string& driver_name,
-                               const CPLStringList& opts) {
+                               const CPLStringList& opts, const char* who) {
   QuietErrors quiet;  // GDALValidateCreationOptions says what is wrong only as warnings
   if (GDALValidateCreationOptions(driver, opts.List()) == FALSE) {
     const std::string why = quiet.warnings();
-    throw std::invalid_argument("write_raster: GDAL's " + shown(driver_name) +
+    throw std::invalid_argument(std::string(who) + ": GDAL's " + shown(driver_name) +
                                 " driver refuses the creation options: " +
                                 (why.empty() ? std::string("invalid creation option") : why));
   }
 }
 
-/// The driver @p options name; std::invalid_argument when GDAL has none of that name.
-GDALDriverH output_driver(const WriteOptions& options) {
-  register_drivers();
-  GDALDriverH driver = GDALGetDriverByName(options.driver.c_str());
-  if (driver == nullptr) {
-    throw std::invalid_argument("write_raster: unknown GDAL driver '" + shown(options.driver) +
-                                "'");
+/// Whether GDAL_SKIP (the configuration option or the environment variable) names @p driver.
+bool skipped_by_config(const std::string& driver) {
+  const char* skip = CPLGetConfigOption("GDAL_SKIP", nullptr);
+  if (skip == nullptr) return false;
+  const CPLStringList names(CSLTokenizeStringComplex(skip, " ,", FALSE, FALSE));
+  for (int i = 0; i < names.size(); ++i) {
+    if (EQUAL(names[i], driver.c_str())) return true;
   }
+  return false;
+}
+
+/// The output driver @p options name, checked for what a write needs: GDAL has it, it writes
+/// rasters, it creates a raster to write into piecewise (Create), and it writes a file. Its
+/// short name as GDAL spells it goes to @p canonical ("gtiff" is GTiff).
+/// @throws std::invalid_argument naming the reason, as @p who.
+GDALDriverH output_driver(const WriteOptions& options, const char* who,
+                          std::string* canonical = nullptr) {
+  register_drivers();
+  const std::string& name = options.driver;
+  const std::string what = std::string(who) + ": GDAL driver '" + shown(name) + "'";
+  if (name.empty()) throw std::invalid_argument(std::string(who) + ": no output driver given");
+  GDALDriverH driver = GDALGetDriverByName(name.c_str());
+  if (driver == nullptr) {
+    if (skipped_by_config(name)) {
+      throw std::invalid_argument(what + " is not available in this GDAL: GDAL_SKIP (" +
+                                  shown(CPLGetConfigOption("GDAL_SKIP", "")) + ") disables it");
+    }
+    if (EQUAL(name.c_str(), "GTiff")) {
+      // Built into every GDAL: missing only when deregistered (GDAL_SKIP, a plugin setup).
+      throw std::invalid_argument(what +
+                                  " is not available in this GDAL (it is built into every "
+                                  "GDAL, so it was deregistered: GDAL_SKIP or the program)");
+    }
+    throw std::invalid_argument(std::string(who) + ": unknown GDAL driver '" + shown(name) +
+                                "': this GDAL (" GDAL_RELEASE_NAME
+                                ") has no driver of that name (misspelt, or a GDAL built "
+                                "without it)");
+  }
+  const std::string real = GDALGetDriverShortName(driver);
+  const std::string its = std::string(who) + ": GDAL's " + shown(real) + " driver";
+  if (GDALGetMetadataItem(driver, GDAL_DCAP_RASTER, nullptr) == nullptr) {
+    throw std::invalid_argument(its + " writes no rasters");
+  }
+  if (GDALGetMetadataItem(driver, GDAL_DCAP_CREATE, nullptr) == nullptr) {
+    throw std::invalid_argument(
+        its + " cannot create a raster to write into (it has no Create" +
+        (GDALGetMetadataItem(driver, GDAL_DCAP_CREATECOPY, nullptr) != nullptr
+             ? ", only CreateCopy: write GTiff and convert it with gdal_translate -of " + real
+             : std::string()) +
+        ")");
+  }
+  // A driver that writes no file on disk would leave nothing to rename into place: one that
+  // connects to a service or database, or one that declares no file extension and does not
+  // write through GDAL's file layer either (MEM keeps the raster in memory).
+  if (const char* prefix = GDALGetMetadataItem(driver, GDAL_DMD_CONNECTION_PREFIX, nullptr);
+      prefix != nullptr) {
+    throw std::invalid_argument(its + " writes to a service or database (connection prefix '" +
+                                shown(prefix) + "'), not to a file");
+  }
+  if (GDALGetMetadataItem(driver, GDAL_DMD_EXTENSION, nullptr) == nullptr &&
+      GDALGetMetadataItem(driver, GDAL_DMD_EXTENSIONS, nullptr) == nullptr &&
+      GDALGetMetadataItem(driver, GDAL_DCAP_VIRTUALIO, nullptr) == nullptr) {
+    throw std::invalid_argument(its + (EQUAL(real.c_str(), "MEM")
+                                           ? " keeps the raster in memory and writes no file"
+                                           : " declares no file extension and no file I/O "
+                                             "through GDAL: it may write no file, or a "
+                                             "directory, and is not supported as an output"));
+  }
+  if (canonical != nullptr) *canonical = real;
   return driver;
 }
 
-/// The creation options a write of @p band_count bands of @p dtype passes to @p driver, checked
-/// (validate_creation_options) before anything is created.
-CPLStringList creation_options(GDALDriverH driver, const WriteOptions& options, DType dtype,
-                               int band_count) {
-  const bool gtiff = options.driver == "GTiff";
+/// Refuses a dtype @p driver does not create (its DMD_CREATIONDATATYPES), before anything is
+/// created. The list lags behind the drivers for the types GDAL added late (GTiff of GDAL 3.6
+/// writes Int64 and UInt64 without listing them): those are left to the driver's Create and to
+/// what reads back.
+void check_creation_dtype(GDALDriverH driver, DType dtype, const char* who) {
+  const char* types = GDALGetMetadataItem(driver, GDAL_DMD_CREATIONDATATYPES, nullptr);
+  if (types == nullptr) return;  // the driver does not say
+  if (dtype == DType::int8 || dtype == DType::int64 || dtype == DType::uint64) return;
+  const char* type = GDALGetDataTypeName(gdal_type(dtype));
+  const CPLStringList list(CSLTokenizeString2(types, " ", 0));
+  for (int i = 0; i < list.size(); ++i) {
+    if (EQUAL(list[i], type)) return;
+  }
+  throw std::invalid_argument(std::string(who) + ": GDAL's " +
+                              shown(GDALGetDriverShortName(driver)) + " driver cannot write " +
+                              std::string(to_string(dtype)) + " (GDAL " + type + "); it writes " +
+                              shown(types));
+}
+
+/// The creation options a write of @p band_count bands of @p dtype passes to @p driver (named
+/// @p driver_name, GDAL's spelling), checked (validate_creation_options) before anything is
+/// created.
+CPLStringList creation_options(GDALDriverH driver, const std::string& driver_name,
+                               const WriteOptions& options, DType dtype, int band_count,
+                               const char* who) {
+  const bool gtiff = driver_name == "GTiff";
   CPLStringList opts;
   if (gtiff) {
     if (!options.compress.empty()) opts.SetNameValue("COMPRESS", options.compress.c_str());
     if (options.tiled) {
       if (options.block < 16 || options.block % 16 != 0) {
-        throw std::invalid_argument(
-            "write_raster: a GeoTIFF tile side must be a positive "
-            "multiple of 16, not " +
-            std::to_string(options.block));
+        throw std::invalid_argument(std::string(who) +
+                                    ": a GeoTIFF tile side must be a positive "
+                                    "multiple of 16, not " +
+                                    std::to_string(options.block));
       }
       opts.SetNameValue("TILED", "YES");
       opts.SetNameValue("BLOCKXSIZE", std::to_string(options.block).c_str());
@@ -419,7 +529,8 @@ CPLStringList creation_options(GDALDriverH driver, const WriteOptions& options, 
   // NUM_THREADS only where the driver takes it (GTiff does), so others warn about nothing.
   const char* known = GDALGetMetadataItem(driver, GDAL_DMD_CREATIONOPTIONLIST, nullptr);
   if (options.num_threads != 0 && known != nullptr &&
-      std::strstr(known, "NUM_THREADS") != nullptr) {
+      (std::strstr(known, "name='NUM_THREADS'") != nullptr ||
+       std::strstr(known, "name=\"NUM_THREADS\"") != nullptr)) {
     opts.SetNameValue("NUM_THREADS", options.num_threads < 0
                                          ? "ALL_CPUS"
                                          : std::to_string(options.num_threads).c_str());
@@ -427,31 +538,36 @@ CPLStringList creation_options(GDALDriverH driver, const WriteOptions& options, 
   for (const std::string& kv : options.creation_options) {
     const std::size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
-      throw std::invalid_argument("write_raster: creation option '" + shown(kv) +
+      throw std::invalid_argument(std::string(who) + ": creation option '" + shown(kv) +
                                   "' is not KEY=VALUE");
     }
     opts.SetNameValue(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
   }
-  validate_creation_options(driver, options.driver, opts);
+  validate_creation_options(driver, driver_name, opts, who);
   return opts;
 }
 
-/// Creates the dataset @p file (the temporary file of @p path, which messages name).
+/// Creates the dataset @p file (the temporary file of @p path, which messages name), as @p who.
+/// @throws std::invalid_argument for what the driver refuses before anything is written: a
+/// driver, dtype or creation option it does not take, a CRS GDAL does not understand, or a
+/// driver that made no file at @p file (it writes elsewhere, or nowhere).
 Dataset create_dataset(const std::string& file, const std::string& path, DType dtype,
                        int band_count, std::int64_t height, std::int64_t width,
                        const std::optional<NodataValue>& nodata, const Affine* affine,
-                       const std::string& crs, const WriteOptions& options) {
+                       const std::string& crs, const WriteOptions& options, const char* who) {
   register_drivers();
   if (height > INT_MAX || width > INT_MAX) {
-    throw std::invalid_argument("write_raster: " + std::to_string(width) + " x " +
+    throw std::invalid_argument(std::string(who) + ": " + std::to_string(width) + " x " +
                                 std::to_string(height) + " exceeds GDAL's size limit");
   }
-  GDALDriverH driver = output_driver(options);
-  const bool gtiff = options.driver == "GTiff";
+  std::string name;
+  GDALDriverH driver = output_driver(options, who, &name);
+  const bool gtiff = name == "GTiff";
   if (dtype == DType::int8 && !VSR_GDAL_HAS_INT8 && !gtiff) {
-    throw std::invalid_argument("write_raster: int8 needs GDAL >= 3.7 for driver '" +
-                                shown(options.driver) + "' (this GDAL is " GDAL_RELEASE_NAME ")");
+    throw std::invalid_argument(std::string(who) + ": int8 needs GDAL >= 3.7 for driver '" +
+                                shown(name) + "' (this GDAL is " GDAL_RELEASE_NAME ")");
   }
+  check_creation_dtype(driver, dtype, who);
   std::string wkt;
   if (!crs.empty()) {
     OGRSpatialReferenceH srs = OSRNewSpatialReference(nullptr);
@@ -461,16 +577,25 @@ Dataset create_dataset(const std::string& file, const std::string& path, DType d
     if (text != nullptr) wkt = text;
     CPLFree(text);
     OSRDestroySpatialReference(srs);
-    if (!ok)
-      throw std::invalid_argument("write_raster: GDAL does not understand CRS '" + shown(crs) +
-                                  "'");
+    if (!ok) {
+      throw std::invalid_argument(std::string(who) + ": GDAL does not understand CRS '" +
+                                  shown(crs) + "'");
+    }
   }
 
-  const CPLStringList opts = creation_options(driver, options, dtype, band_count);
+  const CPLStringList opts = creation_options(driver, name, options, dtype, band_count, who);
   GDALDatasetH ds = GDALCreate(driver, file.c_str(), static_cast<int>(width),
                                static_cast<int>(height), band_count, gdal_type(dtype), opts.List());
   if (ds == nullptr) fail("cannot create raster '" + shown(path) + "'");
   Dataset owned(ds);
+  // A driver that made a directory there (Zarr) writes no file to rename into place: refused
+  // now, before any pixel is written. One that made nothing yet may write at close (PDS4's
+  // label): the file is verified after the close (verify_written, PendingOutput::commit).
+  if (struct stat st{}; ::lstat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    throw std::invalid_argument(std::string(who) + ": GDAL's " + shown(name) +
+                                " driver made a directory, not a file, for '" + shown(path) +
+                                "': it cannot write outputs (they are files)");
+  }
   if (affine != nullptr) {
     std::array<double, 6> gt = affine->to_gdal();
     if (GDALSetGeoTransform(ds, gt.data()) != CE_None) {
@@ -486,12 +611,72 @@ Dataset create_dataset(const std::string& file, const std::string& path, DType d
   return owned;
 }
 
-/// The host pixels of @p raster: its own buffer when host resident, else a copy in @p scratch.
-const void* host_pixels(const OwnedRasterArray& raster, std::vector<std::byte>& scratch) {
+/// Checks the closed output @p file of @p path before it is committed: GDAL's @p driver opens
+/// it as a raster of @p width x @p height of @p dtype with a band for each of @p nodata, and
+/// each band keeps the nodata written to it (a NaN nodata of a float band may go unrecorded:
+/// NaN pixels are invalid all the same; a band written without one may read one, the driver's
+/// fixed sentinel). What cannot be read back as written is never put in place: pixels that
+/// were nodata would read as valid values.
+/// @throws std::runtime_error when it does not.
+void verify_written(const std::string& file, const std::string& path, const std::string& driver,
+                    std::int64_t height, std::int64_t width, DType dtype,
+                    const std::vector<std::optional<NodataValue>>& nodata) {
+  const int band_count = static_cast<int>(nodata.size());
+  CPLStringList allowed;
+  allowed.AddString(driver.c_str());
+  Dataset ds(GDALOpenEx(file.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR,
+                        allowed.List(), nullptr, nullptr));
+  const std::string cannot =
+      "cannot write '" + shown(path) + "': GDAL's " + shown(driver) + " driver";
+  if (!ds) fail(cannot + " cannot open the file it wrote");
+  if (GDALGetRasterXSize(ds.get()) != width || GDALGetRasterYSize(ds.get()) != height ||
+      GDALGetRasterCount(ds.get()) != band_count) {
+    throw std::runtime_error(cannot + " reads back " +
+                             std::to_string(GDALGetRasterCount(ds.get())) + " band(s) of " +
+                             std::to_string(GDALGetRasterYSize(ds.get())) + " x " +
+                             std::to_string(GDALGetRasterXSize(ds.get())) +
+                             " from the file it wrote, not " + std::to_string(band_count) + " of " +
+                             std::to_string(height) + " x " + std::to_string(width));
+  }
+  for (int b = 1; b <= band_count; ++b) {
+    const std::optional<NodataValue>& wrote = nodata[static_cast<std::size_t>(b - 1)];
+    if (!wrote) continue;
+    const std::optional<NodataValue> reads = band_nodata(GDALGetRasterBand(ds.get(), b), dtype);
+    if (reads == wrote) continue;
+    if (is_floating_point(dtype) && std::isnan(wrote->to_double()) && !reads) continue;
+    throw std::runtime_error(cannot + " does not keep band " + std::to_string(b) + "'s nodata " +
+                             wrote->to_string() + " (it reads back " +
+                             (reads ? reads->to_string() : std::string("none")) +
+                             "): its nodata pixels would read as valid values");
+  }
+}
+
+/// The host pixels of @p raster: its own buffer when host resident, else a copy in @p scratch
+/// (checked against the host memory available first).
+const void* host_pixels(const OwnedRasterArray& raster, std::vector<std::byte>& scratch,
+                        const char* who) {
   if (raster.residency() == Residency::host && raster.host_data() != nullptr) {
     return raster.host_data();
   }
-  scratch.resize(raster.byte_size());
+  const std::uint64_t bytes = raster.byte_size();
+  const std::uint64_t limit = available_host_memory();
+  const std::string what = window_text(RasterWindow{0, 0, raster.width(), raster.height()},
+                                       raster.band_count(), raster.dtype());
+  if (bytes > limit) {
+    throw HostMemoryLimitError(bytes, limit,
+                               std::string(who) + ": the host copy of a device raster (" + what +
+                                   ") needs " + detail::byte_text(bytes) +
+                                   " of host memory, more than the " + detail::byte_text(limit) +
+                                   " available");
+  }
+  try {
+    scratch.resize(raster.byte_size());
+  } catch (const std::bad_alloc&) {
+    throw HostMemoryLimitError(bytes, limit,
+                               std::string(who) + ": out of host memory allocating the " +
+                                   detail::byte_text(bytes) + " host copy of a device raster (" +
+                                   what + ")");
+  }
   raster.copy_to_host(scratch.data());
   return scratch.data();
 }
@@ -536,24 +721,139 @@ OwnedRasterArray read_raster(const std::string& path, std::optional<RasterWindow
 }
 
 void check_write_options(const WriteOptions& options) {
+  static constexpr const char* who = "check_write_options";
   QuietErrors quiet;
-  (void)creation_options(output_driver(options), options, DType::float32, 1);
+  std::string name;
+  GDALDriverH driver = output_driver(options, who, &name);
+  (void)creation_options(driver, name, options, DType::float32, 1, who);
+}
+
+void check_output_file(const std::string& path, const WriteOptions& options, DType dtype,
+                       int band_count, const std::optional<NodataValue>& nodata,
+                       const std::string& crs) {
+  static constexpr const char* who = "check_output_file";
+  VSR_EXPECTS(band_count >= 1,
+              std::string(who) + ": band_count " + std::to_string(band_count) + " < 1");
+  QuietErrors quiet;
+  std::string name;
+  GDALDriverH driver = output_driver(options, who, &name);
+  (void)creation_options(driver, name, options, dtype, band_count, who);
+  check_creation_dtype(driver, dtype, who);
+  // The trial raster: small, so that drivers that fill a new file up front write little, in
+  // small GeoTIFF tiles (the block options were checked above; a 256 x 256 block per band of a
+  // 500-band trial would hold 128 MiB).
+  constexpr std::int64_t side = 16;
+  WriteOptions trial = options;
+  trial.block = 16;
+  std::erase_if(trial.creation_options, [](const std::string& kv) {
+    return kv.rfind("BLOCKXSIZE=", 0) == 0 || kv.rfind("BLOCKYSIZE=", 0) == 0;
+  });
+  // Band b holds 10 + 10 * (b % 11) (3 more where the nodata is one of those), a value every
+  // dtype holds: what reads back tells a band lost, swapped or filled with other memory (MRF
+  // pixel-interleaved, written band by band) from a lossy codec's small error.
+  const double shift = nodata && std::fmod(nodata->to_double(), 10.0) == 0.0 &&
+                               nodata->to_double() >= 10 && nodata->to_double() <= 110
+                           ? 3.0
+                           : 0.0;
+  const auto band_value = [&](int b) { return 10.0 + 10.0 * (b % 11) + shift; };
+  const std::string wrote = std::to_string(band_count) + " band(s) of " +
+                            std::string(to_string(dtype)) +
+                            (nodata ? " with nodata " + nodata->to_string() : std::string());
+  detail::PendingOutput pending(path, options.overwrite);  // never committed: removed
+  {
+    Dataset ds;
+    try {
+      // Georeferenced, as most outputs are (GPKG needs a geotransform).
+      const Affine affine{1, 0, 0, 0, -1, side};
+      ds = create_dataset(pending.path(), path, dtype, band_count, side, side, nodata, &affine, crs,
+                          trial, who);
+      std::vector<double> pixels(static_cast<std::size_t>(side * side * band_count));
+      for (int b = 0; b < band_count; ++b) {
+        std::fill_n(pixels.begin() + static_cast<std::ptrdiff_t>(b * side * side), side * side,
+                    band_value(b));
+      }
+      std::vector<int> bands = all_bands(band_count);
+      const auto io = [&](GDALDatasetH h, GDALRWFlag flag) {
+        return GDALDatasetRasterIOEx(h, flag, 0, 0, static_cast<int>(side), static_cast<int>(side),
+                                     pixels.data(), static_cast<int>(side), static_cast<int>(side),
+                                     GDT_Float64, band_count, bands.data(), sizeof(double),
+                                     sizeof(double) * side, sizeof(double) * side * side, nullptr);
+      };
+      // Band by band, each flushed before the next, as a per-band streamed run writes (a pass
+      // of one band, its blocks evicted from GDAL's cache before the next pass).
+      for (int b = 0; b < band_count; ++b) {
+        const CPLErr err = GDALRasterIO(
+            GDALGetRasterBand(ds.get(), b + 1), GF_Write, 0, 0, static_cast<int>(side),
+            static_cast<int>(side), pixels.data() + static_cast<std::ptrdiff_t>(b * side * side),
+            static_cast<int>(side), static_cast<int>(side), GDT_Float64, 0, 0);
+        if (err != CE_None) fail("cannot write raster '" + shown(path) + "'");
+        GDALFlushCache(ds.get());
+      }
+      close_checked(ds, path, quiet);
+      verify_written(
+          pending.path(), path, name, side, side, dtype,
+          std::vector<std::optional<NodataValue>>(static_cast<std::size_t>(band_count), nodata));
+      CPLStringList allowed;
+      allowed.AddString(name.c_str());
+      Dataset back(GDALOpenEx(pending.path().c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY,
+                              allowed.List(), nullptr, nullptr));
+      std::fill(pixels.begin(), pixels.end(), std::nan(""));
+      if (!back || io(back.get(), GF_Read) != CE_None) {
+        fail("cannot write '" + shown(path) + "': GDAL's " + shown(name) +
+             " driver cannot read back the pixels it wrote");
+      }
+      for (int b = 0; b < band_count; ++b) {
+        for (std::int64_t k = 0; k < side * side; ++k) {
+          const double got = pixels[static_cast<std::size_t>(b * side * side + k)];
+          if (!(std::fabs(got - band_value(b)) <= 3.0)) {
+            char text[120];
+            std::snprintf(text, sizeof text, "reads back %.17g in band %d where %g was written",
+                          got, b + 1, band_value(b));
+            throw std::runtime_error("GDAL's " + shown(name) + " driver " + text +
+                                     ": it does not keep the pixels of " + wrote);
+          }
+        }
+      }
+    } catch (const std::invalid_argument&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      // GDAL refused the raster itself (a band count or size the format cannot hold).
+      std::string why = e.what();
+      const std::string prefix = "cannot write '" + shown(path) + "': ";
+      if (why.rfind(prefix, 0) == 0) why.erase(0, prefix.size());
+      throw std::invalid_argument(std::string(who) + ": GDAL's " + shown(name) +
+                                  " driver cannot write " + wrote + " to '" + shown(path) +
+                                  "': " + why);
+    }
+  }
 }
 
 void write_raster(const std::string& path, const OwnedRasterArray& raster,
                   const WriteOptions& options) {
+  static constexpr const char* who = "write_raster";
   QuietErrors quiet;
+  {
+    // What the driver refuses, refused before anything is touched.
+    std::string name;
+    GDALDriverH driver = output_driver(options, who, &name);
+    check_creation_dtype(driver, raster.dtype(), who);
+    (void)creation_options(driver, name, options, raster.dtype(), raster.band_count(), who);
+  }
   std::vector<std::byte> scratch;
-  const void* pixels = host_pixels(raster, scratch);
+  const void* pixels = host_pixels(raster, scratch, who);
   detail::PendingOutput pending(path, options.overwrite);  // before the dataset: removed after it
   Dataset ds = create_dataset(pending.path(), path, raster.dtype(), raster.band_count(),
                               raster.height(), raster.width(), raster.exact_nodata(),
-                              &raster.affine(), raster.crs(), options);
+                              &raster.affine(), raster.crs(), options, who);
   std::vector<int> bands = all_bands(raster.band_count());
   raster_io(ds.get(), GF_Write, RasterWindow{0, 0, raster.width(), raster.height()},
             const_cast<void*>(pixels), raster.dtype(), bands, raster.width(),
             raster.width() * raster.height(), path);
   close_checked(ds, path, quiet);
+  verify_written(pending.path(), path, GDALGetDriverShortName(output_driver(options, who)),
+                 raster.height(), raster.width(), raster.dtype(),
+                 std::vector<std::optional<NodataValue>>(
+                     static_cast<std::size_t>(raster.band_count()), raster.exact_nodata()));
   pending.commit(options.overwrite);
 }
 
@@ -745,34 +1045,57 @@ OpenStream open_stream(const std::string& in, const RasterPlan& plan, const Stre
   return s;
 }
 
+/// Tile (@p row, @p col) of the layout, as tile_windows makes it (the same windows in the same
+/// row-major order), computed when it is reached: no list of tiles is held, so a raster of
+/// billions of tiles costs no memory for them.
+TileWindow tile_at(const RasterMetadata& meta, const StreamLayout& l, std::int64_t row,
+                   std::int64_t col) {
+  const std::int64_t r0 = row * l.th, c0 = col * l.tw;
+  TileWindow t;
+  t.window =
+      RasterWindow{c0, r0, std::min(l.tw, meta.width - c0), std::min(l.th, meta.height - r0)};
+  const std::int64_t pr0 = std::max<std::int64_t>(0, r0 - l.halo);
+  const std::int64_t pc0 = std::max<std::int64_t>(0, c0 - l.halo);
+  const std::int64_t pr1 = std::min(meta.height, r0 + t.window.height + l.halo);
+  const std::int64_t pc1 = std::min(meta.width, c0 + t.window.width + l.halo);
+  t.read = RasterWindow{pc0, pr0, pc1 - pc0, pr1 - pr0};
+  return t;
+}
+
 /// Calls @p f(tile, where) for every tile of every pass, one tile live at a time.
 template <class F>
 void walk_tiles(const OpenStream& s, const std::string& in, const StreamOptions& options, F&& f) {
   const StreamLayout& l = s.layout;
   const RasterMetadata& meta = s.meta;
-  const std::vector<TileWindow> tiles = tile_windows(meta.height, meta.width, l.th, l.tw, l.halo);
   std::int64_t index = 0;
   for (const StreamLayout::Pass& pass : l.passes) {
     const std::vector<int> pass_bands(l.bands.begin() + pass.first,
                                       l.bands.begin() + pass.first + pass.count);
-    for (const TileWindow& tile : tiles) {
-      TileInfo where;
-      where.index = index++;
-      where.total = l.total();
-      where.window = tile.window;
-      where.read = tile.read;
-      where.first_band = pass.first;
-      where.band_count = pass.count;
-      if (options.stage) options.stage(where, TileStage::read);
-      f(read_open(s.src.get(), in, where.read, pass_bands, false, true), where);
+    for (std::int64_t row = 0; row < l.rows; ++row) {
+      for (std::int64_t col = 0; col < l.cols; ++col) {
+        const TileWindow tile = tile_at(meta, l, row, col);
+        TileInfo where;
+        where.index = index++;
+        where.total = l.total();
+        where.window = tile.window;
+        where.read = tile.read;
+        where.first_band = pass.first;
+        where.band_count = pass.count;
+        if (options.stage) options.stage(where, TileStage::read);
+        f(read_open(s.src.get(), in, where.read, pass_bands, false, true), where);
+      }
     }
   }
 }
 
-/// Copies what options.metadata names from @p src to the new output @p dst.
+/// Copies what options.metadata names from @p src to the new output @p dst, as far as its format
+/// holds it.
 void copy_metadata(GDALDatasetH src, GDALDatasetH dst, const StreamLayout& l, int out_bands,
                    MetadataCopy what) {
   if (what == MetadataCopy::none) return;
+  // Descriptive metadata goes where the format can hold it: a driver that cannot (RMF has no
+  // colour interpretation) fails neither the run nor the file.
+  QuietErrors ignored;
   if (const char* aop = GDALGetMetadataItem(src, "AREA_OR_POINT", nullptr); aop != nullptr) {
     GDALSetMetadataItem(dst, "AREA_OR_POINT", aop, nullptr);
   }
@@ -853,17 +1176,25 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
   static constexpr const char* who = "process_raster_file";
   if (!op) throw std::invalid_argument(std::string(who) + ": empty op");
   QuietErrors quiet;
+  std::string driver_name;
+  {
+    // What the driver refuses, refused before anything is read (the dtype once it is known).
+    GDALDriverH driver = output_driver(options.write, who, &driver_name);
+    (void)creation_options(driver, driver_name, options.write, DType::float32, 1, who);
+  }
   OpenStream s = open_stream(in, plan, options, who);
   const StreamLayout& l = s.layout;
-  const bool gtiff = options.write.driver == "GTiff";
+  const bool gtiff = driver_name == "GTiff";
 
-  // Declared before the output dataset, so that on an error the dataset is closed first and its
-  // temporary file removed after.
-  std::optional<detail::PendingOutput> pending;
+  // Made before anything is computed (a directory that takes no temporary fails first), and
+  // declared before the output dataset, so that on an error the dataset is closed first and its
+  // temporary files removed after.
+  detail::PendingOutput pending(out, options.write.overwrite);
   Dataset dst;
   DType out_dtype = DType::float32;
   int out_bands = 0;
-  std::optional<NodataValue> out_nodata;   // of the current pass's result
+  std::optional<NodataValue> out_nodata;                   // of the current pass's result
+  std::vector<std::optional<NodataValue>> written_nodata;  // each output band's
   std::optional<NodataValue> file_nodata;  // GTiff: the one nodata the file has, once set
   bool file_nodata_set = false;
   std::int64_t pass_first_tile = -1;
@@ -892,11 +1223,11 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
       // Created from the first result: the output dtype and nodata are the op's.
       out_dtype = result.dtype();
       out_bands = l.per_band ? static_cast<int>(l.bands.size()) : result.band_count();
-      pending.emplace(out, options.write.overwrite);
-      dst = create_dataset(pending->path(), out, out_dtype, out_bands, s.meta.height, s.meta.width,
+      dst = create_dataset(pending.path(), out, out_dtype, out_bands, s.meta.height, s.meta.width,
                            std::nullopt, s.has_geotransform ? &s.meta.affine : nullptr, s.meta.crs,
-                           options.write);
+                           options.write, who);
       copy_metadata(s.src.get(), dst.get(), l, out_bands, options.metadata);
+      written_nodata.assign(static_cast<std::size_t>(out_bands), std::nullopt);
     } else if (result.dtype() != out_dtype || (!l.per_band && result.band_count() != out_bands)) {
       throw std::invalid_argument(std::string(who) + ": tile " + std::to_string(where.index) +
                                   " result differs from the first tile's in dtype or band count");
@@ -917,8 +1248,9 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
       file_nodata_set = true;
       const int first_out = l.per_band ? where.first_band : 0;
       const int count = l.per_band ? where.band_count : out_bands;
-      if (out_nodata) {
-        for (int b = 0; b < count; ++b) {
+      for (int b = 0; b < count; ++b) {
+        written_nodata[static_cast<std::size_t>(first_out + b)] = out_nodata;
+        if (out_nodata) {
           set_band_nodata(GDALGetRasterBand(dst.get(), first_out + b + 1), out_dtype, *out_nodata);
         }
       }
@@ -929,7 +1261,7 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
     }
     if (options.stage) options.stage(where, TileStage::write);
     std::vector<std::byte> scratch;
-    const auto* base = static_cast<const std::byte*>(host_pixels(result, scratch));
+    const auto* base = static_cast<const std::byte*>(host_pixels(result, scratch, who));
     const std::size_t offset =
         static_cast<std::size_t>((where.window.row_off - phys.row_off) * phys.width +
                                  (where.window.col_off - phys.col_off)) *
@@ -945,8 +1277,10 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
     if (options.progress) options.progress(where.index + 1, where.total);
   });
   close_checked(dst, out, quiet);
+  verify_written(pending.path(), out, driver_name, s.meta.height, s.meta.width, out_dtype,
+                 written_nodata);
   s.src.reset();  // the input closed before the output replaces it (in place: the same file)
-  pending->commit(options.write.overwrite);
+  pending.commit(options.write.overwrite);
 }
 
 void for_each_raster_tile(

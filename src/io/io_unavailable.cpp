@@ -60,6 +60,12 @@ void check_write_options(const WriteOptions& /*options*/) {
   unavailable("check_write_options");
 }
 
+void check_output_file(const std::string& /*path*/, const WriteOptions& /*options*/,
+                       DType /*dtype*/, int /*band_count*/,
+                       const std::optional<NodataValue>& /*nodata*/, const std::string& /*crs*/) {
+  unavailable("check_output_file");
+}
+
 void process_raster_streamed(const std::string& /*in*/, const std::string& /*out*/,
                              const BandOp& /*op*/, const RasterPlan& /*plan*/,
                              const WriteOptions& /*options*/,

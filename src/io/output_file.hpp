@@ -1,49 +1,80 @@
 // SPDX-License-Identifier: Apache-2.0
-// All-or-nothing output files (io.hpp, "Outputs"): a temporary file beside the target, renamed
-// into place only when complete, removed on every error path and, when the program asked for it
-// (remove_partial_outputs_on_signals), by a signal handler.
+// All-or-nothing output files (io.hpp, "Outputs"): the writer writes into a private temporary
+// directory beside the target, whose files are renamed into place only when complete and
+// verified; they are removed on every error path, by a signal handler when the program asked for
+// it (remove_partial_outputs_on_signals), and after a crash by the next write to the same target.
 //
 // Glossary
 // - target: the path the caller asked for (a symbolic link is followed: the file it names is
-//   replaced, the link stays).
-// - temporary: "<dir>/.<stem>.vsr-XXXXXX<ext>" in the target's directory, so the rename stays on
-//   one file system; created with O_CREAT | O_EXCL (mkstemp semantics) and mode 0666 less the
-//   umask, or the existing target's permissions.
-// - sidecars: files a GDAL driver writes beside the temporary (e.g. ".aux.xml"): every file of
-//   the directory whose name starts with the temporary's stem; committed and removed with it.
+//   replaced, the link stays). It must be a regular file or not exist.
+// - temporary directory: "<dir>/.<name>.vsr-XXXXXX" in the target's directory (so the renames
+//   stay on one file system), made by mkdtemp(3): unique, mode 0700. It holds
+//   - "data/": where the writer writes. The output file is "data/<name>", under the target's
+//     own file name, so drivers that name their sidecars after the file (ENVI's .hdr, PDS4's
+//     label) write the names they will keep. Nothing is there until the writer creates it, so a
+//     driver that refuses to create over an existing file (GPKG) can.
+//   - "owner": the owner record ("pid N", "start T", "boot B", "host H"), locked with flock(2)
+//     for as long as the writing process holds the PendingOutput. It appears already locked
+//     (written under another name, then renamed).
+// - sidecars: the other files the writer put in "data/" (".aux.xml", ".hdr", ...); renamed into
+//   the target's directory with the output file.
+// - stale temporary: one whose writer is gone (SIGKILL, a power cut). A new PendingOutput for
+//   the same target removes it when its owner lock can be taken (the process holding it has
+//   ended) and its record says it is no live process of this machine: same boot and its pid is
+//   no longer the process that started at the recorded time, or another boot of this host.
+//   A temporary with no owner record (a file system without flock, or one written by an older
+//   version: "<dir>/.<stem>.vsr-XXXXXX<ext>" files) is never removed automatically.
 #pragma once
+
+#include <sys/types.h>
 
 #include <string>
 
 namespace vibespatial::raster::detail {
 
-/// One output being written. Not copyable or movable; not thread-safe (one writer).
+/// One output being written. Not copyable or movable; not thread-safe (one writer). Distinct
+/// PendingOutputs (also for the same target, in any threads or processes) are independent.
 class PendingOutput {
  public:
-  /// Creates the temporary file for @p target.
-  /// @throws std::runtime_error (naming the directory and errno) when it cannot be created, or
-  /// when @p target exists and @p overwrite is false.
+  /// Removes the stale temporaries of @p target, then creates the temporary directory.
+  /// @throws std::invalid_argument when @p target holds a NUL byte, names no file or is not a
+  /// regular file (a directory, FIFO, socket or device); std::runtime_error (naming the
+  /// directory and errno) when the temporary directory cannot be created, or when @p target
+  /// exists and @p overwrite is false.
   explicit PendingOutput(const std::string& target, bool overwrite = true);
-  /// Removes the temporary file and its sidecars unless commit() succeeded. Never throws.
+  /// Removes the temporary directory and everything in it unless commit() succeeded. Never
+  /// throws.
   ~PendingOutput();
   PendingOutput(const PendingOutput&) = delete;
   PendingOutput& operator=(const PendingOutput&) = delete;
 
-  /// Where the writer writes (the temporary file).
-  const std::string& path() const noexcept { return temp_; }
+  /// Where the writer writes its output file ("<temporary directory>/data/<name>"). Nothing
+  /// exists there yet.
+  const std::string& path() const noexcept { return file_; }
+  /// The temporary directory.
+  const std::string& directory() const noexcept { return temp_; }
+  /// The target (a symbolic link resolved).
+  const std::string& target() const noexcept { return target_; }
 
-  /// Makes the written file the target: fsync of the file, sidecars renamed (a stale
+  /// Makes the written file the target, only when it is verified: path() must be a regular file
+  /// (non-empty unless @p may_be_empty) and every sidecar a regular file. Then: fsync of the
+  /// files, the file's permissions set to the old target's (if any), sidecars renamed (a stale
   /// "<target>.aux.xml" removed when none was written), the file renamed over the target (with
-  /// @p overwrite false: linked, so an existing target is never replaced), fsync of the
-  /// directory. @throws std::runtime_error when a rename fails or (overwrite false) the target
-  /// exists; the temporary files are removed then and the target is as it was.
-  void commit(bool overwrite = true);
+  /// @p overwrite false: the file and sidecars linked, so no existing file is ever replaced),
+  /// the temporary directory removed, fsync of the directory.
+  /// @throws std::runtime_error when the output is not verified, a rename fails or (overwrite
+  /// false) the target or a sidecar exists; the temporary files are removed then and the target
+  /// is as it was.
+  void commit(bool overwrite = true, bool may_be_empty = false);
 
  private:
   void remove_files() noexcept;
 
-  std::string target_, dir_, stem_, temp_, temp_stem_;
-  int slot_ = -1;  ///< the signal registry slot, -1 if none
+  std::string target_, dir_, name_, temp_, data_, file_;
+  bool target_existed_ = false;
+  mode_t target_mode_ = 0;
+  int lock_fd_ = -1;  ///< the owner record, flock()ed; -1 if none
+  int slot_ = -1;     ///< the signal registry slot, -1 if none
   bool committed_ = false;
 };
 

@@ -637,9 +637,10 @@ TEST_CASE("outputs are all or nothing: a failing op or write leaves the target a
   write_raster(dir.file("w.tif"), whole);
   CHECK(bytes_of(read_raster(dir.file("w.tif"))) == bytes_of(whole));
 
-  // A directory that cannot take a temporary file: a clear error, nothing written.
+  // A directory that cannot take a temporary: a clear error, nothing written.
   CHECK_THROWS_WITH_AS(write_raster(dir.file("no/such/dir/x.tif"), whole),
-                       doctest::Contains("cannot create a temporary file"), std::runtime_error);
+                       doctest::Contains("cannot create a temporary directory"),
+                       std::runtime_error);
 }
 
 TEST_CASE("streamed passes read only the plan's bands; reductions stream; memory is checked") {

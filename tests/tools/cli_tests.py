@@ -1078,6 +1078,304 @@ def stats_json_progress_quiet(env):
     check(p.stdout == b"" and tool_stderr(p.stderr) == b"", "-q silences progress and summary")
 
 
+# --- outputs that cannot be written, host memory, stale temporaries ------------------------------
+
+def entries(env):
+    return sorted(os.listdir(env.tmp))
+
+
+def temporaries(env, name):
+    """The hidden temporaries of writes to `name` in the case's directory (any naming)."""
+    stem = name.rsplit(".", 1)[0]
+    return [n for n in os.listdir(env.tmp)
+            if n.startswith("." + name + ".vsr-") or n.startswith("." + stem + ".vsr-")]
+
+
+@case
+def output_format_without_a_file_is_refused(env):
+    # -of MEM renamed its still-empty temporary file over the target: the input, written in place,
+    # became 0 bytes; a new target appeared as a 0-byte file.
+    src = env.make(env.path("in.tif"), "--width", 64, "--height", 48, "--nodata", "-9999")
+    before = digest(src)
+    for fmt, says in (("MEM", b"writes no file"), ("mem", b"writes no file"),
+                      ("PNG", b"no Create"), ("NGW", b"not to a file")):
+        for target, extra in ((src, ["--overwrite"]), (env.path("new.tif"), [])):
+            p = env.run(env.vsr_run, "--op", "focal-mean", "-i", src, "-of", fmt, "-o", target,
+                        *extra)
+            expect_exit(p, 2, "-of %s -o %s" % (fmt, os.path.basename(target)))
+            text = strict_text(p.stderr, "error")
+            check(says in p.stderr and text.startswith("vsr-run: -of: "), text)
+            check(b"throughput" not in p.stdout, "nothing computed for -of %s" % fmt)
+            check(digest(src) == before, "-of %s: the input changed" % fmt)
+            only_files(env, ["in.tif"], "-of %s -o %s" % (fmt, os.path.basename(target)))
+
+
+def created_drivers(env):
+    out = subprocess.run([env.raster_tool, "drivers"], check=True, stdout=subprocess.PIPE).stdout
+    return json.loads(out)
+
+
+def same_pixels(ref, got):
+    """Whether two dumps hold the same valid pixels where the same pixels are valid (each file's
+    own nodata; NaN is invalid)."""
+    def invalid(v, nd):
+        return is_nan(v) or (nd is not None and not is_nan(nd) and v == nd)
+    for br, bg, ir, ig in zip(ref["pixels"], got["pixels"], ref["band_info"], got["band_info"]):
+        for r, g in zip(br, bg):
+            a, b = invalid(r, ir["nodata"]), invalid(g, ig["nodata"])
+            if a != b or (not a and not rel_close(r, g)):
+                return False
+    return len(ref["pixels"]) == len(got["pixels"])
+
+
+@case
+def every_create_driver_writes_or_is_refused_up_front(env):
+    # -of GPKG always failed: the temporary file existed before the driver ran, and GPKG refuses
+    # to create over a file. Every raster driver with Create either writes a file that reads
+    # back as the GeoTIFF result, or is refused (exit 2, the reason) before anything is computed
+    # or written.
+    inputs = [
+        ("f32", ["--width", 40, "--height", 30, "--nodata", "-9999", "--nodata-every", 7],
+         ["--op", "clip", "--range", "0,100"]),
+        ("nan", ["--width", 40, "--height", 30, "--nodata", "-9999", "--nodata-every", 7],
+         ["--op", "focal-mean"]),
+        ("u8", ["--width", 40, "--height", 30, "--bands", 3, "--dtype", "uint8", "--nodata", 0,
+                "--nodata-every", 5], ["--op", "clip", "--range", "10,200"]),
+    ]
+    written = {}
+    for label, make, op in inputs:
+        src = env.make(env.path(label + ".tif"), *make)
+        ref = env.path(label + "-ref.tif")
+        run_ok(env, *op, "-i", src, "-o", ref, "-q")
+        want = env.dump(ref)
+        for d in created_drivers(env):
+            name = d["name"]
+            sub = os.path.join(env.tmp, label + "-" + name)
+            os.mkdir(sub)
+            out = os.path.join(sub, "o." + (d["extension"] or "out"))
+            p = env.run(env.vsr_run, *op, "-i", src, "-of", name, "-o", out, "-q")
+            if p.returncode == 0:
+                got = env.dump(out)
+                check(got["driver"] == name and same_pixels(want, got),
+                      "%s %s: the file does not read back as the result" % (label, name))
+                written.setdefault(name, []).append(label)
+            else:
+                expect_exit(p, 2, "%s -of %s" % (label, name))
+                check(b"vsr-run: -of: " in p.stderr and name.encode() in p.stderr,
+                      "%s -of %s: %r" % (label, name, p.stderr))
+                check(os.listdir(sub) == [], "%s -of %s left %s" % (label, name, os.listdir(sub)))
+            check(not [n for n in os.listdir(sub) if ".vsr-" in n], "a temporary is left")
+    # GeoPackage takes 1 band of float32 and 3 bands of uint8 as RGBA only.
+    check(written.get("GPKG") == ["f32", "nan"], "GPKG wrote %r" % written.get("GPKG"))
+    for name in ("GTiff", "HFA", "ENVI", "EHdr", "RRASTER", "PCIDSK"):
+        check(written.get(name) == ["f32", "nan", "u8"], "%s wrote %r" % (name, written.get(name)))
+
+
+@case
+def unavailable_gtiff_is_named_as_such(env):
+    # GDAL_SKIP=GTiff said "--co: write_raster: unknown GDAL driver 'GTiff'" with no --co given.
+    src = env.make(env.path("in.tif"), "--width", 16, "--height", 16)
+    for extra, option in (([], b"vsr-run: --output: "), (["-of", "GTiff"], b"vsr-run: -of: ")):
+        p = env.run(env.vsr_run, "--op", "focal-mean", "-i", env.path("in.tif"), "-o",
+                    env.path("o.tif"), *extra, env={"GDAL_SKIP": "GTiff"})
+        expect_exit(p, 2, "GDAL_SKIP=GTiff %r" % extra)
+        text = strict_text(p.stderr, "error")
+        check(p.stderr.startswith(option) and b"--co" not in p.stderr and
+              b"not available in this GDAL" in p.stderr and b"GDAL_SKIP" in p.stderr, text)
+    # Creation options are still blamed when they are the fault.
+    p = env.run(env.vsr_run, "--op", "focal-mean", "-i", src, "-o", env.path("o.tif"), "--co",
+                "COMPRESS=BOGUS")
+    expect_exit(p, 2, "--co COMPRESS=BOGUS")
+    check(p.stderr.startswith(b"vsr-run: --co: "), p.stderr)
+    only_files(env, ["in.tif"], "refusals")
+
+
+def killed_run(env, args):
+    """Starts vsr-run as interrupted_run does and SIGKILLs it after its first progress line."""
+    return interrupted_run(env, signal.SIGKILL, args)
+
+
+@case
+def sigkilled_temporary_is_removed_by_the_next_write(env):
+    src = env.make(env.path("in.tif"), "--width", 4096, "--height", 4096, "--block", 256,
+                   "--sparse", "--nodata", "-9999")
+    before = digest(src)
+    out = env.path("out.tif")
+    args = ["--op", "focal-mean", "--input", src, "--output", out, "--budget", "100K"]
+    rc = killed_run(env, args)
+    check(rc == -signal.SIGKILL, "exit status %d" % rc)
+    check(temporaries(env, "out.tif"), "SIGKILL left no temporary: %s" % entries(env))
+    # In place too: the input's stale temporary.
+    rc = killed_run(env, ["--op", "focal-mean", "--input", src, "--output", src, "--budget",
+                          "100K"])
+    check(rc == -signal.SIGKILL and temporaries(env, "in.tif"), entries(env))
+    check(digest(src) == before, "the input changed")
+    # The next write to out.tif (A, which then waits on its stderr pipe, alive) removes the dead
+    # run's temporary; B, writing out.tif meanwhile, never removes A's live one.
+    dead = set(temporaries(env, "out.tif"))
+    live = subprocess.Popen([env.vsr_run] + args + ["--progress", "--overwrite"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        fcntl.fcntl(live.stderr.fileno(), fcntl.F_SETPIPE_SZ, 4096)
+        line = live.stderr.readline()
+        while line and not line.startswith(b"[vsr-run]") and tool_stderr(line) == b"":
+            line = live.stderr.readline()
+        check(line.startswith(b"[vsr-run]"), "live run: %r" % line)
+        mine = set(temporaries(env, "out.tif"))
+        check(len(mine) == 1 and not mine & dead, "A removed the dead temporary %s: %s" % (
+            dead, entries(env)))
+        small = env.make(env.path("small.tif"), "--width", 32, "--height", 32)
+        run_ok(env, "--op", "focal-mean", "-i", small, "-o", out, "--overwrite", "-q")
+        check(set(temporaries(env, "out.tif")) == mine, "B kept A's temporary: %s" % entries(env))
+        check(env.dump(out)["width"] == 32, "B's output")
+    finally:
+        live.send_signal(signal.SIGTERM)
+        live.wait(timeout=60)
+        live.stderr.close()
+    check(live.returncode == -signal.SIGTERM, "live run: %d" % live.returncode)
+    check(temporaries(env, "out.tif") == [], "SIGTERM removed A's own temporary")
+    # The in-place run's stale temporary goes with the next write of the input.
+    run_ok(env, "--op", "clip", "--range", "0,1", "-i", small, "-o", src, "--overwrite", "-q")
+    only_files(env, ["in.tif", "out.tif", "small.tif"], "after the writes")
+
+
+BIG_VRT = """<VRTDataset rasterXSize="1000000000" rasterYSize="1000000000">
+  <VRTRasterBand dataType="Float32" band="1">
+    <SimpleSource><SourceFilename relativeToVRT="1">small.tif</SourceFilename>
+      <SourceBand>1</SourceBand><SrcRect xOff="0" yOff="0" xSize="64" ySize="64"/>
+      <DstRect xOff="0" yOff="0" xSize="64" ySize="64"/></SimpleSource>
+  </VRTRasterBand>
+</VRTDataset>
+"""
+
+
+@case
+def host_memory_is_checked_up_front(env):
+    # The sample of 256 bands of 65536 x 65536 was a bare "std::bad_alloc".
+    p = env.run(env.vsr_run, "--sample-size", "65536", "--bands", "256")
+    expect_exit(p, 1, "a 4 TiB sample")
+    text = strict_text(p.stderr, "error")
+    check(b"bad_alloc" not in p.stderr and "host memory" in text and "4.00 TiB" in text and
+          "available" in text, text)
+    # --host-memory bounds the sample and the histograms too (it bounded file passes only).
+    p = env.run(env.vsr_run, "--sample-size", "1024", "--host-memory", "4M")
+    expect_exit(p, 1, "a 16 MiB sample under --host-memory 4M")
+    check(b"allowed (--host-memory)" in p.stderr and b"3.81 MiB" in p.stderr, p.stderr)
+    src = env.make(env.path("small.tif"), "--width", 64, "--height", 64)
+    p = env.run(env.vsr_run, "--op", "histogram", "-i", src, "--bins", "1000000",
+                "--host-memory", "20M", "-o", env.path("h.json"))
+    expect_exit(p, 1, "a million bins under --host-memory 20M")
+    check(b"1000000 bins" in p.stderr and b"allowed (--host-memory)" in p.stderr, p.stderr)
+    check(not os.path.exists(env.path("h.json")), "no output")
+    # Stats of a 10^9 x 10^9 VRT over a 64 x 64 file: the tile list (6e10 tiles) was allocated
+    # before the first tile. Now the tiles stream: the first one is done, and the run is stopped.
+    with open(env.path("big.vrt"), "w") as f:
+        f.write(BIG_VRT)
+    p = subprocess.Popen([env.vsr_run, "--op", "stats", "-i", env.path("big.vrt"),
+                          "--allow-virtual", "--progress"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    try:
+        line = p.stderr.readline()
+        while line and not line.startswith(b"[vsr-run]") and tool_stderr(line) == b"":
+            line = p.stderr.readline()
+        check(line.startswith(b"[vsr-run] stats: tile 1/"), "first line %r" % line)
+    finally:
+        p.kill()
+        p.wait()
+        p.stderr.close()
+
+
+@case
+def failed_allocation_is_named(env):
+    # An allocation that fails all the same (here: an address-space limit below what the
+    # up-front check allows) is a host-memory error naming what was being made.
+    if env.sanitized:
+        raise Skip("a sanitizer's shadow memory needs more address space than the limit")
+    limit = 1536 * MiB
+
+    def setup():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    p = subprocess.run([env.vsr_run, "--sample-size", "16384", "--bands", "2", "--host-memory",
+                        "1T"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=setup,
+                       env=dict(os.environ, VIBESPATIAL_CUDA_DRIVER=env.path("no-driver.so")))
+    expect_exit(p, 1, "a 2 GiB sample in 1.5 GiB of address space")
+    text = strict_text(p.stderr, "error")
+    check("std::bad_alloc" not in text and "out of host memory while making the sample raster"
+          in text, text)
+
+
+@case
+def output_attacks(env):
+    src = env.make(env.path("in.tif"), "--width", 64, "--height", 48, "--nodata", "-9999")
+    before = digest(src)
+    # A FIFO as output: never replaced by a file (its reader would wait forever), refused
+    # before anything is computed.
+    fifo = env.path("pipe.tif")
+    os.mkfifo(fifo)
+    for op, extra in (("focal-mean", []), ("stats", [])):
+        p = env.run(env.vsr_run, "--op", op, "-i", src, "-o", fifo, "--overwrite", *extra)
+        expect_exit(p, 2, "%s -o FIFO" % op)
+        check(b"not a regular file" in p.stderr and b"throughput" not in p.stdout, p.stderr)
+        check(stat_is_fifo(fifo), "the FIFO is still a FIFO")
+    os.unlink(fifo)
+    # A directory that takes no temporary (read-only): refused before any work, nothing left.
+    ro = "/proc/vsr-out.tif" if os.geteuid() == 0 else None
+    if ro is None:
+        rodir = env.path("ro")
+        os.mkdir(rodir)
+        os.chmod(rodir, 0o555)
+        ro = os.path.join(rodir, "o.tif")
+    for op in ("focal-mean", "stats"):
+        p = env.run(env.vsr_run, "--op", op, "-i", src, "-o", ro)
+        expect_exit(p, 1, "%s into a read-only directory" % op)
+        check(b"cannot create a temporary directory" in p.stderr and
+              b"throughput" not in p.stdout, p.stderr)
+    # A symbolic link to the input: written in place through it (the link stays a link).
+    link = env.path("link.tif")
+    os.symlink("in.tif", link)
+    p = env.run(env.vsr_run, "--op", "clip", "--range", "0,1", "-i", src, "-o", link)
+    expect_exit(p, 2, "a link to the input without --overwrite")
+    check(digest(src) == before, "the input changed")
+    run_ok(env, "--op", "clip", "--range", "0,1", "-i", src, "-o", link, "--overwrite", "-q")
+    check(os.path.islink(link) and env.dump(src)["band_info"][0]["nodata"] == -9999 and
+          max(v for v in env.dump(src)["pixels"][0] if v != -9999) <= 1, "clipped in place")
+    os.unlink(link)
+    # -of in any case is the driver: "gtiff" gets GTiff's defaults (DEFLATE, tiles).
+    run_ok(env, "--op", "focal-mean", "-i", src, "-of", "gtiff", "-o", env.path("lc.tif"), "-q")
+    d = env.dump(env.path("lc.tif"))
+    check(d["driver"] == "GTiff" and d["compression"] == "DEFLATE" and
+          d["band_info"][0]["block"] == [256, 256], d["compression"])
+    # Two runs on one target at once: each writes all or nothing, the last rename wins, no
+    # temporary is left.
+    big = env.make(env.path("big.tif"), "--width", 1024, "--height", 1024)
+    procs = [subprocess.Popen([env.vsr_run, "--op", op, "-i", big, "-o", env.path("same.tif"),
+                               "--overwrite", "--budget", "100K", "-q"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for op in ("focal-mean", "rescale")]
+    for q in procs:
+        q.communicate(timeout=300)
+        check(q.returncode == 0, "concurrent run: %d" % q.returncode)
+    got = env.dump(env.path("same.tif"))
+    refs = []
+    for op in ("focal-mean", "rescale"):
+        run_ok(env, "--op", op, "-i", big, "-o", env.path(op + ".tif"), "-q")
+        refs.append(env.dump(env.path(op + ".tif")))
+    check(any(same_pixels(r, got) for r in refs), "the target is one run's whole result")
+    check(not [n for n in os.listdir(env.tmp) if ".vsr-" in n], "temporaries left: %s" %
+          entries(env))
+    # A driver that writes several files: all of them land under the target's name, nothing
+    # is left of the temporary, and they read back.
+    run_ok(env, "--op", "focal-mean", "-i", src, "-of", "EHdr", "-o", env.path("m.bil"), "-q")
+    check({"m.bil", "m.hdr"} <= set(os.listdir(env.tmp)) and
+          same_pixels(env.dump(env.path("lc.tif")), env.dump(env.path("m.bil"))),
+          entries(env))
+
+
+def stat_is_fifo(path):
+    import stat
+    return stat.S_ISFIFO(os.lstat(path).st_mode)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-root", required=True)

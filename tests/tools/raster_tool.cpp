@@ -17,6 +17,8 @@
 //                             overwrites the compressed bytes of band 1's blocks K, K+1, ...
 //                             (row-major block order) with 0xFF, so reading them fails
 //   block-offset PATH K       prints the file offset of band 1's block K
+//   drivers                   prints this GDAL's raster drivers that have Create as JSON
+//                             ([{"name": ..., "extension": first of DMD_EXTENSIONS or ""}])
 //
 // Exit status 0 on success, 1 on any failure (message on stderr).
 #include <cpl_conv.h>
@@ -467,12 +469,38 @@ int corrupt(const std::string& path, int from) {
   return 0;
 }
 
+/// The raster drivers of this GDAL that have Create, as JSON: name and first extension ("" for
+/// none), one object per line inside a list.
+int drivers() {
+  GDALAllRegister();
+  std::printf("[");
+  bool first = true;
+  for (int i = 0; i < GDALGetDriverCount(); ++i) {
+    GDALDriverH d = GDALGetDriver(i);
+    if (GDALGetMetadataItem(d, GDAL_DCAP_RASTER, nullptr) == nullptr ||
+        GDALGetMetadataItem(d, GDAL_DCAP_CREATE, nullptr) == nullptr) {
+      continue;
+    }
+    const char* exts = GDALGetMetadataItem(d, GDAL_DMD_EXTENSIONS, nullptr);
+    std::string ext = exts != nullptr ? exts : "";
+    ext = ext.substr(0, ext.find(' '));
+    std::printf("%s\n  {\"name\": \"%s\", \"extension\": \"%s\"}", first ? "" : ",",
+                GDALGetDriverShortName(d), ext.c_str());
+    first = false;
+  }
+  std::printf("\n]\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CPLSetErrorHandler(CPLQuietErrorHandler);
   try {
-    if (argc < 3) throw Fail("usage: vsr-test-raster make|dump|corrupt|block-offset PATH ...");
+    if (argc == 2 && std::strcmp(argv[1], "drivers") == 0) return drivers();
+    if (argc < 3) {
+      throw Fail("usage: vsr-test-raster make|dump|corrupt|block-offset PATH ... | drivers");
+    }
     const std::string cmd = argv[1];
     if (cmd == "make") return make(argc, argv);
     if (cmd == "dump") return dump(argv[2]);

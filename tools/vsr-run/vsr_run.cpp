@@ -11,9 +11,10 @@
 // of the plan's bands and GDAL's block cache (capped from the plan) are in memory; statistics,
 // histograms and rescale's range are streaming reductions. Only the sample is held whole.
 //
-// Output: written to a temporary file beside --output and renamed into place only when complete,
-// so an error, a full disk or a signal (SIGINT, SIGTERM, ...) leaves the old file as it was (or no
-// file) and no temporary file; --output may name the input itself (with --overwrite).
+// Output: written into a temporary directory beside --output and renamed into place only when
+// complete and read back, so an error, a full disk or a signal (SIGINT, SIGTERM, ...) leaves the
+// old file as it was (or no file) and no temporary file; --output may name the input itself (with
+// --overwrite). The format is tried on a small file before any pixel is read.
 //
 // Exit status: 0 on success, 2 for bad arguments (message on stderr), 1 for any other error; a
 // run ended by a signal dies of that signal.
@@ -23,6 +24,7 @@
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/driver.hpp>
+#include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/io.hpp>
 #include <vibespatial/raster/memory.hpp>
 #include <vibespatial/raster/ops.hpp>
@@ -36,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -102,12 +105,22 @@ input:
                      raster file formats open an input otherwise: GTiff/COG, PNG, JPEG, ...)
 
 output:
-  -o, --output FILE  write the result there. Rasters: a new file, all or nothing (a temporary
-                     file beside it, renamed into place when complete: an error or a signal
-                     leaves FILE as it was). stats and histogram: their JSON.
+  -o, --output FILE  write the result there. Rasters: a new file, all or nothing (written in a
+                     hidden temporary directory beside it, checked, then renamed into place: an
+                     error or a signal leaves FILE as it was; a run killed with SIGKILL leaves
+                     the temporary, which the next run writing FILE removes). stats and
+                     histogram: their JSON. FILE must be a regular file or new (never a FIFO or
+                     a device such as /dev/null)
   --overwrite        replace an existing --output (refused without it); needed to write over
                      the input itself
-  -of FORMAT         GDAL driver of the output (default: from the extension, .tif is GTiff)
+  -of FORMAT         GDAL raster driver of the output, any case (default: from the extension,
+                     .tif is GTiff): any driver with Create that writes files, e.g. GTiff, GPKG,
+                     HFA, ENVI, EHdr, netCDF, PCIDSK, SAGA, RRASTER. Before any pixel is read
+                     the format is tried on a small file of the output's type, band count and
+                     nodata, and refused (exit 2) with the driver's reason when it cannot hold
+                     them (e.g. GPKG: 1 band, or up to 4 of uint8; BMP: uint8 only; GSBG keeps
+                     its own nodata) or writes no file (MEM; PNG and JPEG have no Create:
+                     convert a GTiff with gdal_translate)
   --co KEY=VALUE     a GDAL creation option; repeat for more. GTiff defaults: COMPRESS=DEFLATE,
                      TILED=YES, 256 x 256 blocks, INTERLEAVE=BAND, BIGTIFF=IF_SAFER
   --threads N        threads GDAL compresses with (NUM_THREADS; default: every CPU)
@@ -123,8 +136,9 @@ resources:
   --budget BYTES     VRAM budget for planning, > 0, or auto (default auto: what the device has
                      free; with no GPU, a quarter of the available host memory, at most 1 GiB)
   --host-memory BYTES
-                     refuse up front a file run whose pass (tile, result, GDAL's blocks and
-                     block cache) needs more host memory than this (default: what is available)
+                     refuse up front a run that needs more host memory than this (default: what
+                     is available): a file run's pass (tile, result, GDAL's blocks and block
+                     cache), the sample raster and its result, histograms and their text
 
 sample (no --input):
   --sample-size N    sample raster side in pixels (default 2048)
@@ -380,9 +394,15 @@ Arguments parse_arguments(int argc, char** argv) {
   return args;
 }
 
-/// The deterministic sample: smooth ramps per band plus a hash-based texture, ~1% NaN.
+/// The deterministic sample: smooth ramps per band plus a hash-based texture, ~1% NaN. Made in
+/// its raster's own buffer (one copy of the pixels in memory).
 vsr::OwnedRasterArray make_sample(int bands, std::int64_t side) {
-  std::vector<float> px(static_cast<std::size_t>(bands) * static_cast<std::size_t>(side * side));
+  // 10 m pixels in UTM 33N, so a written sample opens in any GIS.
+  vsr::OwnedRasterArray r =
+      vsr::OwnedRasterArray::allocate(vsr::Residency::host, vsr::DType::float32, bands, side, side,
+                                      std::numeric_limits<double>::quiet_NaN(),
+                                      vsr::Affine{10, 0, 500000, 0, -10, 5000000}, "EPSG:32633");
+  auto* px = static_cast<float*>(r.mutable_host_data());
   std::size_t i = 0;
   for (int b = 0; b < bands; ++b) {
     for (std::int64_t y = 0; y < side; ++y) {
@@ -396,10 +416,7 @@ vsr::OwnedRasterArray make_sample(int bands, std::int64_t side) {
       }
     }
   }
-  // 10 m pixels in UTM 33N, so a written sample opens in any GIS.
-  return vsr::OwnedRasterArray::from_host(
-      px.data(), vsr::DType::float32, bands, side, side, std::numeric_limits<double>::quiet_NaN(),
-      vsr::Affine{10, 0, 500000, 0, -10, 5000000}, "EPSG:32633");
+  return r;
 }
 
 /// Progress on stderr: on a terminal one line updated as each tile is read, computed and written;
@@ -549,6 +566,47 @@ std::optional<vsr::NodataValue> converted_nodata(const vsr::OwnedRasterArray& re
   }
 }
 
+/// The bytes of one pixel of @p t holding @p v (exactly, for 64-bit integers).
+std::vector<std::byte> pixel_bytes(vsr::DType t, const vsr::NodataValue& v) {
+  std::vector<std::byte> out(vsr::itemsize(t));
+  if (!holds(t, v) && t != vsr::DType::int64 && t != vsr::DType::uint64) return out;
+  const auto put = [&](auto x) { std::memcpy(out.data(), &x, sizeof x); };
+  const double d = v.to_double();
+  switch (t) {
+    case vsr::DType::uint8:
+      put(static_cast<std::uint8_t>(d));
+      break;
+    case vsr::DType::int8:
+      put(static_cast<std::int8_t>(d));
+      break;
+    case vsr::DType::uint16:
+      put(static_cast<std::uint16_t>(d));
+      break;
+    case vsr::DType::int16:
+      put(static_cast<std::int16_t>(d));
+      break;
+    case vsr::DType::uint32:
+      put(static_cast<std::uint32_t>(d));
+      break;
+    case vsr::DType::int32:
+      put(static_cast<std::int32_t>(d));
+      break;
+    case vsr::DType::uint64:
+      put(v.as_uint64().value_or(0));
+      break;
+    case vsr::DType::int64:
+      put(v.as_int64().value_or(0));
+      break;
+    case vsr::DType::float32:
+      put(static_cast<float>(d));
+      break;
+    default:
+      put(d);
+      break;
+  }
+  return out;
+}
+
 using RasterFn = std::function<vsr::OwnedRasterArray(const vsr::OwnedRasterArray&)>;
 
 /// One vsr-run: its steps in the order run() takes them.
@@ -559,6 +617,9 @@ class Job {
 
  private:
   void check_output();
+  void check_raster_output();
+  void check_host_memory(std::uint64_t bytes, const std::string& what,
+                         const std::string& advice) const;
   void open_input();
   void make_plan();
   void reduce(const std::string& what,
@@ -573,6 +634,8 @@ class Job {
   void print_summary(double seconds) const;
 
   const Arguments& args_;
+  /// What the run is doing, for the message of an allocation that fails all the same.
+  std::string step_ = "starting";
   Mode mode_ = Mode::none;
   std::string driver_label_;
   bool show_progress_ = false;
@@ -603,27 +666,61 @@ int Job::run() {
   // An interrupted or killed run leaves no partial output: the output is written to a temporary
   // file beside it, which these handlers remove before the signal ends the process.
   vsr::remove_partial_outputs_on_signals();
-  show_progress_ = !args_.quiet && (args_.progress || ::isatty(2) != 0);
-  std::tie(mode_, driver_label_) = detect_device();
-  from_file_ = !args_.input.empty();
-  check_output();
-  open_input();
-  make_plan();
-  if (args_.op == Op::stats) {
-    run_statistics();
-  } else if (args_.op == Op::histogram) {
-    run_histogram();
-  } else {
-    run_raster_op();
+  try {
+    show_progress_ = !args_.quiet && (args_.progress || ::isatty(2) != 0);
+    step_ = "looking for a device";
+    std::tie(mode_, driver_label_) = detect_device();
+    from_file_ = !args_.input.empty();
+    step_ = "checking the output";
+    check_output();
+    step_ = from_file_ ? "reading the input's header" : "making the sample raster";
+    open_input();
+    step_ = "checking the output";
+    check_raster_output();
+    step_ = "planning";
+    make_plan();
+    step_ = "running " + args_.op_name;
+    if (args_.op == Op::stats) {
+      run_statistics();
+    } else if (args_.op == Op::histogram) {
+      run_histogram();
+    } else {
+      run_raster_op();
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    step_ = "printing the results";
+    if (!args_.raster_output()) print_results();
+    if (!args_.quiet) print_summary(seconds);
+  } catch (const vsr::OutOfMemoryError&) {
+    throw;  // the device's, with its own message
+  } catch (const std::bad_alloc&) {
+    // Every allocation sized by the input is checked up front; one that fails all the same
+    // (memory taken meanwhile) is named, never a bare std::bad_alloc.
+    const std::uint64_t avail = vsr::available_host_memory();
+    throw vsr::HostMemoryLimitError(0, avail,
+                                    "out of host memory while " + step_ + " (" +
+                                        vsr_cli::format_bytes(avail) + " available now)");
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!args_.raster_output()) print_results();
-  if (!args_.quiet) print_summary(seconds);
   return 0;
 }
 
-/// GDAL present, --overwrite, and the output's driver and creation options.
+/// Refuses up front (HostMemoryLimitError) @p what, which needs @p bytes of host memory, when
+/// that is more than --host-memory or what is available; @p advice says what to do instead.
+void Job::check_host_memory(std::uint64_t bytes, const std::string& what,
+                            const std::string& advice) const {
+  const std::uint64_t limit = args_.host_memory.value_or(vsr::available_host_memory());
+  if (bytes <= limit) return;
+  throw vsr::HostMemoryLimitError(
+      bytes, limit,
+      what + " needs " + vsr_cli::format_bytes(bytes) + " of host memory, more than the " +
+          vsr_cli::format_bytes(limit) +
+          (args_.host_memory ? " allowed (--host-memory)" : " available (--host-memory)") + "; " +
+          advice);
+}
+
+/// GDAL present, --overwrite, and the output's driver and creation options (what needs no
+/// input: the trial of the format comes after the input's header, check_raster_output).
 void Job::check_output() {
   if ((from_file_ || (!args_.output.empty() && args_.raster_output())) && !vsr::io_available()) {
     throw std::runtime_error(std::string(from_file_ ? "--input" : "--output") +
@@ -641,17 +738,80 @@ void Job::check_output() {
       throw UsageError("--output: cannot tell the format of '" + args_.output +
                        "' from its extension; give -of FORMAT (e.g. -of GTiff)");
     }
-    write_.creation_options = args_.creation_options;
     write_.num_threads = args_.threads;
     write_.overwrite = args_.overwrite;
+    // The driver first, without --co: what it refuses is the format's (named by -of, or by the
+    // output's extension), never the creation options'.
+    try {
+      vsr::check_write_options(write_);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(args_.format.empty()
+                           ? "--output: " + std::string(e.what()) + " (the format of '" +
+                                 args_.output + "', from its extension; -of chooses another)"
+                           : "-of: " + std::string(e.what()));
+    }
+    write_.creation_options = args_.creation_options;
     // Options the driver refuses are a usage error now, not a failure after the whole run.
     try {
       vsr::check_write_options(write_);
     } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string(args_.format.empty() ? "--co" : "-of / --co") + ": " + e.what());
+      throw UsageError("--co: " + std::string(e.what()));
+    }
+  } else if (!args_.output.empty()) {
+    // A JSON output: its path is checked now (a directory, a FIFO, a read-only directory), not
+    // after the run.
+    try {
+      vsr::check_output_path(args_.output, args_.overwrite);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--output: " + std::string(e.what()));
     }
   }
   open_.allow_virtual = args_.allow_virtual;
+}
+
+/// A raster output, tried before any pixel is read: a small file of the output's dtype, band
+/// count and nodata written in the format, read back and removed (check_output_file). The dtype
+/// and nodata are what the op makes of a tiny raster of the input's dtype and nodata.
+void Job::check_raster_output() {
+  if (args_.output.empty() || !args_.raster_output()) return;
+  const bool ndvi = args_.op == Op::normalized_difference;
+  const int tiny_bands = ndvi ? (from_file_ ? 2 : meta_.band_count) : 1;
+  vsr::OwnedRasterArray tiny =
+      vsr::OwnedRasterArray::allocate(vsr::Residency::host, meta_.dtype, tiny_bands, 3, 3)
+          .with_nodata(band_nodata_.front());
+  // Every pixel nodata (or 0 without one): no valid value can collide with an output nodata.
+  {
+    std::vector<std::byte> pixel(vsr::itemsize(meta_.dtype));
+    if (const auto& nd = band_nodata_.front()) pixel = pixel_bytes(meta_.dtype, *nd);
+    auto* dst = static_cast<std::byte*>(tiny.mutable_host_data());
+    for (std::size_t k = 0; k < tiny.byte_size(); k += pixel.size()) {
+      std::copy(pixel.begin(), pixel.end(), dst + k);
+    }
+  }
+  vsr::DType out_dtype = args_.ot.value_or(args_.op == Op::rescale ? vsr::DType::float32
+                                           : args_.op == Op::clip || args_.op == Op::fill_nodata
+                                               ? meta_.dtype
+                                               : vsr::compute_dtype(meta_.dtype));
+  std::optional<vsr::NodataValue> out_nodata;
+  try {
+    const std::string note = note_;
+    const Range out = args_.out_range.value_or(Range{0, 1});
+    const vsr::OwnedRasterArray r =
+        args_.op == Op::rescale
+            ? vsr::rescale(tiny, 0, 1, out.lo, out.hi, args_.ot.value_or(vsr::DType::float32))
+            : raster_function()(tiny);
+    note_ = note;
+    out_dtype = r.dtype();
+    out_nodata = r.exact_nodata();
+  } catch (const std::exception&) {
+    // The op refuses the tiny raster (the run will say why): the trial goes without a nodata.
+  }
+  const int out_bands = ndvi ? 1 : static_cast<int>(bands_.size());
+  try {
+    vsr::check_output_file(args_.output, write_, out_dtype, out_bands, out_nodata, meta_.crs);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError((args_.format.empty() ? "--output: " : "-of: ") + std::string(e.what()));
+  }
 }
 
 /// The raster: a file's header only (the plan is made before any pixel is read), or the sample;
@@ -659,7 +819,26 @@ void Job::check_output() {
 void Job::open_input() {
   std::vector<std::optional<vsr::NodataValue>> file_nodata;  // of every band
   if (!from_file_) {
+    // The sample is held whole, with (raster ops) a result as large at up to 8 bytes a pixel,
+    // and a band and its result at a time beside them.
+    const std::uint64_t side = static_cast<std::uint64_t>(args_.sample_size);
+    const std::uint64_t band_px = side * side;  // <= 2^32
+    const std::uint64_t sample = band_px * static_cast<std::uint64_t>(args_.sample_bands) * 4;
+    const std::uint64_t work =
+        args_.raster_output()
+            ? band_px * static_cast<std::uint64_t>(args_.sample_bands) * 8 + 2 * band_px * 8
+            : 2 * band_px * 8;
+    char shape[160];
+    std::snprintf(shape, sizeof shape, "the sample raster (%d band(s) of %lld x %lld float32, %s)",
+                  args_.sample_bands, static_cast<long long>(side), static_cast<long long>(side),
+                  vsr_cli::format_bytes(sample).c_str());
+    check_host_memory(sample + work,
+                      std::string(shape) +
+                          (args_.raster_output() ? " with its result" : " with its working copies"),
+                      "give a smaller --sample-size or fewer --bands");
+    step_ = "making " + std::string(shape);
     raster_ = make_sample(args_.sample_bands, args_.sample_size);
+    step_ = "reading the input";
     meta_ = raster_->metadata();
     file_nodata.assign(static_cast<std::size_t>(meta_.band_count), raster_->exact_nodata());
     input_label_ = "sample";
@@ -689,6 +868,19 @@ void Job::open_input() {
   if (!args_.bands.empty()) {
     input_label_ += ", bands";
     for (const int b : bands_) input_label_.append(" ").append(std::to_string(b));
+  }
+  // What the reductions hold per selected band: statistics, or histograms (counts, edges) and
+  // their text (a table line or JSON numbers per bin).
+  const std::uint64_t nsel = bands_.size();
+  if (args_.op == Op::histogram) {
+    const std::uint64_t per_band = (static_cast<std::uint64_t>(args_.bins) + 1) * 80;
+    check_host_memory(nsel * per_band,
+                      "a histogram of " + std::to_string(args_.bins) + " bins for each of " +
+                          std::to_string(nsel) + " band(s), with its text,",
+                      "give fewer --bins or fewer bands (-b)");
+  } else if (args_.op == Op::stats) {
+    check_host_memory(nsel * 512, "the statistics of " + std::to_string(nsel) + " band(s)",
+                      "select fewer bands (-b)");
   }
   bool mixed = false;
   for (const auto& nd : band_nodata_) mixed = mixed || nd != band_nodata_.front();

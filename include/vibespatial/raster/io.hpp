@@ -13,7 +13,10 @@
 //   (WKT, "EPSG:n" or anything OGRSpatialReference::SetFromUserInput accepts).
 // - Nodata: GDAL keeps one per band, this library one per raster. Reading takes band 1's and
 //   rejects (std::runtime_error) a file whose selected bands disagree (NaN equals NaN); writing
-//   sets it on every band.
+//   sets it on every band, and an output whose driver does not keep it (GSBG and ISIS3 have
+//   their own, FITS none) is never put in place: its nodata pixels would read as valid. A NaN
+//   nodata of a float output that the format cannot record (GPKG) is left unrecorded: NaN
+//   pixels are invalid all the same.
 // - dtypes: all ten. int8 needs GDAL >= 3.7 (GDT_Int8); with older GDAL an int8 raster is
 //   written as Byte with PIXELTYPE=SIGNEDBYTE (GTiff) and read back as int8. uint64/int64 need
 //   GDAL >= 3.5.
@@ -21,21 +24,37 @@
 //   OpenOptions says otherwise. VRT (whose XML names other files to read, any file on the
 //   machine), GDAL's virtual file systems (/vsicurl/, /vsizip/, ...) and URLs need
 //   OpenOptions::allow_virtual: a file named "x.tif" holding VRT XML is refused, not followed.
-// - Outputs are all or nothing: write_raster, process_raster_streamed and process_raster_file
-//   write to a temporary file beside the target (same directory, a unique hidden name
-//   ".<stem>.vsr-XXXXXX<ext>"), check GDAL's errors on every write, the flush and the close, and
-//   only then rename it over the target (rename(2): atomic on one file system; sidecar files a
-//   driver writes, e.g. .aux.xml, are renamed first). On any error the temporary file is removed
-//   and the target is untouched: an existing file survives byte for byte, a new one does not
-//   appear. A process killed by a signal leaves no temporary file behind when it called
-//   remove_partial_outputs_on_signals() (vsr-run does); SIGKILL can leave one (named as above).
-//   The output's permissions are an existing target's, else 0666 less the umask.
+// - Outputs are all or nothing: write_raster, process_raster_streamed, process_raster_file and
+//   write_file_atomically write into a private temporary directory beside the target (same
+//   directory, a unique hidden name ".<name>.vsr-XXXXXX", mode 0700), under the target's own file
+//   name, check GDAL's errors on every write, the flush and the close, check that the driver
+//   wrote a regular, non-empty file under that name and that GDAL reads it back with the shape
+//   and nodata written, and only then rename it (and the sidecar files the driver wrote beside it,
+//   e.g. .aux.xml or .hdr) over the target (rename(2): atomic on one file system). On any error the
+//   temporary directory is removed and the target is untouched: an existing file survives byte
+//   for byte, a new one does not appear. Outputs are regular files: a target that is a
+//   directory, FIFO, socket or device is refused (std::invalid_argument), and so are drivers
+//   that write no file (MEM, services), no rasters, or have no Create (PNG, JPEG: CreateCopy
+//   only), before anything is touched. A symbolic link as target is followed (the file it
+//   names is replaced). The output's permissions are an existing target's, else 0666 less the
+//   umask.
+// - Cleanup: a process killed by a signal leaves no temporary behind when it called
+//   remove_partial_outputs_on_signals() (vsr-run does). One killed by SIGKILL (or a power cut)
+//   leaves its temporary directory; the next write to the same target removes it. Each
+//   temporary directory holds an owner record ("owner": pid, process start time, boot id, host
+//   name) that its writer keeps locked (flock) while it lives; a write removes another's
+//   temporary only when it can take that lock and the record names no live process of this
+//   machine (the pid is gone or now another process, or the machine has rebooted since). A
+//   live writer's temporary, in this process or another, is never removed.
 // - Host memory: a read that needs more host memory than is available (available_host_memory()
 //   or StreamOptions::host_memory_limit) is refused up front with HostMemoryLimitError before
-//   anything is allocated.
+//   anything is allocated; an allocation of the library's that fails all the same (memory taken
+//   meanwhile) is a HostMemoryLimitError naming what it was for, not a bare std::bad_alloc.
+//   Streamed runs hold no list of their tiles: memory does not grow with the raster's size.
 // - Thread-safety: every call opens its own dataset, so concurrent calls on distinct files are
-//   safe; concurrent writes to the same file are not. StreamOptions::gdal_cache_bytes changes a
-//   process-wide GDAL setting.
+//   safe; concurrent writes to the same target each write all or nothing (the last to finish
+//   is the file; with WriteOptions::overwrite false, the first, and the others fail).
+//   StreamOptions::gdal_cache_bytes changes a process-wide GDAL setting.
 #pragma once
 
 #include <vibespatial/raster/buffers.hpp>
@@ -72,8 +91,9 @@ struct OpenOptions {
  */
 VSR_EXPORT std::vector<std::string> default_input_drivers();
 
-/// A read was refused up front because it needs more host memory than the limit (what is
-/// available, or StreamOptions::host_memory_limit). Nothing was allocated.
+/// A read or a buffer was refused up front because it needs more host memory than the limit
+/// (what is available, or StreamOptions::host_memory_limit; nothing was allocated), or its
+/// allocation failed (what() names what it was for and the size).
 class VSR_EXPORT HostMemoryLimitError : public std::runtime_error {
  public:
   HostMemoryLimitError(std::uint64_t needed_bytes, std::uint64_t limit_bytes,
@@ -96,8 +116,9 @@ VSR_EXPORT std::uint64_t available_host_memory() noexcept;
 
 /**
  * @brief Installs handlers for SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE, SIGXCPU and SIGXFSZ
- * (each only where its disposition is the default) that remove the temporary files of the
- * writes in progress (unlink, async-signal-safe) and then re-raise the signal with its default
+ * (each only where its disposition is the default) that remove the temporary files of this
+ * process's writes in progress (unlink, async-signal-safe; a child of fork without exec leaves
+ * its parent's alone) and then re-raise the signal with its default
  * action, so the process still dies of it (exit status as before, e.g. 130 in a shell for
  * SIGINT) and the targets stay untouched. For programs: a library call never installs handlers
  * on its own. Idempotent and thread-safe; throws nothing. Up to 64 writes in progress at once
@@ -107,7 +128,8 @@ VSR_EXPORT void remove_partial_outputs_on_signals() noexcept;
 
 /// How write_raster creates a file.
 struct WriteOptions {
-  std::string driver = "GTiff";      ///< a GDAL driver with Create() support
+  /// A GDAL raster driver with Create() that writes a file (short name, any case).
+  std::string driver = "GTiff";
   std::string compress = "DEFLATE";  ///< GTiff COMPRESS; empty or "NONE": uncompressed
   bool tiled = true;                 ///< GTiff TILED=YES with block x block tiles
   int block = 256;                   ///< tile side (a multiple of 16 for GTiff)
@@ -131,6 +153,19 @@ struct WriteOptions {
  * std::bad_alloc (and "" in a build without GDAL).
  */
 VSR_EXPORT std::string output_driver_for(const std::string& path);
+
+/**
+ * @brief Checks that @p path can take an output (see "Outputs" above) without writing it: it is
+ * a regular file or does not exist (and with @p overwrite false does not exist), and its
+ * directory takes a temporary directory (one is made and removed; stale temporaries of earlier
+ * writes to @p path are removed as a write would). For a tool to refuse an output before it
+ * computes anything. Works without GDAL.
+ * @throws std::invalid_argument for a path with a NUL byte, that names no file, or a directory,
+ *         FIFO, socket or device; std::runtime_error when the directory takes no temporary
+ *         (naming errno, e.g. a read-only or missing directory) or @p path exists and
+ *         @p overwrite is false.
+ */
+VSR_EXPORT void check_output_path(const std::string& path, bool overwrite = true);
 
 /**
  * @brief Writes @p bytes to @p path all or nothing (a temporary file beside it, renamed into
@@ -199,25 +234,49 @@ VSR_EXPORT OwnedRasterArray read_raster(const std::string& path, std::optional<R
  * @brief Writes @p raster (host or device resident; a device raster is copied to the host, not
  * moved) to @p path, replacing any existing file only once the new one is complete (see
  * "Outputs" above): its dtype, every band, affine, CRS and nodata (on every band).
- * @throws std::invalid_argument for an unknown driver, a CRS GDAL does not understand, or
- *         creation options the driver refuses (an unknown name, a value of the wrong type or
- *         not among its choices, such as COMPRESS=BOGUS, which GDAL alone would only warn
- *         about; a GeoTIFF tile side that is not a positive multiple of 16), checked before
- *         anything is created; std::runtime_error when the temporary file cannot be created, GDAL
- * cannot create, write, flush or close it (its message included; e.g. a full disk), or the rename
- *         fails. @p path is then as it was.
+ * @throws std::invalid_argument, before anything is touched, for a driver that is unknown or
+ *         not available in this GDAL (GDAL_SKIP), writes no raster, has no Create or writes no
+ *         file (MEM), a dtype the driver does not create, creation options the driver refuses
+ *         (an unknown name, a value of the wrong type or not among its choices, such as
+ *         COMPRESS=BOGUS, which GDAL alone would only warn about; a GeoTIFF tile side that is
+ *         not a positive multiple of 16), a CRS GDAL does not understand, or a target that is
+ *         not a regular file; HostMemoryLimitError when a device raster's host copy does not
+ *         fit; std::runtime_error when the temporary directory cannot be created, GDAL cannot
+ *         create, write, flush or close the file (its message included; e.g. a full disk), the
+ *         driver wrote no file under the target's name or one GDAL cannot read back, or a
+ *         rename fails. @p path is then as it was.
  */
 VSR_EXPORT void write_raster(const std::string& path, const OwnedRasterArray& raster,
                              const WriteOptions& options = {});
 
 /**
  * @brief Checks @p options as write_raster and the streamed writers will, without writing
- * anything: the driver exists, its creation options (COMPRESS, the tile side, NUM_THREADS and
- * every KEY=VALUE of creation_options) are ones it takes. For a tool to refuse bad options
- * before it reads or computes anything.
+ * anything: the driver exists in this GDAL (the name in any case: "gtiff" is GTiff), writes
+ * rasters to a file and has Create, and its creation options (COMPRESS, the tile side,
+ * NUM_THREADS and every KEY=VALUE of creation_options) are ones it takes. For a tool to refuse
+ * bad options before it reads or computes anything.
  * @throws std::invalid_argument naming what the driver refuses (as write_raster would).
  */
 VSR_EXPORT void check_write_options(const WriteOptions& options);
+
+/**
+ * @brief Checks, before anything is computed, that @p path can be written with @p options as a
+ * raster of @p band_count bands of @p dtype with @p nodata and @p crs: check_write_options, the
+ * dtype among those the driver creates, and a trial: a georeferenced 16 x 16 raster of that
+ * dtype, band count, nodata and CRS written under
+ * @p path's name in a temporary directory beside it, closed, read back by the driver (it must
+ * have written a regular file under that name) and removed. Catches what only the driver knows
+ * (GeoPackage takes 1 band of float32, BMP 1 or 3 of uint8) and what the file system refuses.
+ * @p path itself is never touched.
+ * @throws std::invalid_argument naming what the driver refuses (an unknown or unavailable
+ *         driver, no Create, no file on disk, a dtype, band count or creation option), or
+ *         what check_output_path refuses as such; std::runtime_error when the directory takes
+ *         no temporary or @p path exists and options.overwrite is false.
+ */
+VSR_EXPORT void check_output_file(const std::string& path, const WriteOptions& options, DType dtype,
+                                  int band_count,
+                                  const std::optional<NodataValue>& nodata = std::nullopt,
+                                  const std::string& crs = {});
 
 /// Where a streamed pass is: tile @p index of @p total (passes x tiles), its effective window
 /// (halo excluded), the window read (halo included, clamped to the raster) and the 0-based
@@ -305,7 +364,8 @@ VSR_EXPORT std::uint64_t gdal_cache_for_plan(const std::string& in, const Raster
  * @throws std::invalid_argument for an empty @p op, a negative halo, a tiled plan without a
  *         positive tile_shape, bands_per_pass < 1, or a tile result of the wrong shape or band
  *         count or of a dtype or nodata differing from the first tile's; HostMemoryLimitError;
- *         what read_raster / write_raster throw; whatever @p op throws. @p out is then as it was.
+ *         what read_raster / write_raster throw (what the driver or @p out's path refuses is
+ *         refused before any tile is read); whatever @p op throws. @p out is then as it was.
  */
 VSR_EXPORT void process_raster_file(const std::string& in, const std::string& out, const BandOp& op,
                                     const RasterPlan& plan, const StreamOptions& options);

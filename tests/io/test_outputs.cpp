@@ -1,0 +1,683 @@
+// SPDX-License-Identifier: Apache-2.0
+// Outputs that must not be lost or left behind: drivers that write no file, unverified
+// temporaries, every Create-capable GDAL driver, an unavailable GTiff, stale temporaries of
+// killed writers (and live ones kept), targets that are not regular files, concurrent writers,
+// and host memory (streamed runs hold no tile list). Inputs are made with GDAL's own C API.
+#include "io/output_file.hpp"
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/dispatch.hpp>
+#include <vibespatial/raster/io.hpp>
+#include <vibespatial/raster/ops.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cpl_conv.h>
+#include <cpl_error.h>
+#include <gdal.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace vibespatial::raster;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() /
+           ("vsr-out-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::string bytes_of_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void put_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+}
+
+/// A 1-band float32 GeoTIFF made with GDAL, nodata -9999 every 7th pixel.
+void make_input(const std::string& path, int width, int height) {
+  GDALAllRegister();
+  GDALDatasetH ds = GDALCreate(GDALGetDriverByName("GTiff"), path.c_str(), width, height, 1,
+                               GDT_Float32, nullptr);
+  REQUIRE(ds != nullptr);
+  std::array<double, 6> gt{500000, 10, 0, 5000000, 0, -10};
+  REQUIRE(GDALSetGeoTransform(ds, gt.data()) == CE_None);
+  GDALRasterBandH band = GDALGetRasterBand(ds, 1);
+  REQUIRE(GDALSetRasterNoDataValue(band, -9999) == CE_None);
+  std::vector<float> px(static_cast<std::size_t>(width * height));
+  for (std::size_t i = 0; i < px.size(); ++i) {
+    px[i] = i % 7 == 0 ? -9999.0F : static_cast<float>((i * 37) % 1001) * 0.25F;
+  }
+  REQUIRE(GDALRasterIO(band, GF_Write, 0, 0, width, height, px.data(), width, height, GDT_Float32,
+                       0, 0) == CE_None);
+  GDALClose(ds);
+}
+
+OwnedRasterArray small_raster(std::optional<double> nodata = -9999.0) {
+  std::vector<float> px(12 * 10);
+  for (std::size_t i = 0; i < px.size(); ++i) {
+    px[i] = i % 5 == 0 ? -9999.0F : static_cast<float>(i) * 0.5F;
+  }
+  return OwnedRasterArray::from_host(px.data(), DType::float32, 1, 10, 12, nodata,
+                                     Affine{10, 0, 500000, 0, -10, 5000000}, "EPSG:32633");
+}
+
+WriteOptions with_driver(const std::string& driver) {
+  WriteOptions w;
+  w.driver = driver;
+  return w;
+}
+
+/// The pixels of band 1 of @p path, read with GDAL, and its nodata (NaN when none).
+std::vector<float> gdal_pixels(const std::string& path, double* nodata = nullptr) {
+  GDALDatasetH ds = GDALOpen(path.c_str(), GA_ReadOnly);
+  REQUIRE(ds != nullptr);
+  GDALRasterBandH band = GDALGetRasterBand(ds, 1);
+  const int w = GDALGetRasterXSize(ds), h = GDALGetRasterYSize(ds);
+  std::vector<float> px(static_cast<std::size_t>(w * h));
+  REQUIRE(GDALRasterIO(band, GF_Read, 0, 0, w, h, px.data(), w, h, GDT_Float32, 0, 0) == CE_None);
+  int has = 0;
+  const double nd = GDALGetRasterNoDataValue(band, &has);
+  if (nodata != nullptr) *nodata = has != 0 ? nd : std::nan("");
+  GDALClose(ds);
+  return px;
+}
+
+const BandOp focal = [](const OwnedRasterArray& t) { return focal_mean_3x3(t); };
+
+RasterPlan tiled_plan(std::int64_t side) {
+  RasterPlan plan;
+  plan.strategy = TilingStrategy::tiled;
+  plan.tile_shape = std::pair<std::int64_t, std::int64_t>{side, side};
+  plan.bands_per_pass = 1;
+  plan.halo = 1;
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("a driver that writes no file is refused before anything is touched") {
+  TempDir dir;
+  const std::string in = dir.file("in.tif");
+  make_input(in, 40, 30);
+  const std::string before = bytes_of_file(in);
+  const OwnedRasterArray r = small_raster();
+  for (const char* driver : {"MEM", "mem", "PNG", "NGW"}) {
+    CAPTURE(driver);
+    const WriteOptions w = with_driver(driver);
+    // Over an existing file (the input itself), and as a new file.
+    CHECK_THROWS_AS(write_raster(in, r, w), std::invalid_argument);
+    CHECK_THROWS_AS(write_raster(dir.file("new.tif"), r, w), std::invalid_argument);
+    CHECK_THROWS_AS(check_write_options(w), std::invalid_argument);
+    StreamOptions s;
+    s.write = w;
+    s.write.overwrite = true;
+    int calls = 0;
+    const BandOp counted = [&](const OwnedRasterArray& t) {
+      ++calls;
+      return focal_mean_3x3(t);
+    };
+    CHECK_THROWS_AS(process_raster_file(in, in, counted, RasterPlan{}, s), std::invalid_argument);
+    CHECK(calls == 0);  // refused before any tile was read
+    CHECK(bytes_of_file(in) == before);
+    CHECK(names_in(dir.path) == std::vector<std::string>{"in.tif"});
+  }
+  CHECK_THROWS_WITH_AS(write_raster(in, r, with_driver("MEM")),
+                       doctest::Contains("write_raster: GDAL's MEM driver keeps the raster in "
+                                         "memory and writes no file"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(check_write_options(with_driver("PNG")),
+                       doctest::Contains("has no Create, only CreateCopy"), std::invalid_argument);
+}
+
+TEST_CASE("commit never puts an unverified file in place") {
+  TempDir dir;
+  const std::string target = dir.file("t.tif");
+  put_file(target, "old bytes");
+  {
+    // The writer wrote nothing at all.
+    detail::PendingOutput p(target);
+    CHECK_THROWS_WITH_AS(p.commit(true), doctest::Contains("wrote no file"), std::runtime_error);
+  }
+  CHECK(bytes_of_file(target) == "old bytes");
+  CHECK(names_in(dir.path) == std::vector<std::string>{"t.tif"});
+  {
+    // The writer left its file empty.
+    detail::PendingOutput p(target);
+    put_file(p.path(), "");
+    CHECK_THROWS_WITH_AS(p.commit(true), doctest::Contains("empty"), std::runtime_error);
+  }
+  CHECK(bytes_of_file(target) == "old bytes");
+  CHECK(names_in(dir.path) == std::vector<std::string>{"t.tif"});
+  {
+    // The writer made a directory where the file goes (Zarr does).
+    detail::PendingOutput p(target);
+    fs::create_directories(p.path() + "/.zarray");
+    CHECK_THROWS_WITH_AS(p.commit(true), doctest::Contains("not a regular file"),
+                         std::runtime_error);
+  }
+  CHECK(bytes_of_file(target) == "old bytes");
+  CHECK(names_in(dir.path) == std::vector<std::string>{"t.tif"});
+  {
+    // The writer wrote its sidecars only.
+    detail::PendingOutput p(target);
+    put_file(fs::path(p.path()).replace_extension(".hdr").string(), "header");
+    CHECK_THROWS_WITH_AS(p.commit(true), doctest::Contains("(only t.hdr)"), std::runtime_error);
+  }
+  CHECK(names_in(dir.path) == std::vector<std::string>{"t.tif"});
+  {
+    // A written file with a sidecar: both land, under the target's names.
+    detail::PendingOutput p(target);
+    put_file(p.path(), "new bytes");
+    put_file(fs::path(p.path()).replace_extension(".hdr").string(), "header");
+    p.commit(true);
+  }
+  CHECK(bytes_of_file(target) == "new bytes");
+  CHECK(bytes_of_file(dir.file("t.hdr")) == "header");
+  CHECK(names_in(dir.path) == std::vector<std::string>{"t.hdr", "t.tif"});
+  // An empty text output is a legitimate file.
+  write_file_atomically(dir.file("e.json"), "");
+  CHECK(fs::file_size(dir.file("e.json")) == 0);
+  // MEM through the public call, with a dataset that closes cleanly: nothing replaced.
+  CHECK_THROWS(write_raster(target, small_raster(), with_driver("MEM")));
+  CHECK(bytes_of_file(target) == "new bytes");
+}
+
+TEST_CASE("GeoPackage and every other Create-capable driver write, or refuse with a reason") {
+  TempDir dir;
+  const OwnedRasterArray r = small_raster();
+  std::vector<float> want(static_cast<std::size_t>(r.byte_size() / 4));
+  r.copy_to_host(want.data());
+  GDALAllRegister();
+  int written = 0;
+  for (int i = 0; i < GDALGetDriverCount(); ++i) {
+    GDALDriverH d = GDALGetDriver(i);
+    if (GDALGetMetadataItem(d, GDAL_DCAP_RASTER, nullptr) == nullptr ||
+        GDALGetMetadataItem(d, GDAL_DCAP_CREATE, nullptr) == nullptr) {
+      continue;
+    }
+    const std::string name = GDALGetDriverShortName(d);
+    CAPTURE(name);
+    const char* exts = GDALGetMetadataItem(d, GDAL_DMD_EXTENSIONS, nullptr);
+    std::string ext = exts != nullptr ? exts : "";
+    ext = ext.substr(0, ext.find(' '));
+    const fs::path sub = dir.path / name;
+    fs::create_directories(sub);
+    const std::string out = (sub / ("o." + (ext.empty() ? std::string("out") : ext))).string();
+    // The trial predicts the write: what it accepts writes and reads back as written.
+    bool accepted = true;
+    try {
+      check_output_file(out, with_driver(name), DType::float32, 1, NodataValue(-9999.0),
+                        "EPSG:32633");
+    } catch (const std::invalid_argument& e) {
+      accepted = false;
+      CHECK(std::string(e.what()).rfind("check_output_file: ", 0) == 0);
+    }
+    CHECK(names_in(sub).empty());
+    bool ok = true;
+    std::string why;
+    try {
+      write_raster(out, r, with_driver(name));
+    } catch (const std::exception& e) {
+      ok = false;
+      why = e.what();
+    }
+    CAPTURE(why);
+    if (!ok) {
+      CHECK(!accepted);
+      CHECK(!why.empty());
+      CHECK(names_in(sub).empty());  // nothing of the failed write is left
+      continue;
+    }
+    ++written;
+    double nodata = 0;
+    const std::vector<float> got = gdal_pixels(out, &nodata);
+    REQUIRE(got.size() == want.size());
+    CHECK(nodata == -9999.0);
+    CHECK(std::equal(got.begin(), got.end(), want.begin()));
+    for (const std::string& n : names_in(sub)) CHECK(n.find(".vsr-") == std::string::npos);
+  }
+  CHECK(written >= 10);
+  // GeoPackage in particular, which refused to create over the temporary file.
+  const std::string gpkg = dir.file("g.gpkg");
+  CHECK_NOTHROW(write_raster(gpkg, r, with_driver("GPKG")));
+  CHECK(gdal_pixels(gpkg) == want);
+  const std::string in = dir.file("in.tif");
+  make_input(in, 40, 30);
+  StreamOptions s;
+  s.write = with_driver("GPKG");
+  const BandOp clip01 = [](const OwnedRasterArray& t) { return clip(t, 0, 100); };
+  CHECK_NOTHROW(process_raster_file(in, dir.file("s.gpkg"), clip01, tiled_plan(16), s));
+  double nodata = 0;
+  const std::vector<float> streamed = gdal_pixels(dir.file("s.gpkg"), &nodata);
+  CHECK(nodata == -9999.0);
+  CHECK(std::count(streamed.begin(), streamed.end(), -9999.0F) == (40 * 30 + 6) / 7);
+}
+
+TEST_CASE("drivers that lose nodata or pixels are refused by the trial") {
+  TempDir dir;
+  // GSBG keeps its own nodata (1.70141e38): -9999 pixels would read as valid values.
+  CHECK_THROWS_WITH_AS(check_output_file(dir.file("o.grd"), with_driver("GSBG"), DType::float32, 1,
+                                         NodataValue(-9999.0)),
+                       doctest::Contains("does not keep band 1's nodata -9999"),
+                       std::invalid_argument);
+  // A float NaN nodata the driver cannot record is no loss: NaN pixels are invalid all the same.
+  CHECK_NOTHROW(check_output_file(dir.file("n.gpkg"), with_driver("GPKG"), DType::float32, 1,
+                                  NodataValue(std::nan(""))));
+  // GeoPackage reads 3 bands of uint8 back as RGBA.
+  CHECK_THROWS_WITH_AS(check_output_file(dir.file("o.gpkg"), with_driver("GPKG"), DType::uint8, 3),
+                       doctest::Contains("reads back 4 band(s)"), std::invalid_argument);
+  // A dtype the driver does not create, before anything is made.
+  CHECK_THROWS_WITH_AS(check_output_file(dir.file("o.bmp"), with_driver("BMP"), DType::float32, 1),
+                       doctest::Contains("cannot write float32"), std::invalid_argument);
+  CHECK(names_in(dir.path).empty());
+  // A target that exists without overwrite, and a directory that takes no temporary.
+  put_file(dir.file("x.tif"), "x");
+  WriteOptions keep;
+  keep.overwrite = false;
+  CHECK_THROWS_AS(check_output_file(dir.file("x.tif"), keep, DType::float32, 1),
+                  std::runtime_error);
+  CHECK_THROWS_WITH_AS(check_output_file(dir.file("no/such/x.tif"), {}, DType::float32, 1),
+                       doctest::Contains("cannot create a temporary directory"),
+                       std::runtime_error);
+  CHECK(names_in(dir.path) == std::vector<std::string>{"x.tif"});
+}
+
+TEST_CASE("an unavailable GTiff driver is named as such, and driver names take any case") {
+  TempDir dir;
+  GDALAllRegister();
+  GDALDriverH gtiff = GDALGetDriverByName("GTiff");
+  REQUIRE(gtiff != nullptr);
+  GDALDeregisterDriver(gtiff);
+  CPLSetConfigOption("GDAL_SKIP", "GTiff");
+  const auto restore = [&] {
+    CPLSetConfigOption("GDAL_SKIP", nullptr);
+    GDALRegisterDriver(gtiff);
+  };
+  try {
+    CHECK_THROWS_WITH_AS(check_write_options({}),
+                         doctest::Contains("check_write_options: GDAL driver 'GTiff' is not "
+                                           "available in this GDAL: GDAL_SKIP (GTiff) disables it"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(write_raster(dir.file("o.tif"), small_raster()),
+                         doctest::Contains("not available in this GDAL"), std::invalid_argument);
+    CPLSetConfigOption("GDAL_SKIP", nullptr);
+    CHECK_THROWS_WITH_AS(check_write_options({}),
+                         doctest::Contains("not available in this GDAL (it is built into every "
+                                           "GDAL"),
+                         std::invalid_argument);
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+  CHECK_THROWS_WITH_AS(check_write_options(with_driver("NoSuchDriver")),
+                       doctest::Contains("unknown GDAL driver 'NoSuchDriver'"),
+                       std::invalid_argument);
+  // "gtiff" is GTiff, with GTiff's defaults (tiled, DEFLATE).
+  write_raster(dir.file("lc.tif"), small_raster(), with_driver("gtiff"));
+  GDALDatasetH ds = GDALOpen(dir.file("lc.tif").c_str(), GA_ReadOnly);
+  REQUIRE(ds != nullptr);
+  const char* compression = GDALGetMetadataItem(ds, "COMPRESSION", "IMAGE_STRUCTURE");
+  CHECK(std::string(compression != nullptr ? compression : "") == "DEFLATE");
+  int bx = 0, by = 0;
+  GDALGetBlockSize(GDALGetRasterBand(ds, 1), &bx, &by);
+  CHECK(bx == 256);
+  CHECK(by == 256);
+  GDALClose(ds);
+}
+
+namespace {
+
+/// The hidden temporaries (any naming, old or new) of writes to @p name in @p dir.
+std::vector<std::string> temporaries(const fs::path& dir, const std::string& name) {
+  const std::string stem = fs::path(name).stem().string();
+  std::vector<std::string> v;
+  for (const std::string& n : names_in(dir)) {
+    if (n.rfind("." + name + ".vsr-", 0) == 0 || n.rfind("." + stem + ".vsr-", 0) == 0) {
+      v.push_back(n);
+    }
+  }
+  return v;
+}
+
+/// Forks a writer that starts an output to @p target, writes its file and then dies of SIGKILL
+/// (the temporary survives it).
+void killed_writer(const std::string& target) {
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    detail::PendingOutput p(target);
+    if (std::FILE* f = std::fopen(p.path().c_str(), "wb"); f != nullptr) {
+      std::fputs("partial", f);
+      std::fclose(f);
+    }
+    ::raise(SIGKILL);
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFSIGNALED(status));
+  REQUIRE(WTERMSIG(status) == SIGKILL);
+}
+
+/// A fake temporary directory of a write to @p target with the owner record @p record, unlocked.
+std::string fake_temporary(const std::string& dir, const std::string& name,
+                           const std::string& suffix, const std::string& record) {
+  const std::string t = dir + "/." + name + ".vsr-" + suffix;
+  fs::create_directories(t + "/data");
+  put_file(t + "/data/" + name, "partial");
+  put_file(t + "/owner", record);
+  return t;
+}
+
+std::string first_line_of(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+std::string my_start_time() {
+  const std::string stat = first_line_of("/proc/self/stat");
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) rest >> field;
+  return field;
+}
+
+std::string record(long pid, const std::string& start, const std::string& boot,
+                   const std::string& host) {
+  return "vibespatial-raster temporary output\npid " + std::to_string(pid) + "\nstart " + start +
+         "\nboot " + boot + "\nhost " + host + "\ntarget x\n";
+}
+
+}  // namespace
+
+TEST_CASE("a killed writer's temporary is removed by the next write, a live one never") {
+  TempDir dir;
+  const std::string target = dir.file("t.tif");
+  const OwnedRasterArray r = small_raster();
+  killed_writer(target);
+  REQUIRE(temporaries(dir.path, "t.tif").size() == 1);
+  write_raster(target, r);
+  CHECK(names_in(dir.path) == std::vector<std::string>{"t.tif"});
+
+  // A live writer in another process: its temporary survives a write to the same target.
+  int to_child[2], from_child[2];
+  REQUIRE(::pipe(to_child) == 0);
+  REQUIRE(::pipe(from_child) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(to_child[1]);
+    ::close(from_child[0]);
+    {
+      detail::PendingOutput p(target);
+      put_file(p.path(), "live");
+      (void)!::write(from_child[1], "r", 1);
+      char c = 0;
+      (void)!::read(to_child[0], &c, 1);  // until the parent closes its end
+    }
+    ::_exit(0);
+  }
+  ::close(to_child[0]);
+  ::close(from_child[1]);
+  char c = 0;
+  REQUIRE(::read(from_child[0], &c, 1) == 1);
+  const std::vector<std::string> live = temporaries(dir.path, "t.tif");
+  REQUIRE(live.size() == 1);
+  write_raster(target, r);
+  CHECK(temporaries(dir.path, "t.tif") == live);
+  ::close(to_child[1]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  ::close(from_child[0]);
+  CHECK(names_in(dir.path) == std::vector<std::string>{"t.tif"});
+
+  // Another writer of this process (another thread could hold it): kept.
+  {
+    detail::PendingOutput mine(target);
+    put_file(mine.path(), "mine");
+    write_raster(target, r);
+    CHECK(fs::exists(mine.path()));
+    std::thread([&] { write_raster(target, r); }).join();
+    CHECK(fs::exists(mine.path()));
+  }
+  CHECK(names_in(dir.path) == std::vector<std::string>{"t.tif"});
+
+  // Records: this process's pid with another start time is a reused pid (stale); this process
+  // itself, unlocked as a file system without working locks would leave it, is alive (kept);
+  // another boot of this host is gone (stale); another host's is never judged (kept).
+  const std::string boot = first_line_of("/proc/sys/kernel/random/boot_id");
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const long me = static_cast<long>(::getpid());
+  fake_temporary(dir.path.string(), "t.tif", "reused",
+                 record(me, my_start_time() + "1", boot, host));
+  const std::string alive =
+      fake_temporary(dir.path.string(), "t.tif", "alive0", record(me, my_start_time(), boot, host));
+  fake_temporary(dir.path.string(), "t.tif", "reboot",
+                 record(me, my_start_time(), "another-boot", host));
+  const std::string other =
+      fake_temporary(dir.path.string(), "t.tif", "otherh",
+                     record(me, my_start_time(), "another-boot", std::string(host) + "-elsewhere"));
+  // No record at all, and another target's: kept.
+  fs::create_directories(dir.file(".t.tif.vsr-norec0"));
+  const std::string unrelated = fake_temporary(dir.path.string(), "u.tif", "stale0",
+                                               record(me, my_start_time() + "1", boot, host));
+  write_raster(target, r);
+  CHECK(names_in(dir.path) == std::vector<std::string>{".t.tif.vsr-alive0", ".t.tif.vsr-norec0",
+                                                       ".t.tif.vsr-otherh", ".u.tif.vsr-stale0",
+                                                       "t.tif"});
+  CHECK(fs::exists(alive + "/data/t.tif"));
+  CHECK(fs::exists(other + "/owner"));
+  CHECK(fs::exists(unrelated + "/data/u.tif"));
+}
+
+TEST_CASE("a forked child dying of a signal leaves its parent's temporaries alone") {
+  TempDir dir;
+  const std::string target = dir.file("t.tif");
+  detail::PendingOutput mine(target);
+  put_file(mine.path(), "mine");
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // A child of fork without exec (a worker pool): it inherits the registry of writes in
+    // progress, which are its parent's, not its own. (The test runner's own handler goes
+    // first: the library installs its handlers only over the default disposition.)
+    ::signal(SIGTERM, SIG_DFL);
+    remove_partial_outputs_on_signals();
+    ::raise(SIGTERM);
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGTERM);
+  CHECK(fs::exists(mine.path()));
+  mine.commit(true);
+  CHECK(bytes_of_file(target) == "mine");
+}
+
+TEST_CASE("removing a stale temporary never follows links out of it") {
+  TempDir dir;
+  const std::string target = dir.file("t.tif");
+  const fs::path elsewhere = dir.path / "elsewhere";
+  fs::create_directories(elsewhere);
+  put_file((elsewhere / "precious").string(), "keep me");
+  const std::string stale = record(static_cast<long>(::getpid()), my_start_time() + "1",
+                                   first_line_of("/proc/sys/kernel/random/boot_id"), "any");
+  // A stale temporary whose data/ is a link to another directory: the link goes, not its files.
+  const std::string t = dir.file(".t.tif.vsr-linked");
+  fs::create_directories(t);
+  fs::create_directory_symlink(elsewhere, t + "/data");
+  put_file(t + "/owner", stale);
+  // A "temporary" that is itself a link to that directory, and one whose owner record is a link
+  // to a record: neither is judged.
+  fs::create_directory_symlink(elsewhere, dir.file(".t.tif.vsr-dirlnk"));
+  const std::string u = dir.file(".t.tif.vsr-ownlnk");
+  fs::create_directories(u + "/data");
+  put_file(dir.file("record"), stale);
+  fs::create_symlink(dir.file("record"), u + "/owner");
+  write_raster(target, small_raster());
+  CHECK(bytes_of_file((elsewhere / "precious").string()) == "keep me");
+  CHECK(names_in(dir.path) == std::vector<std::string>{".t.tif.vsr-dirlnk", ".t.tif.vsr-ownlnk",
+                                                       "elsewhere", "record", "t.tif"});
+}
+
+TEST_CASE("targets that are not regular files are refused, links are followed") {
+  TempDir dir;
+  const OwnedRasterArray r = small_raster();
+  const std::string fifo = dir.file("pipe.tif");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(write_raster(fifo, r), doctest::Contains("not a regular file"),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(write_file_atomically(fifo, "{}"), std::invalid_argument);
+  CHECK_THROWS_AS(check_output_path(fifo), std::invalid_argument);
+  struct stat st {};
+  REQUIRE(::lstat(fifo.c_str(), &st) == 0);
+  CHECK(S_ISFIFO(st.st_mode));
+  CHECK_THROWS_AS(write_raster(dir.path.string(), r), std::invalid_argument);
+  CHECK_NOTHROW(check_output_path(dir.file("fresh.json")));
+  CHECK(names_in(dir.path) == std::vector<std::string>{"pipe.tif"});
+  // A link to the input: the streamed result replaces the file it names; the link stays.
+  const std::string in = dir.file("in.tif");
+  make_input(in, 40, 30);
+  const std::string link = dir.file("link.tif");
+  fs::create_symlink("in.tif", link);
+  const OwnedRasterArray whole = focal_mean_3x3(read_raster(in));
+  process_raster_streamed(in, link, focal, tiled_plan(16));
+  CHECK(fs::is_symlink(link));
+  std::vector<float> want(static_cast<std::size_t>(whole.byte_size() / 4));
+  whole.copy_to_host(want.data());
+  const std::vector<float> got = gdal_pixels(in);
+  CHECK(std::equal(got.begin(), got.end(), want.begin(),
+                   [](float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }));
+}
+
+TEST_CASE("concurrent writers of one target: each all or nothing, nothing left") {
+  TempDir dir;
+  const std::string target = dir.file("t.tif");
+  const OwnedRasterArray a = small_raster(-9999.0), b = small_raster(std::nullopt);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 5; ++k) {
+        try {
+          write_raster(target, t % 2 == 0 ? a : b);
+        } catch (...) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(failures == 0);
+  CHECK(names_in(dir.path) == std::vector<std::string>{"t.tif"});
+  CHECK(read_raster(target).width() == 12);
+  // Without overwrite exactly one writer wins.
+  std::atomic<int> won{0};
+  threads.clear();
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      WriteOptions w;
+      w.overwrite = false;
+      try {
+        write_raster(dir.file("once.tif"), a, w);
+        ++won;
+      } catch (const std::runtime_error&) {
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(won == 1);
+  CHECK(names_in(dir.path) == std::vector<std::string>{"once.tif", "t.tif"});
+}
+
+TEST_CASE("streamed runs hold no tile list: a 10^9 x 10^9 VRT streams from its first tile") {
+  TempDir dir;
+  const std::string small = dir.file("small.tif");
+  make_input(small, 64, 64);
+  const std::string vrt = dir.file("big.vrt");
+  put_file(
+      vrt,
+      "<VRTDataset rasterXSize=\"1000000000\" rasterYSize=\"1000000000\">\n"
+      "  <VRTRasterBand dataType=\"Float32\" band=\"1\"><SimpleSource>\n"
+      "    <SourceFilename relativeToVRT=\"1\">small.tif</SourceFilename>\n"
+      "    <SourceBand>1</SourceBand><SrcRect xOff=\"0\" yOff=\"0\" xSize=\"64\" ySize=\"64\"/>\n"
+      "    <DstRect xOff=\"0\" yOff=\"0\" xSize=\"64\" ySize=\"64\"/></SimpleSource>\n"
+      "  </VRTRasterBand>\n</VRTDataset>\n");
+  StreamOptions s;
+  s.open.allow_virtual = true;
+  struct Stop {};
+  std::vector<TileInfo> seen;
+  try {
+    for_each_raster_tile(
+        vrt, tiled_plan(256),
+        [&](const OwnedRasterArray&, const TileInfo& where) {
+          seen.push_back(where);
+          if (seen.size() == 3) throw Stop{};
+        },
+        s);
+    FAIL("the walk ended");
+  } catch (const Stop&) {
+  }
+  REQUIRE(seen.size() == 3);
+  CHECK(seen[0].total == 3906250LL * 3906250LL);
+  // The tiles are tile_windows' tiles, in its order.
+  const std::vector<TileWindow> first = tile_windows(600, 1000, 256, 256, 1);
+  const std::string mid = dir.file("mid.tif");
+  make_input(mid, 1000, 600);
+  std::vector<TileInfo> all;
+  for_each_raster_tile(mid, tiled_plan(256), [&](const OwnedRasterArray&, const TileInfo& where) {
+    all.push_back(where);
+  });
+  REQUIRE(all.size() == first.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    CHECK(all[i].window == first[i].window);
+    CHECK(all[i].read == first[i].read);
+  }
+  CHECK(seen[1].window == RasterWindow{256, 0, 256, 256});
+}
