@@ -6,6 +6,7 @@
 #endif
 
 #include "ops/band_ops.hpp"
+#include "ops/calc_eval.hpp"
 
 #include <thrust/execution_policy.h>
 #include <thrust/transform_reduce.h>
@@ -86,6 +87,13 @@ void histogram(const void* in, DType dtype, Layout layout, NodataSpec nodata, in
 void focal_mean_3x3(const void* in, DType dtype, void* out, Layout layout, NodataSpec nodata,
                     EdgeMode edge, CUstream /*stream*/) {
   run_focal_mean(policy(), in, dtype, out, layout, nodata, edge);
+}
+
+void calc(const CalcLaunch& launch, CUstream /*stream*/) {
+  // Lanes per evaluation: the opcode dispatch is paid once per kCalcLanes pixels, and the
+  // registers (kCalcMaxRegisters x kCalcLanes values) stay within 32 KiB of stack.
+  constexpr int kCalcLanes = 128;
+  calc::run_calc<kCalcLanes>(policy(), launch);
 }
 
 }  // namespace vibespatial::raster::detail::ops::host
