@@ -28,6 +28,11 @@ VSR_HD inline T unpack(std::uint64_t bits) {
   return v;
 }
 
+/// The mask's element type: an integer as wide as C (1 valid, 0 not), so that the mask, the
+/// loads and the stores vectorise together (GCC gives bool arrays no vector type).
+template <class C>
+using mask_t = cuda::std::conditional_t<sizeof(C) == 4, std::uint32_t, std::uint64_t>;
+
 template <int W, class C, class F>
 VSR_HD inline void lanes(C* __restrict__ d, const C* __restrict__ a, F f) {
   for (int l = 0; l < W; ++l) d[l] = f(a[l]);
@@ -46,7 +51,7 @@ VSR_HD inline void lanes(C* __restrict__ d, const C* __restrict__ a, const C* __
 /// NaN (floats) or the input's nodata, compared in the input's type (the library's rule).
 template <class T, int W, class C>
 VSR_HD inline void load_as(const CalcSlot& s, std::int64_t first, C* __restrict__ d,
-                           bool* __restrict__ ok, bool check) {
+                           mask_t<C>* __restrict__ ok, bool check) {
   const T* __restrict__ p = static_cast<const T*>(s.data) + first;
   if (!check) {
     for (int l = 0; l < W; ++l) d[l] = static_cast<C>(p[l]);
@@ -59,12 +64,12 @@ VSR_HD inline void load_as(const CalcSlot& s, std::int64_t first, C* __restrict_
     d[l] = static_cast<C>(v);
     bool valid = !(has & (v == nd));
     if constexpr (is_float_v<T>) valid = valid & (v == v);
-    ok[l] = ok[l] & valid;
+    ok[l] = ok[l] & static_cast<mask_t<C>>(valid);
   }
 }
 
 template <int W, class C>
-VSR_HD inline void load(const CalcSlot& s, std::int64_t first, C* d, bool* ok, bool check) {
+VSR_HD inline void load(const CalcSlot& s, std::int64_t first, C* d, mask_t<C>* ok, bool check) {
   switch (s.dtype) {
     case DType::uint8:
       return load_as<std::uint8_t, W>(s, first, d, ok, check);
@@ -94,12 +99,12 @@ VSR_HD inline void load(const CalcSlot& s, std::int64_t first, C* d, bool* ok, b
 /// rounds, integers rounded half away from zero and saturated).
 template <class O, int W, class C>
 VSR_HD inline void store_as(const CalcOutputBand& o, std::int64_t first, const C* __restrict__ r,
-                            const bool* __restrict__ ok) {
+                            const mask_t<C>* __restrict__ ok) {
   O* __restrict__ p = static_cast<O*>(o.data) + first;
   const O nd = unpack<O>(o.nodata);
   for (int l = 0; l < W; ++l) {
     const C x = r[l];
-    bool bad = !ok[l];
+    bool bad = ok[l] == 0;
     if constexpr (!is_float_v<O>) bad = bad | (x != x);
     const O v = convert_to<O>(x);
     p[l] = bad ? nd : v;
@@ -107,7 +112,8 @@ VSR_HD inline void store_as(const CalcOutputBand& o, std::int64_t first, const C
 }
 
 template <int W, class C>
-VSR_HD inline void store(const CalcOutputBand& o, std::int64_t first, const C* r, const bool* ok) {
+VSR_HD inline void store(const CalcOutputBand& o, std::int64_t first, const C* r,
+                         const mask_t<C>* ok) {
   switch (o.dtype) {
     case DType::uint8:
       return store_as<std::uint8_t, W>(o, first, r, ok);
@@ -141,8 +147,8 @@ struct CalcEval {
   VSR_HD void operator()(long long i) const {
     const std::int64_t first = offset + static_cast<std::int64_t>(i) * W;
     C reg[kCalcMaxRegisters][W];
-    bool ok[W];
-    for (int l = 0; l < W; ++l) ok[l] = true;
+    mask_t<C> ok[W];
+    for (int l = 0; l < W; ++l) ok[l] = 1;
     const bool check = p.propagate_nodata;
     for (int pc = 0; pc < p.code_size; ++pc) {
       const CalcInstr in = p.code[pc];
@@ -161,7 +167,7 @@ struct CalcEval {
         }
         case CalcOp::store:
           store<W>(p.outputs[in.arg], first, a, ok);
-          for (int l = 0; l < W; ++l) ok[l] = true;
+          for (int l = 0; l < W; ++l) ok[l] = 1;
           break;
 #define VSR_CALC_CASE1(name, expr) \
   case CalcOp::name:               \
