@@ -1030,7 +1030,8 @@ const std::vector<int>& CalcProgram::bands_read(std::string_view name) const {
 }
 
 int CalcProgram::registers() const noexcept {
-  return compiled_of(impl_).f64.registers;
+  const detail::CalcCompiled& c = compiled_of(impl_);
+  return std::max(c.f64.registers, c.f32.registers);  // folding may differ between the two
 }
 
 std::size_t CalcProgram::instruction_count() const noexcept {
