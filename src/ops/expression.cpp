@@ -671,15 +671,18 @@ class Parser {
   int name() {
     const std::string_view id = text_of(tok_);
     const std::size_t pos = tok_.pos;
+    const Function* f = find_function(id);
+    const Constant* c = f ? nullptr : find_constant(id);
+    const auto it = ctx_.input_index.find(id);
+    // Before reading the next token: an unknown name is reported before what follows it.
+    if (!f && !c && it == ctx_.input_index.end()) fail(pos, "unknown name '" + shown(id) + "'");
     advance();
-    if (const Function* f = find_function(id)) return call(*f, pos);
-    if (const Constant* c = find_constant(id)) {
+    if (f) return call(*f, pos);
+    if (c) {
       if (tok_.kind == Tok::lparen)
         fail(pos, "'" + std::string(id) + "' is a constant, not a function");
       return add_constant(c->value, pos);
     }
-    const auto it = ctx_.input_index.find(id);
-    if (it == ctx_.input_index.end()) fail(pos, "unknown name '" + shown(id) + "'");
     const int input = it->second;
     const int count = ctx_.inputs[static_cast<std::size_t>(input)].band_count;
     const std::string quoted = "'" + std::string(id) + "'";

@@ -102,6 +102,7 @@ TEST_SUITE("ops") {
                 "compile_calc: expected ',' or ')' in the call of sqrt() at column 1, "
                 "found end of the expression at column 7");
     check_error("B + D", "compile_calc: unknown name 'D' at column 5");
+    check_error("B + D @", "compile_calc: unknown name 'D' at column 5");
     check_error("A[0]",
                 "compile_calc: band 0 of input 'A' does not exist (it has bands 1 to 4; "
                 "bands are numbered from 1) at column 3");
