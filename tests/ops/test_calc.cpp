@@ -14,6 +14,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace vibespatial::raster;
@@ -334,6 +335,28 @@ TEST_SUITE("ops") {
                          "calc: the program is empty (default-constructed)", std::invalid_argument);
     CHECK_THROWS_WITH_AS(calc(p, {}), "calc: no inputs (the output's size comes from them)",
                          std::invalid_argument);
+  }
+
+  TEST_CASE("calc: one program run from several threads at once gives one result") {
+    const CalcProgram p = compile_calc({"sqrt(abs(A[1] - A[2])) * (A[3] > 0 ? 1 : -1)"}, kShapes);
+    std::vector<float> px(4 * 64 * 65);
+    for (std::size_t i = 0; i < px.size(); ++i) px[i] = static_cast<float>(i % 97) - 40.5f;
+    const OwnedRasterArray a = OwnedRasterArray::from_host(px.data(), DType::float32, 4, 64, 65);
+    std::vector<float> first(64 * 65);
+    calc(p, {CalcInput{"A", a}}).copy_to_host(first.data());
+    std::vector<int> same(8, 0);
+    std::vector<std::thread> threads;
+    for (std::size_t t = 0; t < same.size(); ++t) {
+      threads.emplace_back([&, t] {
+        std::vector<float> got(first.size());
+        for (int k = 0; k < 5; ++k) {
+          calc(p, {CalcInput{"A", a}}).copy_to_host(got.data());
+          same[t] += got == first ? 1 : 0;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int n : same) CHECK(n == 5);
   }
 
   TEST_CASE("compile_calc: input names are checked") {
