@@ -2,13 +2,18 @@
 // The band operations' facade: argument checks, the backend chosen by residency, output rasters.
 // Plain C++ (no Thrust): the work happens in ops_host.cpp or ops_cuda.cu.
 #include "common/expects.hpp"
+#include "common/text_escape.hpp"
+#include "ops/expression.hpp"
 #include "ops/ops_backend.hpp"
 
 #include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/ops.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -562,6 +567,266 @@ void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge, OwnedRas
 
 void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out) {
   focal_mean_3x3_into(raster, edge, out, nullptr);
+}
+
+// ---- Band math (calc)
+
+namespace {
+
+/// Whether @p d holds @p v exactly (NaN: only the float types).
+bool holds(DType d, const NodataValue& v) {
+  if (v.is_nan()) return is_floating_point(d);
+  const double x = v.to_double();
+  if (d == DType::float64) return NodataValue(x) == v;
+  if (d == DType::float32) {
+    return NodataValue(x) == v &&
+           (std::isinf(x) || (std::fabs(x) <= std::numeric_limits<float>::max() &&
+                              static_cast<double>(static_cast<float>(x)) == x));
+  }
+  double lo = 0, hi = 0;
+  int_range(d, lo, hi);
+  if (d == DType::uint64) return v.as_uint64().has_value();
+  if (d == DType::int64) return v.as_int64().has_value();
+  const auto i = v.as_int64();
+  return i && static_cast<double>(*i) >= lo && static_cast<double>(*i) <= hi;
+}
+
+template <class T>
+std::uint64_t bits_of(T value) {
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  return bits;
+}
+
+/// @p v (which @p d holds, or at least converts to exactly for a NodataSpec) as a value of @p d,
+/// packed as the evaluator unpacks it.
+std::uint64_t pack(DType d, const NodataValue& v) {
+  switch (d) {
+    case DType::uint8:
+      return bits_of(static_cast<std::uint8_t>(*v.as_int64()));
+    case DType::int8:
+      return bits_of(static_cast<std::int8_t>(*v.as_int64()));
+    case DType::uint16:
+      return bits_of(static_cast<std::uint16_t>(*v.as_int64()));
+    case DType::int16:
+      return bits_of(static_cast<std::int16_t>(*v.as_int64()));
+    case DType::uint32:
+      return bits_of(static_cast<std::uint32_t>(*v.as_int64()));
+    case DType::int32:
+      return bits_of(static_cast<std::int32_t>(*v.as_int64()));
+    case DType::uint64:
+      return *v.as_uint64();
+    case DType::int64:
+      return bits_of(*v.as_int64());
+    case DType::float32:
+      return bits_of(static_cast<float>(v.to_double()));
+    case DType::float64:
+      return bits_of(v.to_double());
+  }
+  return 0;
+}
+
+/// The evaluator's view of band @p band_index of @p r.
+be::CalcSlot calc_slot(const OwnedRasterArray& r, int band_index) {
+  be::CalcSlot s;
+  const std::size_t band_bytes =
+      static_cast<std::size_t>(r.height() * r.width()) * itemsize(r.dtype());
+  s.data = static_cast<const unsigned char*>(pixels(r)) +
+           band_bytes * static_cast<std::size_t>(band_index);
+  s.dtype = r.dtype();
+  const be::NodataSpec spec = nodata_spec(r);
+  // A NaN nodata marks NaN pixels only, which every float load treats as invalid anyway.
+  s.has_nodata = spec.has && !std::isnan(spec.value);
+  if (s.has_nodata) {
+    s.nodata = (r.dtype() == DType::int64 || r.dtype() == DType::uint64)
+                   ? spec.bits
+                   : pack(r.dtype(), *r.exact_nodata());
+  }
+  return s;
+}
+
+/// The output's nodata (see ops.hpp): given, else the first input's that the dtype holds, else
+/// NaN or the dtype's largest value (for 64-bit types the largest double below 2^63 / 2^64).
+NodataValue calc_output_nodata(const std::vector<CalcInput>& inputs, const CalcOptions& options) {
+  const DType d = options.output;
+  if (options.output_nodata) {
+    VSR_EXPECTS(holds(d, *options.output_nodata),
+                "calc: the output nodata " + options.output_nodata->to_string() +
+                    " is not a value of " + std::string(to_string(d)));
+    return *options.output_nodata;
+  }
+  for (const CalcInput& in : inputs) {
+    if (const auto nd = in.raster.exact_nodata()) {
+      if (holds(d, *nd)) return *nd;
+      break;
+    }
+  }
+  if (is_floating_point(d)) return NodataValue(std::numeric_limits<double>::quiet_NaN());
+  double lo = 0, hi = 0;
+  int_range(d, lo, hi);
+  if (d == DType::uint64 || d == DType::int64) hi = std::nextafter(hi, 0.0);
+  return NodataValue(hi);
+}
+
+std::string quoted(const std::string& name) {
+  std::string q = detail::printable(name);
+  q.insert(q.begin(), '\'');
+  q.push_back('\'');
+  return q;
+}
+
+std::string affine_text(const Affine& a) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "(%.17g, %.17g, %.17g, %.17g, %.17g, %.17g)", a.a, a.b, a.c, a.d,
+                a.e, a.f);
+  return buf;
+}
+
+/// Checks that the inputs can be evaluated together: one size, residency, affine and CRS.
+void check_calc_inputs(const std::vector<CalcInput>& inputs) {
+  const CalcInput& first = inputs.front();
+  const OwnedRasterArray& r0 = first.raster;
+  for (std::size_t i = 1; i < inputs.size(); ++i) {
+    const OwnedRasterArray& r = inputs[i].raster;
+    const std::string pair =
+        "calc: inputs " + quoted(first.name) + " and " + quoted(inputs[i].name) + " differ in ";
+    VSR_EXPECTS(r.height() == r0.height() && r.width() == r0.width(),
+                pair + "size (" + std::to_string(r0.height()) + " x " + std::to_string(r0.width()) +
+                    " and " + std::to_string(r.height()) + " x " + std::to_string(r.width()) +
+                    ", height x width)");
+    VSR_EXPECTS(r.residency() == r0.residency(),
+                pair + "residency (one is on the host, the other on the device)");
+    VSR_EXPECTS(r.affine() == r0.affine(),
+                pair + "affine: " + affine_text(r0.affine()) + " and " + affine_text(r.affine()));
+    VSR_EXPECTS(r.crs() == r0.crs(), pair + "CRS (compared as text)");
+  }
+}
+
+}  // namespace
+
+CalcProgram compile_calc(const std::vector<std::string>& expressions,
+                         const std::vector<CalcInputBands>& inputs) {
+  return detail::CalcAccess::make(
+      detail::compile_calc_expressions("compile_calc", expressions, inputs));
+}
+
+OwnedRasterArray calc(const CalcProgram& program, const std::vector<CalcInput>& inputs,
+                      const CalcOptions& options, CUstream stream) {
+  const detail::CalcCompiled* prog = detail::CalcAccess::get(program);
+  VSR_EXPECTS(prog != nullptr, "calc: the program is empty (default-constructed)");
+  VSR_EXPECTS(!inputs.empty(), "calc: no inputs (the output's size comes from them)");
+  VSR_EXPECTS(to_string(options.output) != "unknown", "calc: the output dtype is not a DType");
+  // Which given input is each of the program's inputs.
+  const std::size_t n_prog = prog->inputs.size();
+  std::vector<int> given(n_prog, -1);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    std::size_t j = 0;
+    while (j < n_prog && prog->inputs[j].name != inputs[i].name) ++j;
+    VSR_EXPECTS(j < n_prog, "calc: input " + quoted(inputs[i].name) +
+                                " is not one the program was compiled for");
+    VSR_EXPECTS(given[j] < 0, "calc: input " + quoted(inputs[i].name) + " is given twice");
+    given[j] = static_cast<int>(i);
+  }
+  for (std::size_t j = 0; j < n_prog; ++j) {
+    VSR_EXPECTS(given[j] >= 0 || prog->bands_read[j].bands.empty(),
+                "calc: the expressions read input " + quoted(prog->inputs[j].name) +
+                    ", which is not given");
+  }
+  for (std::size_t j = 0; j < n_prog; ++j) {
+    if (given[j] < 0) continue;
+    const CalcInput& in = inputs[static_cast<std::size_t>(given[j])];
+    const int compiled = prog->inputs[j].band_count;
+    const std::string name = quoted(in.name);
+    if (in.bands.empty()) {
+      VSR_EXPECTS(in.raster.band_count() == compiled,
+                  "calc: input " + name + " has " + std::to_string(in.raster.band_count()) +
+                      " bands, the program was compiled for " + std::to_string(compiled) +
+                      " (give CalcInput::bands when it holds some of them)");
+      continue;
+    }
+    VSR_EXPECTS(static_cast<std::size_t>(in.raster.band_count()) == in.bands.size(),
+                "calc: input " + name + " has " + std::to_string(in.raster.band_count()) +
+                    " bands, but its CalcInput::bands lists " + std::to_string(in.bands.size()));
+    for (std::size_t k = 0; k < in.bands.size(); ++k) {
+      const int b = in.bands[k];
+      VSR_EXPECTS(b >= 1 && b <= compiled, "calc: CalcInput::bands of " + name + " lists band " +
+                                               std::to_string(b) + ", not one of 1 to " +
+                                               std::to_string(compiled));
+      VSR_EXPECTS(
+          std::find(in.bands.begin(), in.bands.begin() + static_cast<std::ptrdiff_t>(k), b) ==
+              in.bands.begin() + static_cast<std::ptrdiff_t>(k),
+          "calc: CalcInput::bands of " + name + " lists band " + std::to_string(b) + " twice");
+    }
+  }
+  check_calc_inputs(inputs);
+  const NodataValue out_nodata = calc_output_nodata(inputs, options);
+
+  std::vector<be::CalcSlot> slots;
+  slots.reserve(prog->slots.size());
+  for (const detail::CalcSlotRef& s : prog->slots) {
+    const CalcInput& in =
+        inputs[static_cast<std::size_t>(given[static_cast<std::size_t>(s.input)])];
+    int index = s.band - 1;
+    if (!in.bands.empty()) {
+      const auto it = std::find(in.bands.begin(), in.bands.end(), s.band);
+      VSR_EXPECTS(it != in.bands.end(), "calc: input " + quoted(in.name) + " lacks band " +
+                                            std::to_string(s.band) +
+                                            ", which the expressions read (see CalcInput::bands)");
+      index = static_cast<int>(it - in.bands.begin());
+    }
+    slots.push_back(calc_slot(in.raster, index));
+  }
+
+  const OwnedRasterArray& r0 = inputs.front().raster;
+  const bool dev = on_device(r0);  // before allocating: fails at once without CUDA
+  const detail::CalcCode& code = options.compute_float32 ? prog->f32 : prog->f64;
+  const int bands = static_cast<int>(prog->expressions.size());
+  return guarded(dev, "calc", [&] {
+    OwnedRasterArray out =
+        OwnedRasterArray::allocate(r0.residency(), options.output, bands, r0.height(), r0.width(),
+                                   std::nullopt, r0.affine(), r0.crs())
+            .with_nodata(out_nodata);
+    const std::size_t band_bytes =
+        static_cast<std::size_t>(r0.height() * r0.width()) * itemsize(options.output);
+    auto* base = static_cast<unsigned char*>(mutable_pixels(out));
+    std::vector<be::CalcOutputBand> outputs(static_cast<std::size_t>(bands));
+    for (int k = 0; k < bands; ++k) {
+      be::CalcOutputBand& o = outputs[static_cast<std::size_t>(k)];
+      o.data = base + band_bytes * static_cast<std::size_t>(k);
+      o.dtype = options.output;
+      o.nodata = pack(options.output, out_nodata);
+    }
+    be::CalcLaunch launch;
+    launch.code = code.code.data();
+    launch.code_size = static_cast<int>(code.code.size());
+    launch.constants = code.constants.data();
+    launch.constant_count = static_cast<int>(code.constants.size());
+    launch.slots = slots.data();
+    launch.slot_count = static_cast<int>(slots.size());
+    launch.outputs = outputs.data();
+    launch.output_count = bands;
+    launch.pixels = r0.height() * r0.width();
+    launch.compute_float32 = options.compute_float32;
+    launch.propagate_nodata = options.propagate_nodata;
+    VSR_OPS_CALL(dev, calc, launch, stream);
+    return out;
+  });
+}
+
+OwnedRasterArray calc(const std::vector<std::string>& expressions,
+                      const std::vector<CalcInput>& inputs, const CalcOptions& options,
+                      CUstream stream) {
+  VSR_EXPECTS(!inputs.empty(), "calc: no inputs (the output's size comes from them)");
+  std::vector<CalcInputBands> shapes;
+  shapes.reserve(inputs.size());
+  for (const CalcInput& in : inputs) {
+    int count = in.raster.band_count();
+    if (!in.bands.empty()) count = std::max(1, *std::max_element(in.bands.begin(), in.bands.end()));
+    shapes.push_back(CalcInputBands{in.name, count});
+  }
+  return calc(
+      detail::CalcAccess::make(detail::compile_calc_expressions("calc", expressions, shapes)),
+      inputs, options, stream);
 }
 
 }  // namespace vibespatial::raster

@@ -4,6 +4,8 @@
 // Both implement the same raw-pointer entry points, declared once here. Plain C++: no Thrust.
 #pragma once
 
+#include "ops/calc_program.hpp"
+
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/ops.hpp>
 
@@ -39,7 +41,8 @@ struct RescaleParams {
 /// The backend entry points. `in`/`out` are host pointers for the host backend and device
 /// pointers (primary context) for the cuda backend. Device calls are queued on `stream` (nullptr:
 /// the legacy default stream; the host backend ignores it); statistics and histograms return
-/// after the results reached the host.
+/// after the results reached the host. calc's launch holds host tables (program, slots,
+/// outputs) whose pixel pointers are of the backend's memory.
 #define VSR_OPS_BACKEND_DECLARATIONS                                                            \
   void statistics(const void* in, DType dtype, Layout layout, NodataSpec nodata,               \
                   BandStatistics* out, CUstream stream);                                       \
@@ -55,7 +58,8 @@ struct RescaleParams {
   void histogram(const void* in, DType dtype, Layout layout, NodataSpec nodata, int bins,      \
                  double lower, double upper, std::int64_t* counts, CUstream stream);           \
   void focal_mean_3x3(const void* in, DType dtype, void* out, Layout layout, NodataSpec nodata,\
-                      EdgeMode edge, CUstream stream);
+                      EdgeMode edge, CUstream stream);                                         \
+  void calc(const CalcLaunch& launch, CUstream stream);
 // clang-format on
 
 namespace host {

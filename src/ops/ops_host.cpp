@@ -6,6 +6,7 @@
 #endif
 
 #include "ops/band_ops.hpp"
+#include "ops/calc_eval.hpp"
 
 #include <thrust/execution_policy.h>
 #include <thrust/transform_reduce.h>
@@ -86,6 +87,14 @@ void histogram(const void* in, DType dtype, Layout layout, NodataSpec nodata, in
 void focal_mean_3x3(const void* in, DType dtype, void* out, Layout layout, NodataSpec nodata,
                     EdgeMode edge, CUstream /*stream*/) {
   run_focal_mean(policy(), in, dtype, out, layout, nodata, edge);
+}
+
+void calc(const CalcLaunch& launch, CUstream /*stream*/) {
+  // Lanes per evaluation: the opcode dispatch is paid once per kCalcLanes pixels, and the
+  // registers (kCalcMaxRegisters x kCalcLanes values, 16 KiB in float64) stay on the stack; the
+  // few a program uses stay in L1. 64 ran the NDVI expression faster than 128 or 256.
+  constexpr int kCalcLanes = 64;
+  calc::run_calc<kCalcLanes>(policy(), launch);
 }
 
 }  // namespace vibespatial::raster::detail::ops::host

@@ -77,6 +77,10 @@ TEST_SUITE("ops-errors") {
         {"normalized_difference", [&] { (void)normalized_difference(dev, dev2); }},
         {"histogram", [&] { (void)histogram(dev, 8, 0, 2); }},
         {"focal_mean_3x3", [&] { (void)focal_mean_3x3(dev); }},
+        {"calc",
+         [&] {
+           (void)calc({"A[1] + A[2]"}, {{"A", dev}});
+         }},
     };
     for (const auto& [name, op] : ops) {
       CAPTURE(name);
@@ -96,6 +100,10 @@ TEST_SUITE("ops-errors") {
     const std::string what = thrown([&] { (void)rescale(dev, 0, 2, 0, 1, DType::float32); });
     CHECK(what.rfind("OutOfMemoryError: ", 0) == 0);
     CHECK(what.find("rescale") != std::string::npos);
+    CHECK(memory_pool_stats().current_bytes.value_or(0) == dev.byte_size());
+    const std::string calc_what = thrown([&] { (void)calc({"A * 2"}, {{"A", dev}}); });
+    CHECK(calc_what.rfind("OutOfMemoryError: ", 0) == 0);
+    CHECK(calc_what.find("calc on the device") != std::string::npos);
     CHECK(memory_pool_stats().current_bytes.value_or(0) == dev.byte_size());
   }
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Band operations: statistics, rescale, clip, nodata fill, normalized difference, histograms
-// and a 3x3 focal mean, for all ten dtypes.
+// Band operations: statistics, rescale, clip, nodata fill, normalized difference, histograms,
+// a 3x3 focal mean and band math (calc: expressions over named inputs), for all ten dtypes.
 //
 // Where they run: an operation runs where its input lives. A host-resident raster is processed
 // by the host backend (Thrust's OpenMP backend, all cores); a device-resident raster by the CUDA
@@ -36,7 +36,10 @@
 #include <vibespatial/raster/export.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 // CUstream, exactly as <cuda.h> declares it, so this header needs no CUDA headers.
@@ -255,6 +258,152 @@ VSR_EXPORT void normalized_difference_into(const OwnedRasterArray& a, const Owne
                                            OwnedRasterArray& out, CUstream stream);
 VSR_EXPORT void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge,
                                     OwnedRasterArray& out, CUstream stream);
+/// @}
+
+/// @name Band math (calc)
+/// Expressions over named inputs, as GDAL's raster calculators write them: `(A[4] - A[3]) /
+/// (A[4] + A[3])`, `where(B > 0, A * 2, 0)`, `A > 100 ? 1 : 0`. docs/band-math.md has the grammar
+/// (operators, precedence, functions, constants) with GDAL's and numpy's spellings side by side.
+///
+/// - Names: an input is bound to a name the caller chooses (an identifier: letters, digits and
+///   `_`, not starting with a digit, not a function, constant or keyword); `A[2]` is band 2 of
+///   input A (1-based); `A` alone is allowed for a one-band input only (on a multi-band input it
+///   is an error naming the input: band math has no "every band" meaning).
+/// - Evaluation: every pixel is computed in float64 (or float32 with
+///   CalcOptions::compute_float32); each input band is converted to the compute type when loaded,
+///   whatever its dtype. Arithmetic follows IEEE 754 (division by zero gives +-inf or NaN, log of
+///   a negative NaN, ...). One expression gives one output band; several give several bands, in
+///   order, from one pass over the pixels.
+/// - Output: CalcOptions::output (float32 by default), converted as convert_dtype converts
+///   (integers rounded half away from zero and saturated; NaN, which no integer type holds,
+///   becomes the output's nodata). The output's nodata is CalcOptions::output_nodata when given;
+///   else the nodata of the first input (in the order given) that has one, when the output dtype
+///   holds it exactly; else NaN for a float output and the dtype's largest value for an integer
+///   one (for 64-bit types the largest double below 2^63 / 2^64), as vsr-run's --ot.
+/// - Nodata propagation (CalcOptions::propagate_nodata, on by default): a pixel where any input
+///   band the expression names is invalid (its input's nodata, or NaN for float inputs) is the
+///   output's nodata, whichever branch of a `?:` or where() it sits in; off, the raw values go
+///   through the expression. A float output keeps a NaN result of a valid pixel as NaN.
+/// - Inputs: all of one height and width, one residency, one affine and one CRS (compared
+///   exactly; the result has them). The work runs where the inputs live, as every operation.
+/// - Determinism: both backends run the same evaluator; +, -, *, /, sqrt, comparisons, floor,
+///   ceil, round, min, max and conversions are exact IEEE operations and give bit-identical
+///   results on the host and the device; exp, log, log10, pow, trigonometric functions come from
+///   each side's math library and may differ by an ulp or two.
+///
+/// Bad expressions are std::invalid_argument whose message names the problem and its 1-based
+/// column (characters), then shows the expression (escaped, a window of it when long) and a caret
+/// under the column: `calc: unknown name 'C' at column 8\n  A[1] + C\n         ^`. With several
+/// expressions the message says which (`calc: expression 2: ...`). Expressions of any length
+/// compile in linear time; nesting deeper than 256 levels (parentheses, calls, unary operators)
+/// is refused as "nested too deeply".
+/// @{
+
+/// The name and band count of one input, for compile_calc.
+struct CalcInputBands {
+  std::string name;
+  int band_count = 1;
+};
+
+/// One input of calc: a raster under a name.
+struct CalcInput {
+  std::string name;
+  OwnedRasterArray raster;
+  /// The band numbers (1-based, of the source the expressions name) of raster's bands, for a
+  /// raster that holds only some bands of its source (read with CalcProgram::bands_read, say):
+  /// {3, 4} means raster band 1 is A[3] and band 2 is A[4]. Empty: raster's bands are 1 to
+  /// band_count().
+  std::vector<int> bands = {};
+};
+
+/// How calc computes and writes.
+struct CalcOptions {
+  DType output = DType::float32;  ///< the output dtype
+  bool compute_float32 = false;   ///< compute in float32 instead of float64
+  bool propagate_nodata = true;   ///< an invalid input pixel gives the output's nodata
+  /// The output's nodata; empty: the rule in the section comment. Must be a value of `output`.
+  std::optional<NodataValue> output_nodata = {};
+};
+
+/// The bands one input's expressions read.
+struct CalcBandUse {
+  std::string name;        ///< the input
+  std::vector<int> bands;  ///< 1-based, ascending, each once; empty if no expression reads it
+};
+
+namespace detail {
+struct CalcCompiled;
+struct CalcAccess;
+}  // namespace detail
+
+/**
+ * @brief Compiled band-math expressions (compile_calc): checked against the inputs' names and
+ * band counts, lowered to the evaluator's program for both compute types. Immutable: copies
+ * share it, and it may be used from many threads at once (e.g. one calc per tile).
+ * A default-constructed program is empty (calc refuses it).
+ */
+class VSR_EXPORT CalcProgram {
+ public:
+  CalcProgram() = default;
+
+  /// The expressions, as given; one output band each.
+  const std::vector<std::string>& expressions() const noexcept;
+  /// The inputs it was compiled for (names and band counts), in the order given.
+  const std::vector<CalcInputBands>& inputs() const noexcept;
+  /// For every input (in the order given), the bands the expressions read: a tiled executor
+  /// reads only these (and passes them as CalcInput::bands), a CLI can refuse a missing file
+  /// before reading any pixel.
+  const std::vector<CalcBandUse>& bands_read() const noexcept;
+  /// The bands the expressions read of input @p name.
+  /// @throws std::invalid_argument if the program has no input @p name.
+  const std::vector<int>& bands_read(std::string_view name) const;
+  /// The most registers (values per pixel) its evaluation holds at once: the bounded
+  /// evaluation stack computed when compiled (at most 32).
+  int registers() const noexcept;
+  /// Instructions of its program (float64 compute; float32 folds constants alike).
+  std::size_t instruction_count() const noexcept;
+  /// Whether this holds a program (false when default-constructed).
+  bool valid() const noexcept { return impl_ != nullptr; }
+
+ private:
+  friend struct detail::CalcAccess;
+  std::shared_ptr<const detail::CalcCompiled> impl_;
+};
+
+/**
+ * @brief Compiles @p expressions for inputs of the given names and band counts, without data:
+ * every syntax error, unknown name, band out of range or wrong function arity is found here.
+ * @throws std::invalid_argument for an empty list, a bad expression (message as in the section
+ *         comment, starting "compile_calc: "), an input name that is no identifier, is given
+ *         twice or is a function, constant or keyword name, or a band count below 1.
+ * Thread-safe.
+ */
+VSR_EXPORT CalcProgram compile_calc(const std::vector<std::string>& expressions,
+                                    const std::vector<CalcInputBands>& inputs);
+
+/**
+ * @brief Evaluates @p program on @p inputs: one output band per expression, of the inputs'
+ * height, width, residency, affine and CRS, dtype options.output, nodata as the section comment
+ * says. Every input the expressions read must be given (by the name compiled for); an input
+ * without CalcInput::bands must have the band count compiled for, one with it must hold every
+ * band read. Device inputs: the stream forms' rules (see "Stream forms").
+ * @throws std::invalid_argument for an empty program or input list, an unknown or repeated
+ *         name, a missing input or band, inputs that differ in height and width, residency,
+ *         affine or CRS (the message names the two), a bad output dtype or an output_nodata that
+ *         is not a value of it; std::runtime_error as band_statistics.
+ */
+VSR_EXPORT OwnedRasterArray calc(const CalcProgram& program, const std::vector<CalcInput>& inputs,
+                                 const CalcOptions& options = {}, CUstream stream = nullptr);
+
+/**
+ * @brief compile_calc(@p expressions, the inputs' names and band counts) then calc: the one-call
+ * form. Errors start with "calc: ". An input with CalcInput::bands is compiled with the largest
+ * band it holds as its count.
+ * @throws as compile_calc and calc.
+ */
+VSR_EXPORT OwnedRasterArray calc(const std::vector<std::string>& expressions,
+                                 const std::vector<CalcInput>& inputs,
+                                 const CalcOptions& options = {}, CUstream stream = nullptr);
 /// @}
 
 }  // namespace vibespatial::raster
