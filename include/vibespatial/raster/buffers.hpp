@@ -326,6 +326,13 @@ class VSR_EXPORT OwnedRasterArray {
    * @throws std::out_of_range if @p i is not in [0, band_count()).
    */
   OwnedRasterArray band(int i) const;
+  /**
+   * @brief Zero-copy view of the @p count bands starting at band @p first, on the same
+   * residency, with this view's nodata, affine and CRS.
+   * @throws std::out_of_range unless 0 <= @p first, 1 <= @p count and first + count <=
+   *         band_count().
+   */
+  OwnedRasterArray bands(int first, int count) const;
 
   /**
    * @brief Copies the pixels of the whole storage host <-> device through the pool (copies on

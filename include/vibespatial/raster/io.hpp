@@ -59,6 +59,7 @@
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/export.hpp>
+#include <vibespatial/raster/tiles.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -278,15 +279,6 @@ VSR_EXPORT void check_output_file(const std::string& path, const WriteOptions& o
                                   const std::optional<NodataValue>& nodata = std::nullopt,
                                   const std::string& crs = {});
 
-/// Where a streamed pass is: tile @p index of @p total (passes x tiles), its effective window
-/// (halo excluded), the window read (halo included, clamped to the raster) and the 0-based
-/// positions of its bands among the selected bands.
-struct TileInfo {
-  std::int64_t index = 0, total = 0;
-  RasterWindow window, read;
-  int first_band = 0, band_count = 0;
-};
-
 /// What a streamed run copies from the input file to the output besides pixels, georeferencing
 /// (affine and CRS; none when the input has no geotransform) and nodata.
 enum class MetadataCopy {
@@ -294,9 +286,6 @@ enum class MetadataCopy {
   descriptive,  ///< AREA_OR_POINT, and per band its description and colour interpretation
   all  ///< descriptive, and per band scale, offset and unit: for ops that keep the values' meaning
 };
-
-/// The steps of a tile in a streamed run, as StreamOptions::stage reports them.
-enum class TileStage { read, compute, write };
 
 /// How process_raster_file and for_each_raster_tile read, write and report.
 struct StreamOptions {
