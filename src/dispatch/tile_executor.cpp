@@ -103,84 +103,138 @@ std::string tile_text(const TileInfo& where) {
          ", column " + std::to_string(where.read.col_off) + ")";
 }
 
-/// @p op on @p tile where options.placement says.
-OwnedRasterArray compute(const BandOp& op, const OwnedRasterArray& tile,
-                         const TileRunOptions& options, const RasterPlan& plan, bool per_band) {
-  if (options.placement != Residency::device || tile.residency() == Residency::device) {
-    return op(tile);
+/// The per-band GPU dispatch options of a tile for @p plan: the caller's, or band batches of the
+/// run's plan.
+GpuDispatchOptions band_batches(const TileRunOptions& options, const RasterPlan& plan) {
+  GpuDispatchOptions gpu = options.gpu;
+  if (!gpu.plan) {
+    RasterPlan batches = plan;
+    batches.strategy = TilingStrategy::band_batches;
+    batches.tile_shape.reset();
+    batches.n_tiles = 0;
+    gpu.plan = batches;
   }
-  if (per_band && tile.band_count() > 1) {
-    // dispatch_per_band_gpu stages the bands itself, in batches the plan decided.
-    GpuDispatchOptions gpu = options.gpu;
-    if (!gpu.plan) {
-      RasterPlan batches = plan;
-      batches.strategy = TilingStrategy::band_batches;
-      batches.tile_shape.reset();
-      batches.n_tiles = 0;
-      gpu.plan = batches;
-    }
-    return dispatch_per_band_gpu(tile, op, gpu);
-  }
-  return op(tile.clone_to(Residency::device));
+  return gpu;
 }
 
-}  // namespace
+/// What one run walks: the grid, the passes and the tiles, checked before anything is read.
+struct Walk {
+  RasterMetadata meta;           ///< of source 0
+  std::vector<int> band_counts;  ///< of each source
+  bool per_band = false;
+  std::vector<TilePass> passes;
+  std::vector<TileWindow> tiles;
+  std::int64_t total = 0;
+};
 
-void run_tiles(TileSource& source, const BandOp& op, TileSink& sink, const RasterPlan& plan,
-               const TileRunOptions& options) {
+Walk walk_of(const std::vector<TileSource*>& sources, const RasterPlan& plan,
+             const TileRunOptions& options) {
   const std::string& who = options.name;
-  VSR_EXPECTS(op, who + ": empty op");
+  VSR_EXPECTS(!sources.empty(), who + ": no source");
+  VSR_EXPECTS(std::none_of(sources.begin(), sources.end(), [](auto* s) { return s == nullptr; }),
+              who + ": a null source");
   VSR_EXPECTS(plan.halo >= 0, who + ": negative halo " + std::to_string(plan.halo));
   VSR_EXPECTS(plan.bands_per_pass >= 1,
               who + ": bands_per_pass " + std::to_string(plan.bands_per_pass) + " < 1");
-  const RasterMetadata meta = source.metadata();
-  std::int64_t th = meta.height, tw = meta.width;
+  Walk w;
+  w.meta = sources[0]->metadata();
+  std::vector<std::vector<std::optional<NodataValue>>> nodata;
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    const RasterMetadata m = i == 0 ? w.meta : sources[i]->metadata();
+    VSR_EXPECTS(m.height == w.meta.height && m.width == w.meta.width,
+                who + ": source " + std::to_string(i) + " is " + std::to_string(m.width) + " x " +
+                    std::to_string(m.height) + " pixels and source 0 " +
+                    std::to_string(w.meta.width) + " x " + std::to_string(w.meta.height) +
+                    ": the sources of a run share one grid");
+    nodata.push_back(sources[i]->band_nodata());
+    w.band_counts.push_back(m.band_count);
+    VSR_EXPECTS(static_cast<int>(nodata.back().size()) == m.band_count,
+                who + ": source " + std::to_string(i) + " gives " +
+                    std::to_string(nodata.back().size()) + " nodata for " +
+                    std::to_string(m.band_count) + " band(s)");
+  }
+  std::int64_t th = w.meta.height, tw = w.meta.width;
   if (plan.strategy == TilingStrategy::tiled) {
     VSR_EXPECTS(plan.tile_shape && plan.tile_shape->first > 0 && plan.tile_shape->second > 0,
                 who + ": a tiled plan needs a positive tile_shape");
-    th = std::min(plan.tile_shape->first, meta.height);
-    tw = std::min(plan.tile_shape->second, meta.width);
+    th = std::min(plan.tile_shape->first, w.meta.height);
+    tw = std::min(plan.tile_shape->second, w.meta.width);
   }
-  const std::vector<std::optional<NodataValue>> nodata = source.band_nodata();
-  VSR_EXPECTS(static_cast<int>(nodata.size()) == meta.band_count,
-              who + ": the source gives " + std::to_string(nodata.size()) + " nodata for " +
-                  std::to_string(meta.band_count) + " band(s)");
-  const bool per_band = bands_independent(meta.band_count, plan, options.per_band);
-  const std::vector<TilePass> passes = tile_passes(nodata, plan, options.per_band);
-  if (!per_band && !options.mixed_nodata &&
-      std::any_of(nodata.begin(), nodata.end(), [&](const auto& v) { return v != nodata[0]; })) {
-    throw std::runtime_error(who +
-                             ": the bands differ in nodata and the op takes them together: "
-                             "select bands of one nodata, or accept mixed nodata and give each "
-                             "band its own (read_raster_info has every band's)");
+  w.per_band = bands_independent(w.meta.band_count, plan, options.per_band);
+  if (w.per_band) {
+    for (std::size_t i = 1; i < nodata.size(); ++i) {
+      VSR_EXPECTS(nodata[i].size() == nodata[0].size(),
+                  who + ": source " + std::to_string(i) + " has " +
+                      std::to_string(nodata[i].size()) + " band(s) and source 0 " +
+                      std::to_string(nodata[0].size()) +
+                      ": bands taken one by one need sources of one band count");
+    }
+    // A band's key is its nodata in every source: passes split where any of them changes.
+    // tile_passes compares one nodata per band, so the key is folded into the first source's
+    // list by marking bands that start a new run of the other sources.
+    w.passes = tile_passes(nodata[0], plan, options.per_band);
+    for (std::size_t i = 1; i < nodata.size(); ++i) {
+      std::vector<TilePass> split;
+      for (const TilePass& p : w.passes) {
+        TilePass cur{p.first_band, 1};
+        for (int b = p.first_band + 1; b < p.first_band + p.band_count; ++b) {
+          if (nodata[i][static_cast<std::size_t>(b)] ==
+              nodata[i][static_cast<std::size_t>(cur.first_band)]) {
+            ++cur.band_count;
+          } else {
+            split.push_back(cur);
+            cur = {b, 1};
+          }
+        }
+        split.push_back(cur);
+      }
+      w.passes = std::move(split);
+    }
+  } else {
+    w.passes = tile_passes(nodata[0], plan, false);
+    if (!options.mixed_nodata) {
+      for (std::size_t i = 0; i < nodata.size(); ++i) {
+        const auto& nd = nodata[i];
+        if (std::any_of(nd.begin(), nd.end(), [&](const auto& v) { return v != nd[0]; })) {
+          throw std::runtime_error(
+              who + ": the bands " +
+              (sources.size() > 1 ? "of source " + std::to_string(i) + " " : "") +
+              "differ in nodata and the op takes them together: select bands of one nodata, or "
+              "accept mixed nodata and give each band its own (read_raster_info has every "
+              "band's)");
+        }
+      }
+    }
   }
-  const std::vector<TileWindow> tiles = tile_windows(meta.height, meta.width, th, tw, plan.halo);
-  const auto total = static_cast<std::int64_t>(passes.size() * tiles.size());
+  w.tiles = tile_windows(w.meta.height, w.meta.width, th, tw, plan.halo);
+  w.total = static_cast<std::int64_t>(w.passes.size() * w.tiles.size());
+  return w;
+}
 
+/// The executor's loop: @p compute(where) reads and computes one tile; the rule checks it and
+/// the sink writes it.
+template <class Compute>
+void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Compute&& compute) {
+  const std::string& who = options.name;
   TileResultRule rule(who);
   bool begun = false;
   std::int64_t index = 0;
-  for (const TilePass& pass : passes) {
-    if (per_band) rule.expect_band_count(pass.band_count);
+  for (const TilePass& pass : w.passes) {
+    if (w.per_band) rule.expect_band_count(pass.band_count);
     rule.reset_nodata();
     bool first_of_pass = true;
-    for (const TileWindow& tile : tiles) {
+    for (const TileWindow& tile : w.tiles) {
       TileInfo where;
       where.index = index++;
-      where.total = total;
+      where.total = w.total;
       where.window = tile.window;
       where.read = tile.read;
-      where.first_band = pass.first_band;
+      where.first_band = w.per_band ? pass.first_band : 0;
       where.band_count = pass.band_count;
-      where.output_band = per_band ? pass.first_band : 0;
+      where.output_band = w.per_band ? pass.first_band : 0;
       if (options.stage) options.stage(where, TileStage::read);
-      OwnedRasterArray result = [&] {
-        // The input tile is released before the result is written: one tile live at a time.
-        const OwnedRasterArray in = source.read(where.read, pass.first_band, pass.band_count);
-        if (options.stage) options.stage(where, TileStage::compute);
-        return compute(op, in, options, plan, per_band);
-      }();
-      if (per_band && result.band_count() != pass.band_count) {
+      const OwnedRasterArray result = compute(where);
+      if (w.per_band && result.band_count() != pass.band_count) {
         throw std::invalid_argument(
             who + ": op returned " + std::to_string(result.band_count()) + " band(s) for " +
             tile_text(where) + " of a pass of " + std::to_string(pass.band_count) +
@@ -191,11 +245,11 @@ void run_tiles(TileSource& source, const BandOp& op, TileSink& sink, const Raste
       if (!begun) {
         TileOutput out;
         out.dtype = result.dtype();
-        out.band_count = per_band ? meta.band_count : result.band_count();
-        out.height = meta.height;
-        out.width = meta.width;
-        out.affine = meta.affine;
-        out.crs = meta.crs;
+        out.band_count = w.per_band ? w.meta.band_count : result.band_count();
+        out.height = w.meta.height;
+        out.width = w.meta.width;
+        out.affine = w.meta.affine;
+        out.crs = w.meta.crs;
         sink.begin(out);
         begun = true;
       }
@@ -205,10 +259,53 @@ void run_tiles(TileSource& source, const BandOp& op, TileSink& sink, const Raste
       }
       if (options.stage) options.stage(where, TileStage::write);
       sink.write(result, where);
-      if (options.progress) options.progress(where.index + 1, total);
+      if (options.progress) options.progress(where.index + 1, w.total);
     }
   }
   sink.finish();
+}
+
+/// @p tile where options.placement says (one copy to the device).
+OwnedRasterArray placed_tile(OwnedRasterArray tile, const TileRunOptions& options) {
+  if (options.placement != Residency::device || tile.residency() == Residency::device) {
+    return tile;
+  }
+  return tile.clone_to(Residency::device);
+}
+
+}  // namespace
+
+void run_tiles(TileSource& source, const BandOp& op, TileSink& sink, const RasterPlan& plan,
+               const TileRunOptions& options) {
+  VSR_EXPECTS(op, options.name + ": empty op");
+  const Walk w = walk_of({&source}, plan, options);
+  walk_tiles(w, sink, options, [&](const TileInfo& where) {
+    // The input tile is released before the result is written: one tile live at a time.
+    const OwnedRasterArray in = source.read(where.read, where.first_band, where.band_count);
+    if (options.stage) options.stage(where, TileStage::compute);
+    if (options.placement == Residency::device && in.residency() != Residency::device &&
+        w.per_band && in.band_count() > 1) {
+      // dispatch_per_band_gpu stages the bands itself, in batches the plan decided.
+      return dispatch_per_band_gpu(in, op, band_batches(options, plan));
+    }
+    return op(placed_tile(in, options));
+  });
+}
+
+void run_tiles(const std::vector<TileSource*>& sources, const MultiTileOp& op, TileSink& sink,
+               const RasterPlan& plan, const TileRunOptions& options) {
+  VSR_EXPECTS(op, options.name + ": empty op");
+  const Walk w = walk_of(sources, plan, options);
+  walk_tiles(w, sink, options, [&](const TileInfo& where) {
+    std::vector<OwnedRasterArray> tiles;
+    tiles.reserve(sources.size());
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      const int count = w.per_band ? where.band_count : w.band_counts[i];
+      tiles.push_back(placed_tile(sources[i]->read(where.read, where.first_band, count), options));
+    }
+    if (options.stage) options.stage(where, TileStage::compute);
+    return op(tiles, where);
+  });
 }
 
 }  // namespace vibespatial::raster

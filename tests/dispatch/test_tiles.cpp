@@ -11,7 +11,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -113,6 +115,109 @@ RasterPlan tiled_plan(std::int64_t th, std::int64_t tw, int halo, int bands_per_
   p.halo = halo;
   p.bands_per_pass = bands_per_pass;
   return p;
+}
+
+/// Connected components (4-neighbour) of the non-zero pixels of band 0 of @p in: int32 labels
+/// 1.. in raster order of each component's first pixel, 0 for background.
+std::vector<std::int32_t> label_whole(const std::uint8_t* px, std::int64_t h, std::int64_t w) {
+  std::vector<std::int32_t> lab(static_cast<std::size_t>(h * w), 0);
+  std::int32_t next = 0;
+  std::vector<std::int64_t> stack;
+  for (std::int64_t i = 0; i < h * w; ++i) {
+    if (px[i] == 0 || lab[static_cast<std::size_t>(i)] != 0) continue;
+    lab[static_cast<std::size_t>(i)] = ++next;
+    stack.push_back(i);
+    while (!stack.empty()) {
+      const std::int64_t p = stack.back();
+      stack.pop_back();
+      const std::int64_t r = p / w, c = p % w;
+      const std::int64_t nb[4][2] = {{r - 1, c}, {r + 1, c}, {r, c - 1}, {r, c + 1}};
+      for (const auto& n : nb) {
+        if (n[0] < 0 || n[0] >= h || n[1] < 0 || n[1] >= w) continue;
+        const std::int64_t q = n[0] * w + n[1];
+        if (px[q] != 0 && lab[static_cast<std::size_t>(q)] == 0) {
+          lab[static_cast<std::size_t>(q)] = next;
+          stack.push_back(q);
+        }
+      }
+    }
+  }
+  return lab;
+}
+
+OwnedRasterArray labels_raster(const std::vector<std::int32_t>& lab, std::int64_t h,
+                               std::int64_t w) {
+  return OwnedRasterArray::from_host(lab.data(), DType::int32, 1, h, w);
+}
+
+/// A binary blob pattern: pixels on where a few overlapping diagonals and rings lie.
+OwnedRasterArray blobs(std::int64_t h, std::int64_t w) {
+  std::vector<std::uint8_t> v(static_cast<std::size_t>(h * w));
+  for (std::int64_t r = 0; r < h; ++r) {
+    for (std::int64_t c = 0; c < w; ++c) {
+      const bool on = ((r * 7 + c * 3) % 11 < 3) ||
+                      ((r - 12) * (r - 12) + (c - 20) * (c - 20) < 30) || (c == 33);
+      v[static_cast<std::size_t>(r * w + c)] = on ? 1 : 0;
+    }
+  }
+  return OwnedRasterArray::from_host(v.data(), DType::uint8, 1, h, w);
+}
+
+/// Labels each tile on its own, made unique across tiles by the index of its first pixel.
+OwnedRasterArray label_tile(const OwnedRasterArray& tile, std::int64_t raster_height,
+                            std::int64_t raster_width) {
+  const std::int64_t h = tile.height(), w = tile.width();
+  std::vector<std::int32_t> lab =
+      label_whole(static_cast<const std::uint8_t*>(tile.host_data()), h, w);
+  // The tile's origin from its affine (identity affine: c = col, f = -row).
+  const auto col = static_cast<std::int64_t>(tile.affine().c);
+  const auto row = static_cast<std::int64_t>(-tile.affine().f);
+  const auto base =
+      static_cast<std::int32_t>((row * raster_width + col) * raster_height * raster_width);
+  for (auto& l : lab) l = l == 0 ? 0 : l + base;
+  return labels_raster(lab, h, w);
+}
+
+/// Unions labels that touch across tile seams, then renumbers in raster order.
+OwnedRasterArray merge_labels(const OwnedRasterArray& inter, const std::vector<TileWindow>& tiles,
+                              bool broken = false) {
+  const std::int64_t h = inter.height(), w = inter.width();
+  std::vector<std::int32_t> lab(static_cast<std::size_t>(h * w));
+  inter.copy_to_host(lab.data());
+  std::map<std::int32_t, std::int32_t> parent;
+  const std::function<std::int32_t(std::int32_t)> find = [&](std::int32_t x) {
+    auto it = parent.find(x);
+    if (it == parent.end() || it->second == x) return x;
+    return it->second = find(it->second);
+  };
+  const auto unite = [&](std::int32_t a, std::int32_t b) {
+    a = find(a), b = find(b);
+    if (a != b) parent[std::max(a, b)] = std::min(a, b);
+  };
+  if (!broken) {
+    for (const TileWindow& t : tiles) {
+      const RasterWindow& win = t.window;
+      // The seams below and right of each tile.
+      for (std::int64_t c = win.col_off; c < win.col_off + win.width; ++c) {
+        const std::int64_t r = win.row_off + win.height;
+        if (r < h && lab[r * w + c] && lab[(r - 1) * w + c])
+          unite(lab[r * w + c], lab[(r - 1) * w + c]);
+      }
+      for (std::int64_t r = win.row_off; r < win.row_off + win.height; ++r) {
+        const std::int64_t c = win.col_off + win.width;
+        if (c < w && lab[r * w + c] && lab[r * w + c - 1])
+          unite(lab[r * w + c], lab[r * w + c - 1]);
+      }
+    }
+  }
+  std::map<std::int32_t, std::int32_t> order;
+  for (auto& l : lab) {
+    if (l == 0) continue;
+    const std::int32_t root = find(l);
+    auto [it, fresh] = order.try_emplace(root, static_cast<std::int32_t>(order.size()) + 1);
+    l = it->second;
+  }
+  return labels_raster(lab, h, w);
 }
 
 /// A sink that records what it was told, in order.
@@ -362,6 +467,114 @@ TEST_SUITE("tiles") {
     CHECK_THROWS_WITH_AS(placement_from_string("GPU"),
                          doctest::Contains("placement must be auto, gpu or cpu, not 'GPU'"),
                          std::invalid_argument);
+  }
+}
+
+TEST_SUITE("tiles") {
+  TEST_CASE("dispatch_tiled_binary equals the op on the whole pair, for every dtype") {
+    for (const DType dtype : vsr_test::kAllDTypes) {
+      CAPTURE(to_string(dtype));
+      const OwnedRasterArray a = pattern(dtype, 2, 23, 19, 1.0);
+      const OwnedRasterArray b = pattern(dtype, 2, 23, 19).with_nodata(std::nullopt);
+      // a box sum of a plus b: both tiles are used and the halo matters.
+      const BinaryBandOp op = [](const OwnedRasterArray& x, const OwnedRasterArray& y) {
+        CHECK(y.exact_nodata() == std::nullopt);  // b's own nodata, not a's
+        OwnedRasterArray s = box_sum(x);
+        with_type(x.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          T* d = static_cast<T*>(s.mutable_host_data());
+          const T* q = static_cast<const T*>(y.host_data());
+          for (std::size_t i = 0; i < s.byte_size() / sizeof(T); ++i)
+            d[i] = static_cast<T>(d[i] + q[i]);
+        });
+        return s;
+      };
+      const std::vector<unsigned char> whole = bytes_of(op(a, b));
+      for (const auto& [th, tw] : {std::pair{5, 7}, std::pair{23, 4}, std::pair{64, 64}}) {
+        RasterPlan plan = tiled_plan(th, tw, 1, 2);
+        CHECK(bytes_of(dispatch_tiled_binary(a, b, op, plan)) == whole);
+      }
+      // Without the halo, a wrong seam shows: the check above can fail.
+      CHECK(bytes_of(dispatch_tiled_binary(a, b, op, tiled_plan(5, 7, 0, 2))) != whole);
+    }
+    const OwnedRasterArray a = pattern(DType::float32, 1, 10, 10);
+    const OwnedRasterArray other = pattern(DType::float32, 1, 10, 11);
+    CHECK_THROWS_WITH_AS(
+        dispatch_tiled_binary(
+            a, other, [](const auto& x, const auto&) { return x; }, tiled_plan(4, 4, 0, 1)),
+        doctest::Contains("a is 10 x 10 pixels and b 11 x 10"), std::invalid_argument);
+  }
+
+  TEST_CASE("dispatch_tiled_accumulator: a histogram by tiles equals the whole histogram") {
+    const OwnedRasterArray r = pattern(DType::uint8, 3, 41, 37);
+    const auto hist = [](const OwnedRasterArray& t) {
+      std::vector<std::int64_t> h(97, 0);
+      const auto* p = static_cast<const std::uint8_t*>(t.host_data());
+      for (std::size_t i = 0; i < t.byte_size(); ++i) ++h[p[i]];
+      return h;
+    };
+    const auto add = [](std::vector<std::int64_t> acc, const std::vector<std::int64_t>& p) {
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += p[i];
+      return acc;
+    };
+    const std::vector<std::int64_t> whole = hist(r);
+    for (const auto& [th, tw] : {std::pair{8, 8}, std::pair{41, 5}, std::pair{100, 100}}) {
+      CHECK(dispatch_tiled_accumulator(r, hist, add, tiled_plan(th, tw, 3, 1)) == whole);
+    }
+    CHECK(dispatch_tiled_accumulator(r, hist, add, RasterPlan{}) == whole);
+    // A merge that keeps only the last partial is wrong, and the comparison shows it.
+    const auto last = [](std::vector<std::int64_t>, const std::vector<std::int64_t>& p) {
+      return p;
+    };
+    CHECK(dispatch_tiled_accumulator(r, hist, last, tiled_plan(8, 8, 0, 1)) != whole);
+    const auto grow = [](std::vector<std::int64_t> acc, const std::vector<std::int64_t>& p) {
+      acc.insert(acc.end(), p.begin(), p.end());
+      return acc;
+    };
+    CHECK_THROWS_WITH_AS(dispatch_tiled_accumulator(r, hist, grow, tiled_plan(8, 8, 0, 1)),
+                         doctest::Contains("the merge at tile 1 changed the partial's shape"),
+                         std::invalid_argument);
+  }
+
+  TEST_CASE("dispatch_tiled_multipass: tile labels merged across seams equal whole labels") {
+    const std::int64_t h = 40, w = 45;
+    const OwnedRasterArray r = blobs(h, w);
+    const std::vector<std::int32_t> whole =
+        label_whole(static_cast<const std::uint8_t*>(r.host_data()), h, w);
+    const BandOp local = [&](const OwnedRasterArray& t) { return label_tile(t, h, w); };
+    const MultipassMerge merge = [](const OwnedRasterArray& i, const std::vector<TileWindow>& t) {
+      return merge_labels(i, t);
+    };
+    for (const auto& [th, tw] : {std::pair{8, 8}, std::pair{13, 45}, std::pair{40, 7}}) {
+      CAPTURE(th);
+      CAPTURE(tw);
+      const OwnedRasterArray got =
+          dispatch_tiled_multipass(r, local, merge, tiled_plan(th, tw, 0, 1));
+      std::vector<std::int32_t> v(static_cast<std::size_t>(h * w));
+      got.copy_to_host(v.data());
+      CHECK(v == whole);
+      // A merge that ignores the seams gives other labels: the check can fail.
+      const OwnedRasterArray broken = dispatch_tiled_multipass(
+          r, local,
+          [](const OwnedRasterArray& i, const std::vector<TileWindow>& t) {
+            return merge_labels(i, t, true);
+          },
+          tiled_plan(th, tw, 0, 1));
+      broken.copy_to_host(v.data());
+      CHECK(v != whole);
+    }
+    CHECK_THROWS_WITH_AS(
+        dispatch_tiled_multipass(
+            r, local,
+            [](const OwnedRasterArray& i, const std::vector<TileWindow>&) {
+              std::vector<float> f(static_cast<std::size_t>(i.height() * i.width()));
+              return OwnedRasterArray::from_host(f.data(), DType::float32, 1, i.height(),
+                                                 i.width());
+            },
+            tiled_plan(8, 8, 0, 1)),
+        doctest::Contains("merge_fn returned 1 x 40 x 45 float32 for an intermediate of 1 x 40 x "
+                          "45 int32"),
+        std::invalid_argument);
   }
 }
 

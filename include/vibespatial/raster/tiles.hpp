@@ -35,6 +35,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace vibespatial::raster {
@@ -225,6 +227,32 @@ struct TileRunOptions {
 VSR_EXPORT void run_tiles(TileSource& source, const BandOp& op, TileSink& sink,
                           const RasterPlan& plan, const TileRunOptions& options = {});
 
+/**
+ * @brief An op over the tiles of several sources at once (the same window and pass of each),
+ * told where the tile is: for binary ops, band math over named inputs and pipelines.
+ */
+using MultiTileOp = std::function<OwnedRasterArray(const std::vector<OwnedRasterArray>& tiles,
+                                                   const TileInfo& where)>;
+
+/**
+ * @brief run_tiles over several sources of one grid: each tile is read from every source (the
+ * same window; the pass's bands of each source when the bands are independent, else every band
+ * of each), placed, and handed to @p op together.
+ *
+ * Passes are those of tile_passes over the bands' nodata, a band's nodata being the list of its
+ * nodata in every source (so a pass never mixes bands whose nodata differ in any source).
+ * Independent bands need sources of one band count. Each source's bands must agree in nodata
+ * (unless options.mixed_nodata) when the op takes them together. Placement device copies each
+ * tile to the device; the per-band GPU dispatch of run_tiles does not apply here (the op gets
+ * every tile of the pass at once).
+ * @throws std::invalid_argument for no source, a null source, sources that differ in height or
+ *         width (naming the two), independent bands over sources of different band counts; as
+ *         run_tiles otherwise.
+ */
+VSR_EXPORT void run_tiles(const std::vector<TileSource*>& sources, const MultiTileOp& op,
+                          TileSink& sink, const RasterPlan& plan,
+                          const TileRunOptions& options = {});
+
 // ---------------------------------------------------------------------------------------------
 // In-memory ends
 // ---------------------------------------------------------------------------------------------
@@ -298,6 +326,106 @@ class VSR_EXPORT VisitTileSink final : public TileSink {
  */
 VSR_EXPORT OwnedRasterArray copy_window(const OwnedRasterArray& raster, const RasterWindow& window,
                                         const std::vector<int>& bands = {});
+
+// ---------------------------------------------------------------------------------------------
+// The other tiled executors of the Python original, on run_tiles
+// ---------------------------------------------------------------------------------------------
+
+/// An op over the same tile of two rasters.
+using BinaryBandOp =
+    std::function<OwnedRasterArray(const OwnedRasterArray& a, const OwnedRasterArray& b)>;
+
+/**
+ * @brief Runs @p op over the same tiles of @p a and @p b (one grid) and stitches the results, as
+ * dispatch_tiled does for one raster: a whole plan is one call op(a, b) and its result as is; a
+ * tiled plan reads each tile of both (every band, halo plan.halo), the first result fixes the
+ * output (dtype, bands, nodata), the output has @p a's affine and CRS.
+ * @throws std::invalid_argument for an empty @p op, rasters of different height or width (named
+ *         with both shapes), a tiled plan over a device-resident raster, a band_batches plan, a
+ *         tiled plan without a positive tile_shape, a result breaking the first-result rule;
+ *         whatever @p op throws.
+ */
+VSR_EXPORT OwnedRasterArray dispatch_tiled_binary(const OwnedRasterArray& a,
+                                                  const OwnedRasterArray& b, const BinaryBandOp& op,
+                                                  const RasterPlan& plan);
+
+/**
+ * @brief The intermediate of dispatch_tiled_multipass's first pass and the tiles that made it,
+ * for the merge: each tile's effective window (halo excluded) and read window.
+ */
+using MultipassMerge = std::function<OwnedRasterArray(const OwnedRasterArray& intermediate,
+                                                      const std::vector<TileWindow>& tiles)>;
+
+/**
+ * @brief Two passes: @p local_fn runs over the tiles of @p plan (with plan.halo, as
+ * dispatch_tiled_halo) into a full-size host intermediate, then @p merge_fn(intermediate, tiles)
+ * runs once on the host with the tile bounds (label merges of connected components across tile
+ * seams, distance-transform seams) and its result is returned. A whole plan is one tile.
+ * @throws std::invalid_argument for an empty @p local_fn or @p merge_fn, a plan as
+ *         dispatch_tiled_halo refuses, a local result breaking the first-result rule, or a merge
+ *         whose result differs from the intermediate in dtype, band count, height or width (the
+ *         message names both); whatever the functions throw.
+ */
+VSR_EXPORT OwnedRasterArray dispatch_tiled_multipass(const OwnedRasterArray& raster,
+                                                     const BandOp& local_fn,
+                                                     const MultipassMerge& merge_fn,
+                                                     const RasterPlan& plan);
+
+namespace detail {
+/// Calls @p visit with each tile of @p raster (plan's tiles, every band, no halo) in order.
+VSR_EXPORT void visit_raster_tiles(
+    const OwnedRasterArray& raster, const RasterPlan& plan, const std::string& name,
+    const std::function<void(const OwnedRasterArray& tile, const TileInfo& where)>& visit);
+/// Whether two partials of an accumulator agree in shape: rasters in dtype, bands, height and
+/// width; sized containers in size; anything else always.
+template <class T>
+bool same_partial_shape(const T& a, const T& b) {
+  if constexpr (std::is_same_v<T, OwnedRasterArray>) {
+    return a.dtype() == b.dtype() && a.band_count() == b.band_count() && a.height() == b.height() &&
+           a.width() == b.width();
+  } else if constexpr (requires { a.size(); }) {
+    return a.size() == b.size();
+  } else {
+    return true;
+  }
+}
+}  // namespace detail
+
+/**
+ * @brief Map-reduce over the tiles of @p plan: @p tile_fn(tile) gives each tile's partial,
+ * folded left in tile order with @p merge_fn(acc, partial), which must be associative
+ * (histograms, zonal partials); the halo is ignored (tiles do not overlap). A whole plan is one
+ * tile, the raster itself. Returns the fold (the first tile's partial for one tile).
+ * Tiles are read one at a time (tiled plans need a host-resident raster).
+ * @throws std::invalid_argument for a plan as dispatch_tiled refuses, or a merge whose result
+ *         differs in shape from the partials (a raster's dtype, bands or size; a container's
+ *         size), naming the tile; whatever the functions throw.
+ */
+template <class TileFn, class MergeFn>
+auto dispatch_tiled_accumulator(const OwnedRasterArray& raster, TileFn tile_fn, MergeFn merge_fn,
+                                const RasterPlan& plan)
+    -> std::decay_t<std::invoke_result_t<TileFn&, const OwnedRasterArray&>> {
+  using Partial = std::decay_t<std::invoke_result_t<TileFn&, const OwnedRasterArray&>>;
+  std::optional<Partial> acc;
+  detail::visit_raster_tiles(
+      raster, plan, "dispatch_tiled_accumulator",
+      [&](const OwnedRasterArray& tile, const TileInfo& where) {
+        Partial part = tile_fn(tile);
+        if (!acc) {
+          acc.emplace(std::move(part));
+          return;
+        }
+        Partial merged = merge_fn(std::move(*acc), part);
+        if (!detail::same_partial_shape(merged, part)) {
+          throw std::invalid_argument("dispatch_tiled_accumulator: the merge at tile " +
+                                      std::to_string(where.index) +
+                                      " changed the partial's shape (a merge must return what "
+                                      "it is given, e.g. summed histograms)");
+        }
+        acc.emplace(std::move(merged));
+      });
+  return std::move(*acc);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Placement
