@@ -6,8 +6,14 @@
 #include <vibespatial/raster/tiles.hpp>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -211,57 +217,200 @@ Walk walk_of(const std::vector<TileSource*>& sources, const RasterPlan& plan,
   return w;
 }
 
-/// The executor's loop: @p compute(where) reads and computes one tile; the rule checks it and
-/// the sink writes it.
-template <class Compute>
-void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Compute&& compute) {
+/// A bounded FIFO between two stages. close() ends it: push then refuses, and pop returns
+/// nothing once it is empty (or at once, with @p drop).
+template <class T>
+class StageQueue {
+ public:
+  explicit StageQueue(std::size_t capacity) : capacity_(capacity) {}
+  /// Waits for room; false when the queue was closed.
+  bool push(T item) {
+    std::unique_lock lock(mutex_);
+    room_.wait(lock, [&] { return closed_ || items_.size() < capacity_; });
+    if (closed_) return false;
+    items_.push_back(std::move(item));
+    ready_.notify_one();
+    return true;
+  }
+  /// Waits for an item; empty once the queue is closed and drained (or closed with drop).
+  std::optional<T> pop() {
+    std::unique_lock lock(mutex_);
+    ready_.wait(lock, [&] { return !items_.empty() || closed_; });
+    if (items_.empty() || dropped_) return std::nullopt;
+    std::optional<T> item(std::move(items_.front()));
+    items_.pop_front();
+    room_.notify_one();
+    return item;
+  }
+  /// No more items; with @p drop, the ones queued are discarded too (a failed run).
+  void close(bool drop = false) {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    if (drop) {
+      dropped_ = true;
+      items_.clear();
+    }
+    ready_.notify_all();
+    room_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_, room_;
+  std::deque<T> items_;
+  std::size_t capacity_;
+  bool closed_ = false, dropped_ = false;
+};
+
+/// One tile on its way through the stages.
+struct Stop {
+  TileInfo where;
+  bool first_of_pass = false;
+  std::vector<OwnedRasterArray> inputs;  ///< read, until computed
+  std::optional<OwnedRasterArray> result;
+  std::optional<TileOutput> begin;  ///< set on the run's first result: the sink begins with it
+};
+
+/// The executor's loop over the tiles of @p w: @p read(where) reads a tile's inputs, @p compute
+/// (where, inputs) computes its result, the first-result rule checks it and the sink writes it.
+/// With options.overlap > 0 reading and writing run on threads of their own, queues of
+/// options.overlap tiles between the stages, while the calling thread computes.
+template <class Read, class Compute>
+void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Read&& read,
+                Compute&& compute) {
   const std::string& who = options.name;
-  TileResultRule rule(who);
-  bool begun = false;
+  VSR_EXPECTS(options.overlap >= 0 && options.overlap <= 64,
+              who + ": overlap " + std::to_string(options.overlap) + " is not in [0, 64]");
+  std::vector<Stop> order;
+  order.reserve(static_cast<std::size_t>(w.total));
   std::int64_t index = 0;
   for (const TilePass& pass : w.passes) {
-    if (w.per_band) rule.expect_band_count(pass.band_count);
-    rule.reset_nodata();
-    bool first_of_pass = true;
+    bool first = true;
     for (const TileWindow& tile : w.tiles) {
-      TileInfo where;
-      where.index = index++;
-      where.total = w.total;
-      where.window = tile.window;
-      where.read = tile.read;
-      where.first_band = w.per_band ? pass.first_band : 0;
-      where.band_count = pass.band_count;
-      where.output_band = w.per_band ? pass.first_band : 0;
-      if (options.stage) options.stage(where, TileStage::read);
-      const OwnedRasterArray result = compute(where);
-      if (w.per_band && result.band_count() != pass.band_count) {
-        throw std::invalid_argument(
-            who + ": op returned " + std::to_string(result.band_count()) + " band(s) for " +
-            tile_text(where) + " of a pass of " + std::to_string(pass.band_count) +
-            " (bands are independent here: a plan with fewer bands per pass than bands, or a "
-            "per-band op, returns as many bands as it gets)");
-      }
-      rule.check(result, where.read, tile_text(where));
-      if (!begun) {
-        TileOutput out;
-        out.dtype = result.dtype();
-        out.band_count = w.per_band ? w.meta.band_count : result.band_count();
-        out.height = w.meta.height;
-        out.width = w.meta.width;
-        out.affine = w.meta.affine;
-        out.crs = w.meta.crs;
-        sink.begin(out);
-        begun = true;
-      }
-      if (first_of_pass) {
-        sink.begin_pass(where.output_band, result.band_count(), result.exact_nodata());
-        first_of_pass = false;
-      }
-      if (options.stage) options.stage(where, TileStage::write);
-      sink.write(result, where);
-      if (options.progress) options.progress(where.index + 1, w.total);
+      Stop s;
+      s.where.index = index++;
+      s.where.total = w.total;
+      s.where.window = tile.window;
+      s.where.read = tile.read;
+      s.where.first_band = w.per_band ? pass.first_band : 0;
+      s.where.band_count = pass.band_count;
+      s.where.output_band = w.per_band ? pass.first_band : 0;
+      s.first_of_pass = std::exchange(first, false);
+      order.push_back(std::move(s));
     }
   }
+
+  // Callbacks come from every stage's thread: one at a time.
+  std::mutex callback_mutex;
+  const auto stage = [&](const TileInfo& where, TileStage st) {
+    if (!options.stage) return;
+    std::lock_guard lock(callback_mutex);
+    options.stage(where, st);
+  };
+  TileResultRule rule(who);
+  bool begun = false;
+  const auto compute_stop = [&](Stop& s) {
+    stage(s.where, TileStage::compute);
+    {
+      // The inputs are released before the result is written.
+      std::vector<OwnedRasterArray> inputs = std::move(s.inputs);
+      s.result.emplace(compute(s.where, inputs));
+    }
+    const OwnedRasterArray& result = *s.result;
+    if (w.per_band && result.band_count() != s.where.band_count) {
+      throw std::invalid_argument(
+          who + ": op returned " + std::to_string(result.band_count()) + " band(s) for " +
+          tile_text(s.where) + " of a pass of " + std::to_string(s.where.band_count) +
+          " (bands are independent here: a plan with fewer bands per pass than bands, or a "
+          "per-band op, returns as many bands as it gets)");
+    }
+    if (s.first_of_pass) {
+      if (w.per_band) rule.expect_band_count(s.where.band_count);
+      rule.reset_nodata();
+    }
+    rule.check(result, s.where.read, tile_text(s.where));
+    if (!begun) {
+      TileOutput out;
+      out.dtype = result.dtype();
+      out.band_count = w.per_band ? w.meta.band_count : result.band_count();
+      out.height = w.meta.height;
+      out.width = w.meta.width;
+      out.affine = w.meta.affine;
+      out.crs = w.meta.crs;
+      s.begin = out;
+      begun = true;
+    }
+  };
+  const auto write_stop = [&](Stop& s) {
+    if (s.begin) sink.begin(*s.begin);
+    if (s.first_of_pass) {
+      sink.begin_pass(s.where.output_band, s.result->band_count(), s.result->exact_nodata());
+    }
+    stage(s.where, TileStage::write);
+    sink.write(*s.result, s.where);
+    s.result.reset();
+    if (options.progress) {
+      std::lock_guard lock(callback_mutex);
+      options.progress(s.where.index + 1, w.total);
+    }
+  };
+
+  if (options.overlap == 0) {
+    for (Stop& s : order) {
+      stage(s.where, TileStage::read);
+      s.inputs = read(s.where);
+      compute_stop(s);
+      write_stop(s);
+    }
+    sink.finish();
+    return;
+  }
+
+  // Three stages: tile k+1 is read while tile k computes and tile k-1 is written.
+  const auto depth = static_cast<std::size_t>(options.overlap);
+  StageQueue<Stop> to_compute(depth), to_write(depth);
+  std::mutex error_mutex;
+  std::exception_ptr error;
+  const auto failed = [&] {
+    {
+      std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+    to_compute.close(true);
+    to_write.close(true);
+  };
+  std::thread reader([&] {
+    try {
+      for (Stop& s : order) {
+        stage(s.where, TileStage::read);
+        Stop next = std::move(s);
+        next.inputs = read(next.where);
+        if (!to_compute.push(std::move(next))) return;
+      }
+      to_compute.close();
+    } catch (...) {
+      failed();
+    }
+  });
+  std::thread writer([&] {
+    try {
+      while (std::optional<Stop> s = to_write.pop()) write_stop(*s);
+    } catch (...) {
+      failed();
+    }
+  });
+  try {
+    while (std::optional<Stop> s = to_compute.pop()) {
+      compute_stop(*s);
+      if (!to_write.push(std::move(*s))) break;
+    }
+    to_write.close();
+  } catch (...) {
+    failed();
+  }
+  reader.join();
+  writer.join();
+  if (error) std::rethrow_exception(error);
   sink.finish();
 }
 
@@ -279,33 +428,44 @@ void run_tiles(TileSource& source, const BandOp& op, TileSink& sink, const Raste
                const TileRunOptions& options) {
   VSR_EXPECTS(op, options.name + ": empty op");
   const Walk w = walk_of({&source}, plan, options);
-  walk_tiles(w, sink, options, [&](const TileInfo& where) {
-    // The input tile is released before the result is written: one tile live at a time.
-    const OwnedRasterArray in = source.read(where.read, where.first_band, where.band_count);
-    if (options.stage) options.stage(where, TileStage::compute);
-    if (options.placement == Residency::device && in.residency() != Residency::device &&
-        w.per_band && in.band_count() > 1) {
-      // dispatch_per_band_gpu stages the bands itself, in batches the plan decided.
-      return dispatch_per_band_gpu(in, op, band_batches(options, plan));
-    }
-    return op(placed_tile(in, options));
-  });
+  walk_tiles(
+      w, sink, options,
+      [&](const TileInfo& where) {
+        std::vector<OwnedRasterArray> in;
+        in.push_back(source.read(where.read, where.first_band, where.band_count));
+        return in;
+      },
+      [&](const TileInfo&, const std::vector<OwnedRasterArray>& in) {
+        if (options.placement == Residency::device && in[0].residency() != Residency::device &&
+            w.per_band && in[0].band_count() > 1) {
+          // dispatch_per_band_gpu stages the bands itself, in batches the plan decided.
+          return dispatch_per_band_gpu(in[0], op, band_batches(options, plan));
+        }
+        return op(placed_tile(in[0], options));
+      });
 }
 
 void run_tiles(const std::vector<TileSource*>& sources, const MultiTileOp& op, TileSink& sink,
                const RasterPlan& plan, const TileRunOptions& options) {
   VSR_EXPECTS(op, options.name + ": empty op");
   const Walk w = walk_of(sources, plan, options);
-  walk_tiles(w, sink, options, [&](const TileInfo& where) {
-    std::vector<OwnedRasterArray> tiles;
-    tiles.reserve(sources.size());
-    for (std::size_t i = 0; i < sources.size(); ++i) {
-      const int count = w.per_band ? where.band_count : w.band_counts[i];
-      tiles.push_back(placed_tile(sources[i]->read(where.read, where.first_band, count), options));
-    }
-    if (options.stage) options.stage(where, TileStage::compute);
-    return op(tiles, where);
-  });
+  walk_tiles(
+      w, sink, options,
+      [&](const TileInfo& where) {
+        std::vector<OwnedRasterArray> tiles;
+        tiles.reserve(sources.size());
+        for (std::size_t i = 0; i < sources.size(); ++i) {
+          const int count = w.per_band ? where.band_count : w.band_counts[i];
+          tiles.push_back(sources[i]->read(where.read, where.first_band, count));
+        }
+        return tiles;
+      },
+      [&](const TileInfo& where, const std::vector<OwnedRasterArray>& in) {
+        std::vector<OwnedRasterArray> tiles;
+        tiles.reserve(in.size());
+        for (const OwnedRasterArray& t : in) tiles.push_back(placed_tile(t, options));
+        return op(tiles, where);
+      });
 }
 
 }  // namespace vibespatial::raster

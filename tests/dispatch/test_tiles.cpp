@@ -9,13 +9,17 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace vibespatial::raster;
@@ -575,6 +579,133 @@ TEST_SUITE("tiles") {
         doctest::Contains("merge_fn returned 1 x 40 x 45 float32 for an intermediate of 1 x 40 x "
                           "45 int32"),
         std::invalid_argument);
+  }
+}
+
+TEST_SUITE("tiles") {
+  TEST_CASE("overlapped stages give the serial result, for every depth") {
+    const OwnedRasterArray raster = pattern(DType::int16, 3, 53, 41, 9.0);
+    const std::vector<unsigned char> whole = bytes_of(box_sum(raster));
+    for (const int depth : {0, 1, 2, 8}) {
+      CAPTURE(depth);
+      RasterTileSource source(raster);
+      RasterTileSink sink;
+      TileRunOptions o;
+      o.per_band = true;
+      o.overlap = depth;
+      std::vector<std::int64_t> done;
+      o.progress = [&](std::int64_t d, std::int64_t) { done.push_back(d); };
+      run_tiles(source, box_sum, sink, tiled_plan(8, 16, 1, 2), o);
+      CHECK(bytes_of(sink.result()) == whole);
+      REQUIRE(!done.empty());
+      CHECK(done.size() == static_cast<std::size_t>(done.back()));  // in order, each once
+      for (std::size_t i = 0; i < done.size(); ++i)
+        CHECK(done[i] == static_cast<std::int64_t>(i + 1));
+    }
+    CHECK(overlap_tiles_live(0) == 1);
+    CHECK(overlap_tiles_live(1) == 3);
+    GeneratedSource source;
+    source.nodata = {std::nullopt};
+    RecordingSink sink;
+    TileRunOptions bad;
+    bad.overlap = -1;
+    CHECK_THROWS_AS(
+        run_tiles(
+            source, [](const OwnedRasterArray& t) { return t; }, sink, RasterPlan{}, bad),
+        std::invalid_argument);
+  }
+
+  TEST_CASE("with overlap, tile k computes while tile k+1 is read and tile k-1 written") {
+    // Each compute of tile k >= 1 waits (up to 20 s) for the read of tile k+1 and the write of
+    // tile k-1 to have started: without overlap neither can, and the waits time out.
+    struct Events {
+      std::mutex m;
+      std::condition_variable cv;
+      std::vector<std::int64_t> reads, writes;
+      bool seen(const std::vector<std::int64_t>& v, std::int64_t k) {
+        return std::find(v.begin(), v.end(), k) != v.end();
+      }
+    };
+    for (const int depth : {0, 1}) {
+      CAPTURE(depth);
+      Events ev;
+      GeneratedSource source;
+      source.nodata = {std::nullopt};
+      source.h = 40;
+      RecordingSink sink;
+      TileRunOptions o;
+      o.overlap = depth;
+      o.stage = [&](const TileInfo& where, TileStage st) {
+        std::lock_guard lock(ev.m);
+        if (st == TileStage::read) ev.reads.push_back(where.index);
+        if (st == TileStage::write) ev.writes.push_back(where.index);
+        ev.cv.notify_all();
+      };
+      int overlapped = 0;
+      int k = 0;
+      const BandOp op = [&](const OwnedRasterArray& t) {
+        const int me = k++;
+        if (me >= 1 && me < 3) {
+          std::unique_lock lock(ev.m);
+          const bool both = ev.cv.wait_for(lock, std::chrono::seconds(depth == 0 ? 0 : 20), [&] {
+            return ev.seen(ev.reads, me + 1) && ev.seen(ev.writes, me - 1);
+          });
+          overlapped += both ? 1 : 0;
+        }
+        return t;
+      };
+      run_tiles(source, op, sink, tiled_plan(10, 7, 0, 1), o);
+      CHECK(overlapped == (depth == 0 ? 0 : 2));
+      CHECK(sink.calls.back() == "finish");
+    }
+  }
+
+  TEST_CASE("with overlap, a failure in any stage stops the run: first error, no finish") {
+    struct FailingSource final : TileSource {
+      GeneratedSource inner;
+      int fail_at = -1, reads = 0;
+      RasterMetadata metadata() const override { return inner.metadata(); }
+      std::vector<std::optional<NodataValue>> band_nodata() const override {
+        return inner.band_nodata();
+      }
+      OwnedRasterArray read(const RasterWindow& w, int f, int c) override {
+        if (reads++ == fail_at) throw std::runtime_error("read failed");
+        return inner.read(w, f, c);
+      }
+    };
+    struct FailingSink final : TileSink {
+      int fail_at = -1, writes = 0;
+      bool finished = false;
+      void begin(const TileOutput&) override {}
+      void write(const OwnedRasterArray&, const TileInfo&) override {
+        if (writes++ == fail_at) throw std::runtime_error("write failed");
+      }
+      void finish() override { finished = true; }
+    };
+    for (const int depth : {1, 3}) {
+      for (const char* where : {"read", "compute", "write"}) {
+        CAPTURE(depth);
+        CAPTURE(where);
+        FailingSource source;
+        source.inner.nodata = {std::nullopt};
+        source.inner.h = 60;
+        FailingSink sink;
+        const std::string w = where;
+        if (w == "read") source.fail_at = 3;
+        if (w == "write") sink.fail_at = 3;
+        int n = 0;
+        const BandOp op = [&](const OwnedRasterArray& t) {
+          if (w == "compute" && n++ == 3) throw std::runtime_error("compute failed");
+          return t;
+        };
+        TileRunOptions o;
+        o.overlap = depth;
+        CHECK_THROWS_WITH_AS(run_tiles(source, op, sink, tiled_plan(5, 7, 0, 1), o),
+                             (w + " failed").c_str(), std::runtime_error);
+        CHECK_FALSE(sink.finished);
+        CHECK(sink.writes <= 4);
+      }
+    }
   }
 }
 

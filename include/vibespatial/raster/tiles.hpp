@@ -202,11 +202,29 @@ struct TileRunOptions {
   /// Budget, buffers and plan of the per-band GPU dispatch of a tile (placement device). Empty
   /// plan: band batches of plan.bands_per_pass bands.
   GpuDispatchOptions gpu;
-  /// Called after each tile with (tiles done, total), if set.
+  /// Tiles in flight between the stages. 0: each tile is read, computed and written in turn on
+  /// the calling thread (one tile live). n >= 1: three stages overlap, tile k+1 read (on a
+  /// thread of the run) while tile k is computed (on the calling thread) and tile k-1 written
+  /// (on another thread of the run), with queues of n tiles between them: at most n + 2 input
+  /// tiles and n + 2 results are live (overlap_tiles_live). At most 64.
+  int overlap = 0;
+  /// Called after each tile is written with (tiles done, total), if set.
   std::function<void(std::int64_t done, std::int64_t total)> progress;
-  /// Called before each tile is read, computed and written, if set.
+  /// Called before each tile is read, computed and written, if set. With overlap, the calls come
+  /// from the stages' threads, one at a time (never concurrently), so the stages of neighbouring
+  /// tiles interleave.
   std::function<void(const TileInfo& where, TileStage stage)> stage;
 };
+
+/**
+ * @brief How many input tiles (and, as many, results) a run with @p overlap keeps live at most:
+ * 1 without overlap, else overlap + 2 (one being read, @p overlap queued, one computing; the
+ * same for results: one computed, @p overlap queued, one being written). For memory plans.
+ * Never throws.
+ */
+constexpr int overlap_tiles_live(int overlap) noexcept {
+  return overlap <= 0 ? 1 : overlap + 2;
+}
 
 /**
  * @brief Runs @p op over the tiles of @p plan, from @p source into @p sink.
@@ -214,8 +232,11 @@ struct TileRunOptions {
  * For each pass (tile_passes) and each tile of tile_windows(height, width, tile shape, halo)
  * in row-major order: the source reads the tile's read window of the pass's bands, the tile is
  * placed (options.placement), @p op computes its result, the first-result rule checks it (see
- * the glossary), and the sink writes it. One tile is live at a time. A whole or band_batches
- * plan is one tile, the whole raster. finish() is called after the last tile.
+ * the glossary), and the sink writes it. Without options.overlap one tile is live at a time;
+ * with it the three stages overlap (see there). A whole or band_batches plan is one tile, the
+ * whole raster. finish() is called, on the calling thread, after the last tile was written.
+ * On an error the stages stop, the run's threads are joined, and the first error (in time) is
+ * rethrown.
  *
  * @throws std::invalid_argument for an empty @p op, a negative halo, bands_per_pass < 1, a
  *         tiled plan without a positive tile_shape, or a result breaking the first-result rule
