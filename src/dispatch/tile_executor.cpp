@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // The tile executor (tiles.hpp): passes, the walk, placement, the first-result rule.
+#include "common/checked_math.hpp"
 #include "common/expects.hpp"
 
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/tiles.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -129,8 +131,13 @@ struct Walk {
   std::vector<int> band_counts;  ///< of each source
   bool per_band = false;
   std::vector<TilePass> passes;
-  std::vector<TileWindow> tiles;
+  std::int64_t tile_height = 0, tile_width = 0, tiles = 0;  ///< per pass
+  int halo = 0;
   std::int64_t total = 0;
+  /// Tile @p k of a pass, computed when it is reached: no list of tiles is held.
+  TileWindow tile(std::int64_t k) const {
+    return tile_window_at(meta.height, meta.width, tile_height, tile_width, halo, k);
+  }
 };
 
 Walk walk_of(const std::vector<TileSource*>& sources, const RasterPlan& plan,
@@ -212,8 +219,18 @@ Walk walk_of(const std::vector<TileSource*>& sources, const RasterPlan& plan,
       }
     }
   }
-  w.tiles = tile_windows(w.meta.height, w.meta.width, th, tw, plan.halo);
-  w.total = static_cast<std::int64_t>(w.passes.size() * w.tiles.size());
+  w.tile_height = th;
+  w.tile_width = tw;
+  w.halo = plan.halo;
+  const auto count = [](std::uint64_t a, std::uint64_t b) {
+    const std::uint64_t n = detail::checked_mul(a, b, "tile count");
+    if (n > static_cast<std::uint64_t>(INT64_MAX))
+      throw std::overflow_error("tile count too large");
+    return static_cast<std::int64_t>(n);
+  };
+  w.tiles = count(static_cast<std::uint64_t>((w.meta.height - 1) / th + 1),
+                  static_cast<std::uint64_t>((w.meta.width - 1) / tw + 1));
+  w.total = count(static_cast<std::uint64_t>(w.tiles), w.passes.size());
   return w;
 }
 
@@ -281,24 +298,21 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
   const std::string& who = options.name;
   VSR_EXPECTS(options.overlap >= 0 && options.overlap <= 64,
               who + ": overlap " + std::to_string(options.overlap) + " is not in [0, 64]");
-  std::vector<Stop> order;
-  order.reserve(static_cast<std::size_t>(w.total));
-  std::int64_t index = 0;
-  for (const TilePass& pass : w.passes) {
-    bool first = true;
-    for (const TileWindow& tile : w.tiles) {
-      Stop s;
-      s.where.index = index++;
-      s.where.total = w.total;
-      s.where.window = tile.window;
-      s.where.read = tile.read;
-      s.where.first_band = w.per_band ? pass.first_band : 0;
-      s.where.band_count = pass.band_count;
-      s.where.output_band = w.per_band ? pass.first_band : 0;
-      s.first_of_pass = std::exchange(first, false);
-      order.push_back(std::move(s));
-    }
-  }
+  // Stop k of the run: pass k / tiles, tile k % tiles.
+  const auto stop_at = [&w](std::int64_t k) {
+    const TilePass& pass = w.passes[static_cast<std::size_t>(k / w.tiles)];
+    const TileWindow tile = w.tile(k % w.tiles);
+    Stop s;
+    s.where.index = k;
+    s.where.total = w.total;
+    s.where.window = tile.window;
+    s.where.read = tile.read;
+    s.where.first_band = w.per_band ? pass.first_band : 0;
+    s.where.band_count = pass.band_count;
+    s.where.output_band = w.per_band ? pass.first_band : 0;
+    s.first_of_pass = k % w.tiles == 0;
+    return s;
+  };
 
   // Callbacks come from every stage's thread: one at a time.
   std::mutex callback_mutex;
@@ -319,8 +333,8 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
     const OwnedRasterArray& result = *s.result;
     if (w.per_band && result.band_count() != s.where.band_count) {
       throw std::invalid_argument(
-          who + ": op returned " + std::to_string(result.band_count()) + " band(s) for " +
-          tile_text(s.where) + " of a pass of " + std::to_string(s.where.band_count) +
+          who + ": op returned " + std::to_string(result.band_count()) + " band(s) for a pass of " +
+          std::to_string(s.where.band_count) + " at " + tile_text(s.where) +
           " (bands are independent here: a plan with fewer bands per pass than bands, or a "
           "per-band op, returns as many bands as it gets)");
     }
@@ -356,7 +370,8 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
   };
 
   if (options.overlap == 0) {
-    for (Stop& s : order) {
+    for (std::int64_t k = 0; k < w.total; ++k) {
+      Stop s = stop_at(k);
       stage(s.where, TileStage::read);
       s.inputs = read(s.where);
       compute_stop(s);
@@ -381,9 +396,9 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
   };
   std::thread reader([&] {
     try {
-      for (Stop& s : order) {
-        stage(s.where, TileStage::read);
-        Stop next = std::move(s);
+      for (std::int64_t k = 0; k < w.total; ++k) {
+        Stop next = stop_at(k);
+        stage(next.where, TileStage::read);
         next.inputs = read(next.where);
         if (!to_compute.push(std::move(next))) return;
       }

@@ -15,31 +15,58 @@
 
 namespace vibespatial::raster {
 
-std::vector<TileWindow> tile_windows(std::int64_t height, std::int64_t width,
-                                     std::int64_t tile_height, std::int64_t tile_width, int halo) {
-  VSR_EXPECTS(height > 0 && width > 0, "tile_windows: the raster is " + std::to_string(height) +
-                                           " x " + std::to_string(width));
+namespace {
+
+void check_walk(const char* who, std::int64_t height, std::int64_t width, std::int64_t tile_height,
+                std::int64_t tile_width, int halo) {
+  const std::string name(who);
+  VSR_EXPECTS(height > 0 && width > 0,
+              name + ": the raster is " + std::to_string(height) + " x " + std::to_string(width));
   VSR_EXPECTS(
       tile_height > 0 && tile_width > 0,
-      "tile_windows: tiles of " + std::to_string(tile_height) + " x " + std::to_string(tile_width));
-  VSR_EXPECTS(halo >= 0, "tile_windows: negative halo " + std::to_string(halo));
+      name + ": tiles of " + std::to_string(tile_height) + " x " + std::to_string(tile_width));
+  VSR_EXPECTS(halo >= 0, name + ": negative halo " + std::to_string(halo));
+}
+
+TileWindow tile_of(std::int64_t height, std::int64_t width, std::int64_t tile_height,
+                   std::int64_t tile_width, int halo, std::int64_t row, std::int64_t col) {
+  const std::int64_t r0 = row * tile_height, c0 = col * tile_width;
+  TileWindow t;
+  t.window =
+      RasterWindow{c0, r0, std::min(tile_width, width - c0), std::min(tile_height, height - r0)};
+  const std::int64_t pr0 = std::max<std::int64_t>(0, r0 - halo);
+  const std::int64_t pc0 = std::max<std::int64_t>(0, c0 - halo);
+  const std::int64_t pr1 = std::min(height, r0 + t.window.height + halo);
+  const std::int64_t pc1 = std::min(width, c0 + t.window.width + halo);
+  t.read = RasterWindow{pc0, pr0, pc1 - pc0, pr1 - pr0};
+  return t;
+}
+
+}  // namespace
+
+std::vector<TileWindow> tile_windows(std::int64_t height, std::int64_t width,
+                                     std::int64_t tile_height, std::int64_t tile_width, int halo) {
+  check_walk("tile_windows", height, width, tile_height, tile_width, halo);
+  const std::int64_t rows = (height - 1) / tile_height + 1, cols = (width - 1) / tile_width + 1;
   std::vector<TileWindow> tiles;
-  tiles.reserve(
-      static_cast<std::size_t>(((height - 1) / tile_height + 1) * ((width - 1) / tile_width + 1)));
-  for (std::int64_t r0 = 0; r0 < height; r0 += tile_height) {
-    for (std::int64_t c0 = 0; c0 < width; c0 += tile_width) {
-      TileWindow t;
-      t.window = RasterWindow{c0, r0, std::min(tile_width, width - c0),
-                              std::min(tile_height, height - r0)};
-      const std::int64_t pr0 = std::max<std::int64_t>(0, r0 - halo);
-      const std::int64_t pc0 = std::max<std::int64_t>(0, c0 - halo);
-      const std::int64_t pr1 = std::min(height, r0 + t.window.height + halo);
-      const std::int64_t pc1 = std::min(width, c0 + t.window.width + halo);
-      t.read = RasterWindow{pc0, pr0, pc1 - pc0, pr1 - pr0};
-      tiles.push_back(t);
+  tiles.reserve(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      tiles.push_back(tile_of(height, width, tile_height, tile_width, halo, r, c));
     }
   }
   return tiles;
+}
+
+TileWindow tile_window_at(std::int64_t height, std::int64_t width, std::int64_t tile_height,
+                          std::int64_t tile_width, int halo, std::int64_t index) {
+  check_walk("tile_window_at", height, width, tile_height, tile_width, halo);
+  const std::int64_t rows = (height - 1) / tile_height + 1, cols = (width - 1) / tile_width + 1;
+  if (index < 0 || index / cols >= rows) {
+    throw std::out_of_range("tile_window_at: tile " + std::to_string(index) + " is not in [0, " +
+                            std::to_string(rows) + " x " + std::to_string(cols) + ")");
+  }
+  return tile_of(height, width, tile_height, tile_width, halo, index / cols, index % cols);
 }
 
 namespace {

@@ -394,7 +394,7 @@ TEST_SUITE("tiles") {
     CHECK_THROWS_WITH_AS(run_tiles(
                              source, [](const OwnedRasterArray& t) { return t.band(0); }, sink,
                              tiled_plan(4, 7, 0, 2), per_band),
-                         doctest::Contains("op returned 1 band(s) for tile 0"),
+                         doctest::Contains("op returned 1 band(s) for a pass of 2 at tile 0"),
                          std::invalid_argument);
   }
 
@@ -706,6 +706,34 @@ TEST_SUITE("tiles") {
         CHECK(sink.writes <= 4);
       }
     }
+  }
+}
+
+TEST_SUITE("tiles") {
+  TEST_CASE("a walk over billions of tiles holds no list of them") {
+    GeneratedSource source;
+    source.nodata = {std::nullopt};
+    source.h = 1000000000;
+    source.w = 1000000000;
+    for (const int depth : {0, 2}) {
+      RecordingSink sink;
+      TileRunOptions o;
+      o.overlap = depth;
+      int n = 0;
+      CHECK_THROWS_WITH_AS(run_tiles(
+                               source,
+                               [&](const OwnedRasterArray& t) {
+                                 if (++n == 3) throw std::runtime_error("enough");
+                                 return t;
+                               },
+                               sink, tiled_plan(16, 16, 1, 1), o),
+                           "enough", std::runtime_error);
+      REQUIRE(sink.writes.size() >= 2);
+      CHECK(sink.writes[1].total == 3906250000000000LL);
+      CHECK(sink.writes[1].window == RasterWindow{16, 0, 16, 16});
+    }
+    CHECK(tile_window_at(10, 10, 4, 4, 1, 8) == tile_windows(10, 10, 4, 4, 1)[8]);
+    CHECK_THROWS_AS(tile_window_at(10, 10, 4, 4, 1, 9), std::out_of_range);
   }
 }
 
