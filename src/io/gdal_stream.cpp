@@ -379,12 +379,10 @@ void RasterFileSink::finish() {
 
 // --- Streamed runs ---------------------------------------------------------------------------
 
-namespace {
-
-/// Refuses up front a run of @p source whose tiles need more host memory than the limit, and
-/// sets GDAL's cache when asked.
-void prepare_stream(const RasterFileSource& source, const RasterPlan& plan,
-                    const StreamOptions& options, const char* who) {
+void RasterFileSource::prepare(const RasterPlan& plan, const StreamOptions& options,
+                               const std::string& name) const {
+  const RasterFileSource& source = *this;
+  const char* who = name.c_str();
   const RasterMetadata meta = source.metadata();
   const std::uint64_t needed =
       source.run_host_bytes(plan, options.per_band, options.overlap, options.gdal_cache_bytes);
@@ -412,6 +410,8 @@ void prepare_stream(const RasterFileSource& source, const RasterPlan& plan,
   }
   if (options.gdal_cache_bytes) GDALSetCacheMax64(static_cast<GIntBig>(*options.gdal_cache_bytes));
 }
+
+namespace {
 
 TileRunOptions run_options(const StreamOptions& options, const char* who) {
   TileRunOptions o;
@@ -453,7 +453,7 @@ void process_raster_file(const std::string& in, const std::string& out, const Ba
     (void)creation_options(driver, driver_name, options.write, DType::float32, 1, who);
   }
   RasterFileSource source(in, options.open, options.bands);
-  prepare_stream(source, plan, options, who);
+  source.prepare(plan, options, who);
   RasterFileSink sink(out, options.write);
   sink.copy_from(source, options.metadata);
   // The input closed before the output replaces it (in place: the same file).
@@ -468,7 +468,7 @@ void for_each_raster_tile(
   static constexpr const char* who = "for_each_raster_tile";
   if (!visit) throw std::invalid_argument(std::string(who) + ": empty visitor");
   RasterFileSource source(in, options.open, options.bands);
-  prepare_stream(source, plan, options, who);
+  source.prepare(plan, options, who);
   VisitTileSink sink(visit);
   run_tiles(
       source, [](const OwnedRasterArray& tile) { return tile; }, sink, plan,

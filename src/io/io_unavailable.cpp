@@ -128,6 +128,9 @@ std::uint64_t RasterFileSource::gdal_cache_for(const RasterPlan&, bool) const {
 std::uint64_t RasterFileSource::block_bytes() const {
   unavailable("RasterFileSource");
 }
+void RasterFileSource::prepare(const RasterPlan&, const StreamOptions&, const std::string&) const {
+  unavailable("RasterFileSource");
+}
 void RasterFileSource::close() noexcept {}
 
 RasterFileSink::RasterFileSink(const std::string& /*path*/, const WriteOptions& /*options*/) {

@@ -111,6 +111,14 @@ class VSR_EXPORT NodataValue {
 };
 
 /**
+ * @brief Whether @p value is exactly a value of @p dtype: any value for float64, a value float32
+ * holds (NaN and infinities included) for float32, an integer in the type's range for integer
+ * types (every int64 and uint64, exactly). The one range rule of the library (ops, vsr-run and
+ * the Python package ask it). Thread-safe; never throws.
+ */
+VSR_EXPORT bool dtype_holds(DType dtype, const NodataValue& value) noexcept;
+
+/**
  * @brief Pixel -> world transform in rasterio order: x = a*col + b*row + c,
  * y = d*col + e*row + f. The default is the identity with a north-up flip (e = -1).
  *

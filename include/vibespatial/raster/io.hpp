@@ -356,6 +356,16 @@ class VSR_EXPORT RasterFileSource final : public TileSource {
    */
   std::uint64_t run_host_bytes(const RasterPlan& plan, bool per_band, int overlap,
                                std::optional<std::uint64_t> gdal_cache_bytes = {}) const;
+  /**
+   * @brief Readies a run of @p plan: refuses it up front (HostMemoryLimitError, the message
+   * starting with @p name) when run_host_bytes(plan, options.per_band, options.overlap,
+   * options.gdal_cache_bytes) exceeds options.host_memory_limit (0: available_host_memory()),
+   * then limits GDAL's block cache to options.gdal_cache_bytes when set (process-wide).
+   * process_raster_file and for_each_raster_tile call it; a program walking this source with
+   * run_tiles itself calls it first.
+   */
+  void prepare(const RasterPlan& plan, const StreamOptions& options,
+               const std::string& name = "RasterFileSource") const;
   /// Bytes of one GDAL block holding one band's data (every band's, pixel-interleaved).
   std::uint64_t block_bytes() const;
   /// A GDAL block cache size for a run of @p plan (see gdal_cache_for_plan).
