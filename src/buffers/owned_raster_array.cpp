@@ -316,6 +316,19 @@ OwnedRasterArray OwnedRasterArray::band(int i) const {
   return r;
 }
 
+OwnedRasterArray OwnedRasterArray::bands(int first, int count) const {
+  if (first < 0 || count < 1 || first > band_count_ - count) {
+    throw std::out_of_range("bands: " + std::to_string(count) + " band(s) from index " +
+                            std::to_string(first) + " are not in [0, " +
+                            std::to_string(band_count_) + ")");
+  }
+  OwnedRasterArray r(storage_, first_band_ + first, count);
+  r.nodata_ = nodata_;
+  r.affine_ = affine_;
+  r.crs_ = crs_;
+  return r;
+}
+
 void OwnedRasterArray::move_to(Residency target) {
   VSR_EXPECTS(target == Residency::host || target == Residency::device,
               "move_to: not a Residency value");

@@ -95,6 +95,40 @@ bool is_floating_point(DType dtype) noexcept {
   return dtype == DType::float32 || dtype == DType::float64;
 }
 
+bool dtype_holds(DType dtype, const NodataValue& value) noexcept {
+  const double d = value.to_double();
+  switch (dtype) {
+    case DType::float64:
+      return true;
+    case DType::float32:
+      return std::isnan(d) || static_cast<double>(static_cast<float>(d)) == d;
+    case DType::uint64:
+      return value.as_uint64().has_value();
+    case DType::int64:
+      return value.as_int64().has_value();
+    default:
+      break;
+  }
+  const auto v = value.as_int64();
+  if (!v) return false;
+  switch (dtype) {
+    case DType::uint8:
+      return *v >= 0 && *v <= 255;
+    case DType::int8:
+      return *v >= -128 && *v <= 127;
+    case DType::uint16:
+      return *v >= 0 && *v <= 65535;
+    case DType::int16:
+      return *v >= -32768 && *v <= 32767;
+    case DType::uint32:
+      return *v >= 0 && *v <= 4294967295LL;
+    case DType::int32:
+      return *v >= -2147483648LL && *v <= 2147483647LL;
+    default:
+      return false;
+  }
+}
+
 std::int64_t RasterMetadata::pixel_count() const {
   std::int64_t pixels = 0;
   if (__builtin_mul_overflow(height, width, &pixels)) {

@@ -91,4 +91,69 @@ void process_raster_file(const std::string& /*in*/, const std::string& /*out*/,
   unavailable("process_raster_file");
 }
 
+// The file ends cannot be made without GDAL: the constructors throw, so no other member runs.
+struct RasterFileSource::State {};
+struct RasterFileSink::State {};
+
+RasterFileSource::RasterFileSource(const std::string& /*path*/, const OpenOptions& /*open*/,
+                                   std::vector<int> /*bands*/) {
+  unavailable("RasterFileSource");
+}
+RasterFileSource::~RasterFileSource() = default;
+RasterMetadata RasterFileSource::metadata() const {
+  unavailable("RasterFileSource");
+}
+std::vector<std::optional<NodataValue>> RasterFileSource::band_nodata() const {
+  unavailable("RasterFileSource");
+}
+OwnedRasterArray RasterFileSource::read(const RasterWindow&, int, int) {
+  unavailable("RasterFileSource");
+}
+const std::string& RasterFileSource::path() const {
+  unavailable("RasterFileSource");
+}
+const std::vector<int>& RasterFileSource::bands() const {
+  unavailable("RasterFileSource");
+}
+bool RasterFileSource::has_geotransform() const {
+  unavailable("RasterFileSource");
+}
+std::uint64_t RasterFileSource::run_host_bytes(const RasterPlan&, bool, int,
+                                               std::optional<std::uint64_t>) const {
+  unavailable("RasterFileSource");
+}
+std::uint64_t RasterFileSource::gdal_cache_for(const RasterPlan&, bool) const {
+  unavailable("RasterFileSource");
+}
+std::uint64_t RasterFileSource::block_bytes() const {
+  unavailable("RasterFileSource");
+}
+void RasterFileSource::prepare(const RasterPlan&, const StreamOptions&, const std::string&) const {
+  unavailable("RasterFileSource");
+}
+void RasterFileSource::close() noexcept {}
+
+RasterFileSink::RasterFileSink(const std::string& /*path*/, const WriteOptions& /*options*/) {
+  unavailable("RasterFileSink");
+}
+RasterFileSink::~RasterFileSink() = default;
+void RasterFileSink::copy_from(const RasterFileSource&, MetadataCopy) {
+  unavailable("RasterFileSink");
+}
+void RasterFileSink::before_commit(std::function<void()>) {
+  unavailable("RasterFileSink");
+}
+void RasterFileSink::begin(const TileOutput&) {
+  unavailable("RasterFileSink");
+}
+void RasterFileSink::begin_pass(int, int, const std::optional<NodataValue>&) {
+  unavailable("RasterFileSink");
+}
+void RasterFileSink::write(const OwnedRasterArray&, const TileInfo&) {
+  unavailable("RasterFileSink");
+}
+void RasterFileSink::finish() {
+  unavailable("RasterFileSink");
+}
+
 }  // namespace vibespatial::raster

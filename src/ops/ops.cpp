@@ -60,13 +60,7 @@ void int_range(DType d, double& lo, double& hi) {
 
 /// Whether @p v is exactly a value of @p d.
 bool representable(double v, DType d) {
-  if (d == DType::float64) return true;
-  if (d == DType::float32) return std::isnan(v) || static_cast<double>(static_cast<float>(v)) == v;
-  if (!std::isfinite(v) || std::floor(v) != v) return false;
-  double lo = 0, hi = 0;
-  int_range(d, lo, hi);
-  if (d == DType::uint64 || d == DType::int64) return v >= lo && v < hi;
-  return v >= lo && v <= hi;
+  return dtype_holds(d, NodataValue(v));
 }
 
 be::NodataSpec nodata_spec(const OwnedRasterArray& r) {

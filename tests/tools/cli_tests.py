@@ -821,7 +821,8 @@ def sample_stats_follow_the_plan(env):
     for budget in ("auto", SAMPLE_BUDGET):
         out, plan, last = sample_run(env, "stats", budget)
         if budget == "auto":
-            check(last.endswith("tile 4/4 (100%)"), last)  # one whole-band tile per band
+            # A whole plan is one tile of every band, on the sample as on a file.
+            check(last.endswith("tile 1/1 (100%)"), last)
         else:
             check(plan.startswith("tiled, 4 tiles of 512 x 512 (halo 0), 1 band(s) per pass"),
                   plan)
@@ -839,17 +840,19 @@ def sample_stats_follow_the_plan(env):
 
 
 def sample_band_op_follows_the_plan(env, op, halo, *checks):
-    """A per-band raster op on the sample: by band (auto), or in 6 tiles of 256 x 512 (tiled)."""
+    """A per-band raster op on the sample: one tile of every band (auto), or 6 tiles of 256 x 512
+    for each band (tiled)."""
     for budget in ("auto", SAMPLE_BUDGET):
         out, plan, last = sample_run(env, op, budget)
         for want in checks:
             check(want in out, "%r not in %r" % (want, out))
         if budget == "auto":
-            check(last.endswith("band 4/4 (100%)"), last)
+            check(last.endswith("tile 1/1 (100%)"), last)  # one tile of every band
         else:
             check(plan.startswith("tiled, 6 tiles of 256 x 512 (halo %d), 1 band(s) per pass" %
                                   halo), plan)
-            check(last.endswith("tile 6/6 (100%)"), last)
+            # 6 tiles in each of 4 one-band passes, as the plan says (and as a file goes).
+            check(last.endswith("tile 24/24 (100%)"), last)
 
 
 @case
@@ -872,7 +875,7 @@ def sample_ndvi_follows_the_plan(env):
         check("input       sample, 4 x 600 x 600 float32" in out, out)
         if budget == "auto":
             check(plan.startswith("whole, 2 band(s) per pass"), plan)
-            check(last.endswith("pass 1/1 (100%)"), last)
+            check(last.endswith("tile 1/1 (100%)"), last)
         else:
             check(plan.startswith("tiled, 9 tiles of 256 x 256 (halo 0), 2 band(s) per pass"), plan)
             check(last.endswith("tile 9/9 (100%)"), last)

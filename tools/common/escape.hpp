@@ -4,7 +4,7 @@
 // shared with the library's io messages: src/common/text_escape.hpp says what each escapes.
 #pragma once
 
-#include "../../src/common/text_escape.hpp"
+#include "text_escape.hpp"
 
 namespace vsr_cli {
 

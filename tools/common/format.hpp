@@ -3,7 +3,7 @@
 // library's own (src/common/byte_text.hpp), so that a tool and a library message agree.
 #pragma once
 
-#include "../../src/common/byte_text.hpp"
+#include "byte_text.hpp"
 
 #include <cstdint>
 #include <string>

@@ -4,8 +4,8 @@
 // the library.
 #pragma once
 
-#include "../common/cli.hpp"
-#include "../common/format.hpp"
+#include "cli.hpp"
+#include "format.hpp"
 
 #include <chrono>
 #include <cmath>

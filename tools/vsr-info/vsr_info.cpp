@@ -6,8 +6,8 @@
 //
 // Exit status: 0 when a driver and at least one device are available, 1 when not (the report
 // says why), 2 on bad arguments.
-#include "../common/escape.hpp"
-#include "../common/format.hpp"
+#include "escape.hpp"
+#include "format.hpp"
 
 #include <vibespatial/raster/driver.hpp>
 

@@ -2,7 +2,7 @@
 // vsr-plan: prints the plan analyze_raster_plan makes for a raster shape and a VRAM budget.
 //
 // Exit status: 0 on success, 2 for bad arguments (message on stderr), 1 for any other error.
-#include "../common/cli.hpp"
+#include "cli.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/dispatch.hpp>

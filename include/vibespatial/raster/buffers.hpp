@@ -111,6 +111,14 @@ class VSR_EXPORT NodataValue {
 };
 
 /**
+ * @brief Whether @p value is exactly a value of @p dtype: any value for float64, a value float32
+ * holds (NaN and infinities included) for float32, an integer in the type's range for integer
+ * types (every int64 and uint64, exactly). The one range rule of the library (ops, vsr-run and
+ * the Python package ask it). Thread-safe; never throws.
+ */
+VSR_EXPORT bool dtype_holds(DType dtype, const NodataValue& value) noexcept;
+
+/**
  * @brief Pixel -> world transform in rasterio order: x = a*col + b*row + c,
  * y = d*col + e*row + f. The default is the identity with a north-up flip (e = -1).
  *
@@ -326,6 +334,13 @@ class VSR_EXPORT OwnedRasterArray {
    * @throws std::out_of_range if @p i is not in [0, band_count()).
    */
   OwnedRasterArray band(int i) const;
+  /**
+   * @brief Zero-copy view of the @p count bands starting at band @p first, on the same
+   * residency, with this view's nodata, affine and CRS.
+   * @throws std::out_of_range unless 0 <= @p first, 1 <= @p count and first + count <=
+   *         band_count().
+   */
+  OwnedRasterArray bands(int first, int count) const;
 
   /**
    * @brief Copies the pixels of the whole storage host <-> device through the pool (copies on

@@ -249,6 +249,16 @@ VSR_EXPORT std::vector<TileWindow> tile_windows(std::int64_t height, std::int64_
                                                 int halo = 0);
 
 /**
+ * @brief Tile @p index of tile_windows(@p height, @p width, @p tile_height, @p tile_width,
+ * @p halo), computed alone: a walk over billions of tiles holds no list of them.
+ * @throws std::invalid_argument as tile_windows; std::out_of_range for an @p index outside
+ *         [0, tile count). Thread-safe.
+ */
+VSR_EXPORT TileWindow tile_window_at(std::int64_t height, std::int64_t width,
+                                     std::int64_t tile_height, std::int64_t tile_width, int halo,
+                                     std::int64_t index);
+
+/**
  * @brief Runs a pointwise @p op over the non-overlapping tiles of @p plan (or once, for a whole
  * plan) and stitches the results; each tile's affine is shifted to its origin
  * (c' = c + col*a + row*b, f' = f + col*d + row*e).

@@ -59,9 +59,11 @@
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/export.hpp>
+#include <vibespatial/raster/tiles.hpp>
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -278,15 +280,6 @@ VSR_EXPORT void check_output_file(const std::string& path, const WriteOptions& o
                                   const std::optional<NodataValue>& nodata = std::nullopt,
                                   const std::string& crs = {});
 
-/// Where a streamed pass is: tile @p index of @p total (passes x tiles), its effective window
-/// (halo excluded), the window read (halo included, clamped to the raster) and the 0-based
-/// positions of its bands among the selected bands.
-struct TileInfo {
-  std::int64_t index = 0, total = 0;
-  RasterWindow window, read;
-  int first_band = 0, band_count = 0;
-};
-
 /// What a streamed run copies from the input file to the output besides pixels, georeferencing
 /// (affine and CRS; none when the input has no geotransform) and nodata.
 enum class MetadataCopy {
@@ -294,9 +287,6 @@ enum class MetadataCopy {
   descriptive,  ///< AREA_OR_POINT, and per band its description and colour interpretation
   all  ///< descriptive, and per band scale, offset and unit: for ops that keep the values' meaning
 };
-
-/// The steps of a tile in a streamed run, as StreamOptions::stage reports them.
-enum class TileStage { read, compute, write };
 
 /// How process_raster_file and for_each_raster_tile read, write and report.
 struct StreamOptions {
@@ -326,6 +316,103 @@ struct StreamOptions {
   /// What the output copies from the input (process_raster_file). Output band i takes input
   /// band i's (of the selected bands) when the output has as many bands as were selected.
   MetadataCopy metadata = MetadataCopy::descriptive;
+  /// Tiles in flight between reading, computing and writing (TileRunOptions::overlap): 0 runs
+  /// them one after another, n >= 1 overlaps the three stages with queues of n tiles; the host
+  /// memory check counts the tiles that keeps live.
+  int overlap = 0;
+};
+
+/**
+ * @brief The tile executor's source over a raster file (tiles.hpp): the 1-based @p bands of
+ * @p path (empty: all), opened once as @p open allows and read window by window through GDAL.
+ * A source may be read from any one thread at a time (the reading stage of an overlapped run);
+ * each read reports GDAL's errors as its own.
+ * @throws (constructor) what read_raster_info throws; std::invalid_argument for a band outside
+ *         the file. (read) std::runtime_error when GDAL fails to read, std::logic_error after
+ *         close().
+ */
+class VSR_EXPORT RasterFileSource final : public TileSource {
+ public:
+  explicit RasterFileSource(const std::string& path, const OpenOptions& open = {},
+                            std::vector<int> bands = {});
+  ~RasterFileSource() override;
+  RasterFileSource(const RasterFileSource&) = delete;
+  RasterFileSource& operator=(const RasterFileSource&) = delete;
+  RasterMetadata metadata() const override;
+  std::vector<std::optional<NodataValue>> band_nodata() const override;
+  OwnedRasterArray read(const RasterWindow& window, int first_band, int band_count) override;
+  /// The path opened.
+  const std::string& path() const;
+  /// The selected bands, 1-based.
+  const std::vector<int>& bands() const;
+  /// Whether the file has a geotransform (the metadata's affine is GDAL's default otherwise).
+  bool has_geotransform() const;
+  /**
+   * @brief Bytes of host memory a run of @p plan over this source needs at once: every tile
+   * and result live (overlap_tiles_live(@p overlap) of each; results counted at up to 8 bytes
+   * a pixel, with a host copy), one GDAL block beside the cache, and the cache itself
+   * (@p gdal_cache_bytes, or GDAL's setting when empty).
+   * @throws std::overflow_error when it does not fit in 64 bits; as tile_passes for a bad plan.
+   */
+  std::uint64_t run_host_bytes(const RasterPlan& plan, bool per_band, int overlap,
+                               std::optional<std::uint64_t> gdal_cache_bytes = {}) const;
+  /**
+   * @brief Readies a run of @p plan: refuses it up front (HostMemoryLimitError, the message
+   * starting with @p name) when run_host_bytes(plan, options.per_band, options.overlap,
+   * options.gdal_cache_bytes) exceeds options.host_memory_limit (0: available_host_memory()),
+   * then limits GDAL's block cache to options.gdal_cache_bytes when set (process-wide).
+   * process_raster_file and for_each_raster_tile call it; a program walking this source with
+   * run_tiles itself calls it first.
+   */
+  void prepare(const RasterPlan& plan, const StreamOptions& options,
+               const std::string& name = "RasterFileSource") const;
+  /// Bytes of one GDAL block holding one band's data (every band's, pixel-interleaved).
+  std::uint64_t block_bytes() const;
+  /// A GDAL block cache size for a run of @p plan (see gdal_cache_for_plan).
+  std::uint64_t gdal_cache_for(const RasterPlan& plan, bool per_band) const;
+  /// Closes the file; later reads throw std::logic_error. An output that replaces the file (the
+  /// same path) is committed only after the input is closed. Never throws.
+  void close() noexcept;
+
+ private:
+  friend class RasterFileSink;  // copies the input's descriptive metadata before a run
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+/**
+ * @brief The tile executor's sink into a raster file, all or nothing (see "Outputs"): the
+ * driver and creation options are checked and the temporary made at construction (before any
+ * work); the dataset is created at begin() with the first result's dtype and band count and the
+ * source's grid; each pass's nodata goes on its bands (GTiff keeps one nodata for all bands:
+ * passes of different nodata are refused there); each write stores the result's interior; at
+ * finish() the file is closed, verified and renamed over @p path. Destroyed without finish(),
+ * nothing is left behind. Its members may be called from any one thread at a time.
+ * @throws (constructor) what write_raster throws for the driver, options and path;
+ *         (begin, write, finish) what write_raster throws for the dataset.
+ */
+class VSR_EXPORT RasterFileSink final : public TileSink {
+ public:
+  RasterFileSink(const std::string& path, const WriteOptions& options);
+  ~RasterFileSink() override;
+  RasterFileSink(const RasterFileSink&) = delete;
+  RasterFileSink& operator=(const RasterFileSink&) = delete;
+  /// Copies what @p what names from @p source's file to the output (the descriptive metadata of
+  /// band i goes to output band i when the output has as many bands as the source selected),
+  /// and georeferences the output only if @p source has a geotransform. Before the run.
+  void copy_from(const RasterFileSource& source, MetadataCopy what);
+  /// Called once the output is closed and verified, right before it replaces @p path (an input
+  /// at the same path is closed there). Before the run.
+  void before_commit(std::function<void()> hook);
+  void begin(const TileOutput& output) override;
+  void begin_pass(int output_band, int band_count,
+                  const std::optional<NodataValue>& nodata) override;
+  void write(const OwnedRasterArray& result, const TileInfo& where) override;
+  void finish() override;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 /**

@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the GDAL files of io share (internal): datasets, GDAL's errors, types and nodata, reads,
+// and the creation of outputs. gdal_dataset.cpp opens and reads, gdal_write.cpp creates and
+// writes whole files, gdal_stream.cpp holds the executor's file ends (RasterFileSource,
+// RasterFileSink) and the streamed runs on them.
+#pragma once
+
+#include "common/text_escape.hpp"
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/io.hpp>
+
+#include <cpl_error.h>
+#include <cpl_string.h>
+#include <gdal.h>
+#include <gdal_version.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#define VSR_GDAL_HAS_INT8 (GDAL_VERSION_NUM >= GDAL_COMPUTE_VERSION(3, 7, 0))
+
+namespace vibespatial::raster::detail::gdal {
+
+/// GDALAllRegister, once per process.
+void register_drivers();
+
+/// Silences GDAL's default stderr error printing for the current thread during one call and
+/// records every failure GDAL reports meanwhile, also those that do not show in a call's return
+/// value (a dirty block written back when the cache evicts it, a flush inside GDALClose): check()
+/// turns them into an exception. The last message stays available (CPLGetLastErrorMsg).
+class QuietErrors {
+ public:
+  QuietErrors() {
+    CPLPushErrorHandlerEx(&QuietErrors::record, this);
+    CPLErrorReset();
+  }
+  ~QuietErrors() { CPLPopErrorHandler(); }
+  QuietErrors(const QuietErrors&) = delete;
+  QuietErrors& operator=(const QuietErrors&) = delete;
+
+  /// Throws std::runtime_error(@p what + GDAL's first message) if GDAL reported a failure
+  /// since construction.
+  void check(const std::string& what) const {
+    if (failures_ > 0) throw std::runtime_error(what + ": " + detail::printable(first_));
+  }
+
+  /// The warnings GDAL reported since construction, joined with "; " (printable).
+  std::string warnings() const { return detail::printable(warnings_); }
+
+ private:
+  static void CPL_STDCALL record(CPLErr type, CPLErrorNum /*num*/, const char* msg) {
+    auto* self = static_cast<QuietErrors*>(CPLGetErrorHandlerUserData());
+    if (self == nullptr) return;
+    const char* text = msg != nullptr ? msg : "unknown GDAL error";
+    try {
+      if (type == CE_Warning) {
+        self->warnings_.append(self->warnings_.empty() ? "" : "; ").append(text);
+      } else if ((type == CE_Failure || type == CE_Fatal) && self->failures_++ == 0) {
+        self->first_ = text;
+      }
+    } catch (...) {
+    }
+  }
+
+  int failures_ = 0;
+  std::string first_;
+  std::string warnings_;
+};
+
+/// @p text (a path, a driver name, a CRS) as it goes into an exception message: printable, so
+/// every message is valid UTF-8 without terminal control characters.
+std::string shown(const std::string& text);
+
+/// ": <GDAL's last message>", or "" when it has none.
+std::string gdal_message();
+
+/// Throws std::runtime_error(@p what + GDAL's last message).
+[[noreturn]] void fail(const std::string& what);
+
+struct DatasetCloser {
+  void operator()(void* ds) const noexcept { GDALClose(static_cast<GDALDatasetH>(ds)); }
+};
+using Dataset = std::unique_ptr<void, DatasetCloser>;
+
+/// Opens @p path for reading as @p who (the public call, first in every message). A local file
+/// that cannot be reached (missing, no permission) is a std::system_error with the errno; a file
+/// that is there but not an allowed raster, or a refused virtual path, std::invalid_argument.
+Dataset open_readonly(const std::string& path, const OpenOptions& open, const char* who);
+
+/// Flushes and closes the written dataset @p ds, then throws if GDAL reported any failure while
+/// it was written, flushed or closed (GDALFlushCache and GDALClose return void before GDAL 3.7,
+/// so @p errors is what tells).
+void close_checked(Dataset& ds, const std::string& path, const QuietErrors& errors);
+
+/// The dtype of @p band (int8 for GTiff's SIGNEDBYTE bytes); std::runtime_error for a type this
+/// library does not have.
+DType dtype_from_band(GDALRasterBandH band, const std::string& path);
+
+/// The GDAL type that holds @p dtype's bytes (Byte for int8 before GDAL 3.7).
+GDALDataType gdal_type(DType dtype);
+
+/// Band @p band's nodata, exactly (64-bit integer rasters through GDAL's Int64/UInt64 calls).
+std::optional<NodataValue> band_nodata(GDALRasterBandH band, DType dtype);
+
+/// Sets band @p band's nodata exactly (64-bit integers through GDAL's Int64/UInt64 setters).
+void set_band_nodata(GDALRasterBandH band, DType dtype, const NodataValue& nodata);
+
+/// Header of an open dataset; @p bands (1-based) select the bands checked for a common dtype
+/// and nodata (unless @p mixed_nodata), all bands when empty.
+RasterMetadata metadata_of(GDALDatasetH ds, const std::string& path, const std::vector<int>& bands,
+                           bool mixed_nodata = false);
+
+/// Band-major RasterIO of a (bands, h, w) buffer whose rows are @p line_elems elements apart and
+/// whose bands are @p band_elems elements apart.
+void raster_io(GDALDatasetH ds, GDALRWFlag flag, const RasterWindow& w, void* buf, DType dtype,
+               std::vector<int>& bands, std::int64_t line_elems, std::int64_t band_elems,
+               const std::string& path);
+
+/// "B x H x W dtype".
+std::string window_text(const RasterWindow& w, int bands, DType dtype);
+
+/// Reads @p window of @p bands; with @p check_memory, a read larger than the host memory
+/// available is refused before anything is allocated (the streamed paths check their passes
+/// up front instead).
+OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
+                           std::optional<RasterWindow> window, std::vector<int> bands,
+                           bool check_memory = true, bool mixed_nodata = false);
+
+/// The output driver @p options name, checked for what a write needs (GDAL has it, it writes
+/// rasters, it has Create, it writes a file); its short name as GDAL spells it goes to
+/// @p canonical. @throws std::invalid_argument naming the reason, as @p who.
+GDALDriverH output_driver(const WriteOptions& options, const char* who,
+                          std::string* canonical = nullptr);
+
+/// The creation options a write of @p band_count bands of @p dtype passes to @p driver, checked
+/// against the driver's list before anything is created.
+CPLStringList creation_options(GDALDriverH driver, const std::string& driver_name,
+                               const WriteOptions& options, DType dtype, int band_count,
+                               const char* who);
+
+/// Creates the dataset @p file (the temporary file of @p path, which messages name), as @p who.
+Dataset create_dataset(const std::string& file, const std::string& path, DType dtype,
+                       int band_count, std::int64_t height, std::int64_t width,
+                       const std::optional<NodataValue>& nodata, const Affine* affine,
+                       const std::string& crs, const WriteOptions& options, const char* who);
+
+/// Checks the closed output @p file of @p path before it is committed: it opens as written, and
+/// each band keeps the nodata written to it. @throws std::runtime_error when it does not.
+void verify_written(const std::string& file, const std::string& path, const std::string& driver,
+                    std::int64_t height, std::int64_t width, DType dtype,
+                    const std::vector<std::optional<NodataValue>>& nodata);
+
+/// The host pixels of @p raster: its own buffer when host resident, else a copy in @p scratch
+/// (checked against the host memory available first).
+const void* host_pixels(const OwnedRasterArray& raster, std::vector<std::byte>& scratch,
+                        const char* who);
+
+/// 1..@p n.
+std::vector<int> all_bands(int n);
+
+}  // namespace vibespatial::raster::detail::gdal

@@ -1,0 +1,478 @@
+// SPDX-License-Identifier: Apache-2.0
+// The tile executor's file ends (RasterFileSource, RasterFileSink) and the streamed runs that
+// are pairs of them: process_raster_file (file to file), for_each_raster_tile (file to a
+// visitor), process_raster_streamed (io.hpp).
+#include "common/byte_text.hpp"
+#include "common/checked_math.hpp"
+#include "common/expects.hpp"
+#include "common/text_escape.hpp"
+#include "io/gdal_common.hpp"
+#include "io/output_file.hpp"
+
+#include <vibespatial/raster/io.hpp>
+#include <vibespatial/raster/tiles.hpp>
+
+#include <cpl_conv.h>
+#include <cpl_error.h>
+#include <gdal.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace vibespatial::raster {
+
+using namespace detail::gdal;
+
+namespace {
+
+bool pixel_interleaved(GDALDatasetH ds) {
+  const char* interleave = GDALGetMetadataItem(ds, "INTERLEAVE", "IMAGE_STRUCTURE");
+  return interleave != nullptr && std::strcmp(interleave, "PIXEL") == 0;
+}
+
+/// Bytes of one GDAL block of @p ds holding one band's data: the block of band 1, times the band
+/// count when the file interleaves pixels (a block then carries every band).
+std::uint64_t dataset_block_bytes(GDALDatasetH ds) {
+  GDALRasterBandH band = GDALGetRasterBand(ds, 1);
+  int bx = 0, by = 0;
+  GDALGetBlockSize(band, &bx, &by);
+  std::uint64_t bytes =
+      static_cast<std::uint64_t>(std::max(bx, 1)) * static_cast<std::uint64_t>(std::max(by, 1)) *
+      static_cast<std::uint64_t>(GDALGetDataTypeSizeBytes(GDALGetRasterDataType(band)));
+  if (pixel_interleaved(ds)) {
+    bytes = detail::checked_mul(bytes, static_cast<std::uint64_t>(GDALGetRasterCount(ds)),
+                                "block byte count");
+  }
+  return bytes;
+}
+
+constexpr std::uint64_t cache_headroom = 64ULL << 20;
+
+std::uint64_t cache_for(GDALDatasetH ds, std::int64_t width, std::int64_t tile_height, int halo,
+                        int pass_bands) {
+  GDALRasterBandH band = GDALGetRasterBand(ds, 1);
+  int bx = 0, by = 0;
+  GDALGetBlockSize(band, &bx, &by);
+  const std::uint64_t block = dataset_block_bytes(ds);
+  // The blocks under one row of tiles (halo included) of the bands of one pass, so that a block
+  // shared by neighbouring tiles is decoded once.
+  const std::uint64_t block_rows =
+      static_cast<std::uint64_t>((tile_height + 2 * halo + by - 1) / std::max(by, 1) + 1);
+  const std::uint64_t blocks_across =
+      static_cast<std::uint64_t>((width + bx - 1) / std::max(bx, 1));
+  const std::uint64_t row = detail::checked_mul(
+      detail::checked_mul(block_rows, blocks_across, "cache size"),
+      pixel_interleaved(ds)
+          ? block
+          : detail::checked_mul(block, static_cast<std::uint64_t>(pass_bands), "cache"),
+      "cache size");
+  const std::uint64_t floor = detail::checked_mul(block, 2, "cache size");
+  return std::clamp(row, floor, detail::checked_add(floor, cache_headroom, "cache size"));
+}
+
+/// The largest pass of a run of @p plan over bands of @p nodata, and its tile shape.
+struct PassShape {
+  int bands = 0;
+  std::int64_t tile_height = 0, tile_width = 0;
+};
+
+PassShape pass_shape(const RasterMetadata& meta,
+                     const std::vector<std::optional<NodataValue>>& nodata, const RasterPlan& plan,
+                     bool per_band, const char* who) {
+  VSR_EXPECTS(plan.halo >= 0, std::string(who) + ": negative halo " + std::to_string(plan.halo));
+  PassShape p;
+  for (const TilePass& pass : tile_passes(nodata, plan, per_band)) {
+    p.bands = std::max(p.bands, pass.band_count);
+  }
+  p.tile_height = meta.height;
+  p.tile_width = meta.width;
+  if (plan.strategy == TilingStrategy::tiled) {
+    VSR_EXPECTS(plan.tile_shape && plan.tile_shape->first > 0 && plan.tile_shape->second > 0,
+                std::string(who) + ": tiled plan without a positive tile_shape");
+    p.tile_height = std::min(plan.tile_shape->first, meta.height);
+    p.tile_width = std::min(plan.tile_shape->second, meta.width);
+  }
+  return p;
+}
+
+/// What a streamed run copies from its input besides pixels, read before the run (the input's
+/// dataset belongs to the reading stage once the run starts).
+struct CopiedMetadata {
+  std::optional<std::string> area_or_point;
+  struct Band {
+    std::string description;
+    GDALColorInterp interp = GCI_Undefined;
+    std::optional<double> scale, offset;
+    std::string unit;
+  };
+  std::vector<Band> bands;
+};
+
+CopiedMetadata read_copied_metadata(GDALDatasetH src, const std::vector<int>& bands,
+                                    MetadataCopy what) {
+  CopiedMetadata m;
+  if (what == MetadataCopy::none) return m;
+  if (const char* aop = GDALGetMetadataItem(src, "AREA_OR_POINT", nullptr); aop != nullptr) {
+    m.area_or_point = aop;
+  }
+  for (const int b : bands) {
+    GDALRasterBandH from = GDALGetRasterBand(src, b);
+    CopiedMetadata::Band band;
+    if (const char* d = GDALGetDescription(from); d != nullptr) band.description = d;
+    band.interp = GDALGetRasterColorInterpretation(from);
+    if (what == MetadataCopy::all) {
+      int has = 0;
+      if (const double scale = GDALGetRasterScale(from, &has); has != 0) band.scale = scale;
+      if (const double offset = GDALGetRasterOffset(from, &has); has != 0) band.offset = offset;
+      if (const char* unit = GDALGetRasterUnitType(from); unit != nullptr) band.unit = unit;
+    }
+    m.bands.push_back(std::move(band));
+  }
+  return m;
+}
+
+/// Copies @p m to the new output @p dst, as far as its format holds it.
+void apply_copied_metadata(const CopiedMetadata& m, GDALDatasetH dst, int out_bands) {
+  // Descriptive metadata goes where the format can hold it: a driver that cannot (RMF has no
+  // colour interpretation) fails neither the run nor the file.
+  QuietErrors ignored;
+  if (m.area_or_point) GDALSetMetadataItem(dst, "AREA_OR_POINT", m.area_or_point->c_str(), nullptr);
+  if (out_bands != static_cast<int>(m.bands.size())) return;
+  for (int b = 0; b < out_bands; ++b) {
+    const CopiedMetadata::Band& from = m.bands[static_cast<std::size_t>(b)];
+    GDALRasterBandH to = GDALGetRasterBand(dst, b + 1);
+    if (!from.description.empty()) GDALSetDescription(to, from.description.c_str());
+    if (from.interp != GCI_Undefined) GDALSetRasterColorInterpretation(to, from.interp);
+    if (from.scale) GDALSetRasterScale(to, *from.scale);
+    if (from.offset) GDALSetRasterOffset(to, *from.offset);
+    if (!from.unit.empty()) GDALSetRasterUnitType(to, from.unit.c_str());
+  }
+}
+
+}  // namespace
+
+// --- RasterFileSource ------------------------------------------------------------------------
+
+struct RasterFileSource::State {
+  std::string path;
+  Dataset ds;
+  RasterMetadata meta;  ///< of the selected bands (nodata: the first's)
+  std::vector<int> bands;
+  std::vector<std::optional<NodataValue>> nodata;
+  bool has_geotransform = true;
+};
+
+RasterFileSource::RasterFileSource(const std::string& path, const OpenOptions& open,
+                                   std::vector<int> bands)
+    : state_(std::make_unique<State>()) {
+  static constexpr const char* who = "RasterFileSource";
+  QuietErrors quiet;
+  State& s = *state_;
+  s.path = path;
+  s.ds = open_readonly(path, open, who);
+  s.meta = metadata_of(s.ds.get(), path, bands, /*mixed_nodata=*/true);
+  s.bands = bands.empty() ? all_bands(GDALGetRasterCount(s.ds.get())) : std::move(bands);
+  for (const int b : s.bands) {
+    s.nodata.push_back(detail::gdal::band_nodata(GDALGetRasterBand(s.ds.get(), b), s.meta.dtype));
+  }
+  std::array<double, 6> gt{};
+  s.has_geotransform = GDALGetGeoTransform(s.ds.get(), gt.data()) == CE_None;
+  CPLErrorReset();
+}
+
+RasterFileSource::~RasterFileSource() = default;
+
+RasterMetadata RasterFileSource::metadata() const {
+  return state_->meta;
+}
+
+std::vector<std::optional<NodataValue>> RasterFileSource::band_nodata() const {
+  return state_->nodata;
+}
+
+const std::string& RasterFileSource::path() const {
+  return state_->path;
+}
+
+const std::vector<int>& RasterFileSource::bands() const {
+  return state_->bands;
+}
+
+bool RasterFileSource::has_geotransform() const {
+  return state_->has_geotransform;
+}
+
+OwnedRasterArray RasterFileSource::read(const RasterWindow& window, int first_band,
+                                        int band_count) {
+  State& s = *state_;
+  if (!s.ds) throw std::logic_error("RasterFileSource: read after close");
+  VSR_EXPECTS(first_band >= 0 && band_count >= 1 &&
+                  first_band <= static_cast<int>(s.bands.size()) - band_count,
+              "RasterFileSource: bands " + std::to_string(first_band) + "+" +
+                  std::to_string(band_count) + " of " + std::to_string(s.bands.size()));
+  QuietErrors quiet;
+  const auto first = s.bands.begin() + first_band;
+  OwnedRasterArray tile =
+      read_open(s.ds.get(), s.path, window, std::vector<int>(first, first + band_count),
+                /*check_memory=*/false, /*mixed_nodata=*/true)
+          .with_nodata(s.nodata[static_cast<std::size_t>(first_band)]);
+  quiet.check("cannot read '" + shown(s.path) + "'");
+  return tile;
+}
+
+std::uint64_t RasterFileSource::run_host_bytes(
+    const RasterPlan& plan, bool per_band, int overlap,
+    std::optional<std::uint64_t> gdal_cache_bytes) const {
+  const State& s = *state_;
+  const PassShape p = pass_shape(s.meta, s.nodata, plan, per_band, "RasterFileSource");
+  const auto ph =
+      static_cast<std::uint64_t>(std::min(s.meta.height, p.tile_height + 2 * plan.halo));
+  const auto pw = static_cast<std::uint64_t>(std::min(s.meta.width, p.tile_width + 2 * plan.halo));
+  const std::uint64_t px =
+      detail::checked_mul(detail::checked_mul(ph, pw, "tile pixel count"),
+                          static_cast<std::uint64_t>(p.bands), "tile pixel count");
+  // Each tile, and twice a result of up to 8 bytes a pixel (the result and a stacked or host
+  // copy), for every tile a run keeps live.
+  const std::uint64_t tile =
+      detail::checked_mul(detail::checked_mul(px, itemsize(s.meta.dtype) + 16, "pass bytes"),
+                          static_cast<std::uint64_t>(overlap_tiles_live(overlap)), "pass bytes");
+  const std::uint64_t cache =
+      gdal_cache_bytes ? *gdal_cache_bytes
+                       : static_cast<std::uint64_t>(std::max<GIntBig>(0, GDALGetCacheMax64()));
+  // GDAL decodes whole blocks: at least one is held beside the cache.
+  return detail::checked_add(detail::checked_add(tile, cache, "pass bytes"),
+                             dataset_block_bytes(s.ds.get()), "pass bytes");
+}
+
+std::uint64_t RasterFileSource::gdal_cache_for(const RasterPlan& plan, bool per_band) const {
+  const State& s = *state_;
+  const PassShape p = pass_shape(s.meta, s.nodata, plan, per_band, "gdal_cache_for_plan");
+  return cache_for(s.ds.get(), s.meta.width, p.tile_height, plan.halo, p.bands);
+}
+
+std::uint64_t RasterFileSource::block_bytes() const {
+  return state_->ds ? dataset_block_bytes(state_->ds.get()) : 0;
+}
+
+void RasterFileSource::close() noexcept {
+  state_->ds.reset();
+}
+
+// --- RasterFileSink --------------------------------------------------------------------------
+
+struct RasterFileSink::State {
+  std::string path;
+  WriteOptions options;
+  std::string driver;  ///< GDAL's spelling
+  // Declared before the dataset: on an error the dataset is closed first and the temporary
+  // files removed after.
+  std::optional<detail::PendingOutput> pending;
+  Dataset dst;
+  DType dtype = DType::float32;
+  std::vector<std::optional<NodataValue>> written;  ///< each output band's nodata
+  std::optional<NodataValue> file_nodata;           ///< GTiff: the one nodata the file has
+  bool file_nodata_set = false;
+  CopiedMetadata copied;
+  bool georeferenced = true;
+  std::function<void()> before_commit;
+};
+
+RasterFileSink::RasterFileSink(const std::string& path, const WriteOptions& options)
+    : state_(std::make_unique<State>()) {
+  static constexpr const char* who = "RasterFileSink";
+  QuietErrors quiet;
+  State& s = *state_;
+  s.path = path;
+  s.options = options;
+  // What the driver refuses, refused before anything is read (the dtype once it is known).
+  GDALDriverH driver = output_driver(options, who, &s.driver);
+  (void)creation_options(driver, s.driver, options, DType::float32, 1, who);
+  // Made before anything is computed: a directory that takes no temporary fails first.
+  s.pending.emplace(path, options.overwrite);
+}
+
+RasterFileSink::~RasterFileSink() = default;
+
+void RasterFileSink::copy_from(const RasterFileSource& source, MetadataCopy what) {
+  State& s = *state_;
+  QuietErrors quiet;
+  s.georeferenced = source.has_geotransform();
+  if (!source.state_->ds) return;
+  s.copied = read_copied_metadata(source.state_->ds.get(), source.bands(), what);
+}
+
+void RasterFileSink::before_commit(std::function<void()> hook) {
+  state_->before_commit = std::move(hook);
+}
+
+void RasterFileSink::begin(const TileOutput& output) {
+  State& s = *state_;
+  QuietErrors quiet;
+  s.dtype = output.dtype;
+  s.dst = create_dataset(s.pending->path(), s.path, output.dtype, output.band_count, output.height,
+                         output.width, std::nullopt, s.georeferenced ? &output.affine : nullptr,
+                         output.crs, s.options, "RasterFileSink");
+  apply_copied_metadata(s.copied, s.dst.get(), output.band_count);
+  s.written.assign(static_cast<std::size_t>(output.band_count), std::nullopt);
+  quiet.check("cannot create '" + shown(s.path) + "'");
+}
+
+void RasterFileSink::begin_pass(int output_band, int band_count,
+                                const std::optional<NodataValue>& nodata) {
+  State& s = *state_;
+  QuietErrors quiet;
+  if (s.driver == "GTiff" && s.file_nodata_set && nodata != s.file_nodata) {
+    throw std::invalid_argument(
+        "the results of bands " + std::to_string(output_band + 1) + ".. have nodata " +
+        (nodata ? nodata->to_string() : "none") + ", earlier bands " +
+        (s.file_nodata ? s.file_nodata->to_string() : "none") +
+        ", and GTiff keeps one nodata for all bands: write these bands to a file of their own or "
+        "to a format with a nodata per band");
+  }
+  s.file_nodata = nodata;
+  s.file_nodata_set = true;
+  for (int b = 0; b < band_count; ++b) {
+    s.written[static_cast<std::size_t>(output_band + b)] = nodata;
+    if (nodata) {
+      set_band_nodata(GDALGetRasterBand(s.dst.get(), output_band + b + 1), s.dtype, *nodata);
+    }
+  }
+  quiet.check("cannot write '" + shown(s.path) + "'");
+}
+
+void RasterFileSink::write(const OwnedRasterArray& result, const TileInfo& where) {
+  State& s = *state_;
+  QuietErrors quiet;
+  std::vector<std::byte> scratch;
+  const auto* base = static_cast<const std::byte*>(host_pixels(result, scratch, "RasterFileSink"));
+  const RasterWindow& phys = where.read;
+  const std::size_t offset =
+      static_cast<std::size_t>((where.window.row_off - phys.row_off) * phys.width +
+                               (where.window.col_off - phys.col_off)) *
+      itemsize(s.dtype);
+  std::vector<int> out_bands;
+  for (int b = 0; b < result.band_count(); ++b) out_bands.push_back(where.output_band + b + 1);
+  raster_io(s.dst.get(), GF_Write, where.window, const_cast<std::byte*>(base + offset), s.dtype,
+            out_bands, phys.width, phys.width * phys.height, s.path);
+  // A failure reported off the calls' return values (e.g. an evicted block that could not be
+  // written back) fails the run here, not at the end.
+  quiet.check("cannot write '" + shown(s.path) + "'");
+}
+
+void RasterFileSink::finish() {
+  State& s = *state_;
+  QuietErrors quiet;
+  const std::int64_t height = GDALGetRasterYSize(s.dst.get());
+  const std::int64_t width = GDALGetRasterXSize(s.dst.get());
+  close_checked(s.dst, s.path, quiet);
+  verify_written(s.pending->path(), s.path, s.driver, height, width, s.dtype, s.written);
+  if (s.before_commit) s.before_commit();
+  s.pending->commit(s.options.overwrite);
+}
+
+// --- Streamed runs ---------------------------------------------------------------------------
+
+void RasterFileSource::prepare(const RasterPlan& plan, const StreamOptions& options,
+                               const std::string& name) const {
+  const RasterFileSource& source = *this;
+  const char* who = name.c_str();
+  const RasterMetadata meta = source.metadata();
+  const std::uint64_t needed =
+      source.run_host_bytes(plan, options.per_band, options.overlap, options.gdal_cache_bytes);
+  const std::uint64_t limit =
+      options.host_memory_limit != 0 ? options.host_memory_limit : available_host_memory();
+  if (needed > limit) {
+    const PassShape p = pass_shape(meta, source.band_nodata(), plan, options.per_band, who);
+    const std::uint64_t cache =
+        options.gdal_cache_bytes
+            ? *options.gdal_cache_bytes
+            : static_cast<std::uint64_t>(std::max<GIntBig>(0, GDALGetCacheMax64()));
+    throw HostMemoryLimitError(
+        needed, limit,
+        std::string(who) + ": a pass over '" + shown(source.path()) + "' (" +
+            std::to_string(p.bands) + " band(s) of " +
+            std::to_string(std::min(meta.height, p.tile_height + 2 * plan.halo)) + " x " +
+            std::to_string(std::min(meta.width, p.tile_width + 2 * plan.halo)) + " " +
+            std::string(to_string(meta.dtype)) + ", " +
+            std::to_string(overlap_tiles_live(options.overlap)) + " tile(s) live, GDAL blocks of " +
+            detail::byte_text(source.block_bytes()) + ", cache " + detail::byte_text(cache) +
+            ") needs " + detail::byte_text(needed) + " of host memory, more than the " +
+            detail::byte_text(limit) +
+            (options.host_memory_limit != 0 ? " allowed" : " available") +
+            "; plan smaller tiles (a smaller budget) or fewer bands per pass");
+  }
+  if (options.gdal_cache_bytes) GDALSetCacheMax64(static_cast<GIntBig>(*options.gdal_cache_bytes));
+}
+
+namespace {
+
+TileRunOptions run_options(const StreamOptions& options, const char* who) {
+  TileRunOptions o;
+  o.name = who;
+  o.per_band = options.per_band;
+  o.mixed_nodata = options.mixed_nodata;
+  o.overlap = options.overlap;
+  o.progress = options.progress;
+  o.stage = options.stage;
+  return o;
+}
+
+}  // namespace
+
+void process_raster_streamed(const std::string& in, const std::string& out, const BandOp& op,
+                             const RasterPlan& plan, const WriteOptions& options,
+                             std::function<void(std::int64_t, std::int64_t)> progress) {
+  StreamOptions stream;
+  stream.write = options;
+  stream.progress = std::move(progress);
+  process_raster_file(in, out, op, plan, stream);
+}
+
+std::uint64_t gdal_cache_for_plan(const std::string& in, const RasterPlan& plan,
+                                  const StreamOptions& options) {
+  const RasterFileSource source(in, options.open, options.bands);
+  return source.gdal_cache_for(plan, options.per_band);
+}
+
+void process_raster_file(const std::string& in, const std::string& out, const BandOp& op,
+                         const RasterPlan& plan, const StreamOptions& options) {
+  static constexpr const char* who = "process_raster_file";
+  if (!op) throw std::invalid_argument(std::string(who) + ": empty op");
+  {
+    // What the driver refuses, refused before the input is opened.
+    QuietErrors quiet;
+    std::string driver_name;
+    GDALDriverH driver = output_driver(options.write, who, &driver_name);
+    (void)creation_options(driver, driver_name, options.write, DType::float32, 1, who);
+  }
+  RasterFileSource source(in, options.open, options.bands);
+  source.prepare(plan, options, who);
+  RasterFileSink sink(out, options.write);
+  sink.copy_from(source, options.metadata);
+  // The input closed before the output replaces it (in place: the same file).
+  sink.before_commit([&source] { source.close(); });
+  run_tiles(source, op, sink, plan, run_options(options, who));
+}
+
+void for_each_raster_tile(
+    const std::string& in, const RasterPlan& plan,
+    const std::function<void(const OwnedRasterArray& tile, const TileInfo& where)>& visit,
+    const StreamOptions& options) {
+  static constexpr const char* who = "for_each_raster_tile";
+  if (!visit) throw std::invalid_argument(std::string(who) + ": empty visitor");
+  RasterFileSource source(in, options.open, options.bands);
+  source.prepare(plan, options, who);
+  VisitTileSink sink(visit);
+  run_tiles(
+      source, [](const OwnedRasterArray& tile) { return tile; }, sink, plan,
+      run_options(options, who));
+}
+
+}  // namespace vibespatial::raster

@@ -1,0 +1,498 @@
+// SPDX-License-Identifier: Apache-2.0
+// Raster files through GDAL, writing: output drivers, creation options, whole-file writes and
+// the checks of an output before any work (io.hpp).
+#include "common/byte_text.hpp"
+#include "common/checked_math.hpp"
+#include "common/expects.hpp"
+#include "common/text_escape.hpp"
+#include "io/gdal_common.hpp"
+#include "io/output_file.hpp"
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/io.hpp>
+
+#include <cpl_conv.h>
+#include <cpl_error.h>
+#include <cpl_string.h>
+#include <gdal.h>
+#include <gdal_version.h>
+#include <ogr_srs_api.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace vibespatial::raster {
+
+namespace detail::gdal {
+
+/// Checks @p opts against @p driver's creation option list (names, types, the values a choice
+/// takes) before anything is created: GDAL itself only warns and then writes with the defaults
+/// (COMPRESS=BOGUS gave an uncompressed file). Throws std::invalid_argument with its warnings.
+void validate_creation_options(GDALDriverH driver, const std::string& driver_name,
+                               const CPLStringList& opts, const char* who) {
+  QuietErrors quiet;  // GDALValidateCreationOptions says what is wrong only as warnings
+  if (GDALValidateCreationOptions(driver, opts.List()) == FALSE) {
+    const std::string why = quiet.warnings();
+    throw std::invalid_argument(std::string(who) + ": GDAL's " + shown(driver_name) +
+                                " driver refuses the creation options: " +
+                                (why.empty() ? std::string("invalid creation option") : why));
+  }
+}
+
+/// Whether GDAL_SKIP (the configuration option or the environment variable) names @p driver.
+bool skipped_by_config(const std::string& driver) {
+  const char* skip = CPLGetConfigOption("GDAL_SKIP", nullptr);
+  if (skip == nullptr) return false;
+  const CPLStringList names(CSLTokenizeStringComplex(skip, " ,", FALSE, FALSE));
+  for (int i = 0; i < names.size(); ++i) {
+    if (EQUAL(names[i], driver.c_str())) return true;
+  }
+  return false;
+}
+
+/// The output driver @p options name, checked for what a write needs: GDAL has it, it writes
+/// rasters, it creates a raster to write into piecewise (Create), and it writes a file. Its
+/// short name as GDAL spells it goes to @p canonical ("gtiff" is GTiff).
+/// @throws std::invalid_argument naming the reason, as @p who.
+GDALDriverH output_driver(const WriteOptions& options, const char* who, std::string* canonical) {
+  register_drivers();
+  const std::string& name = options.driver;
+  const std::string what = std::string(who) + ": GDAL driver '" + shown(name) + "'";
+  if (name.empty()) throw std::invalid_argument(std::string(who) + ": no output driver given");
+  GDALDriverH driver = GDALGetDriverByName(name.c_str());
+  if (driver == nullptr) {
+    if (skipped_by_config(name)) {
+      throw std::invalid_argument(what + " is not available in this GDAL: GDAL_SKIP (" +
+                                  shown(CPLGetConfigOption("GDAL_SKIP", "")) + ") disables it");
+    }
+    if (EQUAL(name.c_str(), "GTiff")) {
+      // Built into every GDAL: missing only when deregistered (GDAL_SKIP, a plugin setup).
+      throw std::invalid_argument(what +
+                                  " is not available in this GDAL (it is built into every "
+                                  "GDAL, so it was deregistered: GDAL_SKIP or the program)");
+    }
+    throw std::invalid_argument(std::string(who) + ": unknown GDAL driver '" + shown(name) +
+                                "': this GDAL (" GDAL_RELEASE_NAME
+                                ") has no driver of that name (misspelt, or a GDAL built "
+                                "without it)");
+  }
+  const std::string real = GDALGetDriverShortName(driver);
+  const std::string its = std::string(who) + ": GDAL's " + shown(real) + " driver";
+  if (GDALGetMetadataItem(driver, GDAL_DCAP_RASTER, nullptr) == nullptr) {
+    throw std::invalid_argument(its + " writes no rasters");
+  }
+  if (GDALGetMetadataItem(driver, GDAL_DCAP_CREATE, nullptr) == nullptr) {
+    throw std::invalid_argument(
+        its + " cannot create a raster to write into (it has no Create" +
+        (GDALGetMetadataItem(driver, GDAL_DCAP_CREATECOPY, nullptr) != nullptr
+             ? ", only CreateCopy: write GTiff and convert it with gdal_translate -of " + real
+             : std::string()) +
+        ")");
+  }
+  // A driver that writes no file on disk would leave nothing to rename into place: one that
+  // connects to a service or database, or one that declares no file extension and does not
+  // write through GDAL's file layer either (MEM keeps the raster in memory).
+  if (const char* prefix = GDALGetMetadataItem(driver, GDAL_DMD_CONNECTION_PREFIX, nullptr);
+      prefix != nullptr) {
+    throw std::invalid_argument(its + " writes to a service or database (connection prefix '" +
+                                shown(prefix) + "'), not to a file");
+  }
+  if (GDALGetMetadataItem(driver, GDAL_DMD_EXTENSION, nullptr) == nullptr &&
+      GDALGetMetadataItem(driver, GDAL_DMD_EXTENSIONS, nullptr) == nullptr &&
+      GDALGetMetadataItem(driver, GDAL_DCAP_VIRTUALIO, nullptr) == nullptr) {
+    throw std::invalid_argument(its + (EQUAL(real.c_str(), "MEM")
+                                           ? " keeps the raster in memory and writes no file"
+                                           : " declares no file extension and no file I/O "
+                                             "through GDAL: it may write no file, or a "
+                                             "directory, and is not supported as an output"));
+  }
+  if (canonical != nullptr) *canonical = real;
+  return driver;
+}
+
+/// Refuses a dtype @p driver does not create (its DMD_CREATIONDATATYPES), before anything is
+/// created. The list lags behind the drivers for the types GDAL added late (GTiff of GDAL 3.6
+/// writes Int64 and UInt64 without listing them): those are left to the driver's Create and to
+/// what reads back.
+void check_creation_dtype(GDALDriverH driver, DType dtype, const char* who) {
+  const char* types = GDALGetMetadataItem(driver, GDAL_DMD_CREATIONDATATYPES, nullptr);
+  if (types == nullptr) return;  // the driver does not say
+  if (dtype == DType::int8 || dtype == DType::int64 || dtype == DType::uint64) return;
+  const char* type = GDALGetDataTypeName(gdal_type(dtype));
+  const CPLStringList list(CSLTokenizeString2(types, " ", 0));
+  for (int i = 0; i < list.size(); ++i) {
+    if (EQUAL(list[i], type)) return;
+  }
+  throw std::invalid_argument(std::string(who) + ": GDAL's " +
+                              shown(GDALGetDriverShortName(driver)) + " driver cannot write " +
+                              std::string(to_string(dtype)) + " (GDAL " + type + "); it writes " +
+                              shown(types));
+}
+
+/// The creation options a write of @p band_count bands of @p dtype passes to @p driver (named
+/// @p driver_name, GDAL's spelling), checked (validate_creation_options) before anything is
+/// created.
+CPLStringList creation_options(GDALDriverH driver, const std::string& driver_name,
+                               const WriteOptions& options, DType dtype, int band_count,
+                               const char* who) {
+  const bool gtiff = driver_name == "GTiff";
+  CPLStringList opts;
+  if (gtiff) {
+    if (!options.compress.empty()) opts.SetNameValue("COMPRESS", options.compress.c_str());
+    if (options.tiled) {
+      if (options.block < 16 || options.block % 16 != 0) {
+        throw std::invalid_argument(std::string(who) +
+                                    ": a GeoTIFF tile side must be a positive "
+                                    "multiple of 16, not " +
+                                    std::to_string(options.block));
+      }
+      opts.SetNameValue("TILED", "YES");
+      opts.SetNameValue("BLOCKXSIZE", std::to_string(options.block).c_str());
+      opts.SetNameValue("BLOCKYSIZE", std::to_string(options.block).c_str());
+    }
+    // Band-major like OwnedRasterArray, so a band is contiguous in the file.
+    if (band_count > 1) opts.SetNameValue("INTERLEAVE", "BAND");
+    if (dtype == DType::int8 && !VSR_GDAL_HAS_INT8) opts.SetNameValue("PIXELTYPE", "SIGNEDBYTE");
+    // Files beyond 4 GiB need BigTIFF; IF_SAFER decides from the uncompressed size.
+    opts.SetNameValue("BIGTIFF", "IF_SAFER");
+  }
+  // NUM_THREADS only where the driver takes it (GTiff does), so others warn about nothing.
+  const char* known = GDALGetMetadataItem(driver, GDAL_DMD_CREATIONOPTIONLIST, nullptr);
+  if (options.num_threads != 0 && known != nullptr &&
+      (std::strstr(known, "name='NUM_THREADS'") != nullptr ||
+       std::strstr(known, "name=\"NUM_THREADS\"") != nullptr)) {
+    opts.SetNameValue("NUM_THREADS", options.num_threads < 0
+                                         ? "ALL_CPUS"
+                                         : std::to_string(options.num_threads).c_str());
+  }
+  for (const std::string& kv : options.creation_options) {
+    const std::size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw std::invalid_argument(std::string(who) + ": creation option '" + shown(kv) +
+                                  "' is not KEY=VALUE");
+    }
+    opts.SetNameValue(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
+  }
+  validate_creation_options(driver, driver_name, opts, who);
+  return opts;
+}
+
+/// Creates the dataset @p file (the temporary file of @p path, which messages name), as @p who.
+/// @throws std::invalid_argument for what the driver refuses before anything is written: a
+/// driver, dtype or creation option it does not take, a CRS GDAL does not understand, or a
+/// driver that made no file at @p file (it writes elsewhere, or nowhere).
+Dataset create_dataset(const std::string& file, const std::string& path, DType dtype,
+                       int band_count, std::int64_t height, std::int64_t width,
+                       const std::optional<NodataValue>& nodata, const Affine* affine,
+                       const std::string& crs, const WriteOptions& options, const char* who) {
+  register_drivers();
+  if (height > INT_MAX || width > INT_MAX) {
+    throw std::invalid_argument(std::string(who) + ": " + std::to_string(width) + " x " +
+                                std::to_string(height) + " exceeds GDAL's size limit");
+  }
+  std::string name;
+  GDALDriverH driver = output_driver(options, who, &name);
+  const bool gtiff = name == "GTiff";
+  if (dtype == DType::int8 && !VSR_GDAL_HAS_INT8 && !gtiff) {
+    throw std::invalid_argument(std::string(who) + ": int8 needs GDAL >= 3.7 for driver '" +
+                                shown(name) + "' (this GDAL is " GDAL_RELEASE_NAME ")");
+  }
+  check_creation_dtype(driver, dtype, who);
+  std::string wkt;
+  if (!crs.empty()) {
+    OGRSpatialReferenceH srs = OSRNewSpatialReference(nullptr);
+    char* text = nullptr;
+    const bool ok = OSRSetFromUserInput(srs, crs.c_str()) == OGRERR_NONE &&
+                    OSRExportToWkt(srs, &text) == OGRERR_NONE;
+    if (text != nullptr) wkt = text;
+    CPLFree(text);
+    OSRDestroySpatialReference(srs);
+    if (!ok) {
+      throw std::invalid_argument(std::string(who) + ": GDAL does not understand CRS '" +
+                                  shown(crs) + "'");
+    }
+  }
+
+  const CPLStringList opts = creation_options(driver, name, options, dtype, band_count, who);
+  GDALDatasetH ds = GDALCreate(driver, file.c_str(), static_cast<int>(width),
+                               static_cast<int>(height), band_count, gdal_type(dtype), opts.List());
+  if (ds == nullptr) fail("cannot create raster '" + shown(path) + "'");
+  Dataset owned(ds);
+  // A driver that made a directory there (Zarr) writes no file to rename into place: refused
+  // now, before any pixel is written. One that made nothing yet may write at close (PDS4's
+  // label): the file is verified after the close (verify_written, PendingOutput::commit).
+  if (struct stat st{}; ::lstat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    throw std::invalid_argument(std::string(who) + ": GDAL's " + shown(name) +
+                                " driver made a directory, not a file, for '" + shown(path) +
+                                "': it cannot write outputs (they are files)");
+  }
+  if (affine != nullptr) {
+    std::array<double, 6> gt = affine->to_gdal();
+    if (GDALSetGeoTransform(ds, gt.data()) != CE_None) {
+      fail("cannot set the geotransform of '" + shown(path) + "'");
+    }
+  }
+  if (!wkt.empty() && GDALSetProjection(ds, wkt.c_str()) != CE_None) {
+    fail("cannot set the CRS of '" + shown(path) + "'");
+  }
+  if (nodata) {
+    for (int b = 1; b <= band_count; ++b) set_band_nodata(GDALGetRasterBand(ds, b), dtype, *nodata);
+  }
+  return owned;
+}
+
+/// Checks the closed output @p file of @p path before it is committed: GDAL's @p driver opens
+/// it as a raster of @p width x @p height of @p dtype with a band for each of @p nodata, and
+/// each band keeps the nodata written to it (a NaN nodata of a float band may go unrecorded:
+/// NaN pixels are invalid all the same; a band written without one may read one, the driver's
+/// fixed sentinel). What cannot be read back as written is never put in place: pixels that
+/// were nodata would read as valid values.
+/// @throws std::runtime_error when it does not.
+void verify_written(const std::string& file, const std::string& path, const std::string& driver,
+                    std::int64_t height, std::int64_t width, DType dtype,
+                    const std::vector<std::optional<NodataValue>>& nodata) {
+  const int band_count = static_cast<int>(nodata.size());
+  CPLStringList allowed;
+  allowed.AddString(driver.c_str());
+  Dataset ds(GDALOpenEx(file.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR,
+                        allowed.List(), nullptr, nullptr));
+  const std::string cannot =
+      "cannot write '" + shown(path) + "': GDAL's " + shown(driver) + " driver";
+  if (!ds) fail(cannot + " cannot open the file it wrote");
+  if (GDALGetRasterXSize(ds.get()) != width || GDALGetRasterYSize(ds.get()) != height ||
+      GDALGetRasterCount(ds.get()) != band_count) {
+    throw std::runtime_error(cannot + " reads back " +
+                             std::to_string(GDALGetRasterCount(ds.get())) + " band(s) of " +
+                             std::to_string(GDALGetRasterYSize(ds.get())) + " x " +
+                             std::to_string(GDALGetRasterXSize(ds.get())) +
+                             " from the file it wrote, not " + std::to_string(band_count) + " of " +
+                             std::to_string(height) + " x " + std::to_string(width));
+  }
+  for (int b = 1; b <= band_count; ++b) {
+    const std::optional<NodataValue>& wrote = nodata[static_cast<std::size_t>(b - 1)];
+    if (!wrote) continue;
+    const std::optional<NodataValue> reads = band_nodata(GDALGetRasterBand(ds.get(), b), dtype);
+    if (reads == wrote) continue;
+    if (is_floating_point(dtype) && std::isnan(wrote->to_double()) && !reads) continue;
+    throw std::runtime_error(cannot + " does not keep band " + std::to_string(b) + "'s nodata " +
+                             wrote->to_string() + " (it reads back " +
+                             (reads ? reads->to_string() : std::string("none")) +
+                             "): its nodata pixels would read as valid values");
+  }
+}
+
+/// The host pixels of @p raster: its own buffer when host resident, else a copy in @p scratch
+/// (checked against the host memory available first).
+const void* host_pixels(const OwnedRasterArray& raster, std::vector<std::byte>& scratch,
+                        const char* who) {
+  if (raster.residency() == Residency::host && raster.host_data() != nullptr) {
+    return raster.host_data();
+  }
+  const std::uint64_t bytes = raster.byte_size();
+  const std::uint64_t limit = available_host_memory();
+  const std::string what = window_text(RasterWindow{0, 0, raster.width(), raster.height()},
+                                       raster.band_count(), raster.dtype());
+  if (bytes > limit) {
+    throw HostMemoryLimitError(bytes, limit,
+                               std::string(who) + ": the host copy of a device raster (" + what +
+                                   ") needs " + detail::byte_text(bytes) +
+                                   " of host memory, more than the " + detail::byte_text(limit) +
+                                   " available");
+  }
+  try {
+    scratch.resize(raster.byte_size());
+  } catch (const std::bad_alloc&) {
+    throw HostMemoryLimitError(bytes, limit,
+                               std::string(who) + ": out of host memory allocating the " +
+                                   detail::byte_text(bytes) + " host copy of a device raster (" +
+                                   what + ")");
+  }
+  raster.copy_to_host(scratch.data());
+  return scratch.data();
+}
+
+std::vector<int> all_bands(int n) {
+  std::vector<int> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i + 1;
+  return v;
+}
+
+}  // namespace detail::gdal
+
+using namespace detail::gdal;
+
+void check_write_options(const WriteOptions& options) {
+  static constexpr const char* who = "check_write_options";
+  QuietErrors quiet;
+  std::string name;
+  GDALDriverH driver = output_driver(options, who, &name);
+  (void)creation_options(driver, name, options, DType::float32, 1, who);
+}
+
+void check_output_file(const std::string& path, const WriteOptions& options, DType dtype,
+                       int band_count, const std::optional<NodataValue>& nodata,
+                       const std::string& crs) {
+  static constexpr const char* who = "check_output_file";
+  VSR_EXPECTS(band_count >= 1,
+              std::string(who) + ": band_count " + std::to_string(band_count) + " < 1");
+  QuietErrors quiet;
+  std::string name;
+  GDALDriverH driver = output_driver(options, who, &name);
+  (void)creation_options(driver, name, options, dtype, band_count, who);
+  check_creation_dtype(driver, dtype, who);
+  // The trial raster: small, so that drivers that fill a new file up front write little, in
+  // small GeoTIFF tiles (the block options were checked above; a 256 x 256 block per band of a
+  // 500-band trial would hold 128 MiB).
+  constexpr std::int64_t side = 16;
+  WriteOptions trial = options;
+  trial.block = 16;
+  std::erase_if(trial.creation_options, [](const std::string& kv) {
+    return kv.rfind("BLOCKXSIZE=", 0) == 0 || kv.rfind("BLOCKYSIZE=", 0) == 0;
+  });
+  // Band b holds 10 + 10 * (b % 11) (3 more where the nodata is one of those), a value every
+  // dtype holds: what reads back tells a band lost, swapped or filled with other memory (MRF
+  // pixel-interleaved, written band by band) from a lossy codec's small error.
+  const double shift = nodata && std::fmod(nodata->to_double(), 10.0) == 0.0 &&
+                               nodata->to_double() >= 10 && nodata->to_double() <= 110
+                           ? 3.0
+                           : 0.0;
+  const auto band_value = [&](int b) { return 10.0 + 10.0 * (b % 11) + shift; };
+  const std::string wrote = std::to_string(band_count) + " band(s) of " +
+                            std::string(to_string(dtype)) +
+                            (nodata ? " with nodata " + nodata->to_string() : std::string());
+  detail::PendingOutput pending(path, options.overwrite);  // never committed: removed
+  {
+    Dataset ds;
+    try {
+      // Georeferenced, as most outputs are (GPKG needs a geotransform).
+      const Affine affine{1, 0, 0, 0, -1, side};
+      ds = create_dataset(pending.path(), path, dtype, band_count, side, side, nodata, &affine, crs,
+                          trial, who);
+      std::vector<double> pixels(static_cast<std::size_t>(side * side * band_count));
+      for (int b = 0; b < band_count; ++b) {
+        std::fill_n(pixels.begin() + static_cast<std::ptrdiff_t>(b * side * side), side * side,
+                    band_value(b));
+      }
+      std::vector<int> bands = all_bands(band_count);
+      const auto io = [&](GDALDatasetH h, GDALRWFlag flag) {
+        return GDALDatasetRasterIOEx(h, flag, 0, 0, static_cast<int>(side), static_cast<int>(side),
+                                     pixels.data(), static_cast<int>(side), static_cast<int>(side),
+                                     GDT_Float64, band_count, bands.data(), sizeof(double),
+                                     sizeof(double) * side, sizeof(double) * side * side, nullptr);
+      };
+      // Band by band, each flushed before the next, as a per-band streamed run writes (a pass
+      // of one band, its blocks evicted from GDAL's cache before the next pass).
+      for (int b = 0; b < band_count; ++b) {
+        const CPLErr err = GDALRasterIO(
+            GDALGetRasterBand(ds.get(), b + 1), GF_Write, 0, 0, static_cast<int>(side),
+            static_cast<int>(side), pixels.data() + static_cast<std::ptrdiff_t>(b * side * side),
+            static_cast<int>(side), static_cast<int>(side), GDT_Float64, 0, 0);
+        if (err != CE_None) fail("cannot write raster '" + shown(path) + "'");
+        GDALFlushCache(ds.get());
+      }
+      close_checked(ds, path, quiet);
+      verify_written(
+          pending.path(), path, name, side, side, dtype,
+          std::vector<std::optional<NodataValue>>(static_cast<std::size_t>(band_count), nodata));
+      CPLStringList allowed;
+      allowed.AddString(name.c_str());
+      Dataset back(GDALOpenEx(pending.path().c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY,
+                              allowed.List(), nullptr, nullptr));
+      std::fill(pixels.begin(), pixels.end(), std::nan(""));
+      if (!back || io(back.get(), GF_Read) != CE_None) {
+        fail("cannot write '" + shown(path) + "': GDAL's " + shown(name) +
+             " driver cannot read back the pixels it wrote");
+      }
+      for (int b = 0; b < band_count; ++b) {
+        for (std::int64_t k = 0; k < side * side; ++k) {
+          const double got = pixels[static_cast<std::size_t>(b * side * side + k)];
+          if (!(std::fabs(got - band_value(b)) <= 3.0)) {
+            char text[120];
+            std::snprintf(text, sizeof text, "reads back %.17g in band %d where %g was written",
+                          got, b + 1, band_value(b));
+            throw std::runtime_error("GDAL's " + shown(name) + " driver " + text +
+                                     ": it does not keep the pixels of " + wrote);
+          }
+        }
+      }
+    } catch (const std::invalid_argument&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      // GDAL refused the raster itself (a band count or size the format cannot hold).
+      std::string why = e.what();
+      const std::string prefix = "cannot write '" + shown(path) + "': ";
+      if (why.rfind(prefix, 0) == 0) why.erase(0, prefix.size());
+      throw std::invalid_argument(std::string(who) + ": GDAL's " + shown(name) +
+                                  " driver cannot write " + wrote + " to '" + shown(path) +
+                                  "': " + why);
+    }
+  }
+}
+
+void write_raster(const std::string& path, const OwnedRasterArray& raster,
+                  const WriteOptions& options) {
+  static constexpr const char* who = "write_raster";
+  QuietErrors quiet;
+  {
+    // What the driver refuses, refused before anything is touched.
+    std::string name;
+    GDALDriverH driver = output_driver(options, who, &name);
+    check_creation_dtype(driver, raster.dtype(), who);
+    (void)creation_options(driver, name, options, raster.dtype(), raster.band_count(), who);
+  }
+  std::vector<std::byte> scratch;
+  const void* pixels = host_pixels(raster, scratch, who);
+  detail::PendingOutput pending(path, options.overwrite);  // before the dataset: removed after it
+  Dataset ds = create_dataset(pending.path(), path, raster.dtype(), raster.band_count(),
+                              raster.height(), raster.width(), raster.exact_nodata(),
+                              &raster.affine(), raster.crs(), options, who);
+  std::vector<int> bands = all_bands(raster.band_count());
+  raster_io(ds.get(), GF_Write, RasterWindow{0, 0, raster.width(), raster.height()},
+            const_cast<void*>(pixels), raster.dtype(), bands, raster.width(),
+            raster.width() * raster.height(), path);
+  close_checked(ds, path, quiet);
+  verify_written(pending.path(), path, GDALGetDriverShortName(output_driver(options, who)),
+                 raster.height(), raster.width(), raster.dtype(),
+                 std::vector<std::optional<NodataValue>>(
+                     static_cast<std::size_t>(raster.band_count()), raster.exact_nodata()));
+  pending.commit(options.overwrite);
+}
+
+std::string output_driver_for(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  const std::size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return "";
+  std::string ext = path.substr(dot + 1);
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (ext == "tif" || ext == "tiff") return "GTiff";
+  register_drivers();
+  for (int i = 0; i < GDALGetDriverCount(); ++i) {
+    GDALDriverH d = GDALGetDriver(i);
+    if (GDALGetMetadataItem(d, GDAL_DCAP_RASTER, nullptr) == nullptr ||
+        GDALGetMetadataItem(d, GDAL_DCAP_CREATE, nullptr) == nullptr) {
+      continue;
+    }
+    const char* exts = GDALGetMetadataItem(d, GDAL_DMD_EXTENSIONS, nullptr);
+    if (exts == nullptr) continue;
+    const CPLStringList list(CSLTokenizeString2(exts, " ", 0));
+    for (int k = 0; k < list.size(); ++k) {
+      if (EQUAL(list[k], ext.c_str())) return GDALGetDriverShortName(d);
+    }
+  }
+  return "";
+}
+
+}  // namespace vibespatial::raster

@@ -1,0 +1,680 @@
+// SPDX-License-Identifier: Apache-2.0
+// One vsr-run (job.hpp): checks, input, plan, and the op through the tile executor.
+#include "job.hpp"
+
+#include "cli.hpp"
+#include "format.hpp"
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/dispatch.hpp>
+#include <vibespatial/raster/driver.hpp>
+#include <vibespatial/raster/errors.hpp>
+#include <vibespatial/raster/io.hpp>
+#include <vibespatial/raster/memory.hpp>
+#include <vibespatial/raster/ops.hpp>
+#include <vibespatial/raster/tiles.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace vsr_run {
+
+using vsr_cli::printable;
+using vsr_cli::UsageError;
+
+namespace {
+
+/// The deterministic sample: smooth ramps per band plus a hash-based texture, ~1% NaN. Made in
+/// its raster's own buffer (one copy of the pixels in memory).
+vsr::OwnedRasterArray make_sample(int bands, std::int64_t side) {
+  // 10 m pixels in UTM 33N, so a written sample opens in any GIS.
+  vsr::OwnedRasterArray r =
+      vsr::OwnedRasterArray::allocate(vsr::Residency::host, vsr::DType::float32, bands, side, side,
+                                      std::numeric_limits<double>::quiet_NaN(),
+                                      vsr::Affine{10, 0, 500000, 0, -10, 5000000}, "EPSG:32633");
+  auto* px = static_cast<float*>(r.mutable_host_data());
+  std::size_t i = 0;
+  for (int b = 0; b < bands; ++b) {
+    for (std::int64_t y = 0; y < side; ++y) {
+      for (std::int64_t x = 0; x < side; ++x, ++i) {
+        std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761U;
+        h ^= h >> 15;
+        px[i] = (h % 100 == 0) ? std::numeric_limits<float>::quiet_NaN()
+                               : static_cast<float>(100 * (b + 1)) +
+                                     static_cast<float>((x + 2 * y) % 1000) * 0.5F +
+                                     static_cast<float>(h % 64) * 0.25F;
+      }
+    }
+  }
+  return r;
+}
+
+/// Runs @p fn on @p piece where the ops run: on the device when @p where is (a host piece is
+/// cloned there once, freed on return), else on the host.
+template <class Fn>
+auto on_compute(vsr::Residency where, const vsr::OwnedRasterArray& piece, Fn&& fn) {
+  if (where != vsr::Residency::device || piece.residency() == vsr::Residency::device) {
+    return fn(piece);
+  }
+  return fn(piece.clone_to(vsr::Residency::device));
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+/// Whether @p v is exactly a value of @p t (and of a double, as convert_dtype takes it).
+bool holds(vsr::DType t, const vsr::NodataValue& v) {
+  return vsr::NodataValue(v.to_double()) == v && vsr::dtype_holds(t, v);
+}
+
+/// The nodata of an op's @p result converted to --ot @p t (see --help): none if the result has
+/// none; else the result's, else the source's, when @p t holds it; else NaN (float) or the
+/// type's largest value (integer; 64-bit: the largest double below 2^63 / 2^64).
+std::optional<vsr::NodataValue> converted_nodata(const vsr::OwnedRasterArray& result,
+                                                 const vsr::OwnedRasterArray& source,
+                                                 vsr::DType t) {
+  if (!result.exact_nodata()) return std::nullopt;
+  for (const auto& c : {result.exact_nodata(), source.exact_nodata()}) {
+    if (c && holds(t, *c)) return c;
+  }
+  if (vsr::is_floating_point(t)) return vsr::NodataValue(std::numeric_limits<double>::quiet_NaN());
+  switch (t) {
+    case vsr::DType::uint8:
+      return vsr::NodataValue(255.0);
+    case vsr::DType::int8:
+      return vsr::NodataValue(127.0);
+    case vsr::DType::uint16:
+      return vsr::NodataValue(65535.0);
+    case vsr::DType::int16:
+      return vsr::NodataValue(32767.0);
+    case vsr::DType::uint32:
+      return vsr::NodataValue(4294967295.0);
+    case vsr::DType::int32:
+      return vsr::NodataValue(2147483647.0);
+    case vsr::DType::uint64:
+      return vsr::NodataValue(std::nextafter(18446744073709551616.0, 0.0));
+    default:
+      return vsr::NodataValue(std::nextafter(9223372036854775808.0, 0.0));
+  }
+}
+
+/// The bytes of one pixel of @p t holding @p v (exactly, for 64-bit integers).
+std::vector<std::byte> pixel_bytes(vsr::DType t, const vsr::NodataValue& v) {
+  std::vector<std::byte> out(vsr::itemsize(t));
+  if (!holds(t, v) && t != vsr::DType::int64 && t != vsr::DType::uint64) return out;
+  const auto put = [&](auto x) { std::memcpy(out.data(), &x, sizeof x); };
+  const double d = v.to_double();
+  switch (t) {
+    case vsr::DType::uint8:
+      put(static_cast<std::uint8_t>(d));
+      break;
+    case vsr::DType::int8:
+      put(static_cast<std::int8_t>(d));
+      break;
+    case vsr::DType::uint16:
+      put(static_cast<std::uint16_t>(d));
+      break;
+    case vsr::DType::int16:
+      put(static_cast<std::int16_t>(d));
+      break;
+    case vsr::DType::uint32:
+      put(static_cast<std::uint32_t>(d));
+      break;
+    case vsr::DType::int32:
+      put(static_cast<std::int32_t>(d));
+      break;
+    case vsr::DType::uint64:
+      put(v.as_uint64().value_or(0));
+      break;
+    case vsr::DType::int64:
+      put(v.as_int64().value_or(0));
+      break;
+    case vsr::DType::float32:
+      put(static_cast<float>(d));
+      break;
+    default:
+      put(d);
+      break;
+  }
+  return out;
+}
+
+}  // namespace
+
+Progress::Progress(bool enabled, std::string what)
+    : enabled_(enabled), tty_(::isatty(2) != 0), what_(std::move(what)) {}
+
+void Progress::update(std::int64_t done, std::int64_t total, const char* unit) {
+  if (!enabled_ || total <= 0) return;
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const int pct = static_cast<int>(100 * done / total);
+  if (tty_) {
+    std::fprintf(stderr, "\r\033[K[vsr-run] %s: %s %lld/%lld (%d%%)%s", what_.c_str(), unit,
+                 static_cast<long long>(done), static_cast<long long>(total), pct,
+                 done == total ? "\n" : "");
+  } else {
+    std::fprintf(stderr, "[vsr-run] %s: %s %lld/%lld (%d%%)\n", what_.c_str(), unit,
+                 static_cast<long long>(done), static_cast<long long>(total), pct);
+  }
+  std::fflush(stderr);
+}
+
+void Progress::stage(const vsr::TileInfo& where, vsr::TileStage stage) {
+  if (!enabled_ || !tty_) return;
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const char* step = stage == vsr::TileStage::read      ? "reading"
+                     : stage == vsr::TileStage::compute ? "computing"
+                                                        : "writing";
+  std::fprintf(
+      stderr, "\r\033[K[vsr-run] %s: tile %lld/%lld, band%s %d%s%s: %s", what_.c_str(),
+      static_cast<long long>(where.index + 1), static_cast<long long>(where.total),
+      where.band_count > 1 ? "s" : "", where.first_band + 1, where.band_count > 1 ? "-" : "",
+      where.band_count > 1 ? std::to_string(where.first_band + where.band_count).c_str() : "",
+      step);
+  std::fflush(stderr);
+}
+
+std::string nodata_text(const std::optional<vsr::NodataValue>& v) {
+  return v ? v->to_string() : std::string("none");
+}
+
+int Job::run() {
+  const auto start = std::chrono::steady_clock::now();
+  // An interrupted or killed run leaves no partial output: the output is written to a temporary
+  // file beside it, which these handlers remove before the signal ends the process.
+  vsr::remove_partial_outputs_on_signals();
+  try {
+    show_progress_ = !args_.quiet && (args_.progress || ::isatty(2) != 0);
+    step_ = "looking for a device";
+    placement_ = vsr::placed(args_.device);
+    from_file_ = !args_.input.empty();
+    step_ = "checking the output";
+    check_output();
+    step_ = from_file_ ? "reading the input's header" : "making the sample raster";
+    open_input();
+    step_ = "checking the output";
+    check_raster_output();
+    step_ = "planning";
+    make_plan();
+    step_ = "running " + args_.op_name;
+    if (args_.op == Op::stats) {
+      run_statistics();
+    } else if (args_.op == Op::histogram) {
+      run_histogram();
+    } else {
+      run_raster_op();
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    step_ = "printing the results";
+    if (!args_.raster_output()) print_results();
+    if (!args_.quiet) print_summary(seconds);
+  } catch (const vsr::OutOfMemoryError&) {
+    throw;  // the device's, with its own message
+  } catch (const std::bad_alloc&) {
+    // Every allocation sized by the input is checked up front; one that fails all the same
+    // (memory taken meanwhile) is named, never a bare std::bad_alloc.
+    const std::uint64_t avail = vsr::available_host_memory();
+    throw vsr::HostMemoryLimitError(0, avail,
+                                    "out of host memory while " + step_ + " (" +
+                                        vsr_cli::format_bytes(avail) + " available now)");
+  }
+  return 0;
+}
+
+/// Refuses up front (HostMemoryLimitError) @p what, which needs @p bytes of host memory, when
+/// that is more than --host-memory or what is available; @p advice says what to do instead.
+void Job::check_host_memory(std::uint64_t bytes, const std::string& what,
+                            const std::string& advice) const {
+  const std::uint64_t limit = args_.host_memory.value_or(vsr::available_host_memory());
+  if (bytes <= limit) return;
+  throw vsr::HostMemoryLimitError(
+      bytes, limit,
+      what + " needs " + vsr_cli::format_bytes(bytes) + " of host memory, more than the " +
+          vsr_cli::format_bytes(limit) +
+          (args_.host_memory ? " allowed (--host-memory)" : " available (--host-memory)") + "; " +
+          advice);
+}
+
+/// GDAL present, --overwrite, and the output's driver and creation options (what needs no
+/// input: the trial of the format comes after the input's header, check_raster_output).
+void Job::check_output() {
+  if ((from_file_ || (!args_.output.empty() && args_.raster_output())) && !vsr::io_available()) {
+    throw std::runtime_error(std::string(from_file_ ? "--input" : "--output") +
+                             ": this vsr-run was built without GDAL (install libgdal-dev and "
+                             "rebuild); run without --input/--output to use the sample raster");
+  }
+  if (!args_.output.empty() && file_exists(args_.output) && !args_.overwrite) {
+    throw UsageError("--output: '" + args_.output +
+                     "' exists; add --overwrite to replace it (it is replaced only once the new "
+                     "file is complete)");
+  }
+  if (!args_.output.empty() && args_.raster_output()) {
+    write_.driver = args_.format.empty() ? vsr::output_driver_for(args_.output) : args_.format;
+    if (write_.driver.empty()) {
+      throw UsageError("--output: cannot tell the format of '" + args_.output +
+                       "' from its extension; give -of FORMAT (e.g. -of GTiff)");
+    }
+    write_.num_threads = args_.threads;
+    write_.overwrite = args_.overwrite;
+    // The driver first, without --co: what it refuses is the format's (named by -of, or by the
+    // output's extension), never the creation options'.
+    try {
+      vsr::check_write_options(write_);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(args_.format.empty()
+                           ? "--output: " + std::string(e.what()) + " (the format of '" +
+                                 args_.output + "', from its extension; -of chooses another)"
+                           : "-of: " + std::string(e.what()));
+    }
+    write_.creation_options = args_.creation_options;
+    // Options the driver refuses are a usage error now, not a failure after the whole run.
+    try {
+      vsr::check_write_options(write_);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--co: " + std::string(e.what()));
+    }
+  } else if (!args_.output.empty()) {
+    // A JSON output: its path is checked now (a directory, a FIFO, a read-only directory), not
+    // after the run.
+    try {
+      vsr::check_output_path(args_.output, args_.overwrite);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--output: " + std::string(e.what()));
+    }
+  }
+  open_.allow_virtual = args_.allow_virtual;
+}
+
+/// A raster output, tried before any pixel is read: a small file of the output's dtype, band
+/// count and nodata written in the format, read back and removed (check_output_file). The dtype
+/// and nodata are what the op makes of a tiny raster of the input's dtype and nodata.
+void Job::check_raster_output() {
+  if (args_.output.empty() || !args_.raster_output()) return;
+  const bool ndvi = args_.op == Op::normalized_difference;
+  const int tiny_bands = ndvi ? 2 : 1;
+  vsr::OwnedRasterArray tiny =
+      vsr::OwnedRasterArray::allocate(vsr::Residency::host, meta_.dtype, tiny_bands, 3, 3)
+          .with_nodata(band_nodata_.front());
+  // Every pixel nodata (or 0 without one): no valid value can collide with an output nodata.
+  {
+    std::vector<std::byte> pixel(vsr::itemsize(meta_.dtype));
+    if (const auto& nd = band_nodata_.front()) pixel = pixel_bytes(meta_.dtype, *nd);
+    auto* dst = static_cast<std::byte*>(tiny.mutable_host_data());
+    for (std::size_t k = 0; k < tiny.byte_size(); k += pixel.size()) {
+      std::copy(pixel.begin(), pixel.end(), dst + k);
+    }
+  }
+  vsr::DType out_dtype = args_.ot.value_or(args_.op == Op::rescale ? vsr::DType::float32
+                                           : args_.op == Op::clip || args_.op == Op::fill_nodata
+                                               ? meta_.dtype
+                                               : vsr::compute_dtype(meta_.dtype));
+  std::optional<vsr::NodataValue> out_nodata;
+  try {
+    const std::string note = note_;
+    const Range out = args_.out_range.value_or(Range{0, 1});
+    const vsr::OwnedRasterArray r =
+        args_.op == Op::rescale
+            ? vsr::rescale(tiny, 0, 1, out.lo, out.hi, args_.ot.value_or(vsr::DType::float32))
+            : raster_function()(tiny);
+    note_ = note;
+    out_dtype = r.dtype();
+    out_nodata = r.exact_nodata();
+  } catch (const std::exception&) {
+    // The op refuses the tiny raster (the run will say why): the trial goes without a nodata.
+  }
+  const int out_bands = ndvi ? 1 : static_cast<int>(bands_.size());
+  try {
+    vsr::check_output_file(args_.output, write_, out_dtype, out_bands, out_nodata, meta_.crs);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError((args_.format.empty() ? "--output: " : "-of: ") + std::string(e.what()));
+  }
+}
+
+/// The raster: a file's header only (the plan is made before any pixel is read), or the sample;
+/// the selected bands and their nodata.
+void Job::open_input() {
+  std::vector<std::optional<vsr::NodataValue>> file_nodata;  // of every band
+  if (!from_file_) {
+    // The sample is held whole, with (raster ops) a result as large at up to 8 bytes a pixel,
+    // and a band and its result at a time beside them.
+    const std::uint64_t side = static_cast<std::uint64_t>(args_.sample_size);
+    const std::uint64_t band_px = side * side;  // <= 2^32
+    const std::uint64_t sample = band_px * static_cast<std::uint64_t>(args_.sample_bands) * 4;
+    const std::uint64_t work =
+        args_.raster_output()
+            ? band_px * static_cast<std::uint64_t>(args_.sample_bands) * 8 + 2 * band_px * 8
+            : 2 * band_px * 8;
+    char shape[160];
+    std::snprintf(shape, sizeof shape, "the sample raster (%d band(s) of %lld x %lld float32, %s)",
+                  args_.sample_bands, static_cast<long long>(side), static_cast<long long>(side),
+                  vsr_cli::format_bytes(sample).c_str());
+    check_host_memory(sample + work,
+                      std::string(shape) +
+                          (args_.raster_output() ? " with its result" : " with its working copies"),
+                      "give a smaller --sample-size or fewer --bands");
+    step_ = "making " + std::string(shape);
+    sample_ = make_sample(args_.sample_bands, args_.sample_size);
+    step_ = "reading the input";
+    meta_ = sample_->metadata();
+    file_nodata.assign(static_cast<std::size_t>(meta_.band_count), sample_->exact_nodata());
+    input_label_ = "sample";
+  } else {
+    const vsr::RasterFileInfo file = vsr::read_raster_info(args_.input, open_);
+    meta_ = file.metadata;
+    file_nodata = file.band_nodata;
+    input_label_ = printable(args_.input) + " (" + meta_.driver + ")";
+  }
+  const int file_bands = meta_.band_count;
+  bands_ = args_.bands;
+  if (bands_.empty()) {
+    for (int b = 1; b <= file_bands; ++b) bands_.push_back(b);
+  }
+  for (const int b : bands_) {
+    if (b > file_bands) {
+      throw UsageError("-b " + std::to_string(b) + ": the input has " + std::to_string(file_bands) +
+                       " band(s)");
+    }
+    band_nodata_.push_back(file_nodata[static_cast<std::size_t>(b - 1)]);
+  }
+  char shape[160];
+  std::snprintf(shape, sizeof shape, "%d x %lld x %lld %s", file_bands,
+                static_cast<long long>(meta_.height), static_cast<long long>(meta_.width),
+                std::string(vsr::to_string(meta_.dtype)).c_str());
+  input_label_ += std::string(", ") + shape;
+  if (!args_.bands.empty()) {
+    input_label_ += ", bands";
+    for (const int b : bands_) input_label_.append(" ").append(std::to_string(b));
+  }
+  // What the reductions hold per selected band: statistics, or histograms (counts, edges) and
+  // their text (a table line or JSON numbers per bin).
+  const std::uint64_t nsel = bands_.size();
+  if (args_.op == Op::histogram) {
+    const std::uint64_t per_band = (static_cast<std::uint64_t>(args_.bins) + 1) * 80;
+    check_host_memory(nsel * per_band,
+                      "a histogram of " + std::to_string(args_.bins) + " bins for each of " +
+                          std::to_string(nsel) + " band(s), with its text,",
+                      "give fewer --bins or fewer bands (-b)");
+  } else if (args_.op == Op::stats) {
+    check_host_memory(nsel * 512, "the statistics of " + std::to_string(nsel) + " band(s)",
+                      "select fewer bands (-b)");
+  }
+  bool mixed = false;
+  for (const auto& nd : band_nodata_) mixed = mixed || nd != band_nodata_.front();
+  if (mixed) {
+    input_label_ += ", nodata per band:";
+    for (const auto& nd : band_nodata_) input_label_.append(" ").append(nodata_text(nd));
+  } else {
+    input_label_ += ", nodata " + nodata_text(band_nodata_.front());
+  }
+
+  if (args_.op == Op::normalized_difference) {
+    if (file_bands < 2) throw UsageError("--op " + args_.op_name + " needs 2 or more bands");
+    nir_ = args_.nir.value_or(file_bands >= 4 ? 4 : 2);
+    red_ = args_.red.value_or(file_bands >= 4 ? 3 : 1);
+    if (nir_ < 1 || nir_ > file_bands || red_ < 1 || red_ > file_bands) {
+      throw UsageError("--nir/--red must be band numbers in [1, " + std::to_string(file_bands) +
+                       "]");
+    }
+    if (nir_ == red_) {
+      throw UsageError("--nir and --red are the same band (" + std::to_string(nir_) + ")");
+    }
+    bands_ = {nir_, red_};
+    band_nodata_ = {file_nodata[static_cast<std::size_t>(nir_ - 1)],
+                    file_nodata[static_cast<std::size_t>(red_ - 1)]};
+  }
+  // The one input of the run: the selected bands of the file, or of the sample.
+  if (from_file_) {
+    auto file = std::make_unique<vsr::RasterFileSource>(args_.input, open_, bands_);
+    file_ = file.get();
+    source_ = std::move(file);
+  } else {
+    source_ = std::make_unique<vsr::RasterTileSource>(*sample_, bands_);
+  }
+}
+
+/// The one plan of the run: printed in the summary, followed by the streamed runs, the tiled
+/// executors and dispatch_per_band_gpu alike.
+void Job::make_plan() {
+  per_band_op_ = args_.op != Op::normalized_difference;
+  const bool per_band_op = per_band_op_;
+  budget_note_ = args_.budget ? "" : " (auto)";
+  if (args_.budget) {
+    popts_.vram_budget = *args_.budget;
+  } else if (const std::uint64_t vram = vsr::available_vram_bytes(); vram > 0) {
+    popts_.vram_budget = vram;
+  } else {
+    // No GPU: plan tiles for host memory, so that a raster larger than memory still streams.
+    popts_.vram_budget = std::max<std::uint64_t>(
+        1, std::min<std::uint64_t>(vsr::available_host_memory() / 4, 1ULL << 30));
+    budget_note_ = " (auto: host memory, no GPU)";
+  }
+  popts_.per_band = per_band_op;
+  popts_.halo = args_.op == Op::focal_mean ? 1 : 0;
+  vsr::RasterMetadata plan_meta = meta_;
+  plan_meta.band_count = static_cast<int>(bands_.size());
+  // Reductions hold one buffer per band; the others an input and an output.
+  popts_.buffers_per_band = args_.raster_output() ? 2 : 1;
+  plan_ = vsr::plan_from_metadata(plan_meta, popts_);
+  tiled_ = plan_.strategy == vsr::TilingStrategy::tiled;
+
+  progress_.emplace(show_progress_, args_.op_name);
+  if (file_) {
+    vsr::StreamOptions memory;
+    memory.per_band = per_band_op_;
+    memory.host_memory_limit = args_.host_memory.value_or(0);
+    memory.gdal_cache_bytes = gdal_cache_ = file_->gdal_cache_for(plan_, per_band_op_);
+    file_->prepare(plan_, memory, "vsr-run");
+  }
+  stats_.assign(bands_.size(), {});
+}
+
+/// How the run goes through the executor: the op's band rule, placement, progress.
+vsr::TileRunOptions Job::tile_options(Progress& progress) const {
+  vsr::TileRunOptions o;
+  o.name = "vsr-run";
+  o.per_band = per_band_op_;
+  o.mixed_nodata = !per_band_op_;
+  o.placement = placement_.residency;
+  o.gpu.buffers_per_band = popts_.buffers_per_band;
+  o.gpu.vram_budget = popts_.vram_budget;
+  // The plan the summary prints; for a tiled plan, each tile's bands as its passes
+  // (plan.bands_per_pass bands of one tile per pass).
+  vsr::RasterPlan passes = plan_;
+  if (tiled_) {
+    passes.strategy = vsr::TilingStrategy::band_batches;
+    passes.tile_shape.reset();
+    passes.n_tiles = 0;
+  }
+  o.gpu.plan = passes;
+  o.progress = [&progress](std::int64_t done, std::int64_t total) {
+    progress.update(done, total, "tile");
+  };
+  o.stage = [&progress](const vsr::TileInfo& where, vsr::TileStage s) { progress.stage(where, s); };
+  return o;
+}
+
+/// A streamed reduction over the input: each tile handed to @p visit on the host (the visitor
+/// moves what it computes to the device itself).
+void Job::reduce(const std::string& what, const vsr::VisitTileSink::Visit& visit) {
+  Progress pass(show_progress_, what);
+  vsr::TileRunOptions o = tile_options(pass);
+  o.placement = vsr::Residency::host;
+  vsr::VisitTileSink sink(visit);
+  vsr::run_tiles(
+      *source_, [](const vsr::OwnedRasterArray& t) { return t; }, sink, plan_, o);
+}
+
+/// Statistics of tiles merged per band (merge_statistics: exact min/max/count, Chan's update).
+void Job::run_statistics() {
+  reduce(args_.op == Op::stats ? args_.op_name : args_.op_name + " (range pass)",
+         [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo& where) {
+           const std::vector<vsr::BandStatistics> s = on_compute(
+               placement_.residency, tile, [](const auto& r) { return vsr::band_statistics(r); });
+           for (int b = 0; b < where.band_count; ++b) {
+             vsr::BandStatistics& band = stats_[static_cast<std::size_t>(where.first_band + b)];
+             band = vsr::merge_statistics(band, s[static_cast<std::size_t>(b)]);
+           }
+         });
+}
+
+void Job::run_histogram() {
+  const std::size_t nsel = bands_.size();
+  hist_range_.resize(nsel);
+  if (args_.range) {
+    std::fill(hist_range_.begin(), hist_range_.end(), *args_.range);
+  } else {
+    // numpy's default range: each band's valid min and max (+-0.5 when they are equal).
+    run_statistics();
+    for (std::size_t b = 0; b < nsel; ++b) {
+      const vsr::BandStatistics& m = stats_[b];
+      if (m.count > 0 && (!std::isfinite(m.min) || !std::isfinite(m.max))) {
+        throw std::runtime_error("histogram: band " + std::to_string(bands_[b]) +
+                                 " holds infinite values (its valid range is [" +
+                                 std::to_string(m.min) + ", " + std::to_string(m.max) +
+                                 "]): give --range LO,HI");
+      }
+      hist_range_[b] = m.count == 0    ? Range{0, 1}
+                       : m.min < m.max ? Range{m.min, m.max}
+                                       : Range{m.min - 0.5, m.max + 0.5};
+    }
+  }
+  hist_.assign(nsel, std::vector<std::int64_t>(static_cast<std::size_t>(args_.bins), 0));
+  reduce(args_.op_name, [&](const vsr::OwnedRasterArray& tile, const vsr::TileInfo& where) {
+    for (int b = 0; b < where.band_count; ++b) {
+      const auto k = static_cast<std::size_t>(where.first_band + b);
+      const auto h = on_compute(placement_.residency, tile.band(b), [&](const auto& r) {
+        return vsr::histogram(r, args_.bins, hist_range_[k].lo, hist_range_[k].hi);
+      });
+      for (std::size_t i = 0; i < h[0].size(); ++i) hist_[k][i] += h[0][i];
+    }
+  });
+}
+
+/// rescale's function; its input range from a first streamed pass unless --in-range is given.
+RasterFn Job::rescale_function() {
+  Range in{}, out = args_.out_range.value_or(Range{0, 1});
+  const vsr::DType ot = args_.ot.value_or(vsr::DType::float32);
+  if (args_.in_range) {
+    in = *args_.in_range;
+  } else {
+    // The valid range of all selected bands, so every tile and band maps the same way.
+    run_statistics();
+    in = {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
+    for (std::size_t b = 0; b < bands_.size(); ++b) {
+      const vsr::BandStatistics& m = stats_[b];
+      if (m.count == 0) continue;
+      if (!std::isfinite(m.min) || !std::isfinite(m.max)) {
+        throw std::runtime_error("rescale: band " + std::to_string(bands_[b]) +
+                                 " holds infinite values (its valid range is [" +
+                                 std::to_string(m.min) + ", " + std::to_string(m.max) +
+                                 "]): give --in-range LO,HI");
+      }
+      in.lo = std::min(in.lo, m.min), in.hi = std::max(in.hi, m.max);
+    }
+    if (!(in.lo <= in.hi)) {
+      in = {0, 1};  // no valid pixel: every output pixel is nodata
+      note_ = "no valid pixel: every output pixel is nodata";
+    } else if (in.lo == in.hi) {
+      // A constant raster: every valid pixel maps to the low end of the output range.
+      in.hi = in.lo + std::max(1.0, std::fabs(in.lo));
+      note_ = "constant raster (every valid pixel is " + json_number(in.lo) +
+              "): valid pixels map to " + json_number(out.lo);
+    }
+  }
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "[%s, %s] -> [%s, %s] as %s", json_number(in.lo).c_str(),
+                json_number(in.hi).c_str(), json_number(out.lo).c_str(),
+                json_number(out.hi).c_str(), std::string(vsr::to_string(ot)).c_str());
+  note_ = std::string(buf) + (note_.empty() ? "" : "; " + note_);
+  const bool clamp = args_.in_range.has_value();
+  return [in, out, ot, clamp](const vsr::OwnedRasterArray& t) {
+    // With a given input range, values outside it are clamped first (no extrapolation, so no
+    // valid value can reach the nodata chosen outside the output range).
+    if (clamp) return vsr::rescale(vsr::clip(t, in.lo, in.hi), in.lo, in.hi, out.lo, out.hi, ot);
+    return vsr::rescale(t, in.lo, in.hi, out.lo, out.hi, ot);
+  };
+}
+
+/// The raster op as a function of one tile, --ot applied to its result.
+RasterFn Job::raster_function() {
+  if (args_.op == Op::rescale) return rescale_function();  // rescale writes --ot itself
+  RasterFn f;
+  if (args_.op == Op::focal_mean) {
+    f = [edge = args_.edge](const vsr::OwnedRasterArray& r) {
+      return vsr::focal_mean_3x3(r, edge);
+    };
+  } else if (args_.op == Op::clip) {
+    f = [r = *args_.range](const vsr::OwnedRasterArray& t) { return vsr::clip(t, r.lo, r.hi); };
+  } else if (args_.op == Op::fill_nodata) {
+    f = [v = *args_.value](const vsr::OwnedRasterArray& t) { return vsr::fill_nodata(t, v); };
+  } else {
+    // The tiles carry the two bands alone (the source's bands), each with its own nodata.
+    f = [na = band_nodata_[0], nb = band_nodata_[1]](const vsr::OwnedRasterArray& r) {
+      return vsr::normalized_difference(r.band(0).with_nodata(na), r.band(1).with_nodata(nb));
+    };
+  }
+  if (!args_.ot) return f;
+  note_ = "output as " + std::string(vsr::to_string(*args_.ot)) +
+          (vsr::is_floating_point(*args_.ot) ? "" : " (rounded half away from zero, saturated)");
+  return [f = std::move(f), ot = *args_.ot](const vsr::OwnedRasterArray& t) {
+    const vsr::OwnedRasterArray r = f(t);
+    if (r.dtype() == ot) return r;
+    return vsr::convert_dtype(r, ot, converted_nodata(r, t, ot));
+  };
+}
+
+/// The op from the source into the output file (all or nothing), or into nothing (a timing
+/// run), tile by tile as the plan says (a whole plan is one tile).
+void Job::run_raster_op() {
+  const RasterFn f = raster_function();
+  const vsr::TileRunOptions o = tile_options(*progress_);
+  if (args_.output.empty()) {
+    vsr::VisitTileSink drop;
+    vsr::run_tiles(*source_, f, drop, plan_, o);
+  } else {
+    vsr::RasterFileSink sink(args_.output, write_);
+    if (file_) {
+      sink.copy_from(*file_, (args_.op == Op::clip || args_.op == Op::fill_nodata ||
+                              args_.op == Op::focal_mean)
+                                 ? vsr::MetadataCopy::all
+                                 : vsr::MetadataCopy::descriptive);
+      // The input closed before the output replaces it (in place: the same file).
+      sink.before_commit([this] { file_->close(); });
+    }
+    vsr::run_tiles(*source_, f, sink, plan_, o);
+  }
+  if (!args_.output.empty()) {
+    const vsr::RasterFileInfo out =
+        vsr::read_raster_info(args_.output, {.drivers = {write_.driver}});
+    std::string nd = nodata_text(out.band_nodata.front());
+    for (const auto& v : out.band_nodata) {
+      if (v != out.band_nodata.front()) nd = "per band";
+    }
+    output_label_ = printable(args_.output) + " (" +
+                    std::string(vsr::to_string(out.metadata.dtype)) + ", " +
+                    std::to_string(out.metadata.band_count) + " band(s), " + out.metadata.driver +
+                    ", nodata " + nd + ")";
+  }
+}
+
+}  // namespace vsr_run

@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+// One vsr-run (job.cpp): its input as one tile source (a file, or the generated sample), the op,
+// and its output as one tile sink (a file, a reduction, or nothing), on the library's tile
+// executor; the report of what it did (report.cpp).
+#pragma once
+
+#include "options.hpp"
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/dispatch.hpp>
+#include <vibespatial/raster/io.hpp>
+#include <vibespatial/raster/ops.hpp>
+#include <vibespatial/raster/tiles.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace vsr_run {
+
+using RasterFn = std::function<vsr::OwnedRasterArray(const vsr::OwnedRasterArray&)>;
+
+/// Progress on stderr: on a terminal one line updated as each tile is read, computed and written;
+/// otherwise (--progress) one line per tile done. Thread-safe.
+class Progress {
+ public:
+  Progress(bool enabled, std::string what);
+  void update(std::int64_t done, std::int64_t total, const char* unit);
+  /// A tile's step (terminal only: a pipe gets the per-tile lines).
+  void stage(const vsr::TileInfo& where, vsr::TileStage stage);
+
+ private:
+  bool enabled_, tty_;
+  std::string what_;
+  std::mutex mutex_;
+};
+
+/// A double as JSON: full precision (%.17g), null for NaN and infinities (JSON has neither).
+std::string json_number(double v);
+
+/// "none" or the value's exact text.
+std::string nodata_text(const std::optional<vsr::NodataValue>& v);
+
+/// One vsr-run: its steps in the order run() takes them.
+class Job {
+ public:
+  explicit Job(const Arguments& args) : args_(args) {}
+  /// Runs it; 0 on success. @throws vsr_cli::UsageError (exit 2) or what the run throws (exit 1).
+  int run();
+
+ private:
+  void check_output();
+  void check_raster_output();
+  void check_host_memory(std::uint64_t bytes, const std::string& what,
+                         const std::string& advice) const;
+  void open_input();
+  void make_plan();
+  vsr::TileRunOptions tile_options(Progress& progress) const;
+  void reduce(const std::string& what, const vsr::VisitTileSink::Visit& visit);
+  void run_statistics();
+  void run_histogram();
+  RasterFn raster_function();
+  RasterFn rescale_function();
+  void run_raster_op();
+  // report.cpp
+  void print_results();
+  void print_summary(double seconds) const;
+
+  const Arguments& args_;
+  /// What the run is doing, for the message of an allocation that fails all the same.
+  std::string step_ = "starting";
+  vsr::PlacementDecision placement_;
+  bool show_progress_ = false;
+  bool from_file_ = false;
+  vsr::WriteOptions write_;
+  vsr::OpenOptions open_;
+  std::optional<vsr::OwnedRasterArray> sample_;
+  /// The input: the file's or the sample's selected bands.
+  std::unique_ptr<vsr::TileSource> source_;
+  vsr::RasterFileSource* file_ = nullptr;                     ///< source_ when it is a file
+  vsr::RasterMetadata meta_;                                  ///< the input's (every band)
+  std::vector<std::optional<vsr::NodataValue>> band_nodata_;  ///< of the selected bands
+  std::vector<int> bands_;                                    ///< selected, 1-based
+  int nir_ = 0, red_ = 0;
+  std::string input_label_;
+  vsr::PlanOptions popts_;
+  std::string budget_note_;
+  vsr::RasterPlan plan_;
+  bool tiled_ = false;
+  bool per_band_op_ = true;
+  std::optional<std::uint64_t> gdal_cache_;
+  std::optional<Progress> progress_;
+  std::vector<vsr::BandStatistics> stats_;
+  std::vector<std::vector<std::int64_t>> hist_;
+  std::vector<Range> hist_range_;
+  std::string note_;
+  std::string output_label_ = "none (use --output FILE to write the result)";
+};
+
+}  // namespace vsr_run

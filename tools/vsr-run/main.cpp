@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+// vsr-run: applies a band operation (statistics, histogram, rescale, clip, nodata fill, 3x3 focal
+// mean, normalized difference) to a raster file, or to a generated sample raster, within a VRAM
+// budget, and prints a summary.
+//
+// Where it runs: the library's placement rule (placed, --device): on a real GPU (and a CUDA
+// build) the ops run on the device, tiles moved there once (several bands of a per-band op by
+// dispatch_per_band_gpu); with the host driver emulator or no driver at all the host ops run (the
+// CUDA ops cannot run on the emulator), labelled as such in the summary.
+//
+// The input (a file, or the sample) is one tile source and the output one tile sink (a file, a
+// reduction, or nothing) of the library's tile executor: only the tiles in flight of the plan's
+// bands and GDAL's block cache (capped from the plan) are in memory; statistics, histograms and
+// rescale's range are streaming reductions. Only the sample is held whole.
+//
+// Files: options.cpp (the command line), job.cpp (the run), report.cpp (what it prints).
+//
+// Output: written into a temporary directory beside --output and renamed into place only when
+// complete and read back, so an error, a full disk or a signal (SIGINT, SIGTERM, ...) leaves the
+// old file as it was (or no file) and no temporary file; --output may name the input itself (with
+// --overwrite). The format is tried on a small file before any pixel is read.
+//
+// Exit status: 0 on success, 2 for bad arguments (message on stderr), 1 for any other error; a
+// run ended by a signal dies of that signal.
+#include "cli.hpp"
+#include "job.hpp"
+#include "options.hpp"
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+using vsr_cli::printable;
+using vsr_cli::UsageError;
+using vsr_run::Arguments;
+
+int main(int argc, char** argv) {
+  Arguments args;
+  try {
+    args = vsr_run::parse_arguments(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "vsr-run: %s\n", e.what());
+    return 2;
+  }
+  if (args.help) {
+    std::fputs(std::string(vsr_run::usage_text).c_str(), stdout);
+    return 0;
+  }
+  try {
+    return vsr_run::Job(args).run();
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "vsr-run: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vsr-run: error: %s\n", printable(e.what()).c_str());
+    return 1;
+  }
+}

@@ -1,0 +1,332 @@
+// SPDX-License-Identifier: Apache-2.0
+// vsr-run's command line (options.hpp).
+#include "options.hpp"
+
+#include "cli.hpp"
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace vsr_run {
+
+const std::string_view usage_text =
+    R"(usage: vsr-run [options]
+
+Applies a band operation to a raster file (or to a generated sample raster when no --input is
+given) within a VRAM budget, and prints a summary: tier, driver, plan, pool statistics, time,
+throughput and where the output went. Options take their value as "--name value" or
+"--name=value".
+
+operation:
+  --op NAME          the operation (default stats):
+                       stats        per band: count, min, max, mean, std of the valid pixels
+                       histogram    per band: counts of the valid pixels in --bins equal bins
+                                    on --range (numpy.histogram's bins)
+                       rescale      --in-range onto --out-range as --ot (default: the valid
+                                    range of all selected bands onto 0,1 as float32)
+                       clip         valid pixels clamped to --range LO,HI (same type)
+                       fill-nodata  invalid pixels set to --value V (no nodata left)
+                       focal-mean   3x3 mean of the valid pixels (float32/float64), halo 1
+                       normalized-difference (alias ndvi)
+                                    (A - B) / (A + B) of two bands, A = --nir, B = --red
+  --in-range LO,HI   rescale: the input range (values outside are clamped to it first); default:
+                     the valid range, from a first streamed pass
+  --out-range LO,HI  rescale: the output range (default 0,1)
+  --ot TYPE          the output's type, a numpy name (uint8 int8 uint16 int16 uint32 int32
+                     uint64 int64 float32 float64), for every op that writes a raster (default:
+                     the op's own: the input's for clip and fill-nodata, float32 or float64 for
+                     focal-mean and normalized-difference, float32 for rescale). Converted as
+                     gdal_translate -ot does: to an integer type rounded half away from zero and
+                     saturated to its range; to float32 as IEEE rounds. The output's nodata is
+                     the op's when the type holds it, else the input's, else NaN (float types)
+                     or the type's largest value; a valid pixel that would become that nodata
+                     (e.g. 255.4 as uint8 with nodata 255) stops the run with an error
+  --range LO,HI      clip: the bounds (required); histogram: the range (default: each band's
+                     valid range, as numpy's default)
+  --bins N           histogram: bin count (default 10)
+  --value V          fill-nodata: the value invalid pixels get (required)
+  --edge MODE        focal-mean: nearest | reflect | nodata (default nearest): what neighbours
+                     outside the raster are (the edge pixel, a mirror, or nothing)
+  --nir N, --red N   normalized-difference: the 1-based bands A and B (default 4 and 3 with 4+
+                     bands, else 2 and 1); any two different bands
+
+input:
+  -i, --input FILE   raster file read through GDAL (default: a generated sample raster)
+  -b N               an input band to process, 1-based; repeat for more, in order (as
+                     gdal_translate -b); default: all. Bands keep their own nodata.
+  --allow-virtual    also open VRT files, GDAL virtual file systems (/vsi...) and URLs as input;
+                     refused by default, since a VRT reads whatever files its XML names (only
+                     raster file formats open an input otherwise: GTiff/COG, PNG, JPEG, ...)
+
+output:
+  -o, --output FILE  write the result there. Rasters: a new file, all or nothing (written in a
+                     hidden temporary directory beside it, checked, then renamed into place: an
+                     error or a signal leaves FILE as it was; a run killed with SIGKILL leaves
+                     the temporary, which the next run writing FILE removes). stats and
+                     histogram: their JSON. FILE must be a regular file or new (never a FIFO or
+                     a device such as /dev/null)
+  --overwrite        replace an existing --output (refused without it); needed to write over
+                     the input itself
+  -of FORMAT         GDAL raster driver of the output, any case (default: from the extension,
+                     .tif is GTiff): any driver with Create that writes files, e.g. GTiff, GPKG,
+                     HFA, ENVI, EHdr, netCDF, PCIDSK, SAGA, RRASTER. Before any pixel is read
+                     the format is tried on a small file of the output's type, band count and
+                     nodata, and refused (exit 2) with the driver's reason when it cannot hold
+                     them (e.g. GPKG: 1 band, or up to 4 of uint8; BMP: uint8 only; GSBG keeps
+                     its own nodata) or writes no file (MEM; PNG and JPEG have no Create:
+                     convert a GTiff with gdal_translate)
+  --co KEY=VALUE     a GDAL creation option; repeat for more. GTiff defaults: COMPRESS=DEFLATE,
+                     TILED=YES, 256 x 256 blocks, INTERLEAVE=BAND, BIGTIFF=IF_SAFER
+  --threads N        threads GDAL compresses with (NUM_THREADS; default: every CPU)
+  --json             stats and histogram: print JSON (full precision) instead of a table
+  -q, --quiet        no summary and no progress (errors, tables and JSON still print)
+  --progress         progress on stderr even when stderr is not a terminal (one line per tile)
+
+What the output keeps from the input: georeferencing (none if the input has none), CRS,
+AREA_OR_POINT, band descriptions and colour interpretation; scale, offset and unit too for
+clip, fill-nodata and focal-mean, which keep the values' meaning.
+
+resources:
+  --device WHERE     auto | gpu | cpu (default auto): where the ops run. auto: the GPU when there
+                     is a real one and this build has the CUDA ops, else the CPU (the host
+                     driver emulator runs no kernels); gpu: device memory on any usable driver
+                     (the emulator too), or exit 1 without one; cpu: the host
+  --budget BYTES     VRAM budget for planning, > 0, or auto (default auto: what the device has
+                     free; with no GPU, a quarter of the available host memory, at most 1 GiB)
+  --host-memory BYTES
+                     refuse up front a run that needs more host memory than this (default: what
+                     is available): a file run's pass (tile, result, GDAL's blocks and block
+                     cache), the sample raster and its result, histograms and their text
+
+sample (no --input):
+  --sample-size N    sample raster side in pixels (default 2048)
+  --bands N          sample raster band count (default 4)
+
+  -h, --help         print this help
+
+BYTES takes a suffix: K, M, G, T (powers of 1000; KB, MB, GB, TB too) or KiB, MiB, GiB, TiB
+(powers of 1024), e.g. 80M = 80000000, 2GiB = 2147483648.
+
+Odd data: a rescale whose valid range is infinite stops and asks for --in-range; a constant
+raster rescales to the low end of --out-range; rescale's output nodata is never a valid output
+value (NaN for float types, else a value outside --out-range: the summary says which). The
+sample raster is deterministic: float32, nodata NaN, about 1% of the pixels NaN.
+)";
+
+using vsr_cli::parse_double;
+using vsr_cli::parse_integer;
+using vsr_cli::parse_size;
+using vsr_cli::UsageError;
+
+namespace {
+
+Range parse_range(std::string_view option, std::string_view text) {
+  const std::size_t comma = text.find(',');
+  if (comma == std::string_view::npos) {
+    throw UsageError(std::string(option) + ": '" + std::string(text) +
+                     "' is not LO,HI (two numbers and a comma)");
+  }
+  Range r{parse_double(option, text.substr(0, comma)),
+          parse_double(option, text.substr(comma + 1))};
+  return r;
+}
+
+}  // namespace
+
+Arguments parse_arguments(int argc, char** argv) {
+  Arguments args;
+  vsr_cli::ArgScanner words(argc, argv);
+  std::vector<std::string> given;  // op-specific options, checked against the op below
+  while (words.next()) {
+    const std::string_view option = words.option();
+    if (words.is("-h", "--help")) {
+      words.flag();
+      args.help = true;
+    } else if (words.is("--op")) {
+      const std::string_view name = words.value();
+      if (name == "stats") {
+        args.op = Op::stats;
+      } else if (name == "histogram") {
+        args.op = Op::histogram;
+      } else if (name == "rescale") {
+        args.op = Op::rescale;
+      } else if (name == "clip") {
+        args.op = Op::clip;
+      } else if (name == "fill-nodata") {
+        args.op = Op::fill_nodata;
+      } else if (name == "focal-mean") {
+        args.op = Op::focal_mean;
+      } else if (name == "normalized-difference" || name == "ndvi") {
+        args.op = Op::normalized_difference;
+      } else {
+        throw UsageError("--op: unknown op '" + std::string(name) +
+                         "' (stats, histogram, rescale, clip, fill-nodata, focal-mean, "
+                         "normalized-difference or ndvi)");
+      }
+      args.op_name = name;
+    } else if (words.is("-i", "--input")) {
+      args.input = words.value();
+    } else if (words.is("-o", "--output")) {
+      args.output = words.value();
+    } else if (words.is("-b")) {
+      const int b = parse_integer<int>(option, words.value());
+      if (b < 1) throw UsageError("-b: band numbers start at 1 (got " + std::to_string(b) + ")");
+      args.bands.push_back(b);
+    } else if (words.is("--budget")) {
+      const std::string_view text = words.value();
+      if (text == "auto") {
+        args.budget.reset();
+      } else {
+        args.budget = vsr_cli::parse_budget(option, text);
+      }
+    } else if (words.is("--sample-size")) {
+      args.sample_size = parse_integer<std::int64_t>(option, words.value());
+      if (args.sample_size < 1 || args.sample_size > 65536) {
+        throw UsageError("--sample-size must be in [1, 65536]");
+      }
+    } else if (words.is("--bands")) {
+      args.sample_bands = parse_integer<int>(option, words.value());
+      if (args.sample_bands < 1 || args.sample_bands > 256) {
+        throw UsageError("--bands must be in [1, 256]");
+      }
+    } else if (words.is("--nir")) {
+      args.nir = parse_integer<int>(option, words.value());
+      given.emplace_back(option);
+    } else if (words.is("--red")) {
+      args.red = parse_integer<int>(option, words.value());
+      given.emplace_back(option);
+    } else if (words.is("--in-range")) {
+      args.in_range = parse_range(option, words.value());
+      given.emplace_back(option);
+    } else if (words.is("--out-range")) {
+      args.out_range = parse_range(option, words.value());
+      given.emplace_back(option);
+    } else if (words.is("--range")) {
+      args.range = parse_range(option, words.value());
+      given.emplace_back(option);
+    } else if (words.is("--ot")) {
+      const std::string_view name = words.value();
+      args.ot = vsr::dtype_from_string(name);
+      if (!args.ot) {
+        throw UsageError("--ot: unknown type '" + std::string(name) +
+                         "' (uint8 int8 uint16 int16 uint32 int32 uint64 int64 float32 float64)");
+      }
+      given.emplace_back(option);
+    } else if (words.is("--bins")) {
+      args.bins = parse_integer<int>(option, words.value());
+      if (args.bins < 1 || args.bins > 1000000) throw UsageError("--bins must be in [1, 1000000]");
+      args.bins_given = true;
+      given.emplace_back(option);
+    } else if (words.is("--value")) {
+      args.value = parse_double(option, words.value());
+      given.emplace_back(option);
+    } else if (words.is("--edge")) {
+      const std::string_view mode = words.value();
+      if (mode == "nearest") {
+        args.edge = vsr::EdgeMode::nearest;
+      } else if (mode == "reflect") {
+        args.edge = vsr::EdgeMode::reflect;
+      } else if (mode == "nodata") {
+        args.edge = vsr::EdgeMode::constant_nodata;
+      } else {
+        throw UsageError("--edge: unknown mode '" + std::string(mode) +
+                         "' (nearest, reflect or nodata)");
+      }
+      args.edge_given = true;
+      given.emplace_back(option);
+    } else if (words.is("-of")) {
+      args.format = words.value();
+    } else if (words.is("--co")) {
+      const std::string_view kv = words.value();
+      if (kv.find('=') == std::string_view::npos || kv.front() == '=') {
+        throw UsageError("--co: '" + std::string(kv) + "' is not KEY=VALUE");
+      }
+      args.creation_options.emplace_back(kv);
+    } else if (words.is("--overwrite")) {
+      words.flag();
+      args.overwrite = true;
+    } else if (words.is("--threads")) {
+      args.threads = parse_integer<int>(option, words.value());
+      if (args.threads < 1) throw UsageError("--threads must be >= 1");
+    } else if (words.is("--json")) {
+      words.flag();
+      args.json = true;
+      given.emplace_back(option);
+    } else if (words.is("-q", "--quiet")) {
+      words.flag();
+      args.quiet = true;
+    } else if (words.is("--progress")) {
+      words.flag();
+      args.progress = true;
+    } else if (words.is("--host-memory")) {
+      args.host_memory = parse_size(option, words.value());
+      if (*args.host_memory == 0) throw UsageError("--host-memory must be > 0");
+    } else if (words.is("--device")) {
+      const std::string_view where = words.value();
+      try {
+        args.device = vsr::placement_from_string(where);
+      } catch (const std::invalid_argument&) {
+        throw UsageError("--device: '" + std::string(where) + "' is not auto, gpu or cpu");
+      }
+    } else if (words.is("--allow-virtual")) {
+      words.flag();
+      args.allow_virtual = true;
+    } else {
+      words.unknown();
+    }
+  }
+  if (args.help) return args;
+
+  // Options that belong to other ops are mistakes, not silently ignored.
+  const auto allowed = [&](std::string_view option) {
+    if (option == "--nir" || option == "--red") return args.op == Op::normalized_difference;
+    if (option == "--in-range" || option == "--out-range") return args.op == Op::rescale;
+    if (option == "--ot") return args.raster_output();
+    if (option == "--range") return args.op == Op::clip || args.op == Op::histogram;
+    if (option == "--bins") return args.op == Op::histogram;
+    if (option == "--value") return args.op == Op::fill_nodata;
+    if (option == "--edge") return args.op == Op::focal_mean;
+    if (option == "--json") return !args.raster_output();
+    return true;
+  };
+  for (const std::string& option : given) {
+    if (!allowed(option)) {
+      throw UsageError(option + " does not apply to --op " + args.op_name + " (see --help)");
+    }
+  }
+  if (args.op == Op::clip && !args.range) throw UsageError("--op clip needs --range LO,HI");
+  if (args.op == Op::fill_nodata && !args.value)
+    throw UsageError("--op fill-nodata needs --value V");
+  if (args.range && !(args.range->lo <= args.range->hi)) {
+    throw UsageError("--range: LO must not exceed HI");
+  }
+  if (args.op == Op::histogram && args.range && !(args.range->lo < args.range->hi)) {
+    throw UsageError("--range: a histogram needs LO < HI");
+  }
+  if (args.in_range && !(args.in_range->lo < args.in_range->hi)) {
+    throw UsageError("--in-range: LO must be below HI");
+  }
+  if (args.out_range && !(args.out_range->lo != args.out_range->hi)) {
+    throw UsageError("--out-range: LO and HI must differ");
+  }
+  if (args.nir && args.red && *args.nir == *args.red) {
+    throw UsageError("--nir and --red are the same band (" + std::to_string(*args.nir) +
+                     "): the normalized difference of a band with itself is 0 everywhere");
+  }
+  if (!args.bands.empty() && args.input.empty()) {
+    throw UsageError("-b selects bands of an --input file");
+  }
+  if (!args.bands.empty() && args.op == Op::normalized_difference) {
+    throw UsageError("-b: normalized-difference takes its two bands from --nir and --red");
+  }
+  if (!args.output.empty() && !args.raster_output() &&
+      (!args.format.empty() || !args.creation_options.empty())) {
+    throw UsageError("-of / --co: --op " + args.op_name + " writes JSON, not a raster");
+  }
+  return args;
+}
+
+}  // namespace vsr_run

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+// vsr-run's command line: the options of a run, parsed and checked (options.cpp), and --help.
+#pragma once
+
+#include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/ops.hpp>
+#include <vibespatial/raster/tiles.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace vsr_run {
+
+namespace vsr = vibespatial::raster;
+
+/// --help's text.
+extern const std::string_view usage_text;
+
+enum class Op { stats, histogram, rescale, clip, fill_nodata, focal_mean, normalized_difference };
+
+struct Range {
+  double lo = 0, hi = 0;
+};
+
+struct Arguments {
+  Op op = Op::stats;
+  std::string op_name = "stats";
+  std::string input, output;
+  std::vector<int> bands;               ///< -b
+  std::optional<std::uint64_t> budget;  ///< empty: auto
+  std::int64_t sample_size = 2048;
+  int sample_bands = 4;
+  std::optional<int> nir, red;
+  std::optional<Range> in_range, out_range, range;
+  std::optional<vsr::DType> ot;
+  int bins = 10;
+  bool bins_given = false;
+  std::optional<double> value;
+  vsr::EdgeMode edge = vsr::EdgeMode::nearest;
+  bool edge_given = false;
+  std::string format;
+  std::vector<std::string> creation_options;
+  bool overwrite = false;
+  int threads = -1;
+  bool json = false;
+  bool quiet = false;
+  bool progress = false;
+  bool allow_virtual = false;
+  std::optional<std::uint64_t> host_memory;           ///< empty: what is available
+  vsr::Placement device = vsr::Placement::automatic;  ///< --device
+  bool help = false;
+
+  bool raster_output() const { return op != Op::stats && op != Op::histogram; }
+};
+
+/// The command line, checked: options of other ops, missing values, ranges, mixed options are
+/// UsageError (exit 2).
+Arguments parse_arguments(int argc, char** argv);
+
+}  // namespace vsr_run
