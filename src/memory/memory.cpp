@@ -72,11 +72,11 @@ bool env_flag(const char* name) {
                               "no or off to disable it (any case), or leave it unset");
 }
 
-// VIBESPATIAL_GPU_POOL_RESERVE: the VMM pool's warm reserve, a fraction from 0 to 1 written as
-// a decimal number ("0.1"); unset: kDefaultReserve. Anything else is an error.
+// VIBESPATIAL_GPU_POOL_RESERVE: the VMM pool's slack, a fraction from 0 to 1 written as a
+// decimal number ("0.1"); unset or "auto": kDefaultReserve (adaptive). Anything else is an error.
 double env_reserve() {
   const char* v = std::getenv("VIBESPATIAL_GPU_POOL_RESERVE");
-  if (v == nullptr) return kDefaultReserve;
+  if (v == nullptr || std::string_view(v) == "auto") return kDefaultReserve;
   double value = -1;
   std::size_t used = 0;
   try {
@@ -90,7 +90,8 @@ double env_reserve() {
     throw std::invalid_argument(
         "configure_memory_pool: VIBESPATIAL_GPU_POOL_RESERVE=\"" + escaped(v) +
         "\" is not a fraction from 0 to 1: set a decimal number such as 0.1 (10% more pages than "
-        "the peak of live large blocks), or leave it unset");
+        "the peak of live large blocks), 0 (no slack), or auto or leave it unset (the adaptive "
+        "default)");
   }
   return value;
 }
@@ -363,8 +364,25 @@ void* allocate_after_full(DevicePool& pool, std::size_t bytes, CUstream stream,
   // Tier B's recovery chain. The pool holds none of its locks here, so handlers may free memory
   // through it.
   Registry& r = registry();
+  // Slack and every other free page go back first: no handler runs while the pool holds free
+  // memory that releasing and retrying could serve the request from.
+  try {
+    pool.trim();  // every free page back to the driver, after its freeing work completes
+  } catch (const CudaError&) {
+    // Whatever could not be released stays in the pool; the retry decides.
+  }
+  try {
+    void* p = pool.allocate(bytes, stream);
+    r.recoveries[static_cast<std::size_t>(pool.device())].fetch_add(1);
+    return p;
+  } catch (const DeviceFull&) {
+  }
   std::size_t handlers_run = 0;
   for (int round = 1; round <= kRecoveryRounds; ++round) {
+    try {
+      pool.trim();  // what the failed retry left (pages it made before finding too few)
+    } catch (const CudaError&) {
+    }
     std::vector<std::shared_ptr<OomHandler>> handlers;
     {
       std::lock_guard lock(r.handler_mutex);

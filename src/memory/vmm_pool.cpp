@@ -209,7 +209,7 @@ void VmmPool::trim() {
     }
   }
   spare_ = std::move(kept);
-  large_peak_pages_ = large_live_pages_;  // the warm reserve grows again from what is live
+  large_peak_pages_ = large_live_pages_;  // the slack grows again from what is live
   debug_check("trim");
   if (first_error) throw *first_error;
 }
@@ -434,7 +434,7 @@ std::unique_ptr<DevicePool> make_vmm_pool(int device, double reserve) {
   if (device < 0 || device >= kMaxDevices) {
     throw std::out_of_range("device ordinal out of range for the pool");
   }
-  VSR_EXPECTS(reserve >= 0 && reserve <= 1, "make_vmm_pool: reserve must be in [0, 1]");
+  VSR_EXPECTS(reserve <= 1, "make_vmm_pool: reserve must be in [0, 1], or negative (adaptive)");
   return std::make_unique<vmm::VmmPool>(device, reserve);
 }
 

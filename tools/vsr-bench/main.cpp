@@ -3,7 +3,8 @@
 // of the contenders are interleaved (A, B, A, B, ...) and the median of the per-round ratios is
 // reported, because the machines this runs on are shared and noisy.
 //
-//   vsr-bench alloc [--quick] [--json] [--seed N] [--sections malloc,driver,threads,frag,scale]
+//   vsr-bench alloc [--quick] [--json] [--seed N] [--sections
+//   malloc,driver,threads,frag,scale,slack]
 //                   [--large-live N]                 the device memory pool (issue 3); scale:
 //                                                    the large trace at 8 and 141 GiB emulated
 //                                                    devices side by side (issue 11); N: the
@@ -108,8 +109,8 @@ int parse_and_run(int argc, char** argv) {
       if (dispatch) {
         d.sections = checked_sections(words.value(), {"cpu", "gpu", "pipeline", "focal"});
       } else {
-        o.sections =
-            checked_sections(words.value(), {"malloc", "driver", "threads", "frag", "scale"});
+        o.sections = checked_sections(words.value(),
+                                      {"malloc", "driver", "threads", "frag", "scale", "slack"});
       }
     } else if (words.is("--seed") && !dispatch) {
       o.seed = vsr_cli::parse_integer<std::uint64_t>(words.option(), words.value());
