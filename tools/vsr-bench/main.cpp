@@ -4,14 +4,16 @@
 // reported, because the machines this runs on are shared and noisy.
 //
 //   vsr-bench alloc [--quick] [--json] [--seed N] [--sections malloc,driver,threads,frag,scale]
-//                   [--large-live N]                 the device memory pool (issue 3); scale:
-//                                                    the large trace at 8 and 141 GiB emulated
-//                                                    devices side by side (issue 11); N: the
-//                                                    large trace's live blocks (default 256)
+//                   [--large-live N]                 the device memory pool; scale: the large
+//                                                    trace at 8 and 141 GiB emulated devices
+//                                                    side by side; N: the large trace's live
+//                                                    blocks (default 256)
 //   vsr-bench dispatch [--quick] [--json] [--sections cpu,gpu,pipeline,focal]
-//                                                    op throughput vs copy bandwidth (issue 5);
-//                                                    the pipeline section also runs on the
-//                                                    emulator, with a stand-in op (issue 12)
+//                                                    op throughput vs copy bandwidth; the
+//                                                    pipeline section also runs on the
+//                                                    emulator, with a stand-in op
+//
+// docs/tools.md describes each section.
 //
 // Exit status: 0 when every section ran (goals missed or not), 1 when one failed (the others still
 // run and the summary names the failure), 2 on bad arguments, 77 when there is no usable driver
