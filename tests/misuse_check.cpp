@@ -3,7 +3,7 @@
 // suites), a test executable fails when, over the whole run, a driver call named a destroyed
 // stream or event or a released handle (the emulator's stale_handles) or memory was unmapped or
 // freed under queued work (unmap_with_pending_work). Both are undefined behaviour on a real
-// driver that the emulator only counts (issue 10).
+// driver that the emulator only counts (docs/cuda-driver-rules.md §7).
 #include "emulator_control.hpp"
 
 #include <cstdio>

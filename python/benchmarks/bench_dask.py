@@ -92,7 +92,7 @@ def spread(values: list[float]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vsr-bench dask", description=__doc__.split("\n")[0])
     parser.add_argument("--bands", type=int, default=8)
-    # 4096: the 2-worker run takes ~3 s on the 2-vCPU dev machine, long enough that Dask's fixed
+    # 4096: the 2-worker run takes ~3 s on a 2-core host, long enough that Dask's fixed
     # cost per run (sending the graph, the first tasks' start, the last one's result) is a small
     # part of it; at 2048 (~0.8 s) it is a tenth and the ratio reads ~0.1 lower.
     parser.add_argument("--size", type=int, default=4096, help="raster side in pixels")

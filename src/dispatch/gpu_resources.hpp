@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The one owner of the driver objects GPU dispatch uses (DESIGN.md: only memory/ and the driver
-// seam own driver objects; until the memory layer offers pinned staging and streams, they are
-// owned here and nowhere else in dispatch): pinned host staging buffers, kept for reuse between
+// The one owner of the driver objects GPU dispatch uses (docs/architecture.md, "Who creates
+// streams, events and pinned memory": they are owned here and nowhere else in the library's
+// work, the pool's stream marks aside): pinned host staging buffers, kept for reuse between
 // calls and bounded by what one call's plan needs, and pipelines (a copy stream and a compute
 // stream, both CU_STREAM_NON_BLOCKING so that neither waits for the legacy default stream, with
 // their events), leased per call and kept for reuse. free_dispatch_resources() gives back what

@@ -20,7 +20,7 @@ namespace {
 constexpr const char* kDefaultDriver = "libcuda.so.1";
 
 // Resolves `symbol` at ABI `version` (cuGetProcAddress_v2 returns the newest ABI introduced at or
-// before `version`, reference/cuda-vmm-semantics.md §2.2). Null when the driver lacks it.
+// before `version`, docs/cuda-driver-rules.md §2.2). Null when the driver lacks it.
 template <class Pfn>
 bool resolve(PFN_cuGetProcAddress_v12000 get_proc, const char* symbol, int version, Pfn& out) {
   void* fn = nullptr;

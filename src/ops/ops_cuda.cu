@@ -154,7 +154,7 @@ void histogram(const void* in, DType dtype, Layout layout, NodataSpec nodata, in
   enter();
   // One HistogramEven over integer bin ids (band * bins + bin, -1 dropped) for all bands: the
   // samples are int ids on levels [0, bands * bins], which sidesteps CUB's narrow and signed
-  // sample-type bugs (int8 negatives, full-range uint8; reference §5.3). The facade guarantees
+  // sample-type bugs (int8 negatives, full-range uint8 samples). The facade guarantees
   // bands * bins < 2^31 - 1, so the level count bands * bins + 1 is an int.
   const int total_bins = layout.bands * bins;
   visit_dtype(dtype, [&](auto t) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The one table of conformance cases. A GPU session that sees a case pass on the real driver
-// sets its seen_on_gpu to true (DESIGN.md: the emulator is trusted only that far). A sixth field
-// `true` marks a case whose real answer nobody has seen: asserted only under --strict.
+// The one table of conformance cases. A GPU run that sees a case pass on the real driver sets its
+// seen_on_gpu to true (docs/gpu-verification.md: the emulator is trusted only that far). A sixth
+// field `true` marks a case whose real answer nobody has seen: asserted only under --strict.
 #include "case_table.hpp"
 
 #include <array>

@@ -7,7 +7,7 @@
 
 namespace vsr_conf {
 
-// Evidence tags of reference/cuda-vmm-semantics.md §0.
+// Evidence tags of docs/cuda-driver-rules.md §0.
 enum class Evidence { hdr, doc, probe, use, hip_nv, hip, inf };
 
 enum class Kind {
@@ -18,7 +18,7 @@ enum class Kind {
 
 struct CaseInfo {
   std::string_view name;     // the doctest TEST_CASE name
-  std::string_view section;  // of cuda-vmm-semantics.md
+  std::string_view section;  // of docs/cuda-driver-rules.md
   Evidence evidence;
   Kind kind;
   bool seen_on_gpu;  // flipped to true only after the case passed on a real GPU

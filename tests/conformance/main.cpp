@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// vsr-conformance: asserts the CUDA driver rules of reference/cuda-vmm-semantics.md against the
+// vsr-conformance: asserts the CUDA driver rules of docs/cuda-driver-rules.md against the
 // library named by VIBESPATIAL_CUDA_DRIVER (empty or unset: the real libcuda.so.1).
 //
 //   vsr-conformance [--strict] [doctest options]   cases in this process

@@ -55,7 +55,7 @@ inline void check_nothing_outstanding() {
 /// checks again.
 /// Meanwhile no driver call may name a destroyed stream or event or a released handle
 /// (stale_handles), and nothing may be unmapped or freed under queued work
-/// (unmap_with_pending_work): checked at scope exit (issue 10).
+/// (unmap_with_pending_work): checked at scope exit.
 class FreshPool {
  public:
   explicit FreshPool(const char* tier_env = nullptr, std::size_t device_memory = 512u << 20,

@@ -633,7 +633,7 @@ TEST_SUITE("pool-2dev") {
     CHECK(*memory_pool_stats(0).current_bytes == 5 * MiB);
     CHECK(*memory_pool_stats(1).current_bytes == 5 * MiB);
     CHECK_FALSE(memory_pool_stats(1).no_such_device);
-    CHECK(memory_pool_stats(2).no_such_device);  // issue 17.11: two devices, 0 and 1
+    CHECK(memory_pool_stats(2).no_such_device);  // two devices, 0 and 1
     CHECK(memory_pool_stats(2).tier.empty());
     vsr_emu_outstanding d0{}, d1{};
     emulator().query_outstanding(&d0, 0);

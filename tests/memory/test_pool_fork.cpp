@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// fork() while other threads use the pool (issue 17, item 4). The child inherits the pool's
-// mutexes in whatever state the parent's threads left them; CUDA cannot be used in it anyway. Every
-// pool call in the child must fail at once with DriverUnavailableError, never block.
+// fork() while other threads use the pool. The child inherits the pool's mutexes in whatever state
+// the parent's threads left them; CUDA cannot be used in it anyway. Every pool call in the child
+// must fail at once with DriverUnavailableError, never block.
 #include "pool_fixture.hpp"
 
 #include <sys/wait.h>

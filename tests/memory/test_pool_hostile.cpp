@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The pool's defects found by a hostile user (issue 17, items 3, 7 to 11, 13, 15), each as the
-// case that exposed it: re-entrant OOM handlers, driver faults during refills and rollbacks,
-// blocks stranded in a live thread's cache, threads without a context, statistics of devices that
-// do not exist, failing frees, and tier variables with values that mean nothing.
+// The pool's defects found by a hostile user, each as the case that exposed it: re-entrant OOM
+// handlers, driver faults during refills and rollbacks, blocks stranded in a live thread's cache,
+// threads without a context, statistics of devices that do not exist, failing frees, and tier
+// variables with values that mean nothing.
 #include "pool_fixture.hpp"
 
 #include <cxxabi.h>
@@ -428,7 +428,7 @@ TEST_SUITE("pool") {
   }
 
   TEST_CASE("a large block's free in a one-device process makes no context query") {
-    // Issue 11: the stream mark of a large free must stay cheap (a context query per free is a
+    // The stream mark of a large free must stay cheap (a context query per free is a
     // driver call on every free of a real driver).
     FreshPool fresh(nullptr, 64 * MiB);
     CUstream s = new_stream();
@@ -464,7 +464,7 @@ TEST_SUITE("pool") {
       bool hold;  // keep work queued on the freeing stream (else let it finish before the free)
     };
     // Large blocks record a stream mark (an event, or a synchronisation; no context query in a
-    // one-device process, issue 11); tier C records one too (after a context query) and, the
+    // one-device process); tier C records one too (after a context query) and, the
     // stream being idle, calls cuMemFree in the free (with work queued it would wait for a later
     // call). Small blocks of tiers A/B free with no driver call.
     const Config configs[] = {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The pool at scale (issue 11): small blocks of many size classes from many threads must not
-// strand the device's pages. A slab is a few 64 KiB spans of a shared page, so a thread's partly
-// used slabs hold a bounded amount, and a full device lets a thread reuse what others hold.
+// The pool at scale: small blocks of many size classes from many threads must not strand the
+// device's pages. A slab is a few 32 KiB spans of a shared page, so a thread's partly used slabs
+// hold a bounded amount, and a full device lets a thread reuse what others hold.
 #include "pool_fixture.hpp"
 
 #include <algorithm>
@@ -159,7 +159,8 @@ Traffic four_threads_of_small_traffic(std::size_t ops, std::size_t hold) {
 TEST_SUITE("pool") {
   TEST_CASE("4 threads of small blocks of every size up to 8 KiB fit a 16 MiB device") {
     // Under 2 MiB live in all, across 17 size classes and 4 threads: with a page per class and
-    // thread (the pool before issue 11), 27,615 of 40,000 allocations threw OutOfMemoryError.
+    // thread (a pool without shared slab pages), 27,615 of 40,000 allocations threw
+    // OutOfMemoryError.
     FreshPool fresh(nullptr, 16 * MiB);
     const Traffic traffic = four_threads_of_small_traffic(10000, 64);
     CHECK(traffic.ooms == 0);

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The pool's stream safety (issue 10) on the host emulator: destroyed and recycled stream handles,
-// per-thread default streams, reuse behind cuStreamWaitEvent rather than growth, a scarce address
-// space, the VMM self-test, and tier C's stream-ordered frees. Stream work is held with the
-// emulator's stream pause (or behind an event of a paused stream), never with sleeps.
+// The pool's stream safety on the host emulator: destroyed and recycled stream handles, per-thread
+// default streams, reuse behind cuStreamWaitEvent rather than growth, a scarce address space, the
+// VMM self-test, and tier C's stream-ordered frees. Stream work is held with the emulator's stream
+// pause (or behind an event of a paused stream), never with sleeps.
 #include "pool_fixture.hpp"
 
 #include <cstring>

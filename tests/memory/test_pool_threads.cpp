@@ -114,7 +114,8 @@ TEST_SUITE("pool") {
       });
     }
     for (auto& th : ts) th.join();
-    // Slabs are runs of spans of shared pages (issue 11): compare the slabs the blocks came from.
+    // Slabs are runs of spans of shared pages (docs/memory-pool.md): compare the slabs the blocks
+    // came from.
     std::set<std::uintptr_t> slabs[2];
     for (int t = 0; t < 2; ++t) {
       REQUIRE(got[t].size() == kBlocks);

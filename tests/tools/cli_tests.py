@@ -97,7 +97,7 @@ def expect_exit(proc, code, what):
         proc.stderr.decode("utf-8", "replace")))
 
 
-# --- issue 17 item 16: user bytes escaped -------------------------------------------------------
+# --- user bytes escaped ---------------------------------------------------------------------------
 
 HOSTILE = b"bad-\xff\xfe-\x1b[31mred\x1b[0m-\xe2\x80\xaeevil"
 
@@ -154,7 +154,7 @@ def plan_escapes_user_bytes(env):
     strict_text(p.stderr, "vsr-plan error")
 
 
-# --- issue 17 item 15: unknown or empty values are errors ----------------------------------------
+# --- unknown or empty values are errors -----------------------------------------------------------
 
 @case
 def empty_and_unknown_values_are_errors(env):
@@ -189,7 +189,7 @@ def empty_and_unknown_values_are_errors(env):
         check(text.strip() != "", "%s %r printed no message" % (tool, args))
 
 
-# --- issue 11: --large-live sizes the large trace ------------------------------------------------
+# --- --large-live sizes the large trace -----------------------------------------------------------
 
 @case
 def bench_large_live_sizes_the_large_trace(env):
@@ -202,7 +202,7 @@ def bench_large_live_sizes_the_large_trace(env):
     check(live == {"small": 10000, "large": 24}, live)
 
 
-# --- issue 17 item 14: a budget of 0 is refused, never "no GPU" ----------------------------------
+# --- a budget of 0 is refused, never "no GPU" -----------------------------------------------------
 
 @case
 def budget_zero_is_refused(env):
@@ -223,7 +223,7 @@ def budget_zero_is_refused(env):
     check(b"does NOT fit the budget" in p.stdout, p.stdout)
 
 
-# --- issue 17 item 5: only raster file formats open an input -------------------------------------
+# --- only raster file formats open an input -------------------------------------------------------
 
 @case
 def vrt_disguised_as_tif_is_refused(env):
@@ -256,7 +256,7 @@ def vrt_disguised_as_tif_is_refused(env):
     check(int(row[1]) == len(secret_bytes) and float(row[3]) == max(secret_bytes), row)
 
 
-# --- issue 17 item 2: nothing lost on interruption or failure -------------------------------------
+# --- nothing lost on interruption or failure ------------------------------------------------------
 
 def digest(path):
     with open(path, "rb") as f:
@@ -379,7 +379,7 @@ def full_disk_leaves_input_and_no_output(env):
     only_files(env, ["in.tif"], "sample on a full disk")
 
 
-# --- issue 17 item 6: memory bounded by the plan ---------------------------------------------------
+# --- memory bounded by the plan -------------------------------------------------------------------
 
 MiB = 1024 * 1024
 
@@ -449,7 +449,7 @@ def memory_bounded_by_plan(env):
     check(not os.path.exists(env.path("huge-out.tif")), "no output")
 
 
-# --- issue 16: results as GDAL and numpy give them ----------------------------------------------
+# --- results as GDAL and numpy give them ----------------------------------------------------------
 
 def is_nan(x):
     return x != x
@@ -509,7 +509,7 @@ def int64_nodata_at_type_limits(env):
         check(abs(row[2] - max(valid)) <= 1e-5 * max(valid), "%s: max %r" % (dtype, row[2]))
 
 
-# --- issue 16: every op against an independent computation ----------------------------------------
+# --- every op against an independent computation --------------------------------------------------
 
 NAN = float("nan")
 
@@ -770,7 +770,7 @@ def ot_applies_to_every_raster_op(env):
     check(b"--ot does not apply" in p.stderr, p.stderr)
 
 
-# --- issue 15: the sample runs say their plan, keep to it and give the right answer --------------
+# --- the sample runs say their plan, keep to it and give the right answer -------------------------
 
 # The sample (no --input): 4 bands of 600 x 600 float32; with a 1600K budget (1120000 bytes usable)
 # every op tiles and its tiles fit: stats 512 x 512 (2 x 2 per band), rescale and focal-mean

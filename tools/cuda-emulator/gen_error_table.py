@@ -4,7 +4,7 @@
 
 Usage: gen_error_table.py /usr/local/cuda/include/cuda.h > error_table.inc
 Each row is {value, "CUDA_ERROR_NAME", "description"}; descriptions are the real driver's
-strings where they are known (reference/cuda-vmm-semantics.md §1.5), else the name in words.
+strings where they are known (docs/cuda-driver-rules.md §1.5), else the name in words.
 """
 import re
 import sys

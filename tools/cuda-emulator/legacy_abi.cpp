@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Old-ABI exports. cuda.h maps the unversioned names to the current ABI (cuMemAlloc ->
 // cuMemAlloc_v2), but the real library also exports the unversioned names with the old 32-bit
-// signatures (reference/cuda-vmm-semantics.md §1.4). The emulator must never alias them to the
+// signatures (docs/cuda-driver-rules.md §1.4). The emulator must never alias them to the
 // new implementations, so they fail with CUDA_ERROR_NOT_SUPPORTED.
 #include "emulator_internal.hpp"
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// cuGetProcAddress (both ABIs) and the error-name tables (reference/cuda-vmm-semantics.md §2,
+// cuGetProcAddress (both ABIs) and the error-name tables (docs/cuda-driver-rules.md §2,
 // §3.8).
 #include "emulator_internal.hpp"
 

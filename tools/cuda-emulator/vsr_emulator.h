@@ -2,7 +2,7 @@
 /* Test-only control API of the host CUDA driver emulator (libvsr-cuda-emulator.so).
  *
  * The emulator exports the subset of the CUDA 13.0 driver API the runtime uses and backs device
- * memory with host memory (reference/cuda-vmm-semantics.md). These extra functions let tests
+ * memory with host memory (docs/cuda-driver-rules.md). These extra functions let tests
  * inspect and steer it. Resolve them with dlsym on the handle of the emulator. Every function is
  * thread-safe and may be called before cuInit.
  *

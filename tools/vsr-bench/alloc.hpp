@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// vsr-bench alloc: the device memory pool against malloc and the driver's allocators (issue 3),
-// its thread scaling, its fragmentation, and its cost as the device grows (issue 11). This header
-// holds the benchmark's sizes and its sections, one file each: alloc_traces.cpp (1, 2),
-// alloc_threads.cpp (3), alloc_frag.cpp (4), alloc_scale.cpp (5), alloc_default.cpp (6); alloc.cpp
-// runs them.
+// vsr-bench alloc: the device memory pool against malloc and the driver's allocators, its thread
+// scaling, its fragmentation, and its cost as the device grows. This header holds the benchmark's
+// sizes and its sections, one file each: alloc_traces.cpp (1, 2), alloc_threads.cpp (3),
+// alloc_frag.cpp (4), alloc_scale.cpp (5), alloc_default.cpp (6: slack); alloc.cpp runs them.
 #pragma once
 
 #include "bench.hpp"

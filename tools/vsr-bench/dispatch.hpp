@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// vsr-bench dispatch: op throughput against copy bandwidth (issue 5) and pipelined per-band
-// dispatch (issue 12). This header holds the benchmark's sizes, the helpers its sections share
-// (dispatch_helpers.cpp) and the sections, one file each: dispatch_elementwise.cpp (1, 2),
-// dispatch_pipeline.cpp (3), dispatch_focal.cpp (4); dispatch.cpp runs them.
+// vsr-bench dispatch: op throughput against copy bandwidth and pipelined per-band dispatch. This
+// header holds the benchmark's sizes, the helpers its sections share (dispatch_helpers.cpp) and the
+// sections, one file each: dispatch_elementwise.cpp (1, 2), dispatch_pipeline.cpp (3),
+// dispatch_focal.cpp (4); dispatch.cpp runs them.
 //
 // Bandwidth figures count every byte an op reads plus every byte it writes (rescale float32 ->
 // float32: 8 bytes per pixel), and the same for its baseline copy, so a ratio is baseline time

@@ -3,16 +3,19 @@
 // of the contenders are interleaved (A, B, A, B, ...) and the median of the per-round ratios is
 // reported, because the machines this runs on are shared and noisy.
 //
-//   vsr-bench alloc [--quick] [--json] [--seed N] [--sections
-//   malloc,driver,threads,frag,scale,slack]
-//                   [--large-live N]                 the device memory pool (issue 3); scale:
-//                                                    the large trace at 8 and 141 GiB emulated
-//                                                    devices side by side (issue 11); N: the
-//                                                    large trace's live blocks (default 256)
+//   vsr-bench alloc [--quick] [--json] [--seed N] [--large-live N]
+//                   [--sections malloc,driver,threads,frag,scale,slack]
+//                                                    the device memory pool; scale: the large
+//                                                    trace at 8 and 141 GiB emulated devices
+//                                                    side by side; slack: the pool's slack policy
+//                                                    with and without the A100 latency model;
+//                                                    N: the large trace's live blocks (default 256)
 //   vsr-bench dispatch [--quick] [--json] [--sections cpu,gpu,pipeline,focal]
-//                                                    op throughput vs copy bandwidth (issue 5);
-//                                                    the pipeline section also runs on the
-//                                                    emulator, with a stand-in op (issue 12)
+//                                                    op throughput vs copy bandwidth; the
+//                                                    pipeline section also runs on the
+//                                                    emulator, with a stand-in op
+//
+// docs/tools.md describes each section.
 //
 // Exit status: 0 when every section ran (goals missed or not), 1 when one failed (the others still
 // run and the summary names the failure), 2 on bad arguments, 77 when there is no usable driver
@@ -34,7 +37,7 @@ int usage(FILE* to) {
   std::fprintf(to,
                "usage: vsr-bench alloc [--quick] [--json] [--seed N] [--sections LIST]\n"
                "                       [--large-live N]\n"
-               "       LIST: comma-separated subset of malloc,driver,threads,frag,scale\n"
+               "       LIST: comma-separated subset of malloc,driver,threads,frag,scale,slack\n"
                "       N: the large trace's live blocks of 1-64 MiB (default 256)\n"
                "       vsr-bench dispatch [--quick] [--json] [--sections LIST]\n"
                "       LIST: comma-separated subset of cpu,gpu,pipeline,focal\n");

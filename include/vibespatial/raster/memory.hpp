@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The device memory pool (ADR-0040 in C++): tiers A/B/C/fallback on the CUDA driver API.
+// The device memory pool: tiers A/B/C/fallback on the CUDA driver API (docs/memory-pool.md).
 //
 // Glossary
 //   granule      the driver's minimum VMM allocation granularity G (2 MiB on NVIDIA GPUs).
@@ -210,15 +210,15 @@ VSR_EXPORT void device_deallocate(void* ptr, std::size_t bytes, CUstream stream 
 
 /// Tells the pool that `stream` is about to be destroyed: call it after the last device_deallocate
 /// on `stream` and before cuStreamDestroy, while the stream is still alive. CUDA recycles stream
-/// handles (RMM issue #649), and the pool would otherwise treat a new stream with the same handle
-/// as the old one, handing it blocks the old stream's work may still use. It records one mark on
-/// `stream` in every device's pool (a stream query, and an event if the stream is busy); every
-/// block and free range freed on `stream`, in every thread's cache too, stops being "the same
-/// stream" for its handle value and becomes reusable on any stream once that mark completes (or
-/// behind a wait for it). Other threads apply it to their caches on their next allocation or free
-/// (a cheap check of a counter on the fast path). NULL and CU_STREAM_LEGACY: a no-op (the legacy
-/// stream lives as long as the context); CU_STREAM_PER_THREAD: the calling thread's per-thread
-/// stream. A no-op before configuration. Thread-safe; may be called again.
+/// handles (docs/cuda-driver-rules.md §3.7), and the pool would otherwise treat a new stream with
+/// the same handle as the old one, handing it blocks the old stream's work may still use. It
+/// records one mark on `stream` in every device's pool (a stream query, and an event if the stream
+/// is busy); every block and free range freed on `stream`, in every thread's cache too, stops being
+/// "the same stream" for its handle value and becomes reusable on any stream once that mark
+/// completes (or behind a wait for it). Other threads apply it to their caches on their next
+/// allocation or free (a cheap check of a counter on the fast path). NULL and CU_STREAM_LEGACY: a
+/// no-op (the legacy stream lives as long as the context); CU_STREAM_PER_THREAD: the calling
+/// thread's per-thread stream. A no-op before configuration. Thread-safe; may be called again.
 /// @throws CudaError when no mark can be recorded on `stream` (e.g. it was already destroyed);
 ///         the pools that could not record one are unchanged, so a later call may retry.
 /// @throws DriverUnavailableError in a forked child.

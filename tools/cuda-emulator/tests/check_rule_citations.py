@@ -17,10 +17,8 @@ RULES = os.path.join('docs', 'cuda-driver-rules.md')
 SCANNED = ('src', 'tests', 'tools')
 CITATION = re.compile(r'§(\d+(?:\.\d+)*)')
 HEADING = re.compile(r'^#+\s+§(\d+(?:\.\d+)*)\b')
-# (file, section) pairs that cite reference/vibespatial-reference.md without naming it.
-OTHER_DOCUMENT = {
-    ('src/ops/ops_cuda.cu', '5.3'),  # CUB's DeviceHistogram notes
-}
+# (file, section) pairs whose citation names another document on a different line.
+OTHER_DOCUMENT: set = set()
 
 
 def sections(root):
