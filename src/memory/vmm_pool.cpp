@@ -6,7 +6,7 @@
 // own, any free page can be unmapped and mapped again elsewhere: a large request is served by
 // gathering free pages into a fresh contiguous range, so it never fails for lack of a contiguous
 // free range while enough physical memory is free (the failure that stranded 19.9 GiB in the
-// Python original, reference/vibespatial-reference.md §1.9).
+// Python original, which asked the driver for one contiguous allocation per block).
 //
 // Address space: small regions hold small pages; large regions hold large blocks (whole pages).
 // They never mix. A small page is split into 32 KiB spans (a 64th of larger pages); a slab is a
@@ -42,7 +42,7 @@
 // page's spans together; over that it gives up its largest to the class's unowned_bump list. Only
 // a full device lets a thread take free slots of another thread's slabs, then its bump slab.
 // Threads thus write disjoint cache lines of the per-slot records
-// even after blocks went back to the pool. Driver rules followed (reference/cuda-vmm-semantics.md):
+// even after blocks went back to the pool. Driver rules followed (docs/cuda-driver-rules.md):
 // map whole handles at offset 0 (§3.4.6), set access once per contiguous newly mapped run (§3.4.8,
 // §7 #3), unmap only whole mappings inside one reservation (§3.4.7), release handles exactly once
 // (§7 #5), and unmap only memory whose freeing stream work has completed (§7 #2).
