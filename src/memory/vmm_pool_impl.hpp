@@ -311,6 +311,9 @@ class VmmPool final : public DevicePool {
     return stream == CU_STREAM_LEGACY ? nullptr : stream;
   }
   void* allocate_small(std::size_t bytes, CUstream stream);
+  // Frees a small block of `slab` (deallocate found it): into the thread's cache bin with no lock
+  // and no driver call, or under the mutex when the bin is full or being drained.
+  void deallocate_small(Slab* slab, void* ptr, std::size_t bytes, CUstream stream);
   void* refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes, CUstream stream);
   void flush_bin(ThreadCache& cache, int size_class, int keep) noexcept;  // mutex held
   // Batches (mutex held).
