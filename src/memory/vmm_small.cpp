@@ -2,6 +2,7 @@
 // Small blocks of the VMM pool: their allocation and free, per-thread caches (the lock-free fast
 // path), slabs on runs of spans of shared pages, bump slabs and their per-thread budget, the
 // shared free lists.
+#include "common/expects.hpp"
 #include "memory/vmm_pool_impl.hpp"
 
 namespace vibespatial::raster::detail::vmm {
