@@ -15,9 +15,11 @@ B        default, device supports VMM      the pool with the OOM recovery chain
 fallback device without VMM                a caching pool over ``cuMemAlloc``
 ======== ================================= =========================================
 
-``VIBESPATIAL_GPU_POOL_RESERVE`` (tiers A/B, a decimal fraction from 0 to 1, default 0) lets the
-pool hold that much more than the peak of live large blocks so that a steady mix of large sizes
-stops remapping pages (docs/memory-pool.md has the trade-off as measured).
+The pool keeps some slack so that a steady mix of large sizes stops remapping pages: by default
+up to a tenth of the peak of live large blocks while the device has room, less as it fills, none
+on a full device (slack is what goes back first when memory runs short).
+``VIBESPATIAL_GPU_POOL_RESERVE`` (tiers A/B) overrides it with a decimal fraction from 0 (always
+tight) to 1; ``auto`` or unset is the adaptive default (docs/memory-pool.md has the figures).
 
 Unlike the Python original, :func:`free_pool_memory` is safe with live allocations, and the
 pool serves CuPy, PyTorch and Numba too (:mod:`vibespatial_raster.allocators`).

@@ -151,6 +151,8 @@ class DevicePool {
   int device_;
 };
 
+/// `reserve`: the slack as a fraction of the peak of live large pages (0 to 1), or negative for
+/// the adaptive default.
 std::unique_ptr<DevicePool> make_vmm_pool(int device, double reserve);
 /// Maps one page through the VMM calls the pool uses (reserve, create, map, set access, then
 /// unmap, release, free) on `device`. Returns "" when they work, else what failed (e.g.

@@ -13,8 +13,9 @@ namespace vibespatial::raster::detail {
 /// Devices the pools serve (ordinals 0 .. kMaxDevices - 1): one slot each in the registry and in
 /// every thread's cache set.
 inline constexpr int kMaxDevices = 64;
-// The VMM pool's warm reserve when VIBESPATIAL_GPU_POOL_RESERVE is unset (memory.hpp).
-inline constexpr double kDefaultReserve = 0.0;
+// The VMM pool's slack when VIBESPATIAL_GPU_POOL_RESERVE is unset or "auto" (memory.hpp): a
+// negative value selects the adaptive default (VmmPool::slack_allowed).
+inline constexpr double kDefaultReserve = -1.0;
 
 /// Set in a child process forked (pthread_atfork) from a process that had used the pool. The
 /// child inherits the pool's mutexes in whatever state the parent's other threads left them, and

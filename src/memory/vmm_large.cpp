@@ -187,6 +187,17 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream key, bool create) {
   return window;
 }
 
+bool VmmPool::wait_for_busy_free_ranges() {
+  bool waited = false;
+  for (auto& [addr, range] : free_by_addr_) {
+    if (range_idle(range)) continue;
+    for (const MarkRef& m : range.marks) marks_.wait(m);  // throws CudaError: nothing changed
+    range.marks.clear();
+    waited = true;
+  }
+  return waited;
+}
+
 void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
   const std::size_t pages = (bytes + page_ - 1) / page_;
   ThreadCache& cache = thread_cache();
@@ -232,8 +243,17 @@ void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
         take_range(range);
       }
     }
-    // 4. New memory.
-    if (addr == 0) addr = compose(pages, key, true);
+    // 4. New memory. On a full device (or with no address space for a window), free ranges whose
+    //    freeing work is still queued hold pages too: wait for that work, then compose again from
+    //    what the pool holds, rather than fail while it holds what the request needs.
+    if (addr == 0) {
+      try {
+        addr = compose(pages, key, true);
+      } catch (const DeviceFull&) {
+        if (!wait_for_busy_free_ranges()) throw;
+        addr = compose(pages, key, true);
+      }
+    }
   }
   live_large_.emplace(addr, LargeBlock{pages, bytes});
   large_live_pages_ += pages;

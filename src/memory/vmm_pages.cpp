@@ -258,9 +258,54 @@ bool VmmPool::create_pages(std::size_t until, std::vector<CUmemGenericAllocation
   return true;
 }
 
+std::size_t VmmPool::slack_allowed(std::size_t wanted) {
+  if (reserve_ >= 0) {
+    return static_cast<std::size_t>(reserve_ * static_cast<double>(large_peak_pages_));
+  }
+  // The adaptive default: a tenth of the peak of live large pages while the device has room,
+  // never more than half of the device's free pages that would be left once `wanted` new
+  // pages were made, so the slack shrinks as the device fills and is none on a full one.
+  const std::size_t target = large_peak_pages_ / 10;
+  if (target == 0) return 0;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (driver().cuMemGetInfo(&free_bytes, &total_bytes) != CUDA_SUCCESS) return 0;  // then tight
+  const std::size_t free_pages = free_bytes / page_;
+  const std::size_t left = free_pages > wanted ? free_pages - wanted : 0;
+  return std::min(target, left / 2);
+}
+
+std::size_t VmmPool::take_idle_free_pages(std::size_t count, CUdeviceptr avoid_begin,
+                                          CUdeviceptr avoid_end,
+                                          std::vector<CUmemGenericAllocationHandle>& out) {
+  const DriverApi& api = driver();
+  std::size_t taken = 0;
+  for (auto it = free_by_addr_.begin(); out.size() < count && it != free_by_addr_.end();) {
+    const CUdeviceptr begin = it->first;
+    const CUdeviceptr end = begin + it->second.pages * page_;
+    if ((begin < avoid_end && end > avoid_begin) || !range_idle(it->second)) {
+      ++it;
+      continue;
+    }
+    const std::size_t take = std::min(count - out.size(), it->second.pages);
+    const CUdeviceptr cut = end - take * page_;
+    if (!vmm_call_took_effect(api.cuMemUnmap(cut, take * page_))) {
+      ++it;
+      continue;
+    }
+    take_unmapped_handles(cut, take, out);
+    taken += take;
+    const std::size_t left = it->second.pages - take;
+    std::vector<MarkRef> marks = std::move(it->second.marks);
+    auto next = std::next(it);
+    erase_free(it);
+    if (left > 0) insert_free(begin, left, std::move(marks));
+    it = next;
+  }
+  return taken;
+}
+
 bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
                             std::vector<CUmemGenericAllocationHandle>& out, bool create) {
-  const DriverApi& api = driver();
   try {
     out.reserve(count);                    // room first: nothing after an unmap below may fail
     if (!stuck_.empty()) recover_stuck();  // their pages are free once unmapped
@@ -268,39 +313,21 @@ bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
       out.push_back(spare_.back());
       spare_.pop_back();
     }
-    // The warm reserve: while the pool holds less than its small pages and (1 + reserve_) times
-    // the peak of live large pages, new pages rather than idle free pages unmapped from
-    // elsewhere. Remapping takes pages from the free ranges that later requests would reuse as
-    // they are, so with no slack a steady trace keeps remapping; with some, it settles into
-    // free ranges of the sizes it needs and maps nothing (docs/memory-pool.md has the figures).
-    // A device that is full ends the reserve: the pages then come from elsewhere as usual.
-    const std::size_t cap =
-        small_pages_ + large_peak_pages_ +
-        static_cast<std::size_t>(reserve_ * static_cast<double>(large_peak_pages_));
-    const std::size_t below_cap = pages_held_ < cap ? cap - pages_held_ : 0;
-    create_pages(std::min(count, out.size() + below_cap), out);  // a full device ends it
-    // Idle free large pages elsewhere: unmap them from their range's tail and reuse the handles.
-    for (auto it = free_by_addr_.begin(); out.size() < count && it != free_by_addr_.end();) {
-      const CUdeviceptr begin = it->first;
-      const CUdeviceptr end = begin + it->second.pages * page_;
-      if ((begin < avoid_end && end > avoid_begin) || !range_idle(it->second)) {
-        ++it;
-        continue;
-      }
-      const std::size_t take = std::min(count - out.size(), it->second.pages);
-      const CUdeviceptr cut = end - take * page_;
-      if (!vmm_call_took_effect(api.cuMemUnmap(cut, take * page_))) {
-        ++it;
-        continue;
-      }
-      take_unmapped_handles(cut, take, out);
-      const std::size_t left = it->second.pages - take;
-      std::vector<MarkRef> marks = std::move(it->second.marks);
-      auto next = std::next(it);
-      erase_free(it);
-      if (left > 0) insert_free(begin, left, std::move(marks));
-      it = next;
+    // Slack: while the pool holds less than its small pages, the peak of live large pages and
+    // the slack allowed, new pages rather than idle free pages unmapped from elsewhere.
+    // Remapping takes pages from the free ranges that later requests would reuse as they are,
+    // so with no slack a steady trace keeps remapping; with some, it settles into free ranges
+    // of the sizes it needs and maps nothing (docs/memory-pool.md has the figures). A device
+    // that is full ends the slack: the pages then come from elsewhere as usual.
+    if (out.size() < count) {
+      const std::size_t base = small_pages_ + large_peak_pages_;
+      const std::size_t wanted = count - out.size();
+      const std::size_t cap = pages_held_ + wanted > base ? base + slack_allowed(wanted) : base;
+      const std::size_t below_cap = pages_held_ < cap ? cap - pages_held_ : 0;
+      create_pages(std::min(count, out.size() + below_cap), out);  // a full device ends it
     }
+    // Idle free large pages elsewhere: unmap them from their range's tail and reuse the handles.
+    take_idle_free_pages(count, avoid_begin, avoid_end, out);
     if (out.size() < count) reclaim_small_pages(&out, count - out.size(), false);
     if (!create && out.size() < count) {
       spare_.insert(spare_.end(), out.begin(), out.end());  // all of them stay in the pool

@@ -6,7 +6,7 @@
 // own, any free page can be unmapped and mapped again elsewhere: a large request is served by
 // gathering free pages into a fresh contiguous range, so it never fails for lack of a contiguous
 // free range while enough physical memory is free (the failure that stranded 19.9 GiB in the
-// Python original, reference/vibespatial-reference.md §1.9).
+// Python original, which asked the driver for one contiguous allocation per block).
 //
 // Address space: small regions hold small pages; large regions hold large blocks (whole pages).
 // They never mix. A small page is split into 32 KiB spans (a 64th of larger pages); a slab is a
@@ -42,7 +42,7 @@
 // page's spans together; over that it gives up its largest to the class's unowned_bump list. Only
 // a full device lets a thread take free slots of another thread's slabs, then its bump slab.
 // Threads thus write disjoint cache lines of the per-slot records
-// even after blocks went back to the pool. Driver rules followed (reference/cuda-vmm-semantics.md):
+// even after blocks went back to the pool. Driver rules followed (docs/cuda-driver-rules.md):
 // map whole handles at offset 0 (§3.4.6), set access once per contiguous newly mapped run (§3.4.8,
 // §7 #3), unmap only whole mappings inside one reservation (§3.4.7), release handles exactly once
 // (§7 #5), and unmap only memory whose freeing stream work has completed (§7 #2).
@@ -112,43 +112,7 @@ void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   const auto p = reinterpret_cast<CUdeviceptr>(ptr);
   Slab* slab = slab_of(p);
   if (slab == nullptr) return deallocate_large(p, bytes, stream);
-  const std::size_t slot = slab->slot_of(p);
-  VSR_EXPECTS(p == slab->base + slot * slab->slot_size && slot < slab->slot_count,
-              "device_deallocate: pointer is inside a small block, not at its start");
-  std::uint32_t expected = static_cast<std::uint32_t>(bytes);
-  const bool fits = bytes != 0 && bytes <= small_limit_;
-  if (!fits) expected = slab->requested[slot].load(std::memory_order_acquire);
-  if (!fits ||
-      !slab->requested[slot].compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
-    const std::size_t allocated = expected;
-    expect_live_block(ptr, expected == 0 ? nullptr : &allocated, bytes);
-  }
-  ThreadCache& cache = thread_cache();
-  Bin& bin = cache.bins[static_cast<std::size_t>(slab->size_class)];
-  if (enter_fast_path(cache)) [[likely]] {
-    if (bin.count < kBinCapacity) [[likely]] {
-      bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
-      cache.add(-static_cast<std::int64_t>(bytes), -1);
-      leave_fast_path(cache);
-      return;
-    }
-    leave_fast_path(cache);
-  }
-  // The bin is full, another thread is draining it, or a forget_stream() call is to be applied
-  // first: under the mutex, which such a thread holds.
-  try {
-    std::lock_guard lock(mutex_);
-    sync_forgotten(cache);
-    const bool flushed = bin.count == kBinCapacity;
-    if (flushed) flush_bin(cache, slab->size_class, kBinCapacity / 2);
-    bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
-    cache.add(-static_cast<std::int64_t>(bytes), -1);
-    if (flushed) mark_pending(stream, key_in(cache, stream));  // a call on `stream`
-  } catch (...) {
-    slab->requested[slot].store(static_cast<std::uint32_t>(bytes),
-                                std::memory_order_release);  // changes nothing
-    throw;
-  }
+  deallocate_small(slab, ptr, bytes, stream);
 }
 
 void VmmPool::trim() {
@@ -209,7 +173,7 @@ void VmmPool::trim() {
     }
   }
   spare_ = std::move(kept);
-  large_peak_pages_ = large_live_pages_;  // the warm reserve grows again from what is live
+  large_peak_pages_ = large_live_pages_;  // the slack grows again from what is live
   debug_check("trim");
   if (first_error) throw *first_error;
 }
@@ -434,7 +398,7 @@ std::unique_ptr<DevicePool> make_vmm_pool(int device, double reserve) {
   if (device < 0 || device >= kMaxDevices) {
     throw std::out_of_range("device ordinal out of range for the pool");
   }
-  VSR_EXPECTS(reserve >= 0 && reserve <= 1, "make_vmm_pool: reserve must be in [0, 1]");
+  VSR_EXPECTS(reserve <= 1, "make_vmm_pool: reserve must be in [0, 1], or negative (adaptive)");
   return std::make_unique<vmm::VmmPool>(device, reserve);
 }
 

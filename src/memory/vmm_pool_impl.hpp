@@ -255,7 +255,8 @@ extern std::array<std::atomic<std::uint64_t>, kMaxDevices> g_live_epoch;
 
 class VmmPool final : public DevicePool {
  public:
-  /// `reserve`: VIBESPATIAL_GPU_POOL_RESERVE (a fraction, 0 to 1; see acquire_pages).
+  /// `reserve`: VIBESPATIAL_GPU_POOL_RESERVE (a fraction, 0 to 1), or negative for the adaptive
+  /// default (see slack_allowed).
   VmmPool(int device, double reserve);
   ~VmmPool() override { teardown(); }
 
@@ -310,6 +311,9 @@ class VmmPool final : public DevicePool {
     return stream == CU_STREAM_LEGACY ? nullptr : stream;
   }
   void* allocate_small(std::size_t bytes, CUstream stream);
+  // Frees a small block of `slab` (deallocate found it): into the thread's cache bin with no lock
+  // and no driver call, or under the mutex when the bin is full or being drained.
+  void deallocate_small(Slab* slab, void* ptr, std::size_t bytes, CUstream stream);
   void* refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes, CUstream stream);
   void flush_bin(ThreadCache& cache, int size_class, int keep) noexcept;  // mutex held
   // Batches (mutex held).
@@ -414,6 +418,19 @@ class VmmPool final : public DevicePool {
   // taking none) if it holds too few. Throws DeviceFull when the driver has no memory left.
   bool acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
                      std::vector<CUmemGenericAllocationHandle>& out, bool create);
+  // Pages the pool may hold beyond its small pages and the peak of live large pages when it
+  // needs `wanted` more: reserve_ times that peak, or with the adaptive default (reserve_ < 0) a
+  // tenth of it, at most half the device's free pages left after `wanted` (cuMemGetInfo; none if
+  // that fails). Mutex held.
+  std::size_t slack_allowed(std::size_t wanted);
+  // Blocks until the freeing work of every busy free large range has completed, and forgets
+  // their marks; false if no range was busy. Throws CudaError when a wait fails. Mutex held.
+  bool wait_for_busy_free_ranges();
+  // Unmaps idle free large pages outside [avoid_begin, avoid_end) from their ranges' tails into
+  // `out` until it holds `count` (it must have room). Returns how many. Mutex held.
+  std::size_t take_idle_free_pages(std::size_t count, CUdeviceptr avoid_begin,
+                                   CUdeviceptr avoid_end,
+                                   std::vector<CUmemGenericAllocationHandle>& out);
   int region_of(CUdeviceptr p) const noexcept;
   // Reserves a region of `size` bytes (retrying after make_address_space(), then halving down to
   // `min_size`); throws DeviceFull when even that is refused. Mutex held.
@@ -493,7 +510,7 @@ class VmmPool final : public DevicePool {
   // The most pages live large blocks have needed at once since the pool was last trimmed
   // (counting a request being served): the base of the warm reserve.
   std::size_t large_peak_pages_ = 0;
-  const double reserve_;  // the warm reserve, a fraction of large_peak_pages_
+  const double reserve_;  // the slack: a fraction of large_peak_pages_, or < 0 adaptive
   std::size_t slab_count_ = 0;
   MarkFactory marks_;
   bool torn_down_ = false;

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Small blocks of the VMM pool: per-thread caches (the lock-free fast path), slabs on runs of
-// spans of shared pages, bump slabs and their per-thread budget, the shared free lists.
+// Small blocks of the VMM pool: their allocation and free, per-thread caches (the lock-free fast
+// path), slabs on runs of spans of shared pages, bump slabs and their per-thread budget, the
+// shared free lists.
+#include "common/expects.hpp"
 #include "memory/vmm_pool_impl.hpp"
 
 namespace vibespatial::raster::detail::vmm {
@@ -76,6 +78,47 @@ void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
   }
   leave_fast_path(cache);
   return refill_and_allocate(cache, size_class, bytes, stream);
+}
+
+void VmmPool::deallocate_small(Slab* slab, void* ptr, std::size_t bytes, CUstream stream) {
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  const std::size_t slot = slab->slot_of(p);
+  VSR_EXPECTS(p == slab->base + slot * slab->slot_size && slot < slab->slot_count,
+              "device_deallocate: pointer is inside a small block, not at its start");
+  std::uint32_t expected = static_cast<std::uint32_t>(bytes);
+  const bool fits = bytes != 0 && bytes <= small_limit_;
+  if (!fits) expected = slab->requested[slot].load(std::memory_order_acquire);
+  if (!fits ||
+      !slab->requested[slot].compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
+    const std::size_t allocated = expected;
+    expect_live_block(ptr, expected == 0 ? nullptr : &allocated, bytes);
+  }
+  ThreadCache& cache = thread_cache();
+  Bin& bin = cache.bins[static_cast<std::size_t>(slab->size_class)];
+  if (enter_fast_path(cache)) [[likely]] {
+    if (bin.count < kBinCapacity) [[likely]] {
+      bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
+      cache.add(-static_cast<std::int64_t>(bytes), -1);
+      leave_fast_path(cache);
+      return;
+    }
+    leave_fast_path(cache);
+  }
+  // The bin is full, another thread is draining it, or a forget_stream() call is to be applied
+  // first: under the mutex, which such a thread holds.
+  try {
+    std::lock_guard lock(mutex_);
+    sync_forgotten(cache);
+    const bool flushed = bin.count == kBinCapacity;
+    if (flushed) flush_bin(cache, slab->size_class, kBinCapacity / 2);
+    bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
+    cache.add(-static_cast<std::int64_t>(bytes), -1);
+    if (flushed) mark_pending(stream, key_in(cache, stream));  // a call on `stream`
+  } catch (...) {
+    slab->requested[slot].store(static_cast<std::uint32_t>(bytes),
+                                std::memory_order_release);  // changes nothing
+    throw;
+  }
 }
 
 void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes,

@@ -209,12 +209,13 @@ TEST_SUITE("pool") {
   }
 
   TEST_CASE("the warm reserve: a steady large trace stops remapping, within its bound") {
-    // Without a reserve the pool holds about the peak of live pages and composes a window
+    // With no slack (0) the pool holds about the peak of live pages and composes a window
     // (maps, unmaps) for a request that no free range fits; VIBESPATIAL_GPU_POOL_RESERVE=0.1
     // lets it hold 10% more, after which the trace finds free ranges that fit.
     LargeTraceResult plain, reserved;
     {
       FreshPool fresh(nullptr, 4096 * MiB);
+      setenv("VIBESPATIAL_GPU_POOL_RESERVE", "0", 1);
       plain = large_trace(3000);
     }
     {
@@ -236,8 +237,67 @@ TEST_SUITE("pool") {
     CHECK(plain.peak_pool / page <= plain.peak_live_pages + 1);
   }
 
+  TEST_CASE(
+      "the default keeps slack while the device has room: a quarter of a tight pool's calls") {
+    // The adaptive default on a device with room: the same trace as above makes at most a
+    // quarter of the VMM calls of a pool with no slack (VIBESPATIAL_GPU_POOL_RESERVE=0), and
+    // holds at most a tenth more than the peak of live pages.
+    LargeTraceResult tight, adaptive, named;
+    {
+      FreshPool fresh(nullptr, 4096 * MiB);
+      setenv("VIBESPATIAL_GPU_POOL_RESERVE", "0", 1);
+      tight = large_trace(3000);
+    }
+    {
+      FreshPool fresh(nullptr, 4096 * MiB);
+      adaptive = large_trace(3000);
+    }
+    {
+      FreshPool fresh(nullptr, 4096 * MiB);
+      setenv("VIBESPATIAL_GPU_POOL_RESERVE", "auto", 1);  // names the default
+      named = large_trace(3000);
+    }
+    const std::size_t page = 2 * MiB;
+    INFO("VMM calls per step: " << tight.calls_per_step << " tight, " << adaptive.calls_per_step
+                                << " by default; peak pool " << adaptive.peak_pool / page
+                                << " pages for " << adaptive.peak_live_pages << " live");
+    CHECK(tight.calls_per_step > 0.05);
+    CHECK(adaptive.calls_per_step * 4 <= tight.calls_per_step);
+    CHECK(adaptive.peak_pool / page <= adaptive.peak_live_pages + adaptive.peak_live_pages / 10);
+    CHECK(named.calls_per_step == adaptive.calls_per_step);
+    CHECK(named.peak_pool == adaptive.peak_pool);
+  }
+
+  TEST_CASE("the default on a device 1.08x the trace's peak: no OOM, never above the device") {
+    // The trace's peak of live pages, measured on a device with room; then the same trace on a
+    // device with 8% more than that free. Slack shrinks as the device fills: no request fails,
+    // no OOM handler runs, and the pool never holds more than the device.
+    std::size_t peak_live = 0;
+    {
+      FreshPool fresh(nullptr, 4096 * MiB);
+      peak_live = large_trace(1500).peak_live_pages * 2 * MiB;
+    }
+    FreshPool fresh(nullptr, 4096 * MiB);
+    const std::size_t overhead = 4096 * MiB - vsr_test::driver_free_bytes();  // the context's share
+    const std::size_t device = overhead + peak_live + peak_live * 8 / 100;
+    vsr::detail::reset_memory_pools();
+    REQUIRE(vsr_test::emulator().set_option("DEVICE_MEMORY", std::to_string(device).c_str()) == 0);
+    int handler_calls = 0;
+    const std::uint64_t id = vsr::add_oom_handler([&](std::size_t) {
+      ++handler_calls;
+      return false;
+    });
+    LargeTraceResult r;
+    CHECK_NOTHROW(r = large_trace(1500));
+    vsr::remove_oom_handler(id);
+    CHECK(handler_calls == 0);
+    CHECK(r.peak_pool <= device - overhead);
+    CHECK(vsr::memory_pool_stats().oom_recoveries == 0);
+  }
+
   TEST_CASE("VIBESPATIAL_GPU_POOL_RESERVE must be a fraction from 0 to 1") {
-    for (const char* bad : {"", "10%", "-0.1", "1.5", "0.1x", "nan", "1e-1", " 0.1"}) {
+    for (const char* bad :
+         {"", "10%", "-0.1", "1.5", "0.1x", "nan", "1e-1", " 0.1", "AUTO", "-1"}) {
       FreshPool fresh;
       setenv("VIBESPATIAL_GPU_POOL_RESERVE", bad, 1);
       INFO("VIBESPATIAL_GPU_POOL_RESERVE=\"" << bad << "\"");
@@ -246,7 +306,7 @@ TEST_SUITE("pool") {
                            std::invalid_argument);
       unsetenv("VIBESPATIAL_GPU_POOL_RESERVE");
     }
-    for (const char* good : {"0", "0.25", "1", "1.0", ".5"}) {
+    for (const char* good : {"0", "0.25", "1", "1.0", ".5", "auto"}) {
       FreshPool fresh;
       setenv("VIBESPATIAL_GPU_POOL_RESERVE", good, 1);
       INFO("VIBESPATIAL_GPU_POOL_RESERVE=\"" << good << "\"");

@@ -129,6 +129,8 @@ int run_alloc(const AllocOptions& o) {
     z.frag_allocs = 500;
     z.frag_cap = 1 * kGiB;
     z.rounds = z.drv_rounds = z.thread_rounds = 3;
+    z.default_lives = {64, 256};
+    z.default_steps = 1000;
   }
   if (o.large_live != 0) z.large_live = o.large_live;
   fit_to_device(rep, z);
@@ -148,6 +150,7 @@ int run_alloc(const AllocOptions& o) {
   guarded("threads", [&] { section_threads(rep, z, o.seed, o.json); });
   guarded("frag", [&] { section_fragmentation(rep, z, o.seed, o.json); });
   guarded("scale", [&] { section_scale(rep, large, large_seed, z, o.json); });
+  guarded("slack", [&] { section_default(rep, z, o.seed, o.json); });
   const int status = g_errors > 0 ? 1 : 0;
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   progress("done in %.1f s", secs);

@@ -2,7 +2,7 @@
 // vsr-bench alloc: the device memory pool against malloc and the driver's allocators, its thread
 // scaling, its fragmentation, and its cost as the device grows. This header holds the benchmark's
 // sizes and its sections, one file each: alloc_traces.cpp (1, 2), alloc_threads.cpp (3),
-// alloc_frag.cpp (4), alloc_scale.cpp (5); alloc.cpp runs them.
+// alloc_frag.cpp (4), alloc_scale.cpp (5), alloc_default.cpp (6: slack); alloc.cpp runs them.
 #pragma once
 
 #include "bench.hpp"
@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace vsr_bench {
 
@@ -21,7 +22,14 @@ struct AllocSizes {
   std::size_t frag_allocs = 20000;
   std::size_t frag_cap = 4 * kGiB;
   int rounds = 7, drv_rounds = 5, thread_rounds = 9;  // threads: short rounds, noisy on few CPUs
+  std::vector<std::size_t> default_lives = {256, 1024, 2048};  // section 6's live-set sizes
+  std::size_t default_steps = 5000;
 };
+
+/// VMM calls (create, release, map, unmap, set access) per alloc+free pair of a steady run of
+/// @p t on the pool: one more round, counted over its replacement steps only. -1 on a real
+/// driver, whose calls nobody counts.
+double vmm_calls_per_op(const Trace& t, std::size_t steps);
 
 /// The large trace (1 to 64 MiB, log-uniform): one definition for the sections and the scale
 /// section's workers, which rebuild it from these numbers.
@@ -38,6 +46,9 @@ void section_driver(Report& rep, const Trace& small, const Trace& large, const A
 void section_threads(Report& rep, const AllocSizes& z, std::uint64_t seed, bool quiet);
 /// 4. Peak physical over peak live bytes under churn.
 void section_fragmentation(Report& rep, const AllocSizes& z, std::uint64_t seed, bool quiet);
+/// 6. The slack policy as configured: the large trace at several live-set sizes with and
+/// without the emulator's A100 latency model, its VMM calls, and a near-full device.
+void section_default(Report& rep, const AllocSizes& z, std::uint64_t seed, bool quiet);
 /// 5. The large trace's cost on an 8 GiB and a 141 GiB emulated device, side by side (emulator
 /// only): @p large was made by make_large_trace with @p large_seed.
 void section_scale(Report& rep, const Trace& large, std::uint64_t large_seed, const AllocSizes& z,

@@ -86,12 +86,12 @@ FragResult fragmentation(Dist dist, std::size_t cap, std::size_t allocs, std::ui
 }  // namespace
 
 void section_fragmentation(Report& rep, const AllocSizes& z, std::uint64_t seed, bool quiet) {
-  const std::string goal = "<= 1.05";
+  const std::string goal = "<= 1.15";  // the default keeps up to a tenth of slack
   Table tab({"sizes", "live cap", "allocs", "frees", "peak live requested", "peak pool_size",
              "peak/requested", "page-rounding floor", "goal", "met"});
   int idx = 0;
   for (Dist d : {Dist::uniform, Dist::log_uniform}) {
-    progress("4/5 fragmentation: %s sizes, %zu allocations, cap %s", dist_name(d), z.frag_allocs,
+    progress("4/6 fragmentation: %s sizes, %zu allocations, cap %s", dist_name(d), z.frag_allocs,
              format_bytes(z.frag_cap).c_str());
     FragResult f;
     if (!run_case(rep, tab, std::string("1-64 MiB ") + dist_name(d),

@@ -196,7 +196,7 @@ struct ScaleResult {
 };
 
 ScaleResult measure(const Trace& large, std::uint64_t large_seed, const AllocSizes& z) {
-  const std::string label = "5/5 scale";
+  const std::string label = "5/6 scale";
   const std::vector<std::string> args{"vsr-bench",     "alloc-scale-worker",
                                       "--live",        std::to_string(large.fill.size()),
                                       "--trace-steps", std::to_string(large.steps.size()),

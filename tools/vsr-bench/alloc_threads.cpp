@@ -74,7 +74,7 @@ double threads_round(const std::vector<Trace>& traces, int n, std::size_t steps)
 }  // namespace
 
 void section_threads(Report& rep, const AllocSizes& z, std::uint64_t seed, bool quiet) {
-  const std::string label = "3/5 threads";
+  const std::string label = "3/6 threads";
   std::vector<Trace> traces;
   for (int i = 0; i < 2; ++i) {
     traces.push_back(make_trace("small", z.small_live, 256, 256 * kKiB, z.thread_steps,

@@ -12,11 +12,7 @@
 #include <vector>
 
 namespace vsr_bench {
-namespace {
 
-// VMM calls (create, release, map, unmap, set access) per alloc+free pair of a steady trace on
-// the pool: one more round after the measured ones, counted over its replacement steps only. -1
-// on a real driver, whose calls nobody counts.
 double vmm_calls_per_op(const Trace& t, std::size_t steps) {
   PoolAlloc a;
   long long before = -1, after = -1;
@@ -26,11 +22,9 @@ double vmm_calls_per_op(const Trace& t, std::size_t steps) {
   return static_cast<double>(after - before) / static_cast<double>(steps);
 }
 
-}  // namespace
-
 void section_malloc(Report& rep, const Trace& small, const Trace& large, const AllocSizes& z,
                     bool quiet) {
-  const std::string label = "1/5 pool vs malloc";
+  const std::string label = "1/6 pool vs malloc";
   Table tab({"trace", "live", "sizes", "steps", "rounds", "pool ns/op", "malloc ns/op",
              "pool/malloc", "goal", "met", "VMM calls per alloc+free"});
   struct Case {
@@ -87,7 +81,7 @@ void section_malloc(Report& rep, const Trace& small, const Trace& large, const A
 
 void section_driver(Report& rep, const Trace& small, const Trace& large, const AllocSizes& z,
                     bool quiet) {
-  const std::string label = "2/5 pool vs driver";
+  const std::string label = "2/6 pool vs driver";
   const bool emu = rep.machine.emulated;
   const auto& api = vsr_bench::driver();
   const bool has_async = api.cuMemAllocAsync != nullptr && api.cuMemFreeAsync != nullptr;

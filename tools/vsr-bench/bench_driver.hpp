@@ -86,6 +86,20 @@ inline long long emulator_vmm_calls() {
   return static_cast<long long>(n);
 }
 
+/// Sets a host driver emulator option (vsr_emu_set_option: "LATENCY", "DEVICE_MEMORY", ...;
+/// "default" puts back what the environment gave). Returns its status, or -1 on a real driver.
+inline int emulator_set_option(const char* name, const char* value) {
+  using SetOption = int (*)(const char*, const char*);
+  static const SetOption set = []() -> SetOption {
+    const vibespatial::raster::DriverInfo info = vibespatial::raster::driver_info();
+    if (!info.available || !info.emulated) return nullptr;
+    void* lib = ::dlopen(info.library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    return lib != nullptr ? reinterpret_cast<SetOption>(::dlsym(lib, "vsr_emu_set_option"))
+                          : nullptr;
+  }();
+  return set != nullptr ? set(name, value) : -1;
+}
+
 /// Throws std::runtime_error naming the call and the CUresult unless @p r is CUDA_SUCCESS.
 inline void check(CUresult r, const char* call) {
   if (r == CUDA_SUCCESS) return;

@@ -3,11 +3,13 @@
 // of the contenders are interleaved (A, B, A, B, ...) and the median of the per-round ratios is
 // reported, because the machines this runs on are shared and noisy.
 //
-//   vsr-bench alloc [--quick] [--json] [--seed N] [--sections malloc,driver,threads,frag,scale]
-//                   [--large-live N]                 the device memory pool; scale: the large
+//   vsr-bench alloc [--quick] [--json] [--seed N] [--large-live N]
+//                   [--sections malloc,driver,threads,frag,scale,slack]
+//                                                    the device memory pool; scale: the large
 //                                                    trace at 8 and 141 GiB emulated devices
-//                                                    side by side; N: the large trace's live
-//                                                    blocks (default 256)
+//                                                    side by side; slack: the pool's slack policy
+//                                                    with and without the A100 latency model;
+//                                                    N: the large trace's live blocks (default 256)
 //   vsr-bench dispatch [--quick] [--json] [--sections cpu,gpu,pipeline,focal]
 //                                                    op throughput vs copy bandwidth; the
 //                                                    pipeline section also runs on the
@@ -35,7 +37,7 @@ int usage(FILE* to) {
   std::fprintf(to,
                "usage: vsr-bench alloc [--quick] [--json] [--seed N] [--sections LIST]\n"
                "                       [--large-live N]\n"
-               "       LIST: comma-separated subset of malloc,driver,threads,frag,scale\n"
+               "       LIST: comma-separated subset of malloc,driver,threads,frag,scale,slack\n"
                "       N: the large trace's live blocks of 1-64 MiB (default 256)\n"
                "       vsr-bench dispatch [--quick] [--json] [--sections LIST]\n"
                "       LIST: comma-separated subset of cpu,gpu,pipeline,focal\n");
@@ -110,8 +112,8 @@ int parse_and_run(int argc, char** argv) {
       if (dispatch) {
         d.sections = checked_sections(words.value(), {"cpu", "gpu", "pipeline", "focal"});
       } else {
-        o.sections =
-            checked_sections(words.value(), {"malloc", "driver", "threads", "frag", "scale"});
+        o.sections = checked_sections(words.value(),
+                                      {"malloc", "driver", "threads", "frag", "scale", "slack"});
       }
     } else if (words.is("--seed") && !dispatch) {
       o.seed = vsr_cli::parse_integer<std::uint64_t>(words.option(), words.value());

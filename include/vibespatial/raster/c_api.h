@@ -180,7 +180,7 @@ VSR_EXPORT int vsr_last_cuda_error(void);
  * driver.hpp); VSR_ERROR_CUDA when the requested tier is impossible;
  * VSR_ERROR_INVALID_ARGUMENT when VIBESPATIAL_GPU_MANAGED_MEMORY or VIBESPATIAL_GPU_POOL_ONLY
  * holds anything but 1/true/yes/on or 0/false/no/off, or VIBESPATIAL_GPU_POOL_RESERVE anything but
- * a decimal fraction from 0 to 1 (nothing is configured);
+ * "auto" or a decimal fraction from 0 to 1 (nothing is configured);
  * VSR_ERROR_OUT_OF_RANGE when tier_capacity is too small (the pool is configured all the same,
  * and tier_out, if tier_capacity > 0, holds the truncated, NUL-terminated name). */
 VSR_EXPORT vsr_status vsr_configure_memory_pool(char* tier_out, size_t tier_capacity);

@@ -19,7 +19,8 @@
 //   A         VIBESPATIAL_GPU_POOL_ONLY true: the VMM pool with no OOM recovery: when the device
 //             is full the request fails at once with OutOfMemoryError.
 //   B         default where the device supports virtual memory management: the VMM pool plus a
-//             bounded recovery chain on OOM (handlers, then give every free page back, then retry).
+//             bounded recovery chain on OOM (give every free page back and retry; then rounds of
+//             handlers, giving free pages back and retrying).
 //   fallback  devices without VMM: a caching pool over cuMemAlloc, sizes rounded to 512 bytes.
 // "Supports VMM" means the device says so and a one-page self-test of the VMM calls passes when
 // the pool is configured (some sandboxed drivers claim support and then fail them);
@@ -27,12 +28,16 @@
 // Both variables take 1/true/yes/on or 0/false/no/off (any case), or are unset (off); any other
 // value, the empty string included, makes configuration fail (std::invalid_argument). Both true:
 // tier C, with a one-line warning on stderr.
-// VIBESPATIAL_GPU_POOL_RESERVE (tiers A/B), a decimal fraction from 0 to 1, default 0: the warm
-// reserve. A large request that no free range fits is served by remapping pages into a new
-// window (map, unmap and set-access calls, each a kernel call on a real driver); while the pool
-// holds less than (1 + reserve) times the peak of live large pages it creates new pages instead,
-// and a steady mix of sizes then settles into free ranges that fit and maps nothing. Memory for
-// remapping: 0 holds about the peak of live pages; 0.1 holds 10% more (docs/memory-pool.md).
+// VIBESPATIAL_GPU_POOL_RESERVE (tiers A/B): the slack. A large request that no free range fits
+// is served by remapping pages into a new window (map, unmap and set-access calls, each a kernel
+// call on a real driver); while the pool holds less than the peak of live large pages plus the
+// slack, it creates new pages instead, and a steady mix of sizes then settles into free ranges
+// that fit and maps nothing. Unset or "auto" (the default): adaptive, up to a tenth of the peak
+// of live large pages while the device has room, never more than half the device's free pages,
+// so none on a full device. A decimal fraction from 0 to 1 fixes it: 0 holds about the peak of
+// live pages (always tight), 0.1 up to 10% more. Either way a full device ends the slack: a
+// request takes idle free pages (waiting for freeing work if it must) before it fails, and the
+// recovery chain gives every free page back before any OOM handler runs (docs/memory-pool.md).
 //
 // One pool per device; an allocation uses the pool of the device of the calling thread's current
 // context, and binds device 0's primary context to a thread that has none (it stays bound, so the
