@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,18 @@ void bind_io(nb::module_& m) {
       },
       "path"_a, "allow_virtual"_a);
   m.def(
+      "read_raster_info",
+      [](const std::string& path, bool allow_virtual) {
+        vsr::RasterFileInfo info;
+        {
+          GilRelease release;
+          info = vsr::read_raster_info(path, vsr::OpenOptions{{}, allow_virtual});
+        }
+        return nb::make_tuple(metadata_tuple(info.metadata), info.band_nodata,
+                              info.has_geotransform, info.block_shape);
+      },
+      "path"_a, "allow_virtual"_a);
+  m.def(
       "read_raster",
       [](const std::string& path, std::optional<std::array<std::int64_t, 4>> window,
          std::vector<int> bands, bool allow_virtual) {
@@ -64,6 +77,28 @@ void bind_io(nb::module_& m) {
         vsr::write_raster(path, r, o);
       },
       "path"_a, "raster"_a, "driver"_a, "compress"_a, "tiled"_a, "block"_a);
+  m.def(
+      "merge_raster_parts",
+      [](const std::vector<std::tuple<std::string, std::array<std::int64_t, 4>, int>>& parts,
+         std::int64_t height, std::int64_t width, int band_count, const std::string& dtype,
+         Nodata nodata, const AffineTuple& affine, std::string crs, const std::string& out,
+         const std::string& driver, const std::string& compress, bool tiled, int block) {
+        std::vector<vsr::RasterPart> ps;
+        ps.reserve(parts.size());
+        for (const auto& [path, w, first_band] : parts) {
+          ps.push_back(
+              vsr::RasterPart{path, vsr::RasterWindow{w[0], w[1], w[2], w[3]}, first_band});
+        }
+        vsr::RasterMetadata layout =
+            metadata_of(height, width, band_count, dtype, {}, affine, std::move(crs), {});
+        layout.exact_nodata = nodata;
+        if (nodata) layout.nodata = nodata->to_double();
+        const vsr::WriteOptions o = write_options(driver, compress, tiled, block);
+        GilRelease release;
+        vsr::merge_raster_parts(ps, layout, out, o);
+      },
+      "parts"_a, "height"_a, "width"_a, "band_count"_a, "dtype"_a, "nodata"_a.none(), "affine"_a,
+      "crs"_a, "out_path"_a, "driver"_a, "compress"_a, "tiled"_a, "block"_a);
   m.def(
       "process_raster_streamed",
       [](const std::string& in, const std::string& out, const nb::callable& fn,

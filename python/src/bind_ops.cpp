@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // vibespatial_raster._core: the VRAM budget and plans, the dispatchers (per band on the host and
-// the device, tiled) with Python band ops, and the band operations.
+// the device, tiled) with Python band ops, the placement rule and the first-result rule of the
+// tile executor, and the band operations.
 #include "bindings.hpp"
 
+#include <vibespatial/raster/driver.hpp>
 #include <vibespatial/raster/ops.hpp>
+#include <vibespatial/raster/tiles.hpp>
 
 #include <nanobind/ndarray.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -153,6 +157,77 @@ void bind_ops(nb::module_& m) {
       },
       "raster"_a, "op"_a, "strategy"_a, "tile_shape"_a.none(), "halo"_a, "n_tiles"_a, "estimate"_a,
       "bands_per_pass"_a, "fits_budget"_a, "with_halo"_a);
+
+  // ---- placement and the first-result rule ----
+  m.def(
+      "placement_from_string",
+      [](const std::string& text) {
+        return std::string(vsr::to_string(vsr::placement_from_string(text)));
+      },
+      "text"_a);
+  m.def(
+      "placed",
+      [](const std::string& want, std::optional<nb::dict> driver,
+         std::optional<bool> ops_with_cuda) {
+        const vsr::Placement p = vsr::placement_from_string(want);
+        vsr::PlacementDecision d;
+        if (!driver) {
+          GilRelease release;
+          d = vsr::placed(p);
+        } else {
+          // The facts as driver_info() gives them; a key that is missing reads as its default.
+          vsr::DriverInfo info;
+          const nb::dict& f = *driver;
+          const auto get = [&](const char* key) {
+            return f.contains(key) ? nb::borrow<nb::object>(f[key]) : nb::none();
+          };
+          info.available = nb::cast<bool>(nb::bool_(get("available")));
+          info.emulated = nb::cast<bool>(nb::bool_(get("emulated")));
+          if (!get("library").is_none())
+            info.library = nb::cast<std::string>(nb::str(get("library")));
+          if (!get("reason").is_none()) info.reason = nb::cast<std::string>(nb::str(get("reason")));
+          const nb::object devices = get("devices");
+          if (!devices.is_none()) {
+            for (nb::handle dev : devices) {
+              vsr::DeviceInfo di;
+              if (nb::isinstance<nb::dict>(dev) && nb::cast<nb::dict>(dev).contains("name")) {
+                di.name = nb::cast<std::string>(nb::str(dev["name"]));
+              }
+              info.devices.push_back(std::move(di));
+            }
+          }
+          d = vsr::placed(p, info, ops_with_cuda ? *ops_with_cuda : vsr::ops_built_with_cuda());
+        }
+        return nb::make_tuple(residency_name(d.residency), d.reason, d.emulated);
+      },
+      "want"_a, "driver"_a = nb::none(), "ops_with_cuda"_a = nb::none());
+
+  nb::class_<vsr::TileResultRule>(m, "TileResultRule")
+      .def(nb::init<std::string>(), "name"_a)
+      .def(
+          "check",
+          [](vsr::TileResultRule& rule, const Raster& result,
+             const std::array<std::int64_t, 4>& read, const std::string& tile) {
+            rule.check(result, vsr::RasterWindow{read[0], read[1], read[2], read[3]}, tile);
+          },
+          "result"_a, "read"_a, "tile"_a)
+      .def(
+          "expect_dtype",
+          [](vsr::TileResultRule& rule, const std::string& dtype) {
+            rule.expect_dtype(dtype_of(dtype));
+          },
+          "dtype"_a)
+      .def("expect_band_count", &vsr::TileResultRule::expect_band_count, "band_count"_a)
+      .def("expect_nodata", &vsr::TileResultRule::expect_nodata, "nodata"_a.none())
+      .def("reset_nodata", &vsr::TileResultRule::reset_nodata)
+      .def_prop_ro("dtype",
+                   [](const vsr::TileResultRule& rule) -> std::optional<std::string> {
+                     if (!rule.dtype()) return std::nullopt;
+                     return dtype_name(*rule.dtype());
+                   })
+      .def_prop_ro("band_count", &vsr::TileResultRule::band_count)
+      .def_prop_ro("nodata_fixed", &vsr::TileResultRule::nodata_fixed)
+      .def_prop_ro("nodata", [](const vsr::TileResultRule& rule) { return rule.nodata(); });
 
   // ---- ops ----
   m.def("ops_built_with_cuda", &vsr::ops_built_with_cuda);

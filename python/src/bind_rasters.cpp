@@ -305,6 +305,13 @@ void bind_rasters(nb::module_& m) {
       "same_nodata", [](const Nodata& a, const Nodata& b) { return a == b; }, "a"_a.none(),
       "b"_a.none());
   m.def(
+      "affine_shifted",
+      [](const AffineTuple& affine, std::int64_t col, std::int64_t row) {
+        const vsr::Affine a = affine_of(affine).shifted(col, row);
+        return nb::make_tuple(a.a, a.b, a.c, a.d, a.e, a.f);
+      },
+      "affine"_a, "col"_a, "row"_a);
+  m.def(
       "itemsize", [](const std::string& dtype) { return vsr::itemsize(dtype_of(dtype)); },
       "dtype"_a);
 

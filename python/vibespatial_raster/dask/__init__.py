@@ -22,8 +22,8 @@ The raster side:
   :func:`map_tiles` is exchanged by ``dask.array.map_overlap``.
 - :func:`read_raster`, :func:`write_raster`, :func:`process_geotiff`: a raster file as a Dask
   array of windows read in parallel, a Dask array written as one GeoTIFF (each task writes its
-  chunk to a part file, then one task merges the parts through a GDAL VRT), and the two joined
-  around an op.
+  chunk to a part file, then one task merges the parts into the file, all or nothing, with the
+  library's part merge), and the two joined around an op.
 
 Where a task runs its op (``device=``): ``"auto"`` runs it on the worker's GPU when the worker
 has a real driver and the package was built with the CUDA ops, and on the CPU (host ops)

@@ -4,13 +4,13 @@ every chunk's result must be."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .. import _core
 from .. import dispatch as _dispatch
 from ..buffers import OwnedRasterArray, Residency
 from ._placement import _resolve_device
@@ -37,21 +37,29 @@ class _TaskSpec:
     # What the first result (the op on a small block at submission) had: every chunk's result
     # must agree, or the array's declared dtype and the written file's nodata would be wrong.
     out_dtype: str | None = None
-    out_nodata: float | int | None = None
+    out_nodata: float | int | None = None  # exactly, as the runtime holds it
+    who: str = "map_tiles"  # the public call, first in the messages of the first-result rule
 
 
-def _same_nodata(a: Any, b: Any) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    floats = (float, np.floating)
-    if isinstance(a, floats) and isinstance(b, floats) and math.isnan(a) and math.isnan(b):
-        return True
-    return bool(a == b)
+_SAMPLE = "the sample block (pixels of nodata, run once at submission)"
 
 
-def _shifted(affine: Sequence[float], row: int, col: int) -> tuple[float, ...]:
-    a, b, c, d, e, f = affine
-    return (a, b, c + a * col + b * row, d, e, f + d * col + e * row)
+def _checked_result(out: Any, spec: _TaskSpec, read: tuple[int, int, int, int],
+                    tile: str) -> Any:
+    """The tile executor's first-result rule (``TileResultRule``) on ``out``, the result for the
+    window ``read`` (col, row, width, height) named ``tile``: its shape must be the window's, and
+    its dtype, band count and nodata those of the first result once ``spec`` has them. Returns the
+    rule, holding what ``out`` had."""
+    if not isinstance(out, OwnedRasterArray):
+        raise TypeError(f"the op must return an OwnedRasterArray, not {type(out).__name__}")
+    rule = _core.TileResultRule(spec.who)
+    if spec.out_bands is not None:
+        rule.expect_band_count(spec.out_bands)
+    if spec.out_dtype is not None:
+        rule.expect_dtype(spec.out_dtype)
+        rule.expect_nodata(spec.out_nodata)
+    rule.check(out._as_native(), read, tile)
+    return rule
 
 
 def _execute(block: np.ndarray, op: BandOp, spec: _TaskSpec, row0: int, col0: int) -> Any:
@@ -59,7 +67,8 @@ def _execute(block: np.ndarray, op: BandOp, spec: _TaskSpec, row0: int, col0: in
     raster; returns the op's result raster (on the host or the device)."""
     device = _resolve_device(spec.device)
     raster = OwnedRasterArray.from_numpy(np.ascontiguousarray(block), nodata=spec.nodata,
-                                         affine=_shifted(spec.affine, row0, col0), crs=spec.crs)
+                                         affine=_core.affine_shifted(spec.affine, col0, row0),
+                                         crs=spec.crs)
     if spec.each_band:
         if raster.band_count == 1:
             # As the dispatchers stack several bands: with the source's georeferencing.
@@ -80,29 +89,8 @@ def _execute(block: np.ndarray, op: BandOp, spec: _TaskSpec, row0: int, col0: in
         if device == "gpu":
             raster.move_to(Residency.DEVICE)
         out = op(raster)
-    if not isinstance(out, OwnedRasterArray):
-        raise TypeError(f"the op must return an OwnedRasterArray, not {type(out).__name__}")
-    if (out.height, out.width) != (block.shape[-2], block.shape[-1]):
-        raise ValueError(f"the op returned {out.height} x {out.width} pixels for a "
-                         f"{block.shape[-2]} x {block.shape[-1]} block")
     del raster
     return out
-
-
-def _block_result(out: Any, spec: _TaskSpec) -> np.ndarray:
-    data = np.asarray(out.to_numpy()).reshape(out.band_count, out.height, out.width)
-    if spec.out_bands is not None and data.shape[0] != spec.out_bands:
-        raise ValueError(f"the op returned {data.shape[0]} band(s) where the first result had "
-                         f"{spec.out_bands}")
-    if spec.out_dtype is not None:
-        if data.dtype != np.dtype(spec.out_dtype):
-            raise ValueError(f"the op returned dtype {data.dtype} where the first result had "
-                             f"{spec.out_dtype}: an op must return one dtype for every chunk")
-        if not _same_nodata(out.nodata, spec.out_nodata):
-            raise ValueError(f"the op returned nodata {out.nodata!r} where the first result "
-                             f"had {spec.out_nodata!r}: an op must return one nodata for every "
-                             "chunk")
-    return data[0] if spec.two_d else data
 
 
 def _run_block(block: np.ndarray, op: BandOp, spec: _TaskSpec,
@@ -120,14 +108,19 @@ def _run_block(block: np.ndarray, op: BandOp, spec: _TaskSpec,
         raise RuntimeError(f"block {loc} is {block.shape[-2:]} with its halo, expected {expect}: "
                            "Dask rechunked the overlap")
     block3 = block[np.newaxis] if spec.two_d else block
-    return _block_result(_execute(block3, op, spec, row0, col0), spec)
+    out = _execute(block3, op, spec, row0, col0)
+    _checked_result(out, spec, (col0, row0, int(block.shape[-1]), int(block.shape[-2])),
+                    f"chunk {tuple(loc)} (pixels from row {row0}, column {col0})")
+    data = np.asarray(out.to_numpy()).reshape(out.band_count, out.height, out.width)
+    return data[0] if spec.two_d else data
 
 
 @dataclass(frozen=True)
 class _ResultInfo:
     dtype: np.dtype
     bands: int
-    nodata: float | int | None
+    nodata: float | int | None  # as OwnedRasterArray.nodata shows it
+    exact_nodata: float | int | None  # as the runtime holds it (the rule's)
 
 
 def _sample_fill(nodata: Any, dtype: np.dtype) -> Any:
@@ -148,7 +141,8 @@ def _infer(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype) -> _ResultI
     side = 8 + 2 * min(spec.halo, 64)  # a halo wider than any chunk must not size it
     sample = np.full((bands, side, side), _sample_fill(spec.nodata, dtype), dtype=dtype)
     out = _execute(sample, op, spec, 0, 0)
-    return _ResultInfo(np.dtype(out.dtype), int(out.band_count), out.nodata)
+    rule = _checked_result(out, spec, (0, 0, side, side), _SAMPLE)
+    return _ResultInfo(np.dtype(rule.dtype), int(rule.band_count), out.nodata, rule.nodata)
 
 
 def _infer_on_cluster(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from .. import _core
 from .. import dispatch as _dispatch
 from .. import io as _io
 from .._dtypes import planning_dtype
+from .._ints import integer, is_integer
 from ..buffers import RasterMetadata, RasterPlan
 from ._georef import _IDENTITY, _check_dims, _is_dataarray
 from ._plugin import _client_or_none, _worker_budget
@@ -36,7 +36,8 @@ class ChunkPlan:
             workers (each worker's available VRAM divided by its threads); 0 when no worker has
             a GPU, and the chunks then follow Dask's ``array.chunk-size`` instead.
         worker_budgets: each worker's per-task budget, by address ({} without a client).
-        block_shape: the file's internal tile or strip (rows, cols) the chunks align to, or None.
+        block_shape: the file's blocks (rows, cols) the chunks align to (GDAL's block: a
+            GeoTIFF's tile or strip), or None.
         chunk_bytes: device bytes the largest chunk needs: (rows + 2 halo) x (cols + 2 halo) x
             bands x itemsize x buffers_per_band + scratch_bytes; within ``usable_vram_budget(
             budget)`` whenever ``budget`` > 0.
@@ -50,48 +51,11 @@ class ChunkPlan:
     chunk_bytes: int
 
 
-def _tiff_block_shape(path: str) -> tuple[int, int] | None:
-    """(rows, cols) of a TIFF's tiles (TileLength, TileWidth) or strips (RowsPerStrip, width)
-    from its first image directory; None for another format or a file without either."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(16)
-            if len(head) < 8 or head[:2] not in (b"II", b"MM"):
-                return None
-            e = "<" if head[:2] == b"II" else ">"
-            magic = struct.unpack(e + "H", head[2:4])[0]
-            if magic == 42:
-                ifd = struct.unpack(e + "I", head[4:8])[0]
-                count_fmt, entry_size, value_fmt, value_size = "H", 12, "I", 4
-            elif magic == 43 and len(head) >= 16:
-                ifd = struct.unpack(e + "Q", head[8:16])[0]
-                count_fmt, entry_size, value_fmt, value_size = "Q", 20, "Q", 8
-            else:
-                return None
-            f.seek(ifd)
-            raw = f.read(struct.calcsize(count_fmt))
-            (n,) = struct.unpack(e + count_fmt, raw)
-            entries = f.read(n * entry_size)
-    except OSError:
-        return None
-    tags: dict[int, int] = {}
-    for i in range(n):
-        entry = entries[i * entry_size:(i + 1) * entry_size]
-        if len(entry) < entry_size:
-            break
-        tag, typ = struct.unpack(e + "HH", entry[:4])
-        value = entry[4 + value_size:]
-        if typ == 3:  # SHORT
-            tags[tag] = struct.unpack(e + "H", value[:2])[0]
-        elif typ == 4:  # LONG
-            tags[tag] = struct.unpack(e + "I", value[:4])[0]
-        elif typ == 16 and value_fmt == "Q":  # LONG8
-            tags[tag] = struct.unpack(e + "Q", value[:8])[0]
-    if 322 in tags and 323 in tags:
-        return int(tags[323]), int(tags[322])
-    if 278 in tags and 256 in tags:
-        return int(tags[278]), int(tags[256])
-    return None
+def _file_block_shape(path: str) -> tuple[int, int]:
+    """(rows, cols) of the file's blocks: GDAL's block of band 1, a GeoTIFF's tile or strip
+    (RowsPerStrip rows of the whole width), a scanline of most other formats."""
+    rows, cols = _core.read_raster_info(_io._path(path), False)[3]
+    return int(rows), int(cols)
 
 
 def _describe(obj: Any) -> tuple[int, int, int, np.dtype, int, str | None]:
@@ -118,7 +82,7 @@ def _describe(obj: Any) -> tuple[int, int, int, np.dtype, int, str | None]:
 
 
 def _int_arg(name: str, value: Any, minimum: int) -> int:
-    v = _io._index(name, value)
+    v = integer(name, value)
     if v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, not {v}")
     return v
@@ -152,15 +116,12 @@ def _dask_chunks(who: str, chunks: Any, shape: tuple[int, ...],
     """``chunks`` as Dask reads them for an array of ``shape`` (``normalize_chunks``): TypeError
     for another type, ValueError for chunks that do not fit the shape or hold an empty chunk,
     both naming ``chunks`` and the forms accepted (not an error deep in Dask or a task)."""
-    def is_int(v: Any) -> bool:
-        return hasattr(v, "__index__") and not isinstance(v, (bool, np.bool_))
-
     entries = (chunks.values() if isinstance(chunks, dict)
                else chunks if isinstance(chunks, (tuple, list)) else (chunks,))
     flat = [v for e in entries for v in (e if isinstance(e, (tuple, list)) else (e,))]
     if isinstance(chunks, (bool, np.bool_)) or not (
-            is_int(chunks) or isinstance(chunks, (str, tuple, list, dict))) or any(
-            not (is_int(v) or isinstance(v, str) or v is None) for v in flat):
+            is_integer(chunks) or isinstance(chunks, (str, tuple, list, dict))) or any(
+            not (is_integer(v) or isinstance(v, str) or v is None) for v in flat):
         raise TypeError(f"{who}: chunks must be {_CHUNK_FORMS}; not {chunks!r}")
     try:
         norm = da.core.normalize_chunks(chunks, shape, dtype=dtype)
@@ -168,7 +129,7 @@ def _dask_chunks(who: str, chunks: Any, shape: tuple[int, ...],
         raise ValueError(f"{who}: chunks {chunks!r} are not chunks of the {shape} array ("
                          f"{str(e).splitlines()[0] or type(e).__name__}); chunks must be "
                          f"{_CHUNK_FORMS}") from None
-    if any(not is_int(s) or s <= 0 for axis in norm for s in axis):
+    if any(not is_integer(s) or s <= 0 for axis in norm for s in axis):
         raise ValueError(f"{who}: chunks {chunks!r} hold an empty chunk ({norm}) for the {shape} "
                          f"array; chunks must be {_CHUNK_FORMS}")
     return tuple(tuple(int(s) for s in axis) for axis in norm)
@@ -200,7 +161,7 @@ def chunk_plan(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int =
     scratch = _int_arg("scratch_bytes", scratch_bytes, 0)
     bands, height, width, dtype, ndim, path = _describe(metadata_or_array)
     if block_shape is None and path is not None:
-        block_shape = _tiff_block_shape(path)
+        block_shape = _file_block_shape(path)
     if block_shape is not None:
         if isinstance(block_shape, (str, bytes)) or not isinstance(block_shape, Sequence) or \
                 len(block_shape) != 2:
@@ -279,7 +240,7 @@ def plan_chunks(metadata_or_array: Any, *, buffers_per_band: int = 2, halo: int 
     """Dask chunks for a raster, from the planner and the smallest worker budget.
 
     ``metadata_or_array``: a :class:`~vibespatial_raster.buffers.RasterMetadata`, a raster
-    file's path (its header is read, and a TIFF's internal tiles or strips are found), or an
+    file's path (its header is read, and its blocks found: a GeoTIFF's tiles or strips), or an
     array of shape (bands, height, width) or (height, width) (NumPy, Dask, xarray).
 
     The budget is the smallest per-task VRAM budget among the workers of ``client`` (default:

@@ -16,7 +16,6 @@ import stat
 import threading
 import uuid
 import warnings
-import xml.sax.saxutils
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -26,12 +25,13 @@ import dask.array as da
 import distributed
 import numpy as np
 
+from .. import _core
 from .. import io as _io
-from ..buffers import OwnedRasterArray, RasterMetadata, RasterPlan, TilingStrategy
-from ._block import BandOp, _shifted
-from ._chunks import _dask_chunks, _split, _tiff_block_shape, chunk_plan
+from ..buffers import OwnedRasterArray, RasterMetadata, TilingStrategy
+from ._block import BandOp
+from ._chunks import _dask_chunks, _file_block_shape, _split, chunk_plan
 from ._georef import _UNSET, _affine6, _crs_text
-from ._map import _map, _prepare
+from ._map import _map, _prepare, _starts
 from ._plugin import _client_or_none
 
 try:
@@ -69,6 +69,17 @@ def _metadata(path: str, client: Any) -> RasterMetadata:
     return client.submit(_io.read_raster_metadata, path, pure=False).result()
 
 
+def _header(path: str) -> tuple[RasterMetadata, tuple[int, int]]:
+    return _io.read_raster_metadata(path), _file_block_shape(path)
+
+
+def _header_on_workers(path: str, client: Any) -> tuple[RasterMetadata, tuple[int, int]]:
+    """The file's metadata and blocks, read where the tasks read it."""
+    if client is None:
+        return _header(path)
+    return client.submit(_header, path, pure=False).result()
+
+
 def read_raster(path: str | os.PathLike, *, chunks: Any = None,
                 bands: Sequence[int] | None = None, xarray: bool = False,
                 buffers_per_band: int = 2, halo: int = 0, scratch_bytes: int = 0,
@@ -93,7 +104,7 @@ def read_raster(path: str | os.PathLike, *, chunks: Any = None,
     """
     p = os.fspath(path)
     c = _client_or_none(client)
-    meta = _metadata(p, c)
+    meta, block_shape = _header_on_workers(p, c)
     band_list = tuple(int(b) for b in (bands or range(1, meta.band_count + 1)))
     for b in band_list:
         if not 1 <= b <= meta.band_count:
@@ -105,7 +116,7 @@ def read_raster(path: str | os.PathLike, *, chunks: Any = None,
     else:
         chunks = chunk_plan(sub, buffers_per_band=buffers_per_band, halo=halo,
                             scratch_bytes=scratch_bytes, client=client, per_band=per_band,
-                            block_shape=_tiff_block_shape(p)).chunks
+                            block_shape=block_shape).chunks
     reader = _WindowReader(p, meta, band_list)
     try:
         stamp = os.stat(p).st_mtime_ns
@@ -141,11 +152,6 @@ def _to_dataarray(arr: Any, meta: RasterMetadata, bands: tuple[int, ...]) -> Any
     return xr.DataArray(arr, dims=("band", "y", "x"), coords=coords, attrs=attrs)
 
 
-_GDAL_TYPES = {"uint8": "Byte", "int8": "Int8", "uint16": "UInt16", "int16": "Int16",
-               "uint32": "UInt32", "int32": "Int32", "uint64": "UInt64", "int64": "Int64",
-               "float32": "Float32", "float64": "Float64"}
-
-
 @dataclass(frozen=True)
 class _PartWriter:
     """The target of ``dask.array.store``: each chunk becomes a GeoTIFF of its own in
@@ -162,7 +168,8 @@ class _PartWriter:
         final = os.path.join(self.parts_dir, _part_name(b.start, r.start, c.start))
         tmp = f"{final}.{os.getpid()}-{threading.get_ident()}.tmp"
         raster = OwnedRasterArray.from_numpy(np.ascontiguousarray(value), nodata=self.nodata,
-                                             affine=_shifted(self.affine, r.start, c.start),
+                                             affine=_core.affine_shifted(self.affine, c.start,
+                                                                         r.start),
                                              crs=self.crs)
         _io.write_raster(tmp, raster, compress=None, tiled=False)
         os.replace(tmp, final)
@@ -216,88 +223,23 @@ def _file_nodata(who: str, nodata: Any, dtype: np.dtype) -> float | int | None:
     return value
 
 
-def _nodata_text(nodata: float | int) -> str:
-    """``nodata`` (from :func:`_file_nodata`) as text GDAL reads back as the same value: an
-    integer's digits, or the shortest text of the double that reads back as that double (signed
-    zero, subnormals and the largest finite values included)."""
-    if isinstance(nodata, int):
-        return str(nodata)
-    if math.isnan(nodata):
-        return "nan"
-    if math.isinf(nodata):
-        return "inf" if nodata > 0 else "-inf"
-    return repr(float(nodata))
-
-
-def _vrt_xml(chunks: tuple[tuple[int, ...], ...], dtype: np.dtype, nodata: Any,
-             affine: Sequence[float], crs: str | None, int8_as_byte: bool) -> str:
-    esc = xml.sax.saxutils.escape
-    band_chunks, row_chunks, col_chunks = chunks
-    height, width = sum(row_chunks), sum(col_chunks)
-    a, b, c, d, e, f = affine
-    gdal_type = _GDAL_TYPES[dtype.name]
-    if dtype.name == "int8" and int8_as_byte:
-        gdal_type = "Byte"
-    lines = [f'<VRTDataset rasterXSize="{width}" rasterYSize="{height}">']
-    if crs:
-        lines.append(f"  <SRS>{esc(crs)}</SRS>")
-    lines.append(f"  <GeoTransform>{c!r}, {a!r}, {b!r}, {f!r}, {d!r}, {e!r}</GeoTransform>")
-    band = 0
-    for bi, nb in enumerate(band_chunks):
-        b0 = sum(band_chunks[:bi])
-        for k in range(nb):
-            band += 1
-            lines.append(f'  <VRTRasterBand dataType="{gdal_type}" band="{band}">')
-            if dtype.name == "int8" and int8_as_byte:
-                lines.append('    <Metadata domain="IMAGE_STRUCTURE"><MDI key="PIXELTYPE">'
-                             "SIGNEDBYTE</MDI></Metadata>")
-            if nodata is not None:
-                lines.append(f"    <NoDataValue>{_nodata_text(nodata)}</NoDataValue>")
-            r0 = 0
-            for rh in row_chunks:
-                c0 = 0
-                for cw in col_chunks:
-                    lines.append("    <SimpleSource>")
-                    lines.append('      <SourceFilename relativeToVRT="1">'
-                                 f"{esc(_part_name(b0, r0, c0))}</SourceFilename>")
-                    lines.append(f"      <SourceBand>{k + 1}</SourceBand>")
-                    lines.append(f'      <SrcRect xOff="0" yOff="0" xSize="{cw}" ySize="{rh}"/>')
-                    lines.append(f'      <DstRect xOff="{c0}" yOff="{r0}" xSize="{cw}" '
-                                 f'ySize="{rh}"/>')
-                    lines.append("    </SimpleSource>")
-                    c0 += cw
-                r0 += rh
-            lines.append("  </VRTRasterBand>")
-    lines.append("</VRTDataset>")
-    return "\n".join(lines) + "\n"
-
-
 def _merge_parts(_stored: Any, parts_dir: str, out_path: str,
                  chunks: tuple[tuple[int, ...], ...], dtype: np.dtype, nodata: Any,
                  affine: tuple[float, ...], crs: str | None, compress: str | None,
                  tiled: bool, blocksize: int) -> RasterMetadata:
-    """The parts of ``parts_dir`` as one GeoTIFF at ``out_path``: a VRT over them streamed
-    through ``process_raster_streamed`` one chunk-sized tile at a time; the parts are removed."""
-    vrt = os.path.join(parts_dir, "parts.vrt")
+    """The parts of ``parts_dir`` as one GeoTIFF at ``out_path``, through the native part merge
+    (one tile source over the part files, written all or nothing, a tile of the largest chunk at
+    a time); the parts are removed."""
+    band_chunks, row_chunks, col_chunks = chunks
+    parts = [(os.path.join(parts_dir, _part_name(b0, r0, c0)), (c0, r0, cw, rh), b0)
+             for b0 in _starts(band_chunks)
+             for r0, rh in zip(_starts(row_chunks), row_chunks)
+             for c0, cw in zip(_starts(col_chunks), col_chunks)]
     try:
-        for int8_as_byte in ((False, True) if dtype.name == "int8" else (False,)):
-            with open(vrt, "w", encoding="utf-8") as fh:
-                fh.write(_vrt_xml(chunks, dtype, nodata, affine, crs, int8_as_byte))
-            try:
-                # Our own VRT over our own parts: the one input a virtual format is allowed for.
-                meta = _io.read_raster_metadata(vrt, allow_virtual=True)
-            except (ValueError, RuntimeError):
-                if int8_as_byte or dtype.name != "int8":
-                    raise
-                continue  # a GDAL before 3.7 knows no Int8: signed bytes are Byte there
-            if np.dtype(meta.dtype) == dtype:
-                break
-        th, tw = chunks[1][0], chunks[2][0]
-        n_tiles = math.ceil(sum(chunks[1]) / th) * math.ceil(sum(chunks[2]) / tw)
-        plan = RasterPlan(TilingStrategy.TILED, (th, tw), 0, n_tiles, 0, sum(chunks[0]), True)
-        _io.process_raster_streamed(vrt, out_path, lambda tile: tile, plan, compress=compress,
-                                    tiled=tiled, blockxsize=blocksize, blockysize=blocksize,
-                                    allow_virtual=True)
+        _core.merge_raster_parts(parts, sum(row_chunks), sum(col_chunks), sum(band_chunks),
+                                 dtype.name, nodata, affine, crs or "", _io._path(out_path),
+                                 "GTiff", _io._compress(compress), bool(tiled),
+                                 _io._block(blocksize, blocksize))
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
     return _io.read_raster_metadata(out_path)
@@ -538,8 +480,8 @@ def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
 
     Each task writes its chunk to a part file beside ``path`` (``<path>.parts-<id>/``, removed
     at the end), so the chunks are computed and written in parallel; one last task streams the
-    parts into ``path`` through a GDAL VRT, one chunk-sized tile at a time (compressed as
-    ``compress``, tiled ``blocksize`` square). ``progress=True`` shows Dask's progress bar
+    parts into ``path`` (the library's ``merge_raster_parts``), one chunk-sized tile at a time
+    (compressed as ``compress``, tiled ``blocksize`` square), all or nothing. ``progress=True`` shows Dask's progress bar
     (``distributed.progress`` with a client, else ``dask.diagnostics.ProgressBar``).
     Georeferencing and the check of ``nodata`` as :func:`map_bands`; the file's nodata is the
     value given, exactly (a 64-bit integer one too).

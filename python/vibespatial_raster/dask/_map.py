@@ -107,7 +107,7 @@ def _map(data: Any, op: BandOp, *, who: str, halo: int, each_band: bool, per_ban
             data = data.rechunk(tuple(fixed))
     rows, cols = data.chunks[-2], data.chunks[-1]
     spec = _TaskSpec(device, each_band, buffers, scratch, nodata, affine, crs, data.ndim == 2,
-                     halo, _starts(rows), _starts(cols), tuple(rows), tuple(cols))
+                     halo, _starts(rows), _starts(cols), tuple(rows), tuple(cols), who=who)
     in_bands = 1 if data.ndim == 2 else max(data.chunks[0])
     info = _infer_on_cluster(op, spec, in_bands, np.dtype(data.dtype), client)
     if data.ndim == 3 and info.bands != in_bands:
@@ -118,7 +118,7 @@ def _map(data: Any, op: BandOp, *, who: str, halo: int, each_band: bool, per_ban
     elif data.ndim == 2 and info.bands != 1:
         raise ValueError(f"the op returns {info.bands} bands for a 2D (single-band) array")
     spec = replace(spec, out_bands=info.bands, out_dtype=info.dtype.name,
-                   out_nodata=info.nodata)
+                   out_nodata=info.exact_nodata)
 
     def grown(sizes: Sequence[int]) -> tuple[int, ...]:
         n = len(sizes)

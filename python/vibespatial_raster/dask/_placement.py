@@ -9,25 +9,24 @@ from typing import Any
 from .. import _core
 from .. import ops as _ops
 
-_DEVICES = ("auto", "gpu", "cpu")
-
 _mode_lock = threading.Lock()
 _auto_mode: str | None = None
 
 
 def _process_mode() -> str:
-    """"gpu" when this process has a real CUDA driver and the CUDA ops, else "cpu" (the
-    emulator runs no kernels; vsr-run decides the same way). Kept once the driver is available;
-    while it is not, each call looks again (the runtime starts a failed driver again)."""
+    """Where ``device="auto"`` runs ops in this process: "gpu" or "cpu", as the library's
+    placement rule (``placed``, which vsr-run asks too) decides on this process's driver and
+    ops: the device for a real CUDA driver and the CUDA ops, else the host (the emulator runs no
+    kernels). Kept once the driver is available; while it is not, each call looks again (the
+    runtime starts a failed driver again)."""
     global _auto_mode
     with _mode_lock:
         if _auto_mode is not None:
             return _auto_mode
         info = _core.driver_info()
-        available = bool(info.get("available"))
-        real = available and not bool(info.get("emulated"))
-        mode = "gpu" if real and _ops.ops_built_with_cuda() else "cpu"
-        if available:
+        residency, _, _ = _core.placed("auto", info, _ops.ops_built_with_cuda())
+        mode = "gpu" if residency == "device" else "cpu"
+        if info.get("available"):
             _auto_mode = mode
         return mode
 
@@ -37,6 +36,9 @@ def _resolve_device(device: str) -> str:
 
 
 def _check_device(device: Any) -> str:
-    if device not in _DEVICES:
-        raise ValueError(f"device must be one of {', '.join(_DEVICES)}, not {device!r}")
-    return str(device)
+    """``device`` ("auto", "gpu" or "cpu", as the library's placement_from_string reads it);
+    ValueError naming ``device`` otherwise."""
+    try:
+        return _core.placement_from_string(device if isinstance(device, str) else repr(device))
+    except ValueError as e:
+        raise ValueError(f"device: {e}") from None
