@@ -22,7 +22,7 @@
 // A forced unwind can be caught only outside C++ exception handlers: caught while another
 // exception is being handled, the C++ runtime terminates the process. So no Python code (which
 // may give the GIL up at any bytecode) runs inside a catch block here: errors are translated
-// without calling Python (module.cpp, set_package_error), unraisable reports are made after the
+// without calling Python (errors.cpp, set_package_error), unraisable reports are made after the
 // catch block, and the library's pool calls OOM handlers outside its own handlers. What remains
 // out of reach is Python code that nanobind itself runs around a binding (a garbage collection
 // triggered while converting arguments or results running a __del__ at the moment the

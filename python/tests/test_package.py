@@ -58,6 +58,18 @@ def test_version_matches_the_library():
     assert lib.vsr_version().decode() == vsr.__version__
 
 
+def test_every_module_of_the_source_tree_is_installed():
+    # The install lists of python/meson.build name each file: a module missing there is missing
+    # from the wheel, and its package fails to import once installed.
+    source = pathlib.Path(__file__).resolve().parents[1] / "vibespatial_raster"
+    if not source.is_dir():
+        pytest.skip("the source tree is not beside the tests")
+    modules = sorted(p.relative_to(source) for p in source.rglob("*.py"))
+    assert pathlib.Path("dask", "__init__.py") in modules
+    missing = [str(m) for m in modules if not (PKG_DIR / m).is_file()]
+    assert missing == []
+
+
 def test_typing_files_ship():
     assert (PKG_DIR / "py.typed").is_file()
     assert (PKG_DIR / "_core.pyi").is_file()

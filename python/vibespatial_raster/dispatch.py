@@ -22,6 +22,7 @@ from typing import Any
 
 from . import _core
 from ._dtypes import planning_dtype
+from ._ints import integer
 from .buffers import OwnedRasterArray, RasterMetadata, RasterPlan
 
 __all__ = [
@@ -37,14 +38,8 @@ __all__ = [
 BandOp = Callable[[OwnedRasterArray], OwnedRasterArray]
 
 
-def _int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
-    return int(value.__index__())
-
-
 def _non_negative(name: str, value: Any) -> int:
-    v = _int(name, value)
+    v = integer(name, value)
     if v < 0:
         raise ValueError(f"{name} must be >= 0, not {v}")
     return v
@@ -54,7 +49,7 @@ def _budget(vram_budget: Any) -> int | None:
     """None stays None (auto-detect); a budget <= 0 means no GPU, as in the Python original."""
     if vram_budget is None:
         return None
-    return max(0, _int("vram_budget", vram_budget))
+    return max(0, integer("vram_budget", vram_budget))
 
 
 def available_vram_bytes() -> int:
@@ -69,7 +64,7 @@ def available_vram_bytes() -> int:
 
 def usable_vram_budget(vram_budget: int) -> int:
     """The part of a budget the planner fills: floor(budget * 0.7), as the Python original."""
-    return _core.usable_vram_budget(max(0, _int("vram_budget", vram_budget)))
+    return _core.usable_vram_budget(max(0, integer("vram_budget", vram_budget)))
 
 
 def max_bands_for_budget(height: int, width: int, dtype: Any, buffers_per_band: int = 2,
@@ -86,10 +81,10 @@ def max_bands_for_budget(height: int, width: int, dtype: Any, buffers_per_band: 
         exceeds 64 bits.
     """
     name, multiplier = planning_dtype(dtype)
-    buffers = _int("buffers_per_band", buffers_per_band)
+    buffers = integer("buffers_per_band", buffers_per_band)
     if buffers < 1:
         raise ValueError(f"buffers_per_band must be >= 1, not {buffers}")
-    return _core.max_bands_for_budget(_int("height", height), _int("width", width), name,
+    return _core.max_bands_for_budget(integer("height", height), integer("width", width), name,
                                       buffers * multiplier,
                                       _non_negative("scratch_bytes", scratch_bytes),
                                       _budget(vram_budget))
@@ -114,12 +109,12 @@ def analyze_raster_plan(height: int, width: int, dtype: Any, *, band_count: int 
         byte count exceeds 64 bits.
     """
     name, multiplier = planning_dtype(dtype)
-    buffers = _int("buffers_per_band", buffers_per_band)
+    buffers = integer("buffers_per_band", buffers_per_band)
     if buffers < 1:
         raise ValueError(f"buffers_per_band must be >= 1, not {buffers}")
     return RasterPlan._from_core(_core.analyze_raster_plan(
-        _int("height", height), _int("width", width), name, _int("band_count", band_count),
-        buffers * multiplier, _non_negative("scratch_bytes", scratch_bytes), _int("halo", halo),
+        integer("height", height), integer("width", width), name, integer("band_count", band_count),
+        buffers * multiplier, _non_negative("scratch_bytes", scratch_bytes), integer("halo", halo),
         _budget(vram_budget), bool(per_band)))
 
 
@@ -133,13 +128,13 @@ def plan_from_metadata(metadata: RasterMetadata, *, buffers_per_band: int = 2,
         raise TypeError(f"plan_from_metadata: expected a RasterMetadata, not "
                         f"{type(metadata).__name__}")
     name, multiplier = planning_dtype(metadata.dtype)
-    buffers = _int("buffers_per_band", buffers_per_band)
+    buffers = integer("buffers_per_band", buffers_per_band)
     if buffers < 1:
         raise ValueError(f"buffers_per_band must be >= 1, not {buffers}")
     return RasterPlan._from_core(_core.plan_from_metadata(
-        _int("height", metadata.height), _int("width", metadata.width),
-        _int("band_count", metadata.band_count), name, buffers * multiplier,
-        _non_negative("scratch_bytes", scratch_bytes), _int("halo", halo), _budget(vram_budget),
+        integer("height", metadata.height), integer("width", metadata.width),
+        integer("band_count", metadata.band_count), name, buffers * multiplier,
+        _non_negative("scratch_bytes", scratch_bytes), integer("halo", halo), _budget(vram_budget),
         bool(per_band)))
 
 
@@ -215,7 +210,7 @@ def dispatch_per_band_gpu(raster: OwnedRasterArray, op_fn: BandOp, *, buffers_pe
         if not callable(op_fn):
             raise TypeError(f"op_fn must be callable, not {type(op_fn).__name__}")
         return op_fn(raster)
-    buffers = _int("buffers_per_band", buffers_per_band)
+    buffers = integer("buffers_per_band", buffers_per_band)
     native = _core.dispatch_per_band_gpu(raster._as_native(),
                                          _adapter(op_fn, crs=raster._crs_obj, two_d=True),
                                          buffers, _non_negative("scratch_bytes", scratch_bytes))

@@ -20,9 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from . import _core
+from ._ints import integer
 from .buffers import OwnedRasterArray, RasterMetadata, RasterPlan, RasterWindow
 from .dispatch import BandOp, _adapter, _check_raster
 
@@ -52,14 +51,6 @@ def _path(p: Any) -> str:
     return s
 
 
-def _index(name: str, value: Any) -> int:
-    """An integer argument: ints and numpy integers; TypeError for bool, float, str and others
-    (which int() would truncate or parse)."""
-    if isinstance(value, (bool, np.bool_)) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name}: {value!r} is not an integer ({type(value).__name__})")
-    return int(value.__index__())
-
-
 _INT64_MAX = 2**63 - 1
 _INT_MAX = 2**31 - 1
 
@@ -79,7 +70,7 @@ def _window(window: Any) -> tuple[int, int, int, int] | None:
                             f"{window!r}") from None
     if len(values) != 4:
         raise ValueError("window must be (col_off, row_off, width, height)")
-    w = tuple(_index("window", v) for v in values)
+    w = tuple(integer("window", v) for v in values)
     if any(abs(v) > _INT64_MAX for v in w):
         raise ValueError(f"window {w} is not inside any raster: values beyond 64 bits")
     return w  # type: ignore[return-value]
@@ -90,7 +81,7 @@ def _bands(bands: Any) -> list[int]:
         return []
     if isinstance(bands, (str, bytes)) or not hasattr(bands, "__iter__"):
         raise TypeError(f"bands must be a sequence of 1-based band numbers, not {bands!r}")
-    out = [_index("bands", b) for b in bands]
+    out = [integer("bands", b) for b in bands]
     if not out:
         raise ValueError("bands is empty: give None for all bands, or band numbers from 1")
     for b in out:
@@ -104,8 +95,8 @@ def _compress(compress: str | None) -> str:
 
 
 def _block(blockxsize: int, blockysize: int) -> int:
-    blockxsize = _index("blockxsize", blockxsize)
-    blockysize = _index("blockysize", blockysize)
+    blockxsize = integer("blockxsize", blockxsize)
+    blockysize = integer("blockysize", blockysize)
     if blockxsize != blockysize:
         raise ValueError(f"blockxsize and blockysize must be equal (GTiff tiles are square "
                          f"here), not {blockxsize} and {blockysize}")
@@ -192,7 +183,7 @@ def process_raster_streamed(in_path: str | os.PathLike, out_path: str | os.PathL
     if not isinstance(plan, RasterPlan):
         raise TypeError(f"plan must be a RasterPlan, not {type(plan).__name__}")
     if halo is not None:
-        h = _index("halo", halo)
+        h = integer("halo", halo)
         if abs(h) > _INT64_MAX:
             raise ValueError(f"halo {h} is beyond 64 bits")
         plan = replace(plan, halo=h)

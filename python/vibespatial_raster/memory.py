@@ -28,11 +28,11 @@ pool serves CuPy, PyTorch and Numba too (:mod:`vibespatial_raster.allocators`).
 from __future__ import annotations
 
 import atexit
-import operator
 import threading
 from collections.abc import Callable
 
 from . import _core
+from ._ints import integer
 
 __all__ = [
     "DeviceBuffer",
@@ -127,9 +127,7 @@ def memory_pool_stats(device: int | None = None) -> dict:
     """
     if device is None:
         return _core.memory_pool_stats(None)
-    if isinstance(device, bool) or not hasattr(device, "__index__"):
-        raise TypeError(f"memory_pool_stats: device must be an integer, not {device!r}")
-    return _core.memory_pool_stats(operator.index(device))
+    return _core.memory_pool_stats(integer("memory_pool_stats: device", device))
 
 
 _handlers_lock = threading.Lock()

@@ -36,9 +36,15 @@ Placement placement_from_string(std::string_view text) {
 }
 
 PlacementDecision placed(Placement want) {
+  const DriverInfo info = driver_info();
+  PlacementDecision d = placed(want, info, ops_built_with_cuda());
+  if (info.available) configure_memory_pool();
+  return d;
+}
+
+PlacementDecision placed(Placement want, const DriverInfo& info, bool ops_with_cuda) {
   VSR_EXPECTS(want == Placement::automatic || want == Placement::gpu || want == Placement::cpu,
               "placed: not a Placement value");
-  const DriverInfo info = driver_info();
   PlacementDecision d;
   d.emulated = info.available && info.emulated;
   const std::string device =
@@ -54,20 +60,19 @@ PlacementDecision placed(Placement want) {
     d.reason = info.emulated ? "emulator (" + detail::printable(info.library) +
                                    "): device memory on the host emulator, as asked"
                              : "GPU " + device + ": device memory, as asked" +
-                                   (ops_built_with_cuda() ? " (CUDA ops)" : "");
+                                   (ops_with_cuda ? " (CUDA ops)" : "");
   } else if (want == Placement::cpu) {
     d.reason = "host ops on the CPU, as asked";
   } else if (!info.available) {
     d.reason = "none (" + detail::printable(info.reason) + "): host ops on the CPU";
   } else if (info.emulated) {
     d.reason = "emulator (" + detail::printable(info.library) + "): host ops on the CPU";
-  } else if (ops_built_with_cuda()) {
+  } else if (ops_with_cuda) {
     d.residency = Residency::device;
     d.reason = "GPU " + device + ": device ops (CUDA)";
   } else {
     d.reason = "GPU present, but this build has no CUDA ops: host ops on the CPU";
   }
-  if (info.available) configure_memory_pool();
   return d;
 }
 

@@ -31,8 +31,15 @@ void TileSink::finish() {}
 
 namespace {
 
-std::string nodata_text(const std::optional<NodataValue>& v) {
-  return v ? v->to_string() : std::string("none");
+/// The nodata in the rule's messages, as a value of @p dtype: a float raster's integral nodata
+/// is written as a float ("5.0", where NodataValue::to_string says "5").
+std::string nodata_text(const std::optional<NodataValue>& v, DType dtype) {
+  if (!v) return "none";
+  std::string text = v->to_string();
+  if (is_floating_point(dtype) && text.find_first_not_of("-0123456789") == std::string::npos) {
+    text += ".0";
+  }
+  return text;
 }
 
 }  // namespace
@@ -60,8 +67,9 @@ void TileResultRule::check(const OwnedRasterArray& result, const RasterWindow& r
   }
   if (nodata_fixed_ && result.exact_nodata() != nodata_) {
     throw std::invalid_argument(name_ + ": " + tile + " returned nodata " +
-                                nodata_text(result.exact_nodata()) +
-                                ", which differs from the first tile's " + nodata_text(nodata_) +
+                                nodata_text(result.exact_nodata(), result.dtype()) +
+                                ", which differs from the first tile's " +
+                                nodata_text(nodata_, result.dtype()) +
                                 ": an op must return one nodata for every tile");
   }
   dtype_ = result.dtype();

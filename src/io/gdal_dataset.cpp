@@ -378,6 +378,9 @@ RasterFileInfo read_raster_info(const std::string& path, const OpenOptions& open
   }
   std::array<double, 6> gt{};
   info.has_geotransform = GDALGetGeoTransform(ds.get(), gt.data()) == CE_None;
+  int block_cols = 1, block_rows = 1;
+  GDALGetBlockSize(GDALGetRasterBand(ds.get(), 1), &block_cols, &block_rows);
+  info.block_shape = {std::max(1, block_rows), std::max(1, block_cols)};
   return info;
 }
 

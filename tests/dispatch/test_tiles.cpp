@@ -376,7 +376,7 @@ TEST_SUITE("tiles") {
     CHECK(sink.calls == std::vector<std::string>{"begin", "pass 0+1 0", "write"});
     CHECK_THROWS_WITH_AS(
         second_tile([](const OwnedRasterArray& t) { return t.with_nodata(NodataValue(NAN)); }),
-        doctest::Contains("returned nodata nan, which differs from the first tile's 0"),
+        doctest::Contains("returned nodata nan, which differs from the first tile's 0.0"),
         std::invalid_argument);
     CHECK_THROWS_WITH_AS(second_tile([](const OwnedRasterArray& t) {
                            return OwnedRasterArray::from_band_stack({t, t}, t);
@@ -739,6 +739,32 @@ TEST_SUITE("tiles") {
     CHECK(tile_window_at(10, 10, 4, 4, 1, 8) == tile_windows(10, 10, 4, 4, 1)[8]);
     CHECK_THROWS_AS(tile_window_at(10, 10, 4, 4, 1, 9), std::out_of_range);
   }
+}
+
+TEST_CASE("the placement rule on given facts: a real GPU with CUDA ops is the only auto device") {
+  DriverInfo gpu;
+  gpu.available = true;
+  gpu.library = "libcuda.so.1";
+  gpu.devices.resize(1);
+  gpu.devices[0].name = "NVIDIA H200";
+  const PlacementDecision cuda = placed(Placement::automatic, gpu, true);
+  CHECK(cuda.residency == Residency::device);
+  CHECK(cuda.reason == "GPU NVIDIA H200: device ops (CUDA)");
+  CHECK_FALSE(cuda.emulated);
+  CHECK(placed(Placement::automatic, gpu, false).residency == Residency::host);
+  CHECK(placed(Placement::gpu, gpu, false).residency == Residency::device);
+  CHECK(placed(Placement::cpu, gpu, true).residency == Residency::host);
+  DriverInfo emulator = gpu;
+  emulator.emulated = true;
+  const PlacementDecision emulated = placed(Placement::automatic, emulator, true);
+  CHECK(emulated.residency == Residency::host);
+  CHECK(emulated.emulated);
+  CHECK(placed(Placement::gpu, emulator, true).residency == Residency::device);
+  DriverInfo none;
+  none.reason = "no libcuda";
+  CHECK(placed(Placement::automatic, none, true).reason ==
+        "none (no libcuda): host ops on the CPU");
+  CHECK_THROWS_AS(placed(Placement::gpu, none, true), DriverUnavailableError);
 }
 
 TEST_SUITE("tiles-emulator") {

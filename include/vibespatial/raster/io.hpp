@@ -24,20 +24,19 @@
 //   OpenOptions says otherwise. VRT (whose XML names other files to read, any file on the
 //   machine), GDAL's virtual file systems (/vsicurl/, /vsizip/, ...) and URLs need
 //   OpenOptions::allow_virtual: a file named "x.tif" holding VRT XML is refused, not followed.
-// - Outputs are all or nothing: write_raster, process_raster_streamed, process_raster_file and
-//   write_file_atomically write into a private temporary directory beside the target (same
-//   directory, a unique hidden name ".<name>.vsr-XXXXXX", mode 0700), under the target's own file
-//   name, check GDAL's errors on every write, the flush and the close, check that the driver
-//   wrote a regular, non-empty file under that name and that GDAL reads it back with the shape
-//   and nodata written, and only then rename it (and the sidecar files the driver wrote beside it,
-//   e.g. .aux.xml or .hdr) over the target (rename(2): atomic on one file system). On any error the
-//   temporary directory is removed and the target is untouched: an existing file survives byte
-//   for byte, a new one does not appear. Outputs are regular files: a target that is a
-//   directory, FIFO, socket or device is refused (std::invalid_argument), and so are drivers
-//   that write no file (MEM, services), no rasters, or have no Create (PNG, JPEG: CreateCopy
-//   only), before anything is touched. A symbolic link as target is followed (the file it
-//   names is replaced). The output's permissions are an existing target's, else 0666 less the
-//   umask.
+// - Outputs are all or nothing: write_raster, process_raster_streamed, process_raster_file,
+//   merge_raster_parts and write_file_atomically write into a private temporary directory beside
+//   the target (same directory, a unique hidden name ".<name>.vsr-XXXXXX", mode 0700), under the
+//   target's own file name, check GDAL's errors on every write, the flush and the close, check that
+//   the driver wrote a regular, non-empty file under that name and that GDAL reads it back with the
+//   shape and nodata written, and only then rename it (and the sidecar files the driver wrote
+//   beside it, e.g. .aux.xml or .hdr) over the target (rename(2): atomic on one file system). On
+//   any error the temporary directory is removed and the target is untouched: an existing file
+//   survives byte for byte, a new one does not appear. Outputs are regular files: a target that is
+//   a directory, FIFO, socket or device is refused (std::invalid_argument), and so are drivers that
+//   write no file (MEM, services), no rasters, or have no Create (PNG, JPEG: CreateCopy only),
+//   before anything is touched. A symbolic link as target is followed (the file it names is
+//   replaced). The output's permissions are an existing target's, else 0666 less the umask.
 // - Cleanup: a process killed by a signal leaves no temporary behind when it called
 //   remove_partial_outputs_on_signals() (vsr-run does). One killed by SIGKILL (or a power cut)
 //   leaves its temporary directory; the next write to the same target removes it. Each
@@ -67,6 +66,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace vibespatial::raster {
@@ -187,6 +187,10 @@ struct RasterFileInfo {
   std::vector<std::optional<NodataValue>> band_nodata;
   /// Whether the file has a geotransform (metadata.affine is GDAL's default otherwise).
   bool has_geotransform = true;
+  /// Band 1's block (GDALGetBlockSize) as (rows, cols): the pixels GDAL reads and decodes at
+  /// once, a GeoTIFF's tile or strip (RowsPerStrip rows of the whole width), a scanline of most
+  /// other formats. Windows aligned to it decode no block twice.
+  std::pair<std::int64_t, std::int64_t> block_shape{1, 1};
 };
 
 /**
@@ -423,6 +427,40 @@ class VSR_EXPORT RasterFileSink final : public TileSink {
  */
 VSR_EXPORT std::uint64_t gdal_cache_for_plan(const std::string& in, const RasterPlan& plan,
                                              const StreamOptions& options = {});
+
+/// One file of a raster written in parts (merge_raster_parts): its pixels are @p window of the
+/// whole raster, for the whole raster's bands [first_band, first_band + the file's band count).
+struct RasterPart {
+  std::string path;     ///< a raster file of a default input format (default_input_drivers)
+  RasterWindow window;  ///< where its pixels go in the whole raster
+  int first_band = 0;   ///< the whole raster's band (0-based) that the file's band 1 is
+};
+
+/**
+ * @brief Writes the raster made of @p parts as one file @p out, all or nothing (see "Outputs"),
+ * on the tile executor: the parts are one tile source whose reads are assembled from the parts
+ * they overlap, written through RasterFileSink in tiles of the largest part's rows and columns
+ * and every band (one tile in memory at a time). For a raster whose pieces were written apart
+ * (the Dask layer writes each chunk to a part file).
+ *
+ * @p layout is the whole raster: height, width, band_count, dtype, nodata (exact_nodata when set,
+ * else nodata), affine and CRS; the output has them exactly, a 64-bit integer nodata included.
+ * The parts must form a grid of it, as Dask chunks do: the distinct band, row and column starts
+ * of the parts cut the raster into cells, and each cell is exactly one part. Every part is
+ * checked before anything is written: its size is its window's, its dtype the layout's, its
+ * bands lie inside the layout's, and each band's nodata is the layout's (the same value in the
+ * dtype; NaN equals NaN). The parts are read, never changed or removed.
+ * @throws std::invalid_argument for an empty @p parts, a layout without pixels, parts that do
+ *         not form a grid of the raster (overlaps, gaps, a window outside it: the message names
+ *         the part), a part whose header differs from its place in the layout (named);
+ *         std::system_error for a part that is missing or cannot be read (errno's code);
+ *         HostMemoryLimitError when one tile needs more host memory than available_host_memory();
+ *         std::runtime_error for a build without GDAL; what RasterFileSink and read_raster throw.
+ *         @p out is then as it was.
+ */
+VSR_EXPORT void merge_raster_parts(const std::vector<RasterPart>& parts,
+                                   const RasterMetadata& layout, const std::string& out,
+                                   const WriteOptions& options = {});
 
 /**
  * @brief Processes the raster file @p in tile by tile following @p plan and writes @p out (all

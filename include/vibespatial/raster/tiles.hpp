@@ -29,6 +29,7 @@
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/dispatch.hpp>
+#include <vibespatial/raster/driver.hpp>
 #include <vibespatial/raster/export.hpp>
 
 #include <cstdint>
@@ -485,5 +486,14 @@ struct PlacementDecision {
  *         throws. Thread-safe.
  */
 VSR_EXPORT PlacementDecision placed(Placement want = Placement::automatic);
+
+/**
+ * @brief The rule of placed() on the facts given, which it would otherwise gather: @p driver
+ * (driver_info(); its devices name the GPU in the reason) and @p ops_with_cuda
+ * (ops_built_with_cuda()). It neither asks the driver nor configures the pool: for callers that
+ * hold the facts already (the Python package asks the driver once per process) and for tests.
+ * @throws DriverUnavailableError for gpu without a usable driver. Thread-safe.
+ */
+VSR_EXPORT PlacementDecision placed(Placement want, const DriverInfo& driver, bool ops_with_cuda);
 
 }  // namespace vibespatial::raster
