@@ -270,11 +270,7 @@ void RasterFileSource::close() noexcept {
 struct RasterFileSink::State {
   std::string path;
   WriteOptions options;
-  std::string driver;  ///< GDAL's spelling
-  // Declared before the dataset: on an error the dataset is closed first and the temporary
-  // files removed after.
-  std::optional<detail::PendingOutput> pending;
-  Dataset dst;
+  std::optional<Output> out;  ///< the file written, all or nothing
   DType dtype = DType::float32;
   std::vector<std::optional<NodataValue>> written;  ///< each output band's nodata
   std::optional<NodataValue> file_nodata;           ///< GTiff: the one nodata the file has
@@ -291,11 +287,9 @@ RasterFileSink::RasterFileSink(const std::string& path, const WriteOptions& opti
   State& s = *state_;
   s.path = path;
   s.options = options;
-  // What the driver refuses, refused before anything is read (the dtype once it is known).
-  GDALDriverH driver = output_driver(options, who, &s.driver);
-  (void)creation_options(driver, s.driver, options, DType::float32, 1, who);
-  // Made before anything is computed: a directory that takes no temporary fails first.
-  s.pending.emplace(path, options.overwrite);
+  // What the driver refuses, refused before anything is read (the dtype once it is known); the
+  // temporary made before anything is computed: a directory that takes no temporary fails first.
+  s.out.emplace(path, options, who);
 }
 
 RasterFileSink::~RasterFileSink() = default;
@@ -316,10 +310,10 @@ void RasterFileSink::begin(const TileOutput& output) {
   State& s = *state_;
   QuietErrors quiet;
   s.dtype = output.dtype;
-  s.dst = create_dataset(s.pending->path(), s.path, output.dtype, output.band_count, output.height,
-                         output.width, std::nullopt, s.georeferenced ? &output.affine : nullptr,
-                         output.crs, s.options, "RasterFileSink");
-  apply_copied_metadata(s.copied, s.dst.get(), output.band_count);
+  GDALDatasetH dst =
+      s.out->create(output.dtype, output.band_count, output.height, output.width, std::nullopt,
+                    s.georeferenced ? &output.affine : nullptr, output.crs);
+  apply_copied_metadata(s.copied, dst, output.band_count);
   s.written.assign(static_cast<std::size_t>(output.band_count), std::nullopt);
   quiet.check("cannot create '" + shown(s.path) + "'");
 }
@@ -328,12 +322,12 @@ void RasterFileSink::begin_pass(int output_band, int band_count,
                                 const std::optional<NodataValue>& nodata) {
   State& s = *state_;
   QuietErrors quiet;
-  if (s.driver == "GTiff" && s.file_nodata_set && nodata != s.file_nodata) {
+  if (s.out->one_nodata() && s.file_nodata_set && nodata != s.file_nodata) {
     throw std::invalid_argument(
         "the results of bands " + std::to_string(output_band + 1) + ".. have nodata " +
         (nodata ? nodata->to_string() : "none") + ", earlier bands " +
         (s.file_nodata ? s.file_nodata->to_string() : "none") +
-        ", and GTiff keeps one nodata for all bands: write these bands to a file of their own or "
+        ", and " + s.out->driver() + " keeps one nodata for all bands: write these bands to a file of their own or "
         "to a format with a nodata per band");
   }
   s.file_nodata = nodata;
@@ -341,7 +335,7 @@ void RasterFileSink::begin_pass(int output_band, int band_count,
   for (int b = 0; b < band_count; ++b) {
     s.written[static_cast<std::size_t>(output_band + b)] = nodata;
     if (nodata) {
-      set_band_nodata(GDALGetRasterBand(s.dst.get(), output_band + b + 1), s.dtype, *nodata);
+      set_band_nodata(GDALGetRasterBand(s.out->dataset(), output_band + b + 1), s.dtype, *nodata);
     }
   }
   quiet.check("cannot write '" + shown(s.path) + "'");
@@ -359,7 +353,7 @@ void RasterFileSink::write(const OwnedRasterArray& result, const TileInfo& where
       itemsize(s.dtype);
   std::vector<int> out_bands;
   for (int b = 0; b < result.band_count(); ++b) out_bands.push_back(where.output_band + b + 1);
-  raster_io(s.dst.get(), GF_Write, where.window, const_cast<std::byte*>(base + offset), s.dtype,
+  raster_io(s.out->dataset(), GF_Write, where.window, const_cast<std::byte*>(base + offset), s.dtype,
             out_bands, phys.width, phys.width * phys.height, s.path);
   // A failure reported off the calls' return values (e.g. an evicted block that could not be
   // written back) fails the run here, not at the end.
@@ -369,12 +363,9 @@ void RasterFileSink::write(const OwnedRasterArray& result, const TileInfo& where
 void RasterFileSink::finish() {
   State& s = *state_;
   QuietErrors quiet;
-  const std::int64_t height = GDALGetRasterYSize(s.dst.get());
-  const std::int64_t width = GDALGetRasterXSize(s.dst.get());
-  close_checked(s.dst, s.path, quiet);
-  verify_written(s.pending->path(), s.path, s.driver, height, width, s.dtype, s.written);
+  (void)s.out->complete(quiet, s.written);
   if (s.before_commit) s.before_commit();
-  s.pending->commit(s.options.overwrite);
+  s.out->commit();
 }
 
 // --- Streamed runs ---------------------------------------------------------------------------

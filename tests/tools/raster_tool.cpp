@@ -13,11 +13,13 @@
 //     --metadata (scale/offset, units, descriptions, colour interpretation, AREA_OR_POINT)
 //   dump PATH                 prints the raster as JSON (metadata and every pixel; Python reads
 //                             NaN/Infinity tokens); 64-bit integers and nodata are exact
+//   header PATH               dump without the pixels
 //   corrupt PATH --from-block K
 //                             overwrites the compressed bytes of band 1's blocks K, K+1, ...
 //                             (row-major block order) with 0xFF, so reading them fails
 //   block-offset PATH K       prints the file offset of band 1's block K
-//   drivers                   prints this GDAL's raster drivers that have Create as JSON
+//   drivers [--createcopy]    prints this GDAL's raster drivers that have Create (with
+//                             --createcopy: CreateCopy and no Create) as JSON
 //                             ([{"name": ..., "extension": first of DMD_EXTENSIONS or ""}])
 //
 // Exit status 0 on success, 1 on any failure (message on stderr).
@@ -345,7 +347,7 @@ std::string json_text(const char* s) {
   return out + "\"";
 }
 
-int dump(const std::string& path) {
+int dump(const std::string& path, bool pixels = true) {
   GDALAllRegister();
   GDALDatasetH ds =
       GDALOpenEx(path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY, nullptr, nullptr, nullptr);
@@ -366,6 +368,18 @@ int dump(const std::string& path) {
   std::printf("\"area_or_point\": %s, ", aop != nullptr ? json_text(aop).c_str() : "null");
   const char* comp = GDALGetMetadataItem(ds, "COMPRESSION", "IMAGE_STRUCTURE");
   std::printf("\"compression\": %s, ", comp != nullptr ? json_text(comp).c_str() : "null");
+  const char* layout = GDALGetMetadataItem(ds, "LAYOUT", "IMAGE_STRUCTURE");
+  std::printf("\"layout\": %s, ", layout != nullptr ? json_text(layout).c_str() : "null");
+  std::printf("\"overviews\": [");
+  if (n > 0) {
+    GDALRasterBandH first = GDALGetRasterBand(ds, 1);
+    for (int o = 0; o < GDALGetOverviewCount(first); ++o) {
+      GDALRasterBandH ov = GDALGetOverview(first, o);
+      std::printf("%s[%d, %d]", o ? ", " : "", GDALGetRasterBandXSize(ov),
+                  GDALGetRasterBandYSize(ov));
+    }
+  }
+  std::printf("], ");
   std::printf("\"band_info\": [");
   for (int b = 1; b <= n; ++b) {
     GDALRasterBandH band = GDALGetRasterBand(ds, b);
@@ -399,7 +413,7 @@ int dump(const std::string& path) {
         json_text(GDALGetColorInterpretationName(GDALGetRasterColorInterpretation(band))).c_str());
   }
   std::printf("], \"pixels\": [");
-  for (int b = 1; b <= n; ++b) {
+  for (int b = 1; pixels && b <= n; ++b) {
     GDALRasterBandH band = GDALGetRasterBand(ds, b);
     const GDALDataType t = GDALGetRasterDataType(band);
     const int item = GDALGetDataTypeSizeBytes(t);
@@ -469,16 +483,18 @@ int corrupt(const std::string& path, int from) {
   return 0;
 }
 
-/// The raster drivers of this GDAL that have Create, as JSON: name and first extension ("" for
-/// none), one object per line inside a list.
-int drivers() {
+/// The raster drivers of this GDAL that have Create (@p createcopy_only: CreateCopy, not Create),
+/// as JSON: name and first extension ("" for none), one object per line inside a list.
+int drivers(bool createcopy_only) {
   GDALAllRegister();
   std::printf("[");
   bool first = true;
   for (int i = 0; i < GDALGetDriverCount(); ++i) {
     GDALDriverH d = GDALGetDriver(i);
+    const bool create = GDALGetMetadataItem(d, GDAL_DCAP_CREATE, nullptr) != nullptr;
+    const bool copy = GDALGetMetadataItem(d, GDAL_DCAP_CREATECOPY, nullptr) != nullptr;
     if (GDALGetMetadataItem(d, GDAL_DCAP_RASTER, nullptr) == nullptr ||
-        GDALGetMetadataItem(d, GDAL_DCAP_CREATE, nullptr) == nullptr) {
+        (createcopy_only ? create || !copy : !create)) {
       continue;
     }
     const char* exts = GDALGetMetadataItem(d, GDAL_DMD_EXTENSIONS, nullptr);
@@ -497,13 +513,18 @@ int drivers() {
 int main(int argc, char** argv) {
   CPLSetErrorHandler(CPLQuietErrorHandler);
   try {
-    if (argc == 2 && std::strcmp(argv[1], "drivers") == 0) return drivers();
+    if (argc == 2 && std::strcmp(argv[1], "drivers") == 0) return drivers(false);
+    if (argc == 3 && std::strcmp(argv[1], "drivers") == 0 &&
+        std::strcmp(argv[2], "--createcopy") == 0) {
+      return drivers(true);
+    }
     if (argc < 3) {
-      throw Fail("usage: vsr-test-raster make|dump|corrupt|block-offset PATH ... | drivers");
+      throw Fail("usage: vsr-test-raster make|dump|header|corrupt|block-offset PATH ... | drivers");
     }
     const std::string cmd = argv[1];
     if (cmd == "make") return make(argc, argv);
     if (cmd == "dump") return dump(argv[2]);
+    if (cmd == "header") return dump(argv[2], false);
     if (cmd == "corrupt") {
       if (argc != 5 || std::strcmp(argv[3], "--from-block") != 0)
         throw Fail("corrupt PATH --from-block K");
