@@ -133,7 +133,8 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
                            bool check_memory = true, bool mixed_nodata = false);
 
 /// The output driver @p options name, checked for what a write needs (GDAL has it, it writes
-/// rasters, it has Create or CreateCopy, it writes a file); its short name as GDAL spells it goes to
+/// rasters, it has Create or CreateCopy, it writes a file); its short name as GDAL spells it goes
+/// to
 /// @p canonical. @throws std::invalid_argument naming the reason, as @p who.
 GDALDriverH output_driver(const WriteOptions& options, const char* who,
                           std::string* canonical = nullptr);
@@ -232,6 +233,26 @@ class Output {
   std::optional<PendingOutput> pending_;
   Dataset ds_;
 };
+
+/// Whether @p band's GDAL mask marks pixels invalid of its own (an internal or .msk mask, an
+/// alpha band): its flags are neither GMF_ALL_VALID nor GMF_NODATA (gdal_mask.cpp).
+bool has_pixel_mask(GDALRasterBandH band);
+
+/// The nodata the masked pixels of @p bands (of @p dtype, without a nodata of their own) get, one
+/// for all: NaN for float types; the largest value for 32- and 64-bit integers; for 8- and 16-bit
+/// ones the largest value no valid pixel of them takes, found by a pass over each band and its
+/// mask. @throws std::runtime_error when the valid pixels take every value.
+NodataValue mask_nodata(GDALDatasetH ds, const std::vector<int>& bands, DType dtype,
+                        const std::string& path);
+
+/// Writes @p nodata[b] into the pixels of @p tile's band b (file band @p bands[b], read over
+/// @p window) that its mask marks invalid, for the bands @p masked; a valid pixel equal to a
+/// nodata given by mask_nodata (@p chosen) is std::runtime_error.
+void apply_masks(GDALDatasetH ds, OwnedRasterArray& tile, const RasterWindow& window,
+                 const std::vector<int>& bands,
+                 const std::vector<std::optional<NodataValue>>& nodata,
+                 const std::vector<bool>& masked, const std::vector<bool>& chosen,
+                 const std::string& path);
 
 /// The host pixels of @p raster: its own buffer when host resident, else a copy in @p scratch
 /// (checked against the host memory available first).

@@ -98,8 +98,9 @@ GDALDriverH output_driver(const WriteOptions& options, const char* who, std::str
   // A driver with only CreateCopy (COG, PNG, JPEG) gets a staged GeoTIFF converted (Output).
   if (GDALGetMetadataItem(driver, GDAL_DCAP_CREATE, nullptr) == nullptr &&
       GDALGetMetadataItem(driver, GDAL_DCAP_CREATECOPY, nullptr) == nullptr) {
-    throw std::invalid_argument(its + " cannot write a raster (it has neither Create nor "
-                                      "CreateCopy)");
+    throw std::invalid_argument(its +
+                                " cannot write a raster (it has neither Create nor "
+                                "CreateCopy)");
   }
   // A driver that writes no file on disk would leave nothing to rename into place: one that
   // connects to a service or database, or one that declares no file extension and does not
@@ -153,8 +154,8 @@ void check_block(const WriteOptions& options, bool tiled, const char* who) {
 
 /// The resampling names GDALBuildOverviews takes (gdaladdo -r), lower case.
 constexpr std::array<const char*, 10> resampling_names = {
-    "nearest", "average", "rms",  "bilinear", "gauss", "cubic", "cubicspline", "lanczos",
-    "mode",    "average_magphase"};
+    "nearest", "average",     "rms",     "bilinear", "gauss",
+    "cubic",   "cubicspline", "lanczos", "mode",     "average_magphase"};
 
 /// @p name as GDAL spells it (upper case), if it is one of resampling_names (any case); empty
 /// otherwise.
@@ -173,7 +174,8 @@ Overviews parse_overviews(const WriteOptions& options, const std::string& driver
                           const char* who) {
   if (!options.resampling.empty() && gdal_resampling(options.resampling).empty()) {
     std::string names;
-    for (const char* known : resampling_names) names += (names.empty() ? "" : ", ") + std::string(known);
+    for (const char* known : resampling_names)
+      names += (names.empty() ? "" : ", ") + std::string(known);
     throw std::invalid_argument(std::string(who) + ": unknown resampling '" +
                                 shown(options.resampling) + "' (GDAL's are " + names + ")");
   }
@@ -195,11 +197,11 @@ Overviews parse_overviews(const WriteOptions& options, const std::string& driver
   std::size_t at = 0;
   for (;;) {
     const std::size_t comma = text.find(',', at);
-    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos
-                                                                        : comma - at);
-    if (item.empty() || item.size() > 9 ||
-        !std::all_of(item.begin(), item.end(),
-                     [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; })) {
+    const std::string item =
+        text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (item.empty() || item.size() > 9 || !std::all_of(item.begin(), item.end(), [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c)) != 0;
+        })) {
       throw std::invalid_argument(bad);
     }
     const int f = std::stoi(item);
@@ -439,8 +441,8 @@ void build_overviews(const std::string& file, const std::string& path, const std
   if (!ds) fail("cannot write '" + shown(path) + "': GDAL cannot reopen it to build overviews");
   std::vector<int> factors = levels;
   const std::string method = resampling.empty() ? "NEAREST" : gdal_resampling(resampling);
-  if (GDALBuildOverviews(ds.get(), method.c_str(), static_cast<int>(factors.size()),
-                         factors.data(), 0, nullptr, nullptr, nullptr) != CE_None) {
+  if (GDALBuildOverviews(ds.get(), method.c_str(), static_cast<int>(factors.size()), factors.data(),
+                         0, nullptr, nullptr, nullptr) != CE_None) {
     fail("cannot write '" + shown(path) + "': GDAL cannot build its overviews");
   }
   close_checked(ds, path, errors);
@@ -514,14 +516,15 @@ const std::string& Output::complete(const QuietErrors& errors,
     }
     CPLStringList allowed;
     allowed.AddString("GTiff");
-    Dataset src(GDALOpenEx(stage_.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR,
+    Dataset src(GDALOpenEx(stage_.c_str(),
+                           GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR,
                            allowed.List(), nullptr, nullptr));
     if (!src) fail("cannot write '" + shown(path_) + "': GDAL cannot reopen its staged GeoTIFF");
     const CPLStringList opts =
         creation_options(driver_, driver_name_, options_, dtype_, band_count_, who_);
     // Strict: a driver that cannot hold the data as it is fails instead of approximating it.
-    Dataset out(GDALCreateCopy(driver_, file.c_str(), src.get(), TRUE, opts.List(), nullptr,
-                               nullptr));
+    Dataset out(
+        GDALCreateCopy(driver_, file.c_str(), src.get(), TRUE, opts.List(), nullptr, nullptr));
     if (!out) {
       fail("cannot write '" + shown(path_) + "': GDAL's " + shown(driver_name_) +
            " driver cannot convert the staged GeoTIFF");
@@ -543,9 +546,9 @@ const std::string& Output::complete(const QuietErrors& errors,
     const int have = back ? GDALGetOverviewCount(GDALGetRasterBand(back.get(), 1)) : -1;
     if (have != static_cast<int>(ov.levels.size())) {
       throw std::runtime_error("cannot write '" + shown(path_) + "': GDAL's " +
-                               shown(driver_name_) + " driver reads back " +
-                               std::to_string(have) + " overview level(s), not the " +
-                               std::to_string(ov.levels.size()) + " asked for");
+                               shown(driver_name_) + " driver reads back " + std::to_string(have) +
+                               " overview level(s), not the " + std::to_string(ov.levels.size()) +
+                               " asked for");
     }
   }
   errors.check("cannot write '" + shown(path_) + "'");
@@ -697,8 +700,8 @@ void check_output_file(const std::string& path, const WriteOptions& options, DTy
       const auto io = [&](GDALDatasetH h, GDALRWFlag flag) {
         return GDALDatasetRasterIOEx(h, flag, 0, 0, static_cast<int>(side), static_cast<int>(side),
                                      pixels.data(), static_cast<int>(side), static_cast<int>(side),
-                                     cell, band_count, bands.data(), 8, 8 * side,
-                                     8 * side * side, nullptr);
+                                     cell, band_count, bands.data(), 8, 8 * side, 8 * side * side,
+                                     nullptr);
       };
       // Band by band, each flushed before the next, as a per-band streamed run writes (a pass
       // of one band, its blocks evicted from GDAL's cache before the next pass).
@@ -717,7 +720,8 @@ void check_output_file(const std::string& path, const WriteOptions& options, DTy
       allowed.AddString(out.reading_driver().c_str());
       Dataset back(GDALOpenEx(file.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY, allowed.List(),
                               nullptr, nullptr));
-      for (std::size_t i = 0; i < pixels.size(); ++i) put(i, cell == GDT_Float64 ? std::nan("") : 1);
+      for (std::size_t i = 0; i < pixels.size(); ++i)
+        put(i, cell == GDT_Float64 ? std::nan("") : 1);
       if (!back || io(back.get(), GF_Read) != CE_None) {
         fail("cannot write '" + shown(path) + "': GDAL's " + shown(name) +
              " driver cannot read back the pixels it wrote");
@@ -730,8 +734,8 @@ void check_output_file(const std::string& path, const WriteOptions& options, DTy
             if (nodata_at(i)) continue;
             char text[160];
             std::snprintf(text, sizeof text,
-                          "reads back %.17g in band %d where its nodata %s was written", got,
-                          b + 1, nodata->to_string().c_str());
+                          "reads back %.17g in band %d where its nodata %s was written", got, b + 1,
+                          nodata->to_string().c_str());
             throw std::runtime_error("GDAL's " + shown(name) + " driver " + text +
                                      ": it does not keep the nodata pixels of " + wrote +
                                      " (a lossy compression?), which would read as valid values");
@@ -768,16 +772,15 @@ void write_raster(const std::string& path, const OwnedRasterArray& raster,
   out.check(raster.dtype(), raster.band_count());
   std::vector<std::byte> scratch;
   const void* pixels = host_pixels(raster, scratch, who);
-  GDALDatasetH ds = out.create(raster.dtype(), raster.band_count(), raster.height(),
-                               raster.width(), raster.exact_nodata(), &raster.affine(),
-                               raster.crs());
+  GDALDatasetH ds = out.create(raster.dtype(), raster.band_count(), raster.height(), raster.width(),
+                               raster.exact_nodata(), &raster.affine(), raster.crs());
   std::vector<int> bands = all_bands(raster.band_count());
   raster_io(ds, GF_Write, RasterWindow{0, 0, raster.width(), raster.height()},
             const_cast<void*>(pixels), raster.dtype(), bands, raster.width(),
             raster.width() * raster.height(), path);
-  (void)out.complete(quiet, std::vector<std::optional<NodataValue>>(
-                                static_cast<std::size_t>(raster.band_count()),
-                                raster.exact_nodata()));
+  (void)out.complete(
+      quiet, std::vector<std::optional<NodataValue>>(static_cast<std::size_t>(raster.band_count()),
+                                                     raster.exact_nodata()));
   out.commit();
 }
 

@@ -170,7 +170,8 @@ TEST_CASE("a driver that writes no file is refused before anything is touched") 
   CHECK_NOTHROW(check_write_options(with_driver("PNG")));
 }
 
-// --- drivers with CreateCopy only, overviews ------------------------------------------------------
+// --- drivers with CreateCopy only, overviews
+// ------------------------------------------------------
 
 namespace {
 
@@ -218,8 +219,7 @@ std::optional<std::pair<int, std::string>> validate_cog(const std::string& path)
   if (::access("/usr/bin/python3", X_OK) != 0 || ::access(cog_validator, R_OK) != 0) {
     return std::nullopt;
   }
-  const std::string cmd =
-      std::string("/usr/bin/python3 ") + cog_validator + " '" + path + "' 2>&1";
+  const std::string cmd = std::string("/usr/bin/python3 ") + cog_validator + " '" + path + "' 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   std::string out;
@@ -303,8 +303,8 @@ TEST_CASE("PNG and JPEG are written through a staged GeoTIFF; a failed CreateCop
   const std::vector<std::string> kept = names_in(dir.path);
   const std::string before = bytes_of_file(jpg);
   // JPEG refuses 2 bands in its CreateCopy: nothing is left, the old file is kept.
-  const OwnedRasterArray two = OwnedRasterArray::from_host(
-      rgb.host_data(), DType::uint8, 2, 48, 64, std::nullopt, rgb.affine(), rgb.crs());
+  const OwnedRasterArray two = OwnedRasterArray::from_host(rgb.host_data(), DType::uint8, 2, 48, 64,
+                                                           std::nullopt, rgb.affine(), rgb.crs());
   CHECK_THROWS_WITH_AS(write_raster(jpg, two, with_driver("JPEG")),
                        doctest::Contains("JPEG driver cannot convert"), std::runtime_error);
   CHECK(bytes_of_file(jpg) == before);
@@ -315,9 +315,9 @@ TEST_CASE("PNG and JPEG are written through a staged GeoTIFF; a failed CreateCop
   CHECK_THROWS_WITH_AS(write_raster(jpg, ramp_raster(8, 8), with_driver("JPEG")),
                        doctest::Contains("cannot write float32"), std::invalid_argument);
   // A lossy JPEG cannot keep nodata pixels apart.
-  CHECK_THROWS_WITH_AS(check_output_file(dir.file("n.jpg"), with_driver("JPEG"), DType::uint8, 1,
-                                         NodataValue(0.0)),
-                       doctest::Contains("lossily"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      check_output_file(dir.file("n.jpg"), with_driver("JPEG"), DType::uint8, 1, NodataValue(0.0)),
+      doctest::Contains("lossily"), std::invalid_argument);
   CHECK(bytes_of_file(jpg) == before);
   CHECK(names_in(dir.path) == kept);
 }

@@ -893,6 +893,52 @@ def rescale_takes_a_reversed_in_range(env):
     check(got == [200, 150, 100, 0, 0, 200, 50], got)
 
 
+@case
+def gdal_masks_count_as_invalid(env):
+    # A GDAL mask (internal, .msk, alpha band) was ignored: masked pixels counted as valid.
+    W, H, EVERY = 30, 20, 3
+    masked = [i % EVERY == 0 for i in range(W * H)]
+    for kind in ("internal", "external"):
+        src = env.make(env.path(kind + ".tif"), "--width", W, "--height", H, "--mask", kind,
+                       "--mask-every", EVERY)
+        px = env.dump(src)["pixels"][0]
+        valid = [v for v, m in zip(px, masked) if not m]
+        doc = json.loads(run_ok(env, "--op", "stats", "-i", src, "--json", "-q").stdout)
+        b = doc["bands"][0]
+        check(b["count"] == len(valid) and b["min"] == min(valid) and b["max"] == max(valid),
+              (kind, b))
+        doc = json.loads(run_ok(env, "--op", "stats", "-i", src, "--json", "-q",
+                                "--ignore-mask").stdout)
+        check(doc["bands"][0]["count"] == W * H, (kind, doc))
+        # A raster op: the masked pixels are invalid, so the output has a nodata (NaN) there.
+        out = env.path(kind + "-clip.tif")
+        run_ok(env, "--op", "clip", "--range", "0,50", "-i", src, "-o", out, "-q")
+        r = env.dump(out)
+        check(is_nan(r["band_info"][0]["nodata"]), r["band_info"])
+        for v, m, g in zip(px, masked, r["pixels"][0]):
+            check(is_nan(g) if m else g == min(max(v, 0.0), 50.0), (kind, v, m, g))
+        run_ok(env, "--op", "clip", "--range", "0,50", "-i", src, "-o", env.path("ig.tif"), "-q",
+               "--ignore-mask", "--overwrite")
+        check(env.dump(env.path("ig.tif"))["band_info"][0]["nodata"] is None, "--ignore-mask")
+    # RGBA: bands 1-3 take the alpha as their mask, with one nodata no valid pixel takes.
+    src = env.make(env.path("rgba.tif"), "--width", W, "--height", H, "--bands", 4, "--dtype",
+                   "uint8", "--mask", "alpha", "--mask-every", EVERY)
+    d = env.dump(src)
+    doc = json.loads(run_ok(env, "--op", "stats", "-i", src, "--json", "-q").stdout)
+    counts = [b["count"] for b in doc["bands"]]
+    check(counts == [W * H - sum(masked)] * 3 + [W * H], counts)
+    out = env.path("rgb.tif")
+    run_ok(env, "--op", "clip", "--range", "0,255", "-i", src, "-b", 1, "-b", 2, "-b", 3, "-o",
+           out, "-q")
+    r = env.dump(out)
+    nd = r["band_info"][0]["nodata"]
+    check(nd is not None and all(b["nodata"] == nd for b in r["band_info"]), r["band_info"])
+    for b in range(3):
+        check(all(v != nd for v, m in zip(d["pixels"][b], masked) if not m), "a valid pixel is nd")
+        for v, m, g in zip(d["pixels"][b], masked, r["pixels"][b]):
+            check(g == (nd if m else v), (b, v, m, g))
+
+
 # --- issue 15: the sample runs say their plan, keep to it and give the right answer --------------
 
 # The sample (no --input): 4 bands of 600 x 600 float32; with a 1600K budget (1120000 bytes usable)

@@ -11,6 +11,9 @@
 //     --co KEY=VALUE (more creation options) --nodata-every N (every Nth pixel is nodata)
 //     --value FORMULA: ramp (default), const:V, list:V1,V2,... (cycled)
 //     --metadata (scale/offset, units, descriptions, colour interpretation, AREA_OR_POINT)
+//     --mask internal|external|alpha --mask-every N: a GDAL mask, 0 (invalid) at every Nth
+//       pixel: a per-dataset mask inside the GeoTIFF or in a .msk beside it, or the last band
+//       as alpha (GTiff ALPHA=YES; 0 or 255)
 //   dump PATH                 prints the raster as JSON (metadata and every pixel; Python reads
 //                             NaN/Infinity tokens); 64-bit integers and nodata are exact
 //   header PATH               dump without the pixels
@@ -184,6 +187,8 @@ int make(int argc, char** argv) {
   std::vector<std::pair<int, std::string>> band_nodata;
   std::vector<std::string> extra;
   bool sparse = false, no_gt = false, metadata = false;
+  std::string mask;
+  long mask_every = 0;
   Pattern pattern;
   for (int i = 3; i < argc; ++i) {
     const std::string o = argv[i];
@@ -220,6 +225,10 @@ int make(int argc, char** argv) {
       no_gt = true;
     } else if (o == "--metadata") {
       metadata = true;
+    } else if (o == "--mask") {
+      mask = value();
+    } else if (o == "--mask-every") {
+      mask_every = std::atol(value().c_str());
     } else if (o == "--co") {
       extra.push_back(value());
     } else if (o == "--nodata-every") {
@@ -255,6 +264,7 @@ int make(int argc, char** argv) {
     if (!compress.empty()) co.SetNameValue("COMPRESS", compress.c_str());
     if (!interleave.empty()) co.SetNameValue("INTERLEAVE", interleave.c_str());
     if (sparse) co.SetNameValue("SPARSE_OK", "TRUE");
+    if (mask == "alpha") co.SetNameValue("ALPHA", "YES");
     co.SetNameValue("BIGTIFF", "IF_SAFER");
   }
   for (const std::string& kv : extra) co.AddString(kv.c_str());
@@ -299,6 +309,33 @@ int make(int argc, char** argv) {
                          type, 0, 0) != CE_None) {
           throw Fail(std::string("write failed: ") + CPLGetLastErrorMsg());
         }
+      }
+    }
+  }
+  if (!mask.empty() && mask_every > 0) {
+    // 0 (invalid) at every mask_every-th pixel, 255 elsewhere.
+    std::vector<unsigned char> row(static_cast<std::size_t>(width));
+    GDALRasterBandH target = nullptr;
+    if (mask == "alpha") {
+      target = GDALGetRasterBand(ds, bands);
+      GDALSetRasterColorInterpretation(target, GCI_AlphaBand);
+    } else if (mask == "internal" || mask == "external") {
+      CPLSetConfigOption("GDAL_TIFF_INTERNAL_MASK", mask == "internal" ? "YES" : "NO");
+      if (GDALCreateDatasetMaskBand(ds, GMF_PER_DATASET) != CE_None) {
+        throw Fail(std::string("cannot create the mask: ") + CPLGetLastErrorMsg());
+      }
+      CPLSetConfigOption("GDAL_TIFF_INTERNAL_MASK", nullptr);
+      target = GDALGetMaskBand(GDALGetRasterBand(ds, 1));
+    } else {
+      throw Fail("bad --mask " + mask);
+    }
+    for (long y = 0; y < height; ++y) {
+      for (long x = 0; x < width; ++x) {
+        row[static_cast<std::size_t>(x)] = (y * width + x) % mask_every == 0 ? 0 : 255;
+      }
+      if (GDALRasterIO(target, GF_Write, 0, static_cast<int>(y), width, 1, row.data(), width, 1,
+                       GDT_Byte, 0, 0) != CE_None) {
+        throw Fail(std::string("mask write failed: ") + CPLGetLastErrorMsg());
       }
     }
   }

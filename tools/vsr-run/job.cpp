@@ -189,9 +189,8 @@ void retag_pixels(T* px, std::int64_t band_px, int bands, vsr::DType t,
   const std::optional<T> f = to ? pixel_value<T>(t, *to) : std::nullopt;
   const bool has_old = o.has_value(), has_fresh = f.has_value();
   const T old = o.value_or(T{}), fresh = f.value_or(T{});
-  const T fill = has_fresh ? fresh
-                           : (std::is_floating_point_v<T> ? std::numeric_limits<T>::quiet_NaN()
-                                                          : T{});
+  const T fill =
+      has_fresh ? fresh : (std::is_floating_point_v<T> ? std::numeric_limits<T>::quiet_NaN() : T{});
   for (int b = 0; b < bands; ++b) {
     std::int64_t clashes = 0;
     T* p = px + static_cast<std::ptrdiff_t>(b) * band_px;
@@ -427,9 +426,9 @@ void Job::check_output() {
     if (!args_.resampling.empty() &&
         (args_.overviews == "none" || (args_.overviews.empty() && !cog))) {
       throw UsageError("--resampling: the output gets no overviews to resample (" +
-                       std::string(args_.overviews.empty() ? "a " + write_.driver +
-                                                                 " output has none by default"
-                                                           : "--overviews none") +
+                       std::string(args_.overviews.empty()
+                                       ? "a " + write_.driver + " output has none by default"
+                                       : "--overviews none") +
                        "): give --overviews auto or a list of factors");
     }
   } else if (!args_.output.empty()) {
@@ -442,6 +441,7 @@ void Job::check_output() {
     }
   }
   open_.allow_virtual = args_.allow_virtual;
+  open_.ignore_mask = args_.ignore_mask;
 }
 
 /// A raster output, tried before any pixel is read: a small file of the output's dtype, band
@@ -600,6 +600,18 @@ void Job::open_input() {
     auto file = std::make_unique<vsr::RasterFileSource>(args_.input, open_, bands_);
     file_ = file.get();
     source_ = std::move(file);
+    // A band with a GDAL mask reads its masked pixels as its nodata (one chosen for it when it
+    // has none): the run, its output's nodata (the rule of to_output) and the report go by it.
+    const std::vector<bool>& masked = file_->masked_bands();
+    if (std::find(masked.begin(), masked.end(), true) != masked.end()) {
+      band_nodata_ = file_->band_nodata();
+      input_label_ += "; GDAL mask on band(s)";
+      for (std::size_t k = 0; k < masked.size(); ++k) {
+        if (masked[k]) input_label_.append(" ").append(std::to_string(bands_[k]));
+      }
+      input_label_ += ": masked pixels read as nodata " + nodata_text(band_nodata_.front()) +
+                      " (--ignore-mask reads them as they are)";
+    }
   } else {
     source_ = std::make_unique<vsr::RasterTileSource>(*sample_, bands_);
   }
@@ -771,11 +783,10 @@ RasterFn Job::rescale_with(Range in, Range out, bool clamp) const {
   const vsr::DType ot = output_dtype();
   const bool own_nodata = args_.a_nodata.has_value();
   return [in, out, ot, clamp, own_nodata](const vsr::OwnedRasterArray& t) {
-    const vsr::DType as = own_nodata && !vsr::is_floating_point(ot) ? vsr::compute_dtype(t.dtype())
-                                                                    : ot;
+    const vsr::DType as =
+        own_nodata && !vsr::is_floating_point(ot) ? vsr::compute_dtype(t.dtype()) : ot;
     if (clamp) {
-      const vsr::OwnedRasterArray c =
-          vsr::clip(t, std::min(in.lo, in.hi), std::max(in.lo, in.hi));
+      const vsr::OwnedRasterArray c = vsr::clip(t, std::min(in.lo, in.hi), std::max(in.lo, in.hi));
       return vsr::rescale(c, in.lo, in.hi, out.lo, out.hi, as);
     }
     return vsr::rescale(t, in.lo, in.hi, out.lo, out.hi, as);

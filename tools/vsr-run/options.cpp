@@ -59,6 +59,11 @@ input:
   -i, --input FILE   raster file read through GDAL (default: a generated sample raster)
   -b N               an input band to process, 1-based; repeat for more, in order (as
                      gdal_translate -b); default: all. Bands keep their own nodata.
+  --ignore-mask      read the pixels a GDAL mask marks invalid (an internal or .msk mask, an
+                     alpha band) as they are. By default they are invalid, as rasterio's masked
+                     reads have them: read as the band's nodata, or for a band without one as
+                     NaN (float types) or a value no valid pixel of the band takes (integers),
+                     which becomes its nodata (and so the output's: see below)
   --allow-virtual    also open VRT files, GDAL virtual file systems (/vsi...) and URLs as input;
                      refused by default, since a VRT reads whatever files its XML names (only
                      raster file formats open an input otherwise: GTiff/COG, PNG, JPEG, ...)
@@ -167,10 +172,10 @@ std::optional<vsr::NodataValue> parse_nodata(std::string_view option, std::strin
   if (text == "none" || text == "None" || text == "NONE") return std::nullopt;
   const char* first = text.data();
   const char* last = text.data() + text.size();
-  const bool integer =
-      !text.empty() && std::all_of(text.begin() + (text.front() == '-' ? 1 : 0), text.end(),
+  const bool integer = !text.empty() &&
+                       std::all_of(text.begin() + (text.front() == '-' ? 1 : 0), text.end(),
                                    [](char c) { return c >= '0' && c <= '9'; }) &&
-      text != "-";
+                       text != "-";
   if (integer) {
     if (text.front() == '-') {
       std::int64_t v = 0;
@@ -187,8 +192,7 @@ std::optional<vsr::NodataValue> parse_nodata(std::string_view option, std::strin
   double v = 0;
   const auto [end, err] = std::from_chars(first, last, v);
   if (err != std::errc() || end != last) {
-    throw UsageError(std::string(option) + ": '" + std::string(text) +
-                     "' is not a number or none");
+    throw UsageError(std::string(option) + ": '" + std::string(text) + "' is not a number or none");
   }
   return vsr::NodataValue(v);
 }

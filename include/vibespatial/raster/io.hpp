@@ -84,6 +84,15 @@ struct OpenOptions {
   /// to the drivers), GDAL virtual file system paths ("/vsi...") and URLs ("scheme://...").
   /// Off by default: only a local file of an allowed format opens.
   bool allow_virtual = false;
+  /// Read pixels as they are, ignoring the file's GDAL mask bands. Off by default: the streamed
+  /// readers (RasterFileSource, so process_raster_file, for_each_raster_tile and vsr-run) treat
+  /// the pixels a band's mask marks invalid (an internal or external .msk mask, an alpha band;
+  /// GDALGetMaskFlags neither GMF_ALL_VALID nor GMF_NODATA) as nodata, as rasterio's masked
+  /// reads do: they are given the band's nodata, or, for a band without one, NaN (float types),
+  /// the largest value (32- and 64-bit integers) or the largest value no valid pixel takes (8-
+  /// and 16-bit integers, found by a pass over the band), which becomes the band's nodata
+  /// (RasterFileSource::band_nodata). read_raster and read_raster_info read the file as it is.
+  bool ignore_mask = false;
 };
 
 /**
@@ -363,6 +372,9 @@ class VSR_EXPORT RasterFileSource final : public TileSource {
   const std::vector<int>& bands() const;
   /// Whether the file has a geotransform (the metadata's affine is GDAL's default otherwise).
   bool has_geotransform() const;
+  /// For each selected band, whether its GDAL mask marks pixels invalid, which are read as its
+  /// nodata (all false with OpenOptions::ignore_mask).
+  const std::vector<bool>& masked_bands() const;
   /**
    * @brief Bytes of host memory a run of @p plan over this source needs at once: every tile
    * and result live (overlap_tiles_live(@p overlap) of each; results counted at up to 8 bytes
