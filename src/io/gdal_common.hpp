@@ -6,6 +6,7 @@
 #pragma once
 
 #include "common/text_escape.hpp"
+#include "io/output_file.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/io.hpp>
@@ -132,7 +133,8 @@ OwnedRasterArray read_open(GDALDatasetH ds, const std::string& path,
                            bool check_memory = true, bool mixed_nodata = false);
 
 /// The output driver @p options name, checked for what a write needs (GDAL has it, it writes
-/// rasters, it has Create, it writes a file); its short name as GDAL spells it goes to
+/// rasters, it has Create or CreateCopy, it writes a file); its short name as GDAL spells it goes
+/// to
 /// @p canonical. @throws std::invalid_argument naming the reason, as @p who.
 GDALDriverH output_driver(const WriteOptions& options, const char* who,
                           std::string* canonical = nullptr);
@@ -154,6 +156,103 @@ Dataset create_dataset(const std::string& file, const std::string& path, DType d
 void verify_written(const std::string& file, const std::string& path, const std::string& driver,
                     std::int64_t height, std::int64_t width, DType dtype,
                     const std::vector<std::optional<NodataValue>>& nodata);
+
+/// The overviews a write makes (WriteOptions::overviews for the driver @p driver_name).
+struct Overviews {
+  enum class Kind { none, automatic, levels };
+  Kind kind = Kind::none;
+  std::vector<int> levels;  ///< the factors, ascending, for Kind::levels
+};
+
+/// WriteOptions::overviews and ::resampling checked and read for @p driver_name ("": automatic
+/// for COG, none for the others). @throws std::invalid_argument for a text that is not one of
+/// their forms, as @p who.
+Overviews parse_overviews(const WriteOptions& options, const std::string& driver_name,
+                          const char* who);
+
+/// The factors of automatic overviews of a @p width x @p height raster: 2, 4, 8, ... while the
+/// level before is larger than @p block on a side (COG's rule for its BLOCKSIZE).
+std::vector<int> automatic_levels(std::int64_t height, std::int64_t width, int block);
+
+/// Checks what a write with @p options needs before anything is touched (the driver, its
+/// creation options, the overviews and the resampling); the driver's short name goes to
+/// @p canonical. @throws std::invalid_argument as @p who.
+GDALDriverH check_output_options(const WriteOptions& options, const char* who,
+                                 std::string* canonical = nullptr);
+
+/// One raster output, all or nothing (docs/outputs.md): checked and given its private temporary
+/// directory at construction; written into the dataset create() makes: the output driver's own
+/// for a driver with Create, else (COG, PNG, JPEG: CreateCopy only) a staged uncompressed tiled
+/// GeoTIFF in the temporary directory; complete() closes it, converts a staged one
+/// (GDALCreateCopy into the temporary's file), builds the overviews asked for and verifies the
+/// file; commit() renames it over the target. Destroyed before commit(), it leaves nothing.
+class Output {
+ public:
+  /// @throws what check_output_options and PendingOutput throw.
+  Output(const std::string& path, const WriteOptions& options, const char* who);
+  Output(const Output&) = delete;
+  Output& operator=(const Output&) = delete;
+
+  /// Refuses (std::invalid_argument) a dtype or band count the output driver does not take,
+  /// before anything is created.
+  void check(DType dtype, int band_count) const;
+  /// Creates the dataset written into (see the class) and sets the georeferencing and, when
+  /// given, every band's nodata.
+  GDALDatasetH create(DType dtype, int band_count, std::int64_t height, std::int64_t width,
+                      const std::optional<NodataValue>& nodata, const Affine* affine,
+                      const std::string& crs);
+  GDALDatasetH dataset() const noexcept { return ds_.get(); }
+  /// Whether the file written into keeps one nodata for all bands (a GeoTIFF, staged or not).
+  bool one_nodata() const noexcept { return staged_ || driver_name_ == "GTiff"; }
+  /// The output driver's short name, GDAL's spelling.
+  const std::string& driver() const noexcept { return driver_name_; }
+  /// The driver that reads the output back (GTiff for COG, which only writes).
+  std::string reading_driver() const;
+  /// Closes the dataset, converts a staged one, builds the overviews and verifies the file
+  /// (verify_written: band @p b keeps @p nodata[b]); GDAL's failures are those @p errors
+  /// recorded since the write began. Returns the written file (in the temporary directory).
+  /// @throws std::runtime_error when a step fails; the target is untouched.
+  const std::string& complete(const QuietErrors& errors,
+                              const std::vector<std::optional<NodataValue>>& nodata);
+  /// Renames the completed file over the target (PendingOutput::commit).
+  void commit();
+
+ private:
+  std::string path_;
+  WriteOptions options_;
+  const char* who_;
+  GDALDriverH driver_ = nullptr;
+  std::string driver_name_;
+  bool staged_ = false;  ///< CreateCopy only: written into stage_
+  std::string stage_;
+  DType dtype_ = DType::float32;
+  int band_count_ = 0;
+  std::int64_t height_ = 0, width_ = 0;
+  // Declared before the dataset: on an error the dataset is closed first and the temporary
+  // files removed after.
+  std::optional<PendingOutput> pending_;
+  Dataset ds_;
+};
+
+/// Whether @p band's GDAL mask marks pixels invalid of its own (an internal or .msk mask, an
+/// alpha band): its flags are neither GMF_ALL_VALID nor GMF_NODATA (gdal_mask.cpp).
+bool has_pixel_mask(GDALRasterBandH band);
+
+/// The nodata the masked pixels of @p bands (of @p dtype, without a nodata of their own) get, one
+/// for all: NaN for float types; the largest value for 32- and 64-bit integers; for 8- and 16-bit
+/// ones the largest value no valid pixel of them takes, found by a pass over each band and its
+/// mask. @throws std::runtime_error when the valid pixels take every value.
+NodataValue mask_nodata(GDALDatasetH ds, const std::vector<int>& bands, DType dtype,
+                        const std::string& path);
+
+/// Writes @p nodata[b] into the pixels of @p tile's band b (file band @p bands[b], read over
+/// @p window) that its mask marks invalid, for the bands @p masked; a valid pixel equal to a
+/// nodata given by mask_nodata (@p chosen) is std::runtime_error.
+void apply_masks(GDALDatasetH ds, OwnedRasterArray& tile, const RasterWindow& window,
+                 const std::vector<int>& bands,
+                 const std::vector<std::optional<NodataValue>>& nodata,
+                 const std::vector<bool>& masked, const std::vector<bool>& chosen,
+                 const std::string& path);
 
 /// The host pixels of @p raster: its own buffer when host resident, else a copy in @p scratch
 /// (checked against the host memory available first).

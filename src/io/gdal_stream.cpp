@@ -166,6 +166,7 @@ struct RasterFileSource::State {
   RasterMetadata meta;  ///< of the selected bands (nodata: the first's)
   std::vector<int> bands;
   std::vector<std::optional<NodataValue>> nodata;
+  std::vector<bool> masked, chosen;  ///< per band: a GDAL mask; its nodata chosen for it
   bool has_geotransform = true;
 };
 
@@ -181,6 +182,24 @@ RasterFileSource::RasterFileSource(const std::string& path, const OpenOptions& o
   s.bands = bands.empty() ? all_bands(GDALGetRasterCount(s.ds.get())) : std::move(bands);
   for (const int b : s.bands) {
     s.nodata.push_back(detail::gdal::band_nodata(GDALGetRasterBand(s.ds.get(), b), s.meta.dtype));
+    // A GDAL mask's invalid pixels are read as nodata (gdal_mask.cpp).
+    const bool masked = !open.ignore_mask && has_pixel_mask(GDALGetRasterBand(s.ds.get(), b));
+    s.masked.push_back(masked);
+    s.chosen.push_back(masked && !s.nodata.back());
+  }
+  if (std::find(s.chosen.begin(), s.chosen.end(), true) != s.chosen.end()) {
+    std::vector<int> unset;
+    for (std::size_t k = 0; k < s.bands.size(); ++k) {
+      if (s.chosen[k]) unset.push_back(s.bands[k]);
+    }
+    const NodataValue nd = mask_nodata(s.ds.get(), unset, s.meta.dtype, path);
+    for (std::size_t k = 0; k < s.bands.size(); ++k) {
+      if (s.chosen[k]) s.nodata[k] = nd;
+    }
+  }
+  if (!s.nodata.empty() && s.chosen.front()) {
+    s.meta.exact_nodata = s.nodata.front();
+    s.meta.nodata = s.nodata.front()->to_double();
   }
   std::array<double, 6> gt{};
   s.has_geotransform = GDALGetGeoTransform(s.ds.get(), gt.data()) == CE_None;
@@ -209,6 +228,10 @@ bool RasterFileSource::has_geotransform() const {
   return state_->has_geotransform;
 }
 
+const std::vector<bool>& RasterFileSource::masked_bands() const {
+  return state_->masked;
+}
+
 OwnedRasterArray RasterFileSource::read(const RasterWindow& window, int first_band,
                                         int band_count) {
   State& s = *state_;
@@ -223,6 +246,14 @@ OwnedRasterArray RasterFileSource::read(const RasterWindow& window, int first_ba
       read_open(s.ds.get(), s.path, window, std::vector<int>(first, first + band_count),
                 /*check_memory=*/false, /*mixed_nodata=*/true)
           .with_nodata(s.nodata[static_cast<std::size_t>(first_band)]);
+  if (std::any_of(s.masked.begin() + first_band, s.masked.begin() + first_band + band_count,
+                  [](bool m) { return m; })) {
+    const auto at = [&](const auto& v) {
+      return std::vector(v.begin() + first_band, v.begin() + first_band + band_count);
+    };
+    apply_masks(s.ds.get(), tile, window, at(s.bands), at(s.nodata), at(s.masked), at(s.chosen),
+                s.path);
+  }
   quiet.check("cannot read '" + shown(s.path) + "'");
   return tile;
 }
@@ -270,11 +301,7 @@ void RasterFileSource::close() noexcept {
 struct RasterFileSink::State {
   std::string path;
   WriteOptions options;
-  std::string driver;  ///< GDAL's spelling
-  // Declared before the dataset: on an error the dataset is closed first and the temporary
-  // files removed after.
-  std::optional<detail::PendingOutput> pending;
-  Dataset dst;
+  std::optional<Output> out;  ///< the file written, all or nothing
   DType dtype = DType::float32;
   std::vector<std::optional<NodataValue>> written;  ///< each output band's nodata
   std::optional<NodataValue> file_nodata;           ///< GTiff: the one nodata the file has
@@ -291,11 +318,9 @@ RasterFileSink::RasterFileSink(const std::string& path, const WriteOptions& opti
   State& s = *state_;
   s.path = path;
   s.options = options;
-  // What the driver refuses, refused before anything is read (the dtype once it is known).
-  GDALDriverH driver = output_driver(options, who, &s.driver);
-  (void)creation_options(driver, s.driver, options, DType::float32, 1, who);
-  // Made before anything is computed: a directory that takes no temporary fails first.
-  s.pending.emplace(path, options.overwrite);
+  // What the driver refuses, refused before anything is read (the dtype once it is known); the
+  // temporary made before anything is computed: a directory that takes no temporary fails first.
+  s.out.emplace(path, options, who);
 }
 
 RasterFileSink::~RasterFileSink() = default;
@@ -316,10 +341,10 @@ void RasterFileSink::begin(const TileOutput& output) {
   State& s = *state_;
   QuietErrors quiet;
   s.dtype = output.dtype;
-  s.dst = create_dataset(s.pending->path(), s.path, output.dtype, output.band_count, output.height,
-                         output.width, std::nullopt, s.georeferenced ? &output.affine : nullptr,
-                         output.crs, s.options, "RasterFileSink");
-  apply_copied_metadata(s.copied, s.dst.get(), output.band_count);
+  GDALDatasetH dst =
+      s.out->create(output.dtype, output.band_count, output.height, output.width, std::nullopt,
+                    s.georeferenced ? &output.affine : nullptr, output.crs);
+  apply_copied_metadata(s.copied, dst, output.band_count);
   s.written.assign(static_cast<std::size_t>(output.band_count), std::nullopt);
   quiet.check("cannot create '" + shown(s.path) + "'");
 }
@@ -328,12 +353,12 @@ void RasterFileSink::begin_pass(int output_band, int band_count,
                                 const std::optional<NodataValue>& nodata) {
   State& s = *state_;
   QuietErrors quiet;
-  if (s.driver == "GTiff" && s.file_nodata_set && nodata != s.file_nodata) {
+  if (s.out->one_nodata() && s.file_nodata_set && nodata != s.file_nodata) {
     throw std::invalid_argument(
         "the results of bands " + std::to_string(output_band + 1) + ".. have nodata " +
         (nodata ? nodata->to_string() : "none") + ", earlier bands " +
-        (s.file_nodata ? s.file_nodata->to_string() : "none") +
-        ", and GTiff keeps one nodata for all bands: write these bands to a file of their own or "
+        (s.file_nodata ? s.file_nodata->to_string() : "none") + ", and " + s.out->driver() +
+        " keeps one nodata for all bands: write these bands to a file of their own or "
         "to a format with a nodata per band");
   }
   s.file_nodata = nodata;
@@ -341,7 +366,7 @@ void RasterFileSink::begin_pass(int output_band, int band_count,
   for (int b = 0; b < band_count; ++b) {
     s.written[static_cast<std::size_t>(output_band + b)] = nodata;
     if (nodata) {
-      set_band_nodata(GDALGetRasterBand(s.dst.get(), output_band + b + 1), s.dtype, *nodata);
+      set_band_nodata(GDALGetRasterBand(s.out->dataset(), output_band + b + 1), s.dtype, *nodata);
     }
   }
   quiet.check("cannot write '" + shown(s.path) + "'");
@@ -359,8 +384,8 @@ void RasterFileSink::write(const OwnedRasterArray& result, const TileInfo& where
       itemsize(s.dtype);
   std::vector<int> out_bands;
   for (int b = 0; b < result.band_count(); ++b) out_bands.push_back(where.output_band + b + 1);
-  raster_io(s.dst.get(), GF_Write, where.window, const_cast<std::byte*>(base + offset), s.dtype,
-            out_bands, phys.width, phys.width * phys.height, s.path);
+  raster_io(s.out->dataset(), GF_Write, where.window, const_cast<std::byte*>(base + offset),
+            s.dtype, out_bands, phys.width, phys.width * phys.height, s.path);
   // A failure reported off the calls' return values (e.g. an evicted block that could not be
   // written back) fails the run here, not at the end.
   quiet.check("cannot write '" + shown(s.path) + "'");
@@ -369,12 +394,9 @@ void RasterFileSink::write(const OwnedRasterArray& result, const TileInfo& where
 void RasterFileSink::finish() {
   State& s = *state_;
   QuietErrors quiet;
-  const std::int64_t height = GDALGetRasterYSize(s.dst.get());
-  const std::int64_t width = GDALGetRasterXSize(s.dst.get());
-  close_checked(s.dst, s.path, quiet);
-  verify_written(s.pending->path(), s.path, s.driver, height, width, s.dtype, s.written);
+  (void)s.out->complete(quiet, s.written);
   if (s.before_commit) s.before_commit();
-  s.pending->commit(s.options.overwrite);
+  s.out->commit();
 }
 
 // --- Streamed runs ---------------------------------------------------------------------------

@@ -64,7 +64,8 @@ bool skipped_by_config(const std::string& driver) {
 }
 
 /// The output driver @p options name, checked for what a write needs: GDAL has it, it writes
-/// rasters, it creates a raster to write into piecewise (Create), and it writes a file. Its
+/// rasters, it creates a raster (Create, or CreateCopy from a staged GeoTIFF), and it writes a
+/// file. Its
 /// short name as GDAL spells it goes to @p canonical ("gtiff" is GTiff).
 /// @throws std::invalid_argument naming the reason, as @p who.
 GDALDriverH output_driver(const WriteOptions& options, const char* who, std::string* canonical) {
@@ -94,13 +95,12 @@ GDALDriverH output_driver(const WriteOptions& options, const char* who, std::str
   if (GDALGetMetadataItem(driver, GDAL_DCAP_RASTER, nullptr) == nullptr) {
     throw std::invalid_argument(its + " writes no rasters");
   }
-  if (GDALGetMetadataItem(driver, GDAL_DCAP_CREATE, nullptr) == nullptr) {
-    throw std::invalid_argument(
-        its + " cannot create a raster to write into (it has no Create" +
-        (GDALGetMetadataItem(driver, GDAL_DCAP_CREATECOPY, nullptr) != nullptr
-             ? ", only CreateCopy: write GTiff and convert it with gdal_translate -of " + real
-             : std::string()) +
-        ")");
+  // A driver with only CreateCopy (COG, PNG, JPEG) gets a staged GeoTIFF converted (Output).
+  if (GDALGetMetadataItem(driver, GDAL_DCAP_CREATE, nullptr) == nullptr &&
+      GDALGetMetadataItem(driver, GDAL_DCAP_CREATECOPY, nullptr) == nullptr) {
+    throw std::invalid_argument(its +
+                                " cannot write a raster (it has neither Create nor "
+                                "CreateCopy)");
   }
   // A driver that writes no file on disk would leave nothing to rename into place: one that
   // connects to a service or database, or one that declares no file extension and does not
@@ -142,6 +142,96 @@ void check_creation_dtype(GDALDriverH driver, DType dtype, const char* who) {
                               shown(types));
 }
 
+/// Refuses a GeoTIFF tile side (WriteOptions::block) that is not a positive multiple of 16.
+void check_block(const WriteOptions& options, bool tiled, const char* who) {
+  if (tiled && (options.block < 16 || options.block % 16 != 0)) {
+    throw std::invalid_argument(std::string(who) +
+                                ": a GeoTIFF tile side must be a positive "
+                                "multiple of 16, not " +
+                                std::to_string(options.block));
+  }
+}
+
+/// The resampling names GDALBuildOverviews takes (gdaladdo -r), lower case.
+constexpr std::array<const char*, 10> resampling_names = {
+    "nearest", "average",     "rms",     "bilinear", "gauss",
+    "cubic",   "cubicspline", "lanczos", "mode",     "average_magphase"};
+
+/// @p name as GDAL spells it (upper case), if it is one of resampling_names (any case); empty
+/// otherwise.
+std::string gdal_resampling(const std::string& name) {
+  for (const char* known : resampling_names) {
+    if (EQUAL(known, name.c_str())) {
+      std::string upper = known;
+      for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      return upper;
+    }
+  }
+  return "";
+}
+
+Overviews parse_overviews(const WriteOptions& options, const std::string& driver_name,
+                          const char* who) {
+  if (!options.resampling.empty() && gdal_resampling(options.resampling).empty()) {
+    std::string names;
+    for (const char* known : resampling_names)
+      names += (names.empty() ? "" : ", ") + std::string(known);
+    throw std::invalid_argument(std::string(who) + ": unknown resampling '" +
+                                shown(options.resampling) + "' (GDAL's are " + names + ")");
+  }
+  Overviews ov;
+  const std::string& text = options.overviews;
+  if (text.empty()) {
+    ov.kind = driver_name == "COG" ? Overviews::Kind::automatic : Overviews::Kind::none;
+    return ov;
+  }
+  if (EQUAL(text.c_str(), "none")) return ov;
+  if (EQUAL(text.c_str(), "auto")) {
+    ov.kind = Overviews::Kind::automatic;
+    return ov;
+  }
+  const std::string bad = std::string(who) + ": overviews '" + shown(text) +
+                          "' are not \"none\", \"auto\" or a list of factors such as "
+                          "\"2,4,8\"";
+  ov.kind = Overviews::Kind::levels;
+  std::size_t at = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', at);
+    const std::string item =
+        text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (item.empty() || item.size() > 9 || !std::all_of(item.begin(), item.end(), [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c)) != 0;
+        })) {
+      throw std::invalid_argument(bad);
+    }
+    const int f = std::stoi(item);
+    if (f < 2) {
+      throw std::invalid_argument(std::string(who) + ": overview factor " + item +
+                                  " is below 2 (a factor of 2 halves each side)");
+    }
+    if (std::find(ov.levels.begin(), ov.levels.end(), f) != ov.levels.end()) {
+      throw std::invalid_argument(std::string(who) + ": overview factor " + item +
+                                  " is given twice");
+    }
+    ov.levels.push_back(f);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  std::sort(ov.levels.begin(), ov.levels.end());
+  return ov;
+}
+
+std::vector<int> automatic_levels(std::int64_t height, std::int64_t width, int block) {
+  std::vector<int> levels;
+  const std::int64_t side = std::max<std::int64_t>(block, 1);
+  for (std::int64_t f = 2; f <= (1 << 30); f *= 2) {
+    const std::int64_t before = f / 2;
+    if ((height + before - 1) / before <= side && (width + before - 1) / before <= side) break;
+    levels.push_back(static_cast<int>(f));
+  }
+  return levels;
+}
+
 /// The creation options a write of @p band_count bands of @p dtype passes to @p driver (named
 /// @p driver_name, GDAL's spelling), checked (validate_creation_options) before anything is
 /// created.
@@ -149,16 +239,26 @@ CPLStringList creation_options(GDALDriverH driver, const std::string& driver_nam
                                const WriteOptions& options, DType dtype, int band_count,
                                const char* who) {
   const bool gtiff = driver_name == "GTiff";
+  const bool cog = driver_name == "COG";
   CPLStringList opts;
+  if (gtiff || cog) check_block(options, cog || options.tiled, who);
+  if (cog) {
+    // A COG is a tiled GeoTIFF by construction: the compression, tile side and BigTIFF rule of a
+    // GTiff output, and the overviews WriteOptions ask for.
+    if (!options.compress.empty()) opts.SetNameValue("COMPRESS", options.compress.c_str());
+    opts.SetNameValue("BLOCKSIZE", std::to_string(options.block).c_str());
+    opts.SetNameValue("BIGTIFF", "IF_SAFER");
+    const Overviews ov = parse_overviews(options, driver_name, who);
+    opts.SetNameValue("OVERVIEWS", ov.kind == Overviews::Kind::none        ? "NONE"
+                                   : ov.kind == Overviews::Kind::automatic ? "AUTO"
+                                                                           : "FORCE_USE_EXISTING");
+    if (ov.kind == Overviews::Kind::automatic && !options.resampling.empty()) {
+      opts.SetNameValue("RESAMPLING", gdal_resampling(options.resampling).c_str());
+    }
+  }
   if (gtiff) {
     if (!options.compress.empty()) opts.SetNameValue("COMPRESS", options.compress.c_str());
     if (options.tiled) {
-      if (options.block < 16 || options.block % 16 != 0) {
-        throw std::invalid_argument(std::string(who) +
-                                    ": a GeoTIFF tile side must be a positive "
-                                    "multiple of 16, not " +
-                                    std::to_string(options.block));
-      }
       opts.SetNameValue("TILED", "YES");
       opts.SetNameValue("BLOCKXSIZE", std::to_string(options.block).c_str());
       opts.SetNameValue("BLOCKYSIZE", std::to_string(options.block).c_str());
@@ -294,6 +394,171 @@ void verify_written(const std::string& file, const std::string& path, const std:
   }
 }
 
+GDALDriverH check_output_options(const WriteOptions& options, const char* who,
+                                 std::string* canonical) {
+  std::string name;
+  GDALDriverH driver = output_driver(options, who, &name);
+  (void)parse_overviews(options, name, who);
+  (void)creation_options(driver, name, options, DType::float32, 1, who);
+  if (canonical != nullptr) *canonical = name;
+  return driver;
+}
+
+namespace {
+
+/// The options of the staged GeoTIFF of a CreateCopy driver: uncompressed (it is read once, by
+/// the conversion), tiled in blocks of at most 256 (a trial's 16), BigTIFF if safer.
+WriteOptions staged_options(const WriteOptions& options) {
+  WriteOptions staged;
+  staged.driver = "GTiff";
+  staged.compress = "NONE";
+  staged.tiled = true;
+  staged.block = std::clamp(options.block / 16 * 16, 16, 256);
+  staged.overwrite = true;
+  return staged;
+}
+
+/// Builds the overviews @p levels on the closed file @p file of @p driver (opened in update, so
+/// that formats with internal overviews hold them; else read-only: an external .ovr beside it),
+/// resampled as @p resampling ("" is nearest, as gdaladdo).
+void build_overviews(const std::string& file, const std::string& path, const std::string& driver,
+                     const std::vector<int>& levels, const std::string& resampling,
+                     const QuietErrors& errors) {
+  if (levels.empty()) return;
+  CPLStringList allowed;
+  allowed.AddString(driver.c_str());
+  Dataset ds;
+  {
+    // A driver that cannot update its format says so as an error: not the write's failure.
+    QuietErrors probe;
+    ds.reset(GDALOpenEx(file.c_str(), GDAL_OF_RASTER | GDAL_OF_UPDATE, allowed.List(), nullptr,
+                        nullptr));
+  }
+  if (!ds) {
+    ds.reset(GDALOpenEx(file.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR,
+                        allowed.List(), nullptr, nullptr));
+  }
+  if (!ds) fail("cannot write '" + shown(path) + "': GDAL cannot reopen it to build overviews");
+  std::vector<int> factors = levels;
+  const std::string method = resampling.empty() ? "NEAREST" : gdal_resampling(resampling);
+  if (GDALBuildOverviews(ds.get(), method.c_str(), static_cast<int>(factors.size()), factors.data(),
+                         0, nullptr, nullptr, nullptr) != CE_None) {
+    fail("cannot write '" + shown(path) + "': GDAL cannot build its overviews");
+  }
+  close_checked(ds, path, errors);
+}
+
+}  // namespace
+
+Output::Output(const std::string& path, const WriteOptions& options, const char* who)
+    : path_(path), options_(options), who_(who) {
+  driver_ = check_output_options(options, who, &driver_name_);
+  staged_ = GDALGetMetadataItem(driver_, GDAL_DCAP_CREATE, nullptr) == nullptr;
+  pending_.emplace(path, options.overwrite);
+  // Beside data/, so that it is never taken for a sidecar of the output.
+  if (staged_) stage_ = pending_->directory() + "/stage.tif";
+}
+
+void Output::check(DType dtype, int band_count) const {
+  if (dtype == DType::int8 && !VSR_GDAL_HAS_INT8 && driver_name_ != "GTiff") {
+    throw std::invalid_argument(std::string(who_) + ": int8 needs GDAL >= 3.7 for driver '" +
+                                shown(driver_name_) + "' (this GDAL is " GDAL_RELEASE_NAME ")");
+  }
+  check_creation_dtype(driver_, dtype, who_);
+  (void)creation_options(driver_, driver_name_, options_, dtype, band_count, who_);
+}
+
+GDALDatasetH Output::create(DType dtype, int band_count, std::int64_t height, std::int64_t width,
+                            const std::optional<NodataValue>& nodata, const Affine* affine,
+                            const std::string& crs) {
+  check(dtype, band_count);
+  dtype_ = dtype;
+  band_count_ = band_count;
+  height_ = height;
+  width_ = width;
+  ds_ = staged_ ? create_dataset(stage_, path_, dtype, band_count, height, width, nodata, affine,
+                                 crs, staged_options(options_), who_)
+                : create_dataset(pending_->path(), path_, dtype, band_count, height, width, nodata,
+                                 affine, crs, options_, who_);
+  return ds_.get();
+}
+
+std::string Output::reading_driver() const {
+  if (GDALGetMetadataItem(driver_, GDAL_DCAP_OPEN, nullptr) != nullptr) return driver_name_;
+  return driver_name_ == "COG" ? std::string("GTiff") : driver_name_;
+}
+
+const std::string& Output::complete(const QuietErrors& errors,
+                                    const std::vector<std::optional<NodataValue>>& nodata) {
+  const std::string& file = pending_->path();
+  const Overviews ov = parse_overviews(options_, driver_name_, who_);
+  std::vector<int> levels = ov.kind == Overviews::Kind::levels ? ov.levels
+                            : ov.kind == Overviews::Kind::automatic && driver_name_ != "COG"
+                                ? automatic_levels(height_, width_, options_.block)
+                                : std::vector<int>{};
+  if (driver_name_ == "JPEG") {
+    for (const auto& nd : nodata) {
+      if (nd) {
+        throw std::invalid_argument(
+            std::string(who_) + ": GDAL's JPEG driver compresses lossily: pixels of nodata " +
+            nd->to_string() +
+            " would read back as other, valid values; write it without a nodata, or to a "
+            "lossless format (PNG, GTiff, COG)");
+      }
+    }
+  }
+  close_checked(ds_, path_, errors);
+  if (staged_) {
+    // COG takes listed overviews from its source: built on the staged file first.
+    if (driver_name_ == "COG") {
+      build_overviews(stage_, path_, "GTiff", levels, options_.resampling, errors);
+      levels.clear();
+    }
+    CPLStringList allowed;
+    allowed.AddString("GTiff");
+    Dataset src(GDALOpenEx(stage_.c_str(),
+                           GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR,
+                           allowed.List(), nullptr, nullptr));
+    if (!src) fail("cannot write '" + shown(path_) + "': GDAL cannot reopen its staged GeoTIFF");
+    const CPLStringList opts =
+        creation_options(driver_, driver_name_, options_, dtype_, band_count_, who_);
+    // Strict: a driver that cannot hold the data as it is fails instead of approximating it.
+    Dataset out(
+        GDALCreateCopy(driver_, file.c_str(), src.get(), TRUE, opts.List(), nullptr, nullptr));
+    if (!out) {
+      fail("cannot write '" + shown(path_) + "': GDAL's " + shown(driver_name_) +
+           " driver cannot convert the staged GeoTIFF");
+    }
+    close_checked(out, path_, errors);
+    src.reset();
+    // The staged file is not needed any more: its space is freed before the commit.
+    ::unlink(stage_.c_str());
+    ::unlink((stage_ + ".aux.xml").c_str());
+  }
+  build_overviews(file, path_, reading_driver(), levels, options_.resampling, errors);
+  verify_written(file, path_, reading_driver(), height_, width_, dtype_, nodata);
+  if (ov.kind == Overviews::Kind::levels) {
+    // As many overview levels as asked for, or the file would not be what was asked.
+    CPLStringList allowed;
+    allowed.AddString(reading_driver().c_str());
+    Dataset back(GDALOpenEx(file.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY, allowed.List(),
+                            nullptr, nullptr));
+    const int have = back ? GDALGetOverviewCount(GDALGetRasterBand(back.get(), 1)) : -1;
+    if (have != static_cast<int>(ov.levels.size())) {
+      throw std::runtime_error("cannot write '" + shown(path_) + "': GDAL's " +
+                               shown(driver_name_) + " driver reads back " + std::to_string(have) +
+                               " overview level(s), not the " + std::to_string(ov.levels.size()) +
+                               " asked for");
+    }
+  }
+  errors.check("cannot write '" + shown(path_) + "'");
+  return file;
+}
+
+void Output::commit() {
+  pending_->commit(options_.overwrite);
+}
+
 /// The host pixels of @p raster: its own buffer when host resident, else a copy in @p scratch
 /// (checked against the host memory available first).
 const void* host_pixels(const OwnedRasterArray& raster, std::vector<std::byte>& scratch,
@@ -337,9 +602,7 @@ using namespace detail::gdal;
 void check_write_options(const WriteOptions& options) {
   static constexpr const char* who = "check_write_options";
   QuietErrors quiet;
-  std::string name;
-  GDALDriverH driver = output_driver(options, who, &name);
-  (void)creation_options(driver, name, options, DType::float32, 1, who);
+  (void)check_output_options(options, who);
 }
 
 void check_output_file(const std::string& path, const WriteOptions& options, DType dtype,
@@ -350,17 +613,16 @@ void check_output_file(const std::string& path, const WriteOptions& options, DTy
               std::string(who) + ": band_count " + std::to_string(band_count) + " < 1");
   QuietErrors quiet;
   std::string name;
-  GDALDriverH driver = output_driver(options, who, &name);
-  (void)creation_options(driver, name, options, dtype, band_count, who);
-  check_creation_dtype(driver, dtype, who);
+  (void)check_output_options(options, who, &name);
   // The trial raster: small, so that drivers that fill a new file up front write little, in
   // small GeoTIFF tiles (the block options were checked above; a 256 x 256 block per band of a
-  // 500-band trial would hold 128 MiB).
+  // 500-band trial would hold 128 MiB; COG's smallest is 128).
   constexpr std::int64_t side = 16;
   WriteOptions trial = options;
-  trial.block = 16;
+  trial.block = name == "COG" ? 128 : 16;
   std::erase_if(trial.creation_options, [](const std::string& kv) {
-    return kv.rfind("BLOCKXSIZE=", 0) == 0 || kv.rfind("BLOCKYSIZE=", 0) == 0;
+    return kv.rfind("BLOCKXSIZE=", 0) == 0 || kv.rfind("BLOCKYSIZE=", 0) == 0 ||
+           kv.rfind("BLOCKSIZE=", 0) == 0;
   });
   // Band b holds 10 + 10 * (b % 11) (3 more where the nodata is one of those), a value every
   // dtype holds: what reads back tells a band lost, swapped or filled with other memory (MRF
@@ -370,56 +632,115 @@ void check_output_file(const std::string& path, const WriteOptions& options, DTy
                            ? 3.0
                            : 0.0;
   const auto band_value = [&](int b) { return 10.0 + 10.0 * (b % 11) + shift; };
+  // With a nodata, every 5th pixel is nodata, amid valid ones: a driver that does not give them
+  // back exactly (a lossy codec blurs them into their neighbours) would turn nodata pixels into
+  // valid values.
+  const auto is_nodata_pixel = [&](std::int64_t k) { return nodata && k % 5 == 2; };
+  const double nodata_value = nodata ? nodata->to_double() : 0.0;
   const std::string wrote = std::to_string(band_count) + " band(s) of " +
                             std::string(to_string(dtype)) +
                             (nodata ? " with nodata " + nodata->to_string() : std::string());
-  detail::PendingOutput pending(path, options.overwrite);  // never committed: removed
   {
-    Dataset ds;
+    Output out(path, trial, who);  // never committed: removed
+    out.check(dtype, band_count);
     try {
       // Georeferenced, as most outputs are (GPKG needs a geotransform).
       const Affine affine{1, 0, 0, 0, -1, side};
-      ds = create_dataset(pending.path(), path, dtype, band_count, side, side, nodata, &affine, crs,
-                          trial, who);
-      std::vector<double> pixels(static_cast<std::size_t>(side * side * band_count));
+      GDALDatasetH ds = out.create(dtype, band_count, side, side, nodata, &affine, crs);
+      // 8-byte cells: float64, or the dataset's own type for 64-bit integers (so that their
+      // nodata, e.g. INT64_MAX, is written and compared exactly).
+      const GDALDataType cell = dtype == DType::int64    ? GDT_Int64
+                                : dtype == DType::uint64 ? GDT_UInt64
+                                                         : GDT_Float64;
+      std::vector<std::uint64_t> pixels(static_cast<std::size_t>(side * side * band_count));
+      const auto put = [&](std::size_t i, double v) {
+        if (cell == GDT_Int64) {
+          pixels[i] = static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
+        } else if (cell == GDT_UInt64) {
+          pixels[i] = static_cast<std::uint64_t>(v);
+        } else {
+          std::memcpy(&pixels[i], &v, sizeof v);
+        }
+      };
+      const auto put_nodata = [&](std::size_t i) {
+        if (cell == GDT_Int64) {
+          pixels[i] = static_cast<std::uint64_t>(nodata->as_int64().value_or(0));
+        } else if (cell == GDT_UInt64) {
+          pixels[i] = nodata->as_uint64().value_or(0);
+        } else {
+          put(i, nodata_value);
+        }
+      };
+      const auto value_at = [&](std::size_t i) {
+        if (cell == GDT_Int64) return static_cast<double>(static_cast<std::int64_t>(pixels[i]));
+        if (cell == GDT_UInt64) return static_cast<double>(pixels[i]);
+        double v = 0;
+        std::memcpy(&v, &pixels[i], sizeof v);
+        return v;
+      };
+      const auto nodata_at = [&](std::size_t i) {
+        if (cell == GDT_Int64) {
+          return nodata->as_int64() == static_cast<std::int64_t>(pixels[i]);
+        }
+        if (cell == GDT_UInt64) return nodata->as_uint64() == pixels[i];
+        const double v = value_at(i);
+        return v == nodata_value || (std::isnan(v) && std::isnan(nodata_value));
+      };
       for (int b = 0; b < band_count; ++b) {
-        std::fill_n(pixels.begin() + static_cast<std::ptrdiff_t>(b * side * side), side * side,
-                    band_value(b));
+        for (std::int64_t k = 0; k < side * side; ++k) {
+          const auto i = static_cast<std::size_t>(b * side * side + k);
+          if (is_nodata_pixel(k)) {
+            put_nodata(i);
+          } else {
+            put(i, band_value(b));
+          }
+        }
       }
       std::vector<int> bands = all_bands(band_count);
       const auto io = [&](GDALDatasetH h, GDALRWFlag flag) {
         return GDALDatasetRasterIOEx(h, flag, 0, 0, static_cast<int>(side), static_cast<int>(side),
                                      pixels.data(), static_cast<int>(side), static_cast<int>(side),
-                                     GDT_Float64, band_count, bands.data(), sizeof(double),
-                                     sizeof(double) * side, sizeof(double) * side * side, nullptr);
+                                     cell, band_count, bands.data(), 8, 8 * side, 8 * side * side,
+                                     nullptr);
       };
       // Band by band, each flushed before the next, as a per-band streamed run writes (a pass
       // of one band, its blocks evicted from GDAL's cache before the next pass).
       for (int b = 0; b < band_count; ++b) {
         const CPLErr err = GDALRasterIO(
-            GDALGetRasterBand(ds.get(), b + 1), GF_Write, 0, 0, static_cast<int>(side),
+            GDALGetRasterBand(ds, b + 1), GF_Write, 0, 0, static_cast<int>(side),
             static_cast<int>(side), pixels.data() + static_cast<std::ptrdiff_t>(b * side * side),
-            static_cast<int>(side), static_cast<int>(side), GDT_Float64, 0, 0);
+            static_cast<int>(side), static_cast<int>(side), cell, 0, 0);
         if (err != CE_None) fail("cannot write raster '" + shown(path) + "'");
-        GDALFlushCache(ds.get());
+        GDALFlushCache(ds);
       }
-      close_checked(ds, path, quiet);
-      verify_written(
-          pending.path(), path, name, side, side, dtype,
+      const std::string& file = out.complete(
+          quiet,
           std::vector<std::optional<NodataValue>>(static_cast<std::size_t>(band_count), nodata));
       CPLStringList allowed;
-      allowed.AddString(name.c_str());
-      Dataset back(GDALOpenEx(pending.path().c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY,
-                              allowed.List(), nullptr, nullptr));
-      std::fill(pixels.begin(), pixels.end(), std::nan(""));
+      allowed.AddString(out.reading_driver().c_str());
+      Dataset back(GDALOpenEx(file.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY, allowed.List(),
+                              nullptr, nullptr));
+      for (std::size_t i = 0; i < pixels.size(); ++i)
+        put(i, cell == GDT_Float64 ? std::nan("") : 1);
       if (!back || io(back.get(), GF_Read) != CE_None) {
         fail("cannot write '" + shown(path) + "': GDAL's " + shown(name) +
              " driver cannot read back the pixels it wrote");
       }
       for (int b = 0; b < band_count; ++b) {
         for (std::int64_t k = 0; k < side * side; ++k) {
-          const double got = pixels[static_cast<std::size_t>(b * side * side + k)];
-          if (!(std::fabs(got - band_value(b)) <= 3.0)) {
+          const auto i = static_cast<std::size_t>(b * side * side + k);
+          const double got = value_at(i);
+          if (is_nodata_pixel(k)) {
+            if (nodata_at(i)) continue;
+            char text[160];
+            std::snprintf(text, sizeof text,
+                          "reads back %.17g in band %d where its nodata %s was written", got, b + 1,
+                          nodata->to_string().c_str());
+            throw std::runtime_error("GDAL's " + shown(name) + " driver " + text +
+                                     ": it does not keep the nodata pixels of " + wrote +
+                                     " (a lossy compression?), which would read as valid values");
+          }
+          if (!(std::fabs(got - band_value(b)) <= 3.0) || (nodata && nodata_at(i))) {
             char text[120];
             std::snprintf(text, sizeof text, "reads back %.17g in band %d where %g was written",
                           got, b + 1, band_value(b));
@@ -446,29 +767,21 @@ void write_raster(const std::string& path, const OwnedRasterArray& raster,
                   const WriteOptions& options) {
   static constexpr const char* who = "write_raster";
   QuietErrors quiet;
-  {
-    // What the driver refuses, refused before anything is touched.
-    std::string name;
-    GDALDriverH driver = output_driver(options, who, &name);
-    check_creation_dtype(driver, raster.dtype(), who);
-    (void)creation_options(driver, name, options, raster.dtype(), raster.band_count(), who);
-  }
+  // What the driver refuses, refused before anything is touched.
+  Output out(path, options, who);
+  out.check(raster.dtype(), raster.band_count());
   std::vector<std::byte> scratch;
   const void* pixels = host_pixels(raster, scratch, who);
-  detail::PendingOutput pending(path, options.overwrite);  // before the dataset: removed after it
-  Dataset ds = create_dataset(pending.path(), path, raster.dtype(), raster.band_count(),
-                              raster.height(), raster.width(), raster.exact_nodata(),
-                              &raster.affine(), raster.crs(), options, who);
+  GDALDatasetH ds = out.create(raster.dtype(), raster.band_count(), raster.height(), raster.width(),
+                               raster.exact_nodata(), &raster.affine(), raster.crs());
   std::vector<int> bands = all_bands(raster.band_count());
-  raster_io(ds.get(), GF_Write, RasterWindow{0, 0, raster.width(), raster.height()},
+  raster_io(ds, GF_Write, RasterWindow{0, 0, raster.width(), raster.height()},
             const_cast<void*>(pixels), raster.dtype(), bands, raster.width(),
             raster.width() * raster.height(), path);
-  close_checked(ds, path, quiet);
-  verify_written(pending.path(), path, GDALGetDriverShortName(output_driver(options, who)),
-                 raster.height(), raster.width(), raster.dtype(),
-                 std::vector<std::optional<NodataValue>>(
-                     static_cast<std::size_t>(raster.band_count()), raster.exact_nodata()));
-  pending.commit(options.overwrite);
+  (void)out.complete(
+      quiet, std::vector<std::optional<NodataValue>>(static_cast<std::size_t>(raster.band_count()),
+                                                     raster.exact_nodata()));
+  out.commit();
 }
 
 std::string output_driver_for(const std::string& path) {
@@ -479,17 +792,20 @@ std::string output_driver_for(const std::string& path) {
   for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (ext == "tif" || ext == "tiff") return "GTiff";
   register_drivers();
-  for (int i = 0; i < GDALGetDriverCount(); ++i) {
-    GDALDriverH d = GDALGetDriver(i);
-    if (GDALGetMetadataItem(d, GDAL_DCAP_RASTER, nullptr) == nullptr ||
-        GDALGetMetadataItem(d, GDAL_DCAP_CREATE, nullptr) == nullptr) {
-      continue;
-    }
-    const char* exts = GDALGetMetadataItem(d, GDAL_DMD_EXTENSIONS, nullptr);
-    if (exts == nullptr) continue;
-    const CPLStringList list(CSLTokenizeString2(exts, " ", 0));
-    for (int k = 0; k < list.size(); ++k) {
-      if (EQUAL(list[k], ext.c_str())) return GDALGetDriverShortName(d);
+  // Drivers with Create first, then those with CreateCopy only (".png": PNG, ".jpg": JPEG).
+  for (const char* capability : {GDAL_DCAP_CREATE, GDAL_DCAP_CREATECOPY}) {
+    for (int i = 0; i < GDALGetDriverCount(); ++i) {
+      GDALDriverH d = GDALGetDriver(i);
+      if (GDALGetMetadataItem(d, GDAL_DCAP_RASTER, nullptr) == nullptr ||
+          GDALGetMetadataItem(d, capability, nullptr) == nullptr) {
+        continue;
+      }
+      const char* exts = GDALGetMetadataItem(d, GDAL_DMD_EXTENSIONS, nullptr);
+      if (exts == nullptr) continue;
+      const CPLStringList list(CSLTokenizeString2(exts, " ", 0));
+      for (int k = 0; k < list.size(); ++k) {
+        if (EQUAL(list[k], ext.c_str())) return GDALGetDriverShortName(d);
+      }
     }
   }
   return "";

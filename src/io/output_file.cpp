@@ -14,6 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -37,7 +38,9 @@ namespace {
 constexpr char data_dir[] = "data";
 constexpr char owner_file[] = "owner";
 constexpr char owner_new_file[] = "owner.new";
-constexpr char aux_suffix[] = ".aux.xml";
+/// Sidecars GDAL reads along with any raster file named like them: its PAM metadata and its
+/// external overviews. One left from an old target would apply to the new file.
+constexpr std::array<const char*, 2> read_along_suffixes = {".aux.xml", ".ovr"};
 constexpr char temp_marker[] = ".vsr-";
 constexpr std::size_t temp_random = 6;  ///< mkdtemp's XXXXXX
 /// The target's name in the temporary directory's name is cut to this many bytes, so that the
@@ -78,9 +81,9 @@ void unlink_entries(int dfd) noexcept {
   }
 }
 
-/// Removes the temporary directory @p temp: the files of data/, data/, the owner record, then
-/// the directory. Async-signal-safe; leaves what a driver nested deeper (the caller's
-/// std::filesystem pass removes that outside a signal handler).
+/// Removes the temporary directory @p temp: the files of data/, data/, the files beside it (the
+/// owner record, a staged GeoTIFF), then the directory. Async-signal-safe; leaves what a driver
+/// nested deeper (the caller's std::filesystem pass removes that outside a signal handler).
 void remove_temporary_signal_safe(const char* temp) noexcept {
   const int t = ::open(temp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (t >= 0) {
@@ -90,8 +93,8 @@ void remove_temporary_signal_safe(const char* temp) noexcept {
       ::close(d);
     }
     ::unlinkat(t, data_dir, AT_REMOVEDIR);
-    ::unlinkat(t, owner_new_file, 0);
-    ::unlinkat(t, owner_file, 0);
+    // The owner record and what a writer stages beside data/ (a CreateCopy driver's GeoTIFF).
+    unlink_entries(t);
     ::close(t);
   }
   ::rmdir(temp);
@@ -456,9 +459,20 @@ void PendingOutput::commit(bool overwrite, bool may_be_empty) {
   sync_path(file_, O_RDONLY);
   if (target_existed_) ::chmod(file_.c_str(), target_mode_ & 07777);
 
-  const std::string aux = name_ + aux_suffix;
-  bool aux_written = false;
-  for (const std::string& n : sidecars) aux_written = aux_written || n == aux;
+  // The read-along sidecars (see read_along_suffixes) this write did not write: removed.
+  const auto read_along = [&](const std::string& n) {
+    for (const char* suffix : read_along_suffixes) {
+      if (n == name_ + suffix) return true;
+    }
+    return false;
+  };
+  const auto remove_stale_read_along = [&] {
+    for (const char* suffix : read_along_suffixes) {
+      if (std::find(sidecars.begin(), sidecars.end(), name_ + suffix) == sidecars.end()) {
+        ::unlink((target_ + suffix).c_str());
+      }
+    }
+  };
   if (overwrite) {
     for (const std::string& n : sidecars) {
       const std::string from = data_ + "/" + n, to = dir_ + "/" + n;
@@ -467,8 +481,8 @@ void PendingOutput::commit(bool overwrite, bool may_be_empty) {
                       "': " + errno_text(errno));
       }
     }
-    // A stale .aux.xml of the old file would otherwise apply its metadata to the new one.
-    if (!aux_written) ::unlink((target_ + aux_suffix).c_str());
+    // A stale .aux.xml or .ovr of the old file would otherwise apply to the new one.
+    remove_stale_read_along();
     if (::rename(file_.c_str(), target_.c_str()) != 0) {
       throw failure("cannot rename '" + printable(file_) + "' to it: " + errno_text(errno));
     }
@@ -485,9 +499,9 @@ void PendingOutput::commit(bool overwrite, bool may_be_empty) {
     std::vector<std::string> linked;
     for (const std::string& n : sidecars) {
       const std::string from = data_ + "/" + n, to = dir_ + "/" + n;
-      // An .aux.xml beside a target that did not exist is stale: replaced.
-      const bool ok = n == aux ? ::rename(from.c_str(), to.c_str()) == 0
-                               : ::link(from.c_str(), to.c_str()) == 0;
+      // An .aux.xml or .ovr beside a target that did not exist is stale: replaced.
+      const bool ok = read_along(n) ? ::rename(from.c_str(), to.c_str()) == 0
+                                    : ::link(from.c_str(), to.c_str()) == 0;
       if (!ok) {
         const int err = errno;
         for (const std::string& l : linked) ::unlink(l.c_str());
@@ -496,9 +510,9 @@ void PendingOutput::commit(bool overwrite, bool may_be_empty) {
                       (err == EEXIST ? std::string("exists (overwriting was not asked for)")
                                      : "cannot be written: " + errno_text(err)));
       }
-      if (n != aux) linked.push_back(to);
+      if (!read_along(n)) linked.push_back(to);
     }
-    if (!aux_written) ::unlink((target_ + aux_suffix).c_str());
+    remove_stale_read_along();
   }
   committed_ = true;
   remove_files();

@@ -59,8 +59,9 @@ class PendingOutput {
   /// Makes the written file the target, only when it is verified: path() must be a regular file
   /// (non-empty unless @p may_be_empty) and every sidecar a regular file. Then: fsync of the
   /// files, the file's permissions set to the old target's (if any), sidecars renamed (a stale
-  /// "<target>.aux.xml" removed when none was written), the file renamed over the target (with
-  /// @p overwrite false: the file and sidecars linked, so no existing file is ever replaced),
+  /// "<target>.aux.xml" or "<target>.ovr" removed when not written), the file renamed over the
+  /// target (with @p overwrite false: the file and sidecars linked, so no existing file is ever
+  /// replaced),
   /// the temporary directory removed, fsync of the directory.
   /// @throws std::runtime_error when the output is not verified, a rename fails or (overwrite
   /// false) the target or a sidecar exists; the temporary files are removed then and the target

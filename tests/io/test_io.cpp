@@ -10,7 +10,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cpl_conv.h>
 #include <cpl_error.h>
+#include <cpl_string.h>
 #include <gdal.h>
 #include <gdal_version.h>
 #include <sys/stat.h>
@@ -23,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -960,4 +963,159 @@ TEST_CASE("per-band nodata, metadata, creation options, overwrite and format by 
   CHECK(output_driver_for("x.img") == "HFA");
   CHECK(output_driver_for("x.nosuchext").empty());
   CHECK(output_driver_for("dir.d/noext").empty());
+}
+
+// --- GDAL mask bands of inputs
+// ---------------------------------------------------------------------
+
+namespace {
+
+/// A GeoTIFF of @p bands bands of GDAL type @p type holding @p values (band-major, as doubles),
+/// with @p nodata on every band when given and a GDAL mask: "internal", "external" (.msk) or
+/// "alpha" (the last band, ALPHA=YES), 0 where @p invalid(i) of the pixel index, else 255.
+void make_masked(const std::string& path, int width, int height, int bands, GDALDataType type,
+                 const std::vector<double>& values, const std::string& kind,
+                 const std::function<bool(int)>& invalid, std::optional<double> nodata = {}) {
+  GDALAllRegister();
+  CPLStringList co;
+  if (kind == "alpha") co.SetNameValue("ALPHA", "YES");
+  GDALDatasetH ds =
+      GDALCreate(GDALGetDriverByName("GTiff"), path.c_str(), width, height, bands, type, co.List());
+  REQUIRE(ds != nullptr);
+  std::array<double, 6> gt{0, 1, 0, static_cast<double>(height), 0, -1};
+  GDALSetGeoTransform(ds, gt.data());
+  const int data_bands = kind == "alpha" ? bands - 1 : bands;
+  for (int b = 1; b <= data_bands; ++b) {
+    GDALRasterBandH band = GDALGetRasterBand(ds, b);
+    if (nodata) REQUIRE(GDALSetRasterNoDataValue(band, *nodata) == CE_None);
+    REQUIRE(GDALRasterIO(band, GF_Write, 0, 0, width, height,
+                         const_cast<double*>(values.data()) +
+                             static_cast<std::size_t>((b - 1) * width * height),
+                         width, height, GDT_Float64, 0, 0) == CE_None);
+  }
+  std::vector<std::uint8_t> mask(static_cast<std::size_t>(width * height));
+  for (int i = 0; i < width * height; ++i) mask[static_cast<std::size_t>(i)] = invalid(i) ? 0 : 255;
+  GDALRasterBandH target = nullptr;
+  if (kind == "alpha") {
+    target = GDALGetRasterBand(ds, bands);
+    GDALSetRasterColorInterpretation(target, GCI_AlphaBand);
+  } else {
+    CPLSetConfigOption("GDAL_TIFF_INTERNAL_MASK", kind == "internal" ? "YES" : "NO");
+    REQUIRE(GDALCreateDatasetMaskBand(ds, GMF_PER_DATASET) == CE_None);
+    CPLSetConfigOption("GDAL_TIFF_INTERNAL_MASK", nullptr);
+    target = GDALGetMaskBand(GDALGetRasterBand(ds, 1));
+  }
+  REQUIRE(GDALRasterIO(target, GF_Write, 0, 0, width, height, mask.data(), width, height, GDT_Byte,
+                       0, 0) == CE_None);
+  GDALClose(ds);
+}
+
+/// The whole of @p source's bands, read as one tile per band.
+std::vector<double> read_all(RasterFileSource& source, int band) {
+  const RasterMetadata m = source.metadata();
+  const OwnedRasterArray t = source.read(RasterWindow{0, 0, m.width, m.height}, band, 1);
+  const OwnedRasterArray d = convert_dtype(t.with_nodata(std::nullopt), DType::float64, {});
+  return as_vector<double>(d);
+}
+
+}  // namespace
+
+TEST_CASE("GDAL mask bands mark invalid pixels, read as nodata, unless ignored") {
+  TempDir dir;
+  const int w = 9, h = 7, n = w * h;
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = 1.5 * i;
+  const auto every3 = [](int i) { return i % 3 == 0; };
+  for (const char* kind : {"internal", "external"}) {
+    CAPTURE(kind);
+    const std::string f = dir.file(std::string("f32-") + kind + ".tif");
+    make_masked(f, w, h, 1, GDT_Float32, v, kind, every3);
+    CHECK(fs::exists(f + ".msk") == (std::string(kind) == "external"));
+    RasterFileSource src(f);
+    CHECK(src.masked_bands() == std::vector<bool>{true});
+    REQUIRE(src.band_nodata()[0]);
+    CHECK(src.band_nodata()[0]->is_nan());  // float without nodata: NaN
+    CHECK(src.metadata().exact_nodata->is_nan());
+    const std::vector<double> got = read_all(src, 0);
+    for (int i = 0; i < n; ++i) {
+      if (every3(i)) {
+        CHECK(std::isnan(got[static_cast<std::size_t>(i)]));
+      } else {
+        CHECK(got[static_cast<std::size_t>(i)] == v[static_cast<std::size_t>(i)]);
+      }
+    }
+    // The statistics of a streamed run leave the masked pixels out.
+    std::int64_t count = 0;
+    for_each_raster_tile(f, RasterPlan{}, [&](const OwnedRasterArray& t, const TileInfo&) {
+      count += band_statistics(t)[0].count;
+    });
+    CHECK(count == n - (n + 2) / 3);
+    // ignore_mask: as the file is, and read_raster never applies the mask.
+    RasterFileSource plain(f,
+                           OpenOptions{.drivers = {}, .allow_virtual = false, .ignore_mask = true});
+    CHECK(plain.masked_bands() == std::vector<bool>{false});
+    CHECK_FALSE(plain.band_nodata()[0]);
+    CHECK(read_all(plain, 0) == v);
+    CHECK_FALSE(read_raster_info(f).band_nodata[0]);
+  }
+  // A band with a nodata of its own: masked pixels take it.
+  {
+    const std::string f = dir.file("nd.tif");
+    make_masked(f, w, h, 1, GDT_Int16, v, "internal", every3, -1.0);
+    RasterFileSource src(f);
+    CHECK(src.band_nodata()[0] == NodataValue(-1.0));
+    const std::vector<double> got = read_all(src, 0);
+    for (int i = 0; i < n; ++i) {
+      CHECK(got[static_cast<std::size_t>(i)] ==
+            (every3(i) ? -1.0 : std::round(v[static_cast<std::size_t>(i)])));
+    }
+  }
+}
+
+TEST_CASE("masked integer bands without nodata get one no valid pixel takes") {
+  TempDir dir;
+  const int w = 16, h = 16, n = w * h;
+  // RGBA: 3 uint8 bands with every value 0..255 once, 200 and 201 only where the alpha is 0: the
+  // nodata is the largest value no valid pixel of the three takes, 201 (one for all three).
+  std::vector<double> v(static_cast<std::size_t>(3 * n));
+  for (int b = 0; b < 3; ++b) {
+    for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(b * n + i)] = (i * 7) % 256;
+  }
+  const auto hole = [&](int i) { return (i * 7) % 256 == 200 || (i * 7) % 256 == 201; };
+  const std::string rgba = dir.file("rgba.tif");
+  make_masked(rgba, w, h, 4, GDT_Byte, v, "alpha", hole);
+  RasterFileSource src(rgba);
+  CHECK(src.masked_bands() == std::vector<bool>{true, true, true, false});  // alpha: all valid
+  const auto nd = src.band_nodata();
+  CHECK(nd[0] == NodataValue(201.0));
+  CHECK(nd[1] == NodataValue(201.0));
+  CHECK(nd[2] == NodataValue(201.0));
+  CHECK_FALSE(nd[3]);
+  for (int b = 0; b < 3; ++b) {
+    const std::vector<double> got = read_all(src, b);
+    for (int i = 0; i < n; ++i) {
+      CHECK(got[static_cast<std::size_t>(i)] ==
+            (hole(i) ? 201.0 : v[static_cast<std::size_t>(b * n + i)]));
+    }
+  }
+  // Every value valid somewhere (16 x 17: each value at least once among the valid pixels):
+  // none is left.
+  std::vector<double> all(16 * 17);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<double>((i * 7) % 256);
+  const std::string full = dir.file("full.tif");
+  make_masked(full, 16, 17, 1, GDT_Byte, all, "internal", [](int i) { return i == 3; });
+  CHECK_THROWS_WITH_AS(RasterFileSource{full}, doctest::Contains("--ignore-mask"),
+                       std::runtime_error);
+  CHECK_NOTHROW(RasterFileSource(
+      full, OpenOptions{.drivers = {}, .allow_virtual = false, .ignore_mask = true}));
+  // 32 bits: the largest value; a valid pixel holding it is an error when read.
+  std::vector<double> big(static_cast<std::size_t>(n), 5.0);
+  big[7] = 2147483647.0;
+  const std::string i32 = dir.file("i32.tif");
+  make_masked(i32, w, h, 1, GDT_Int32, big, "external", [](int i) { return i == 0; });
+  RasterFileSource s32(i32);
+  CHECK(s32.band_nodata()[0] == NodataValue(2147483647.0));
+  CHECK_THROWS_WITH_AS(s32.read(RasterWindow{0, 0, w, h}, 0, 1),
+                       doctest::Contains("the value its masked pixels were given"),
+                       std::runtime_error);
 }

@@ -770,6 +770,175 @@ def ot_applies_to_every_raster_op(env):
     check(b"--ot does not apply" in p.stderr, p.stderr)
 
 
+# --- the output's nodata: -a_nodata and the rule ----------------------------------------------------
+
+@case
+def a_nodata_sets_the_output_nodata(env):
+    W, H = 30, 20
+    f32 = env.make(env.path("f32.tif"), "--width", W, "--height", H, "--nodata", "-9999",
+                   "--nodata-every", 7)
+    px = env.dump(f32)["pixels"][0]
+    valid = [v for v in px if v != -9999]
+    lo, hi = min(valid), max(valid)
+    # rescale onto all of 0..255 as uint8: no value is left for a nodata the op would choose.
+    p = env.run(env.vsr_run, "--op", "rescale", "-i", f32, "--out-range", "0,255", "--ot",
+                "uint8", "-o", env.path("r.tif"))
+    expect_exit(p, 2, "rescale onto all of uint8 without -a_nodata")
+    check(b"-a_nodata" in p.stderr and not os.path.exists(env.path("r.tif")), p.stderr)
+    for flag, nd in ((["-a_nodata", "none"], None), (["--a_nodata=none"], None)):
+        out = env.path("r-none.tif")
+        run_ok(env, "--op", "rescale", "-i", f32, "--out-range", "0,255", "--ot", "uint8", "-o",
+               out, "-q", "--overwrite", *flag)
+        r = env.dump(out)
+        check(r["band_info"][0]["nodata"] is None, r["band_info"])
+        for v, g in zip(px, r["pixels"][0]):
+            want = round_half_away((v - lo) * (255.0 / (hi - lo))) if v != -9999 else 0
+            check(g == want, ("rescale 0..255", v, g, want))
+        check(min(r["pixels"][0]) == 0 and max(r["pixels"][0]) == 255, "all of 0..255")
+    # A nodata given: invalid pixels take it; a valid pixel equal to it is an error.
+    run_ok(env, "--op", "rescale", "-i", f32, "--out-range", "1,255", "--ot", "uint8", "-o",
+           env.path("r0.tif"), "-q", "-a_nodata", "0")
+    r = env.dump(env.path("r0.tif"))
+    check(r["band_info"][0]["nodata"] == 0, r["band_info"])
+    check(all((g == 0) == (v == -9999) for v, g in zip(px, r["pixels"][0])), "nodata 0")
+    p = env.run(env.vsr_run, "--op", "rescale", "-i", f32, "--out-range", "0,255", "--ot", "uint8",
+                "-o", env.path("r1.tif"), "-a_nodata", "0")
+    expect_exit(p, 1, "a valid pixel on -a_nodata")
+    check(b"-a_nodata" in p.stderr and not os.path.exists(env.path("r1.tif")), p.stderr)
+    run_ok(env, "--op", "clip", "--range", "0,100", "-i", f32, "-o", env.path("c.tif"), "-q",
+           "-a_nodata", "-1")
+    c = env.dump(env.path("c.tif"))
+    check(c["band_info"][0]["nodata"] == -1, c["band_info"])
+    check(all((g == -1) == (v == -9999) for v, g in zip(px, c["pixels"][0])), "clip -a_nodata")
+    # 64-bit values exactly: an int64 input clipped, with INT64_MAX and UINT64_MAX sentinels.
+    imax, umax = 2**63 - 1, 2**64 - 1
+    for dtype, nd, values, top in (("int64", imax, [2**62 + 1, 5, -3, 2**62 + 3, 7], "9e18"),
+                                   ("uint64", umax, [2**63 + 1, 5, 3, 2**63 + 3, 7], "1.8e19")):
+        src = env.make(env.path(dtype + ".tif"), "--width", 5, "--height", 2, "--dtype", dtype,
+                       "--value", "list:" + ",".join(map(str, values)), "--nodata", str(values[1]))
+        out = env.path(dtype + "-o.tif")
+        run_ok(env, "--op", "clip", "--range", "-10," + top, "-i", src, "-o", out, "-q",
+               "-a_nodata", str(nd))
+        d = env.dump(out)
+        check(d["band_info"][0]["nodata"] == nd, (dtype, d["band_info"]))
+        want = [nd if v == values[1] else v for v in values] * 2
+        got = d["pixels"][0]
+        # clip bounds go through double: values inside them are kept exactly.
+        check(got == want, (dtype, got, want))
+    # -a_nodata must fit the output's type.
+    for args in (["--ot", "uint8", "-a_nodata", "300"], ["--ot", "int16", "-a_nodata", "nan"],
+                 ["-a_nodata", "abc"], ["--ot", "uint8", "-a_nodata", "1.5"],
+                 ["--ot", "int64", "-a_nodata", "9223372036854775808"]):
+        p = env.run(env.vsr_run, "--op", "clip", "--range", "0,1", "-i", f32, "-o",
+                    env.path("bad.tif"), *args)
+        expect_exit(p, 2, " ".join(args))
+        check(b"-a_nodata" in p.stderr and not os.path.exists(env.path("bad.tif")), p.stderr)
+    p = env.run(env.vsr_run, "--op", "stats", "-i", f32, "-a_nodata", "0")
+    expect_exit(p, 2, "-a_nodata for stats")
+    # An input without nodata gives an output without one (focal-mean and normalized-difference
+    # gave a NaN nodata), unless an integer output is made from float values.
+    plain = env.make(env.path("plain.tif"), "--width", W, "--height", H, "--bands", 2)
+    for name, args, nd in (("focal", ["--op", "focal-mean"], None),
+                           ("ndvi", ["--op", "ndvi", "--nir", "2", "--red", "1"], None),
+                           ("rescale", ["--op", "rescale"], None),
+                           ("clip", ["--op", "clip", "--range", "0,10"], None),
+                           ("clip-u8", ["--op", "clip", "--range", "0,10", "--ot", "uint8"], 255),
+                           ("focal-given", ["--op", "focal-mean", "-a_nodata", "-5"], -5)):
+        out = env.path("plain-%s.tif" % name)
+        run_ok(env, "-i", plain, "-o", out, "-q", *args)
+        info = env.dump(out)["band_info"]
+        check(all(b["nodata"] == nd for b in info), (name, info))
+    u16 = env.make(env.path("u16.tif"), "--width", W, "--height", H, "--dtype", "uint16")
+    run_ok(env, "-i", u16, "-o", env.path("u16-f.tif"), "-q", "--op", "focal-mean", "--ot",
+           "uint16")
+    check(env.dump(env.path("u16-f.tif"))["band_info"][0]["nodata"] is None, "integer in, out")
+
+
+@case
+def stats_json_writes_non_finite_values_as_strings(env):
+    # min/max/mean/std of a band holding infinities were null, as for a band with no valid pixel.
+    src = env.make(env.path("inf.tif"), "--width", 4, "--height", 2, "--dtype", "float64",
+                   "--value", "list:1,-inf,2,inf")
+    empty = env.make(env.path("empty.tif"), "--width", 4, "--height", 2, "--value", "const:7",
+                     "--nodata", "7")
+    for path, out in ((src, None), (src, env.path("s.json"))):
+        p = run_ok(env, "--op", "stats", "-i", path, "--json", "-q",
+                   *(["-o", out] if out else []))
+        text = open(out).read() if out else p.stdout.decode()
+        # Strict JSON: no NaN or Infinity tokens.
+        doc = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+        b = doc["bands"][0]
+        check(b["count"] == 8 and b["min"] == "-inf" and b["max"] == "inf" and
+              b["mean"] == "nan" and b["std"] == "nan", b)
+    doc = json.loads(run_ok(env, "--op", "stats", "-i", empty, "--json", "-q").stdout)
+    b = doc["bands"][0]
+    check(b["count"] == 0 and b["min"] is None and b["std"] is None, b)
+
+
+@case
+def rescale_takes_a_reversed_in_range(env):
+    # --in-range HI,LO was refused ("LO must be below HI"); gdal_translate -scale 100 0 maps 100 to
+    # the low end and 0 to the high end, as rescale(in_min=100, in_max=0) does.
+    values = [0, 25, 50, 100, 150, -20, 75]
+    src = env.make(env.path("in.tif"), "--width", 7, "--height", 1, "--value",
+                   "list:" + ",".join(map(str, values)))
+    run_ok(env, "--op", "rescale", "-i", src, "--in-range", "100,0", "--out-range", "0,1", "-o",
+           env.path("r.tif"), "-q")
+    got = env.dump(env.path("r.tif"))["pixels"][0]
+    want = [f32((100.0 - min(max(v, 0.0), 100.0)) / 100.0) for v in values]
+    check(all(rel_close(g, w_, 1e-6, 1e-7) for g, w_ in zip(got, want)), (got, want))
+    run_ok(env, "--op", "rescale", "-i", src, "--in-range", "100,0", "--out-range", "0,200",
+           "--ot", "uint8", "-o", env.path("r8.tif"), "-q")
+    got = env.dump(env.path("r8.tif"))["pixels"][0]
+    check(got == [200, 150, 100, 0, 0, 200, 50], got)
+
+
+@case
+def gdal_masks_count_as_invalid(env):
+    # A GDAL mask (internal, .msk, alpha band) was ignored: masked pixels counted as valid.
+    W, H, EVERY = 30, 20, 3
+    masked = [i % EVERY == 0 for i in range(W * H)]
+    for kind in ("internal", "external"):
+        src = env.make(env.path(kind + ".tif"), "--width", W, "--height", H, "--mask", kind,
+                       "--mask-every", EVERY)
+        px = env.dump(src)["pixels"][0]
+        valid = [v for v, m in zip(px, masked) if not m]
+        doc = json.loads(run_ok(env, "--op", "stats", "-i", src, "--json", "-q").stdout)
+        b = doc["bands"][0]
+        check(b["count"] == len(valid) and b["min"] == min(valid) and b["max"] == max(valid),
+              (kind, b))
+        doc = json.loads(run_ok(env, "--op", "stats", "-i", src, "--json", "-q",
+                                "--ignore-mask").stdout)
+        check(doc["bands"][0]["count"] == W * H, (kind, doc))
+        # A raster op: the masked pixels are invalid, so the output has a nodata (NaN) there.
+        out = env.path(kind + "-clip.tif")
+        run_ok(env, "--op", "clip", "--range", "0,50", "-i", src, "-o", out, "-q")
+        r = env.dump(out)
+        check(is_nan(r["band_info"][0]["nodata"]), r["band_info"])
+        for v, m, g in zip(px, masked, r["pixels"][0]):
+            check(is_nan(g) if m else g == min(max(v, 0.0), 50.0), (kind, v, m, g))
+        run_ok(env, "--op", "clip", "--range", "0,50", "-i", src, "-o", env.path("ig.tif"), "-q",
+               "--ignore-mask", "--overwrite")
+        check(env.dump(env.path("ig.tif"))["band_info"][0]["nodata"] is None, "--ignore-mask")
+    # RGBA: bands 1-3 take the alpha as their mask, with one nodata no valid pixel takes.
+    src = env.make(env.path("rgba.tif"), "--width", W, "--height", H, "--bands", 4, "--dtype",
+                   "uint8", "--mask", "alpha", "--mask-every", EVERY)
+    d = env.dump(src)
+    doc = json.loads(run_ok(env, "--op", "stats", "-i", src, "--json", "-q").stdout)
+    counts = [b["count"] for b in doc["bands"]]
+    check(counts == [W * H - sum(masked)] * 3 + [W * H], counts)
+    out = env.path("rgb.tif")
+    run_ok(env, "--op", "clip", "--range", "0,255", "-i", src, "-b", 1, "-b", 2, "-b", 3, "-o",
+           out, "-q")
+    r = env.dump(out)
+    nd = r["band_info"][0]["nodata"]
+    check(nd is not None and all(b["nodata"] == nd for b in r["band_info"]), r["band_info"])
+    for b in range(3):
+        check(all(v != nd for v, m in zip(d["pixels"][b], masked) if not m), "a valid pixel is nd")
+        for v, m, g in zip(d["pixels"][b], masked, r["pixels"][b]):
+            check(g == (nd if m else v), (b, v, m, g))
+
+
 # --- the sample runs say their plan, keep to it and give the right answer -------------------------
 
 # The sample (no --input): 4 bands of 600 x 600 float32; with a 1600K budget (1120000 bytes usable)
@@ -1100,8 +1269,9 @@ def output_format_without_a_file_is_refused(env):
     # became 0 bytes; a new target appeared as a 0-byte file.
     src = env.make(env.path("in.tif"), "--width", 64, "--height", 48, "--nodata", "-9999")
     before = digest(src)
+    # (PNG, refused here as "no Create" before, is written through a staged GeoTIFF now.)
     for fmt, says in (("MEM", b"writes no file"), ("mem", b"writes no file"),
-                      ("PNG", b"no Create"), ("NGW", b"not to a file")):
+                      ("NGW", b"not to a file")):
         for target, extra in ((src, ["--overwrite"]), (env.path("new.tif"), [])):
             p = env.run(env.vsr_run, "--op", "focal-mean", "-i", src, "-of", fmt, "-o", target,
                         *extra)
@@ -1113,8 +1283,9 @@ def output_format_without_a_file_is_refused(env):
             only_files(env, ["in.tif"], "-of %s -o %s" % (fmt, os.path.basename(target)))
 
 
-def created_drivers(env):
-    out = subprocess.run([env.raster_tool, "drivers"], check=True, stdout=subprocess.PIPE).stdout
+def created_drivers(env, createcopy=False):
+    out = subprocess.run([env.raster_tool, "drivers"] + (["--createcopy"] if createcopy else []),
+                         check=True, stdout=subprocess.PIPE).stdout
     return json.loads(out)
 
 
@@ -1131,12 +1302,10 @@ def same_pixels(ref, got):
     return len(ref["pixels"]) == len(got["pixels"])
 
 
-@case
-def every_create_driver_writes_or_is_refused_up_front(env):
-    # -of GPKG always failed: the temporary file existed before the driver ran, and GPKG refuses
-    # to create over a file. Every raster driver with Create either writes a file that reads
-    # back as the GeoTIFF result, or is refused (exit 2, the reason) before anything is computed
-    # or written.
+def each_driver_writes_or_is_refused(env, drivers):
+    """Runs three ops into every driver of `drivers`: each either writes a file that reads back
+    as the GeoTIFF result, or is refused (exit 2, the reason) before anything is computed or
+    written. Returns {driver: [labels of the inputs it wrote]}."""
     inputs = [
         ("f32", ["--width", 40, "--height", 30, "--nodata", "-9999", "--nodata-every", 7],
          ["--op", "clip", "--range", "0,100"]),
@@ -1151,7 +1320,7 @@ def every_create_driver_writes_or_is_refused_up_front(env):
         ref = env.path(label + "-ref.tif")
         run_ok(env, *op, "-i", src, "-o", ref, "-q")
         want = env.dump(ref)
-        for d in created_drivers(env):
+        for d in drivers:
             name = d["name"]
             sub = os.path.join(env.tmp, label + "-" + name)
             os.mkdir(sub)
@@ -1159,7 +1328,9 @@ def every_create_driver_writes_or_is_refused_up_front(env):
             p = env.run(env.vsr_run, *op, "-i", src, "-of", name, "-o", out, "-q")
             if p.returncode == 0:
                 got = env.dump(out)
-                check(got["driver"] == name and same_pixels(want, got),
+                # COG only writes: its files are GeoTIFFs.
+                check(got["driver"] == ("GTiff" if name == "COG" else name) and
+                      same_pixels(want, got),
                       "%s %s: the file does not read back as the result" % (label, name))
                 written.setdefault(name, []).append(label)
             else:
@@ -1168,10 +1339,167 @@ def every_create_driver_writes_or_is_refused_up_front(env):
                       "%s -of %s: %r" % (label, name, p.stderr))
                 check(os.listdir(sub) == [], "%s -of %s left %s" % (label, name, os.listdir(sub)))
             check(not [n for n in os.listdir(sub) if ".vsr-" in n], "a temporary is left")
+    return written
+
+
+@case
+def every_create_driver_writes_or_is_refused_up_front(env):
+    # -of GPKG always failed: the temporary file existed before the driver ran, and GPKG refuses
+    # to create over a file.
+    written = each_driver_writes_or_is_refused(env, created_drivers(env))
     # GeoPackage takes 1 band of float32 and 3 bands of uint8 as RGBA only.
     check(written.get("GPKG") == ["f32", "nan"], "GPKG wrote %r" % written.get("GPKG"))
     for name in ("GTiff", "HFA", "ENVI", "EHdr", "RRASTER", "PCIDSK"):
         check(written.get(name) == ["f32", "nan", "u8"], "%s wrote %r" % (name, written.get(name)))
+
+
+@case
+def every_createcopy_driver_writes_or_is_refused_up_front(env):
+    # Drivers with CreateCopy only (COG, PNG, JPEG, ...) were all refused ("no Create"): they are
+    # written through a staged GeoTIFF, or refused up front with the driver's reason.
+    written = each_driver_writes_or_is_refused(env, created_drivers(env, createcopy=True))
+    check(written.get("COG") == ["f32", "nan", "u8"], "COG wrote %r" % written.get("COG"))
+    # PNG holds uint8 (and uint16), not float32; JPEG's lossy codec keeps no nodata pixels.
+    check(written.get("PNG") == ["u8"], "PNG wrote %r" % written.get("PNG"))
+    check("JPEG" not in written, "JPEG wrote %r" % written.get("JPEG"))
+
+
+# --- COG, PNG, JPEG; overviews -------------------------------------------------------------------
+
+COG_VALIDATOR = "/usr/lib/python3/dist-packages/osgeo_utils/samples/validate_cloud_optimized_geotiff.py"
+
+
+def validate_cog(path):
+    """(exit status, output) of GDAL's validate_cloud_optimized_geotiff.py on `path`, or None when
+    /usr/bin/python3 or osgeo_utils is missing."""
+    if not (os.access("/usr/bin/python3", os.X_OK) and os.path.exists(COG_VALIDATOR)):
+        return None
+    p = subprocess.run(["/usr/bin/python3", COG_VALIDATOR, path], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT)
+    return p.returncode, p.stdout.decode("utf-8", "replace")
+
+
+def header(env, path):
+    out = subprocess.run([env.raster_tool, "header", path], check=True,
+                         stdout=subprocess.PIPE).stdout
+    return json.loads(out)
+
+
+@case
+def cog_png_jpeg_and_overviews(env):
+    # -of COG, PNG and JPEG were refused (no Create); overviews could not be asked for.
+    big = env.make(env.path("big.tif"), "--width", 2000, "--height", 2000, "--block", 256,
+                   "--nodata", "-9999", "--nodata-every", 13)
+    cog = env.path("cog.tif")
+    run_ok(env, "--op", "focal-mean", "-i", big, "-of", "COG", "-o", cog, "-q")
+    h = header(env, cog)
+    check(h["driver"] == "GTiff" and h["layout"] == "COG" and h["compression"] == "DEFLATE", h)
+    check(h["overviews"] == [[1000, 1000], [500, 500], [250, 250]], h["overviews"])
+    check(h["band_info"][0]["block"] == [256, 256] and is_nan(h["band_info"][0]["nodata"]), h)
+    v = validate_cog(cog)
+    if v is not None:
+        check(v[0] == 0 and "is a valid cloud optimized GeoTIFF" in v[1] and
+              "WARNING" not in v[1] and "ERROR" not in v[1], v)
+    # The same pixels as a GeoTIFF run.
+    run_ok(env, "--op", "focal-mean", "-i", big, "-o", env.path("ref.tif"), "-q")
+    small = env.make(env.path("small.tif"), "--width", 600, "--height", 500, "--nodata", "-1",
+                     "--nodata-every", 7)
+    run_ok(env, "--op", "clip", "--range", "0,50", "-i", small, "-o", env.path("ref-s.tif"), "-q")
+    run_ok(env, "--op", "clip", "--range", "0,50", "-i", small, "-of", "cog", "-o",
+           env.path("s-cog.tif"), "-q", "--overviews", "2,4", "--resampling", "average")
+    check(header(env, env.path("s-cog.tif"))["overviews"] == [[300, 250], [150, 125]], "2,4")
+    check(same_pixels(env.dump(env.path("ref-s.tif")), env.dump(env.path("s-cog.tif"))),
+          "COG pixels")
+    run_ok(env, "--op", "clip", "--range", "0,50", "-i", small, "-of", "COG", "-o",
+           env.path("s-none.tif"), "-q", "--overviews", "none")
+    check(header(env, env.path("s-none.tif"))["overviews"] == [], "--overviews none")
+    # GTiff and HFA hold them inside, ENVI in an .ovr beside the file.
+    for name, ext in (("GTiff", "tif"), ("HFA", "img"), ("ENVI", "envi")):
+        out = env.path("ov." + ext)
+        run_ok(env, "--op", "clip", "--range", "0,50", "-i", small, "-of", name, "-o", out, "-q",
+               "--overviews", "auto", "--overwrite")
+        check(header(env, out)["overviews"] == [[300, 250], [150, 125]], name)
+        check(os.path.exists(out + ".ovr") == (name == "ENVI"), name + " .ovr")
+    # PNG and JPEG, from the output's extension too.
+    u8 = env.make(env.path("u8.tif"), "--width", 64, "--height", 48, "--bands", 3, "--dtype",
+                  "uint8")
+    run_ok(env, "--op", "clip", "--range", "10,200", "-i", u8, "-o", env.path("ref-u8.tif"), "-q")
+    run_ok(env, "--op", "clip", "--range", "10,200", "-i", u8, "-o", env.path("o.png"), "-q")
+    png = env.dump(env.path("o.png"))
+    check(png["driver"] == "PNG" and same_pixels(env.dump(env.path("ref-u8.tif")), png), "PNG")
+    check(png["geotransform"] == env.dump(u8)["geotransform"], "PNG georeferencing (.aux.xml)")
+    run_ok(env, "--op", "clip", "--range", "10,200", "-i", u8, "-o", env.path("o.jpg"), "-q")
+    check(env.dump(env.path("o.jpg"))["driver"] == "JPEG", "JPEG")
+    before = entries(env)
+    # Refused before anything is computed, nothing left: JPEG with a nodata (lossy), 2 bands,
+    # float32 to PNG.
+    u8nd = env.make(env.path("u8nd.tif"), "--width", 64, "--height", 48, "--dtype", "uint8",
+                    "--nodata", 0, "--nodata-every", 5)
+    before = entries(env)
+    for args, says in ((["-i", u8nd, "-o", env.path("n.jpg")], b"nodata"),
+                       (["-i", u8, "-b", 1, "-b", 2, "-o", env.path("n.jpg")], b"JPEG"),
+                       (["-i", small, "-o", env.path("n.png")], b"float32")):
+        p = env.run(env.vsr_run, "--op", "clip", "--range", "10,200", *[str(a) for a in args])
+        expect_exit(p, 2, " ".join(map(str, args)))
+        check(says in p.stderr and b"throughput" not in p.stdout, p.stderr)
+        check(entries(env) == before, "left %s" % (set(entries(env)) - set(before)))
+    # Usage errors.
+    for bad, says in ((["--overviews", "1"], b"below 2"), (["--overviews", "2,x"], b"factors"),
+                      (["--overviews", "2,2"], b"twice"),
+                      (["--resampling", "bogus", "--overviews", "auto"], b"unknown resampling"),
+                      (["--resampling", "average"], b"no overviews"),
+                      (["--resampling", "average", "--overviews", "none", "-of", "COG"],
+                       b"no overviews")):
+        p = env.run(env.vsr_run, "--op", "clip", "--range", "0,1", "-i", small, "-o",
+                    env.path("u.tif"), *bad)
+        expect_exit(p, 2, " ".join(bad))
+        check(says in p.stderr, (bad, p.stderr))
+    p = env.run(env.vsr_run, "--op", "stats", "-i", small, "--overviews", "auto")
+    expect_exit(p, 2, "--overviews for stats")
+    check(entries(env) == before, "left %s" % (set(entries(env)) - set(before)))
+
+
+@case
+def failed_write_leaves_nothing_with_any_driver(env):
+    # A write that fails late (after the whole computation), whatever the driver: files may not
+    # grow past 256 KiB (RLIMIT_FSIZE, SIGXFSZ ignored: a full disk as far as GDAL can tell).
+    # -of netCDF once exited 1 and left a 2 MB file; COG, PNG and JPEG go through a staged
+    # GeoTIFF, which is what fails here.
+    limit = 256 * 1024
+    f32 = env.make(env.path("f32.tif"), "--width", 1024, "--height", 1024, "--block", 256,
+                   "--nodata", "-9999", "--nodata-every", 7)
+    u8 = env.make(env.path("u8.tif"), "--width", 1024, "--height", 1024, "--block", 256,
+                  "--bands", 3, "--dtype", "uint8", "--value", "list:3,200,17,90,255,1,64")
+    inputs = {"f32": f32, "u8": u8}
+    old = env.path("old.out")
+    with open(old, "wb") as f:
+        f.write(b"old output")
+    for name, label, ext in (("GTiff", "f32", "tif"), ("COG", "f32", "tif"), ("PNG", "u8", "png"),
+                             ("JPEG", "u8", "jpg"), ("netCDF", "f32", "nc"), ("HFA", "f32", "img"),
+                             ("ENVI", "f32", "envi"), ("GPKG", "f32", "gpkg")):
+        src = inputs[label]
+        op = ["--op", "clip", "--range", "1,250"]
+        for target in (env.path("new." + ext), old):
+            before = entries(env)
+            p = subprocess.run([env.vsr_run] + op + ["-i", src, "-of", name, "-o", target,
+                                "--overwrite", "--budget", "300K"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=limited_file_size(limit, True))
+            expect_exit(p, 1, "-of %s with a full disk" % name)
+            strict_text(p.stderr, "error")
+            check(entries(env) == before, "-of %s -> %s left %s" % (
+                name, os.path.basename(target), sorted(set(entries(env)) - set(before))))
+            with open(old, "rb") as f:
+                check(f.read() == b"old output", "-of %s: the old output changed" % name)
+    # A signal while the staged GeoTIFF is written: the handler removes it with the rest.
+    big = env.make(env.path("big.tif"), "--width", 4096, "--height", 4096, "--block", 256,
+                   "--sparse", "--nodata", "-9999")
+    before = entries(env)
+    rc = interrupted_run(env, signal.SIGINT, ["--op", "focal-mean", "--input", big, "-of", "COG",
+                                              "--output", env.path("c.tif"), "--budget", "100K"])
+    check(rc == -signal.SIGINT, "exit status %d, expected death by SIGINT" % rc)
+    check(entries(env) == before, "SIGINT during a COG write left %s" % (
+        sorted(set(entries(env)) - set(before))))
 
 
 @case

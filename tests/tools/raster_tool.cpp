@@ -11,13 +11,18 @@
 //     --co KEY=VALUE (more creation options) --nodata-every N (every Nth pixel is nodata)
 //     --value FORMULA: ramp (default), const:V, list:V1,V2,... (cycled)
 //     --metadata (scale/offset, units, descriptions, colour interpretation, AREA_OR_POINT)
+//     --mask internal|external|alpha --mask-every N: a GDAL mask, 0 (invalid) at every Nth
+//       pixel: a per-dataset mask inside the GeoTIFF or in a .msk beside it, or the last band
+//       as alpha (GTiff ALPHA=YES; 0 or 255)
 //   dump PATH                 prints the raster as JSON (metadata and every pixel; Python reads
 //                             NaN/Infinity tokens); 64-bit integers and nodata are exact
+//   header PATH               dump without the pixels
 //   corrupt PATH --from-block K
 //                             overwrites the compressed bytes of band 1's blocks K, K+1, ...
 //                             (row-major block order) with 0xFF, so reading them fails
 //   block-offset PATH K       prints the file offset of band 1's block K
-//   drivers                   prints this GDAL's raster drivers that have Create as JSON
+//   drivers [--createcopy]    prints this GDAL's raster drivers that have Create (with
+//                             --createcopy: CreateCopy and no Create) as JSON
 //                             ([{"name": ..., "extension": first of DMD_EXTENSIONS or ""}])
 //
 // Exit status 0 on success, 1 on any failure (message on stderr).
@@ -182,6 +187,8 @@ int make(int argc, char** argv) {
   std::vector<std::pair<int, std::string>> band_nodata;
   std::vector<std::string> extra;
   bool sparse = false, no_gt = false, metadata = false;
+  std::string mask;
+  long mask_every = 0;
   Pattern pattern;
   for (int i = 3; i < argc; ++i) {
     const std::string o = argv[i];
@@ -218,6 +225,10 @@ int make(int argc, char** argv) {
       no_gt = true;
     } else if (o == "--metadata") {
       metadata = true;
+    } else if (o == "--mask") {
+      mask = value();
+    } else if (o == "--mask-every") {
+      mask_every = std::atol(value().c_str());
     } else if (o == "--co") {
       extra.push_back(value());
     } else if (o == "--nodata-every") {
@@ -253,6 +264,7 @@ int make(int argc, char** argv) {
     if (!compress.empty()) co.SetNameValue("COMPRESS", compress.c_str());
     if (!interleave.empty()) co.SetNameValue("INTERLEAVE", interleave.c_str());
     if (sparse) co.SetNameValue("SPARSE_OK", "TRUE");
+    if (mask == "alpha") co.SetNameValue("ALPHA", "YES");
     co.SetNameValue("BIGTIFF", "IF_SAFER");
   }
   for (const std::string& kv : extra) co.AddString(kv.c_str());
@@ -297,6 +309,33 @@ int make(int argc, char** argv) {
                          type, 0, 0) != CE_None) {
           throw Fail(std::string("write failed: ") + CPLGetLastErrorMsg());
         }
+      }
+    }
+  }
+  if (!mask.empty() && mask_every > 0) {
+    // 0 (invalid) at every mask_every-th pixel, 255 elsewhere.
+    std::vector<unsigned char> row(static_cast<std::size_t>(width));
+    GDALRasterBandH target = nullptr;
+    if (mask == "alpha") {
+      target = GDALGetRasterBand(ds, bands);
+      GDALSetRasterColorInterpretation(target, GCI_AlphaBand);
+    } else if (mask == "internal" || mask == "external") {
+      CPLSetConfigOption("GDAL_TIFF_INTERNAL_MASK", mask == "internal" ? "YES" : "NO");
+      if (GDALCreateDatasetMaskBand(ds, GMF_PER_DATASET) != CE_None) {
+        throw Fail(std::string("cannot create the mask: ") + CPLGetLastErrorMsg());
+      }
+      CPLSetConfigOption("GDAL_TIFF_INTERNAL_MASK", nullptr);
+      target = GDALGetMaskBand(GDALGetRasterBand(ds, 1));
+    } else {
+      throw Fail("bad --mask " + mask);
+    }
+    for (long y = 0; y < height; ++y) {
+      for (long x = 0; x < width; ++x) {
+        row[static_cast<std::size_t>(x)] = (y * width + x) % mask_every == 0 ? 0 : 255;
+      }
+      if (GDALRasterIO(target, GF_Write, 0, static_cast<int>(y), width, 1, row.data(), width, 1,
+                       GDT_Byte, 0, 0) != CE_None) {
+        throw Fail(std::string("mask write failed: ") + CPLGetLastErrorMsg());
       }
     }
   }
@@ -345,7 +384,7 @@ std::string json_text(const char* s) {
   return out + "\"";
 }
 
-int dump(const std::string& path) {
+int dump(const std::string& path, bool pixels = true) {
   GDALAllRegister();
   GDALDatasetH ds =
       GDALOpenEx(path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY, nullptr, nullptr, nullptr);
@@ -366,6 +405,18 @@ int dump(const std::string& path) {
   std::printf("\"area_or_point\": %s, ", aop != nullptr ? json_text(aop).c_str() : "null");
   const char* comp = GDALGetMetadataItem(ds, "COMPRESSION", "IMAGE_STRUCTURE");
   std::printf("\"compression\": %s, ", comp != nullptr ? json_text(comp).c_str() : "null");
+  const char* layout = GDALGetMetadataItem(ds, "LAYOUT", "IMAGE_STRUCTURE");
+  std::printf("\"layout\": %s, ", layout != nullptr ? json_text(layout).c_str() : "null");
+  std::printf("\"overviews\": [");
+  if (n > 0) {
+    GDALRasterBandH first = GDALGetRasterBand(ds, 1);
+    for (int o = 0; o < GDALGetOverviewCount(first); ++o) {
+      GDALRasterBandH ov = GDALGetOverview(first, o);
+      std::printf("%s[%d, %d]", o ? ", " : "", GDALGetRasterBandXSize(ov),
+                  GDALGetRasterBandYSize(ov));
+    }
+  }
+  std::printf("], ");
   std::printf("\"band_info\": [");
   for (int b = 1; b <= n; ++b) {
     GDALRasterBandH band = GDALGetRasterBand(ds, b);
@@ -399,7 +450,7 @@ int dump(const std::string& path) {
         json_text(GDALGetColorInterpretationName(GDALGetRasterColorInterpretation(band))).c_str());
   }
   std::printf("], \"pixels\": [");
-  for (int b = 1; b <= n; ++b) {
+  for (int b = 1; pixels && b <= n; ++b) {
     GDALRasterBandH band = GDALGetRasterBand(ds, b);
     const GDALDataType t = GDALGetRasterDataType(band);
     const int item = GDALGetDataTypeSizeBytes(t);
@@ -469,16 +520,18 @@ int corrupt(const std::string& path, int from) {
   return 0;
 }
 
-/// The raster drivers of this GDAL that have Create, as JSON: name and first extension ("" for
-/// none), one object per line inside a list.
-int drivers() {
+/// The raster drivers of this GDAL that have Create (@p createcopy_only: CreateCopy, not Create),
+/// as JSON: name and first extension ("" for none), one object per line inside a list.
+int drivers(bool createcopy_only) {
   GDALAllRegister();
   std::printf("[");
   bool first = true;
   for (int i = 0; i < GDALGetDriverCount(); ++i) {
     GDALDriverH d = GDALGetDriver(i);
+    const bool create = GDALGetMetadataItem(d, GDAL_DCAP_CREATE, nullptr) != nullptr;
+    const bool copy = GDALGetMetadataItem(d, GDAL_DCAP_CREATECOPY, nullptr) != nullptr;
     if (GDALGetMetadataItem(d, GDAL_DCAP_RASTER, nullptr) == nullptr ||
-        GDALGetMetadataItem(d, GDAL_DCAP_CREATE, nullptr) == nullptr) {
+        (createcopy_only ? create || !copy : !create)) {
       continue;
     }
     const char* exts = GDALGetMetadataItem(d, GDAL_DMD_EXTENSIONS, nullptr);
@@ -497,13 +550,18 @@ int drivers() {
 int main(int argc, char** argv) {
   CPLSetErrorHandler(CPLQuietErrorHandler);
   try {
-    if (argc == 2 && std::strcmp(argv[1], "drivers") == 0) return drivers();
+    if (argc == 2 && std::strcmp(argv[1], "drivers") == 0) return drivers(false);
+    if (argc == 3 && std::strcmp(argv[1], "drivers") == 0 &&
+        std::strcmp(argv[2], "--createcopy") == 0) {
+      return drivers(true);
+    }
     if (argc < 3) {
-      throw Fail("usage: vsr-test-raster make|dump|corrupt|block-offset PATH ... | drivers");
+      throw Fail("usage: vsr-test-raster make|dump|header|corrupt|block-offset PATH ... | drivers");
     }
     const std::string cmd = argv[1];
     if (cmd == "make") return make(argc, argv);
     if (cmd == "dump") return dump(argv[2]);
+    if (cmd == "header") return dump(argv[2], false);
     if (cmd == "corrupt") {
       if (argc != 5 || std::strcmp(argv[3], "--from-block") != 0)
         throw Fail("corrupt PATH --from-block K");

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -31,6 +32,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -156,6 +159,122 @@ std::vector<std::byte> pixel_bytes(vsr::DType t, const vsr::NodataValue& v) {
       break;
   }
   return out;
+}
+
+/// Whether the GDAL driver @p name (any case) is COG.
+bool is_cog(const std::string& name) {
+  return name.size() == 3 && std::tolower(static_cast<unsigned char>(name[0])) == 'c' &&
+         std::tolower(static_cast<unsigned char>(name[1])) == 'o' &&
+         std::tolower(static_cast<unsigned char>(name[2])) == 'g';
+}
+
+/// @p v as a pixel of type T, when T holds it exactly.
+template <class T>
+std::optional<T> pixel_value(vsr::DType t, const vsr::NodataValue& v) {
+  if (!vsr::dtype_holds(t, v)) return std::nullopt;
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(v.to_double());
+  } else if constexpr (std::is_signed_v<T>) {
+    return static_cast<T>(*v.as_int64());
+  } else {
+    return static_cast<T>(*v.as_uint64());
+  }
+}
+
+template <class T>
+void retag_pixels(T* px, std::int64_t band_px, int bands, vsr::DType t,
+                  const std::optional<vsr::NodataValue>& from,
+                  const std::optional<vsr::NodataValue>& to) {
+  const std::optional<T> o = from ? pixel_value<T>(t, *from) : std::nullopt;
+  const std::optional<T> f = to ? pixel_value<T>(t, *to) : std::nullopt;
+  const bool has_old = o.has_value(), has_fresh = f.has_value();
+  const T old = o.value_or(T{}), fresh = f.value_or(T{});
+  const T fill =
+      has_fresh ? fresh : (std::is_floating_point_v<T> ? std::numeric_limits<T>::quiet_NaN() : T{});
+  for (int b = 0; b < bands; ++b) {
+    std::int64_t clashes = 0;
+    T* p = px + static_cast<std::ptrdiff_t>(b) * band_px;
+    for (std::int64_t i = 0; i < band_px; ++i) {
+      bool invalid = has_old && p[i] == old;
+      if constexpr (std::is_floating_point_v<T>) invalid = invalid || std::isnan(p[i]);
+      if (invalid) {
+        p[i] = fill;
+      } else if (has_fresh && p[i] == fresh) {
+        ++clashes;
+      }
+    }
+    if (clashes > 0) {
+      throw std::runtime_error(std::to_string(clashes) + " valid pixel(s) of output band " +
+                               std::to_string(b + 1) + " equal the output nodata " +
+                               to->to_string() +
+                               ": they would read as nodata; give -a_nodata a value that no "
+                               "valid pixel takes (e.g. outside --out-range), or -a_nodata none");
+    }
+  }
+}
+
+/// @p r with the nodata @p to: its invalid pixels (its nodata, NaN) written as @p to (without
+/// one: NaN for a float type, 0 for an integer type); a valid pixel equal to @p to is an error
+/// (it would read as nodata). Exact for 64-bit integers. On the host.
+vsr::OwnedRasterArray retag(const vsr::OwnedRasterArray& r,
+                            const std::optional<vsr::NodataValue>& to) {
+  const std::optional<vsr::NodataValue> from = r.exact_nodata();
+  if (from == to) return r;
+  // A float raster whose nodata is NaN loses only the tag: its invalid pixels stay NaN.
+  if (!to && vsr::is_floating_point(r.dtype()) && from && from->is_nan()) {
+    return r.with_nodata(std::nullopt);
+  }
+  vsr::OwnedRasterArray out =
+      vsr::OwnedRasterArray::allocate(vsr::Residency::host, r.dtype(), r.band_count(), r.height(),
+                                      r.width(), std::nullopt, r.affine(), r.crs());
+  r.copy_to_host(out.mutable_host_data());
+  void* px = out.mutable_host_data();
+  const std::int64_t n = r.height() * r.width();
+  const int nb = r.band_count();
+  const vsr::DType t = r.dtype();
+  switch (t) {
+    case vsr::DType::uint8:
+      retag_pixels(static_cast<std::uint8_t*>(px), n, nb, t, from, to);
+      break;
+    case vsr::DType::int8:
+      retag_pixels(static_cast<std::int8_t*>(px), n, nb, t, from, to);
+      break;
+    case vsr::DType::uint16:
+      retag_pixels(static_cast<std::uint16_t*>(px), n, nb, t, from, to);
+      break;
+    case vsr::DType::int16:
+      retag_pixels(static_cast<std::int16_t*>(px), n, nb, t, from, to);
+      break;
+    case vsr::DType::uint32:
+      retag_pixels(static_cast<std::uint32_t*>(px), n, nb, t, from, to);
+      break;
+    case vsr::DType::int32:
+      retag_pixels(static_cast<std::int32_t*>(px), n, nb, t, from, to);
+      break;
+    case vsr::DType::uint64:
+      retag_pixels(static_cast<std::uint64_t*>(px), n, nb, t, from, to);
+      break;
+    case vsr::DType::int64:
+      retag_pixels(static_cast<std::int64_t*>(px), n, nb, t, from, to);
+      break;
+    case vsr::DType::float32:
+      retag_pixels(static_cast<float*>(px), n, nb, t, from, to);
+      break;
+    default:
+      retag_pixels(static_cast<double*>(px), n, nb, t, from, to);
+      break;
+  }
+  return out.with_nodata(to);
+}
+
+/// @p r converted to @p t with the nodata @p to (convert_dtype; a 64-bit sentinel a double
+/// cannot hold goes through the nearest double the type holds, then is set exactly).
+vsr::OwnedRasterArray convert_to(const vsr::OwnedRasterArray& r, vsr::DType t,
+                                 const std::optional<vsr::NodataValue>& to) {
+  if (!to || vsr::NodataValue(to->to_double()) == *to) return vsr::convert_dtype(r, t, to);
+  vsr::NodataValue near(to->to_double());
+  if (!vsr::dtype_holds(t, near)) near = vsr::NodataValue(std::nextafter(to->to_double(), 0.0));
+  return retag(vsr::convert_dtype(r, t, near), to);
 }
 
 }  // namespace
@@ -293,6 +412,25 @@ void Job::check_output() {
     } catch (const std::invalid_argument& e) {
       throw UsageError("--co: " + std::string(e.what()));
     }
+    for (const auto& [option, field, value] :
+         {std::tuple{"--resampling", &vsr::WriteOptions::resampling, &args_.resampling},
+          std::tuple{"--overviews", &vsr::WriteOptions::overviews, &args_.overviews}}) {
+      write_.*field = *value;
+      try {
+        vsr::check_write_options(write_);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(std::string(option) + ": " + e.what());
+      }
+    }
+    const bool cog = is_cog(write_.driver);
+    if (!args_.resampling.empty() &&
+        (args_.overviews == "none" || (args_.overviews.empty() && !cog))) {
+      throw UsageError("--resampling: the output gets no overviews to resample (" +
+                       std::string(args_.overviews.empty()
+                                       ? "a " + write_.driver + " output has none by default"
+                                       : "--overviews none") +
+                       "): give --overviews auto or a list of factors");
+    }
   } else if (!args_.output.empty()) {
     // A JSON output: its path is checked now (a directory, a FIFO, a read-only directory), not
     // after the run.
@@ -303,6 +441,7 @@ void Job::check_output() {
     }
   }
   open_.allow_virtual = args_.allow_virtual;
+  open_.ignore_mask = args_.ignore_mask;
 }
 
 /// A raster output, tried before any pixel is read: a small file of the output's dtype, band
@@ -324,18 +463,32 @@ void Job::check_raster_output() {
       std::copy(pixel.begin(), pixel.end(), dst + k);
     }
   }
-  vsr::DType out_dtype = args_.ot.value_or(args_.op == Op::rescale ? vsr::DType::float32
-                                           : args_.op == Op::clip || args_.op == Op::fill_nodata
-                                               ? meta_.dtype
-                                               : vsr::compute_dtype(meta_.dtype));
+  vsr::DType out_dtype = output_dtype();
+  if (args_.a_nodata && *args_.a_nodata && !vsr::dtype_holds(out_dtype, **args_.a_nodata)) {
+    throw UsageError("-a_nodata: " + args_.a_nodata_text + " is not a value of " +
+                     std::string(vsr::to_string(out_dtype)) + ", the output's type" +
+                     (args_.ot ? "" : " (--ot chooses another)"));
+  }
+  const Range out = args_.out_range.value_or(Range{0, 1});
+  if (args_.op == Op::rescale && !args_.a_nodata && !vsr::is_floating_point(out_dtype) &&
+      (band_nodata_.front() || vsr::is_floating_point(meta_.dtype))) {
+    // Invalid pixels need a value outside the output range: refused now when the type has none.
+    const double lo = std::min(out.lo, out.hi), hi = std::max(out.lo, out.hi);
+    if (!vsr::dtype_holds(out_dtype, vsr::NodataValue(std::floor(lo) - 1)) &&
+        !vsr::dtype_holds(out_dtype, vsr::NodataValue(std::ceil(hi) + 1))) {
+      throw UsageError("--out-range " + json_number(out.lo) + "," + json_number(out.hi) +
+                       " covers every value of " + std::string(vsr::to_string(out_dtype)) +
+                       ", so no value is left to mark the invalid pixels of the input: give "
+                       "-a_nodata V (a value of the range, which no valid pixel may then take) "
+                       "or -a_nodata none (no nodata: invalid pixels are written as 0)");
+    }
+  }
   std::optional<vsr::NodataValue> out_nodata;
   try {
     const std::string note = note_;
-    const Range out = args_.out_range.value_or(Range{0, 1});
-    const vsr::OwnedRasterArray r =
-        args_.op == Op::rescale
-            ? vsr::rescale(tiny, 0, 1, out.lo, out.hi, args_.ot.value_or(vsr::DType::float32))
-            : raster_function()(tiny);
+    const vsr::OwnedRasterArray r = args_.op == Op::rescale
+                                        ? to_output(rescale_with(Range{0, 1}, out, false))(tiny)
+                                        : raster_function()(tiny);
     note_ = note;
     out_dtype = r.dtype();
     out_nodata = r.exact_nodata();
@@ -447,6 +600,18 @@ void Job::open_input() {
     auto file = std::make_unique<vsr::RasterFileSource>(args_.input, open_, bands_);
     file_ = file.get();
     source_ = std::move(file);
+    // A band with a GDAL mask reads its masked pixels as its nodata (one chosen for it when it
+    // has none): the run, its output's nodata (the rule of to_output) and the report go by it.
+    const std::vector<bool>& masked = file_->masked_bands();
+    if (std::find(masked.begin(), masked.end(), true) != masked.end()) {
+      band_nodata_ = file_->band_nodata();
+      input_label_ += "; GDAL mask on band(s)";
+      for (std::size_t k = 0; k < masked.size(); ++k) {
+        if (masked[k]) input_label_.append(" ").append(std::to_string(bands_[k]));
+      }
+      input_label_ += ": masked pixels read as nodata " + nodata_text(band_nodata_.front()) +
+                      " (--ignore-mask reads them as they are)";
+    }
   } else {
     source_ = std::make_unique<vsr::RasterTileSource>(*sample_, bands_);
   }
@@ -606,18 +771,84 @@ RasterFn Job::rescale_function() {
                 json_number(in.hi).c_str(), json_number(out.lo).c_str(),
                 json_number(out.hi).c_str(), std::string(vsr::to_string(ot)).c_str());
   note_ = std::string(buf) + (note_.empty() ? "" : "; " + note_);
-  const bool clamp = args_.in_range.has_value();
-  return [in, out, ot, clamp](const vsr::OwnedRasterArray& t) {
-    // With a given input range, values outside it are clamped first (no extrapolation, so no
-    // valid value can reach the nodata chosen outside the output range).
-    if (clamp) return vsr::rescale(vsr::clip(t, in.lo, in.hi), in.lo, in.hi, out.lo, out.hi, ot);
-    return vsr::rescale(t, in.lo, in.hi, out.lo, out.hi, ot);
+  return rescale_with(in, out, args_.in_range.has_value());
+}
+
+/// rescale of @p in onto @p out; with @p clamp, values outside @p in are clamped first (no
+/// extrapolation, so no valid value can reach a nodata chosen outside the output range). A
+/// reversed range (HI,LO) maps the other way round, as gdal_translate -scale. With -a_nodata the
+/// map is made in the compute type and converted with that nodata (to_output), so that an
+/// integer output may take every value of its type.
+RasterFn Job::rescale_with(Range in, Range out, bool clamp) const {
+  const vsr::DType ot = output_dtype();
+  const bool own_nodata = args_.a_nodata.has_value();
+  return [in, out, ot, clamp, own_nodata](const vsr::OwnedRasterArray& t) {
+    const vsr::DType as =
+        own_nodata && !vsr::is_floating_point(ot) ? vsr::compute_dtype(t.dtype()) : ot;
+    if (clamp) {
+      const vsr::OwnedRasterArray c = vsr::clip(t, std::min(in.lo, in.hi), std::max(in.lo, in.hi));
+      return vsr::rescale(c, in.lo, in.hi, out.lo, out.hi, as);
+    }
+    return vsr::rescale(t, in.lo, in.hi, out.lo, out.hi, as);
+  };
+}
+
+/// The output's dtype: --ot, else the op's own (rescale: float32; clip, fill-nodata: the
+/// input's; focal-mean, normalized-difference: the input's compute type).
+vsr::DType Job::output_dtype() const {
+  if (args_.ot) return *args_.ot;
+  if (args_.op == Op::rescale) return vsr::DType::float32;
+  if (args_.op == Op::clip || args_.op == Op::fill_nodata) return meta_.dtype;
+  return vsr::compute_dtype(meta_.dtype);
+}
+
+/// The op's results as the output holds them: its dtype (--ot) and its nodata, by the one rule
+/// of vsr-run's raster outputs (--help, "nodata of the output"):
+/// - -a_nodata V sets V (-a_nodata none: no nodata; invalid pixels are written as NaN or 0);
+/// - else the output has a nodata only when the input has one (the tile's band; either band of
+///   normalized-difference), or when it is of an integer type made from floating-point values
+///   (a float input, or the normalized difference, NaN where A + B = 0): its NaN pixels need a
+///   value that says they are invalid. That nodata is the op's (converted_nodata);
+/// - else it has none: a float output's NaN pixels are invalid without one.
+/// A valid pixel equal to the output's nodata is an error, never silently invalid.
+RasterFn Job::to_output(RasterFn op) const {
+  const vsr::DType target = output_dtype();
+  const bool ndvi = args_.op == Op::normalized_difference;
+  const bool ndvi_nodata = ndvi && (band_nodata_[0] || band_nodata_[1]);
+  const bool float_source = vsr::is_floating_point(meta_.dtype) || ndvi;
+  const bool needs_for_nan = !vsr::is_floating_point(target) && float_source;
+  const auto a_nodata = args_.a_nodata;
+  return [op = std::move(op), target, ndvi, ndvi_nodata, needs_for_nan,
+          a_nodata](const vsr::OwnedRasterArray& t) {
+    const bool input_nodata = ndvi ? ndvi_nodata : t.exact_nodata().has_value();
+    // A float input without nodata going to an integer output: its NaN pixels are invalid, and
+    // the op gives them a nodata as for an input that has one.
+    const bool nan_marks = !a_nodata && !input_nodata && needs_for_nan && !ndvi;
+    const vsr::OwnedRasterArray r =
+        op(nan_marks ? t.with_nodata(std::numeric_limits<double>::quiet_NaN()) : t);
+    std::optional<vsr::NodataValue> nodata;
+    if (a_nodata) {
+      nodata = *a_nodata;
+    } else if (input_nodata || needs_for_nan) {
+      nodata = r.dtype() == target ? r.exact_nodata() : converted_nodata(r, t, target);
+    }
+    if (r.dtype() == target) return r.exact_nodata() == nodata ? r : retag(r, nodata);
+    try {
+      const vsr::OwnedRasterArray c = convert_to(r, target, nodata);
+      return c.exact_nodata() == nodata ? c : retag(c, nodata);
+    } catch (const std::invalid_argument& e) {
+      if (!a_nodata) throw;
+      // A valid pixel converting to the nodata the user gave.
+      throw std::runtime_error(std::string(e.what()) +
+                               "; or give -a_nodata a value that no valid pixel takes (e.g. "
+                               "outside --out-range), or -a_nodata none");
+    }
   };
 }
 
 /// The raster op as a function of one tile, --ot applied to its result.
 RasterFn Job::raster_function() {
-  if (args_.op == Op::rescale) return rescale_function();  // rescale writes --ot itself
+  if (args_.op == Op::rescale) return to_output(rescale_function());  // --ot in rescale itself
   RasterFn f;
   if (args_.op == Op::focal_mean) {
     f = [edge = args_.edge](const vsr::OwnedRasterArray& r) {
@@ -633,14 +864,11 @@ RasterFn Job::raster_function() {
       return vsr::normalized_difference(r.band(0).with_nodata(na), r.band(1).with_nodata(nb));
     };
   }
-  if (!args_.ot) return f;
-  note_ = "output as " + std::string(vsr::to_string(*args_.ot)) +
-          (vsr::is_floating_point(*args_.ot) ? "" : " (rounded half away from zero, saturated)");
-  return [f = std::move(f), ot = *args_.ot](const vsr::OwnedRasterArray& t) {
-    const vsr::OwnedRasterArray r = f(t);
-    if (r.dtype() == ot) return r;
-    return vsr::convert_dtype(r, ot, converted_nodata(r, t, ot));
-  };
+  if (args_.ot) {
+    note_ = "output as " + std::string(vsr::to_string(*args_.ot)) +
+            (vsr::is_floating_point(*args_.ot) ? "" : " (rounded half away from zero, saturated)");
+  }
+  return to_output(std::move(f));
 }
 
 /// The op from the source into the output file (all or nothing), or into nothing (a timing
@@ -664,8 +892,9 @@ void Job::run_raster_op() {
     vsr::run_tiles(*source_, f, sink, plan_, o);
   }
   if (!args_.output.empty()) {
-    const vsr::RasterFileInfo out =
-        vsr::read_raster_info(args_.output, {.drivers = {write_.driver}});
+    // COG only writes: its files are GeoTIFFs.
+    const vsr::RasterFileInfo out = vsr::read_raster_info(
+        args_.output, {.drivers = {is_cog(write_.driver) ? std::string("GTiff") : write_.driver}});
     std::string nd = nodata_text(out.band_nodata.front());
     for (const auto& v : out.band_nodata) {
       if (v != out.band_nodata.front()) nd = "per band";

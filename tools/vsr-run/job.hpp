@@ -65,6 +65,9 @@ class Job {
   void run_histogram();
   RasterFn raster_function();
   RasterFn rescale_function();
+  RasterFn rescale_with(Range in, Range out, bool clamp) const;
+  vsr::DType output_dtype() const;
+  RasterFn to_output(RasterFn op) const;
   void run_raster_op();
   // report.cpp
   void print_results();

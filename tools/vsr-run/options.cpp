@@ -4,7 +4,10 @@
 
 #include "cli.hpp"
 
+#include <algorithm>
+#include <charconv>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -33,17 +36,16 @@ operation:
                        normalized-difference (alias ndvi)
                                     (A - B) / (A + B) of two bands, A = --nir, B = --red
   --in-range LO,HI   rescale: the input range (values outside are clamped to it first); default:
-                     the valid range, from a first streamed pass
+                     the valid range, from a first streamed pass. HI,LO (reversed) maps the other
+                     way round, as gdal_translate -scale HI LO: HI goes to the low output end
   --out-range LO,HI  rescale: the output range (default 0,1)
   --ot TYPE          the output's type, a numpy name (uint8 int8 uint16 int16 uint32 int32
                      uint64 int64 float32 float64), for every op that writes a raster (default:
                      the op's own: the input's for clip and fill-nodata, float32 or float64 for
                      focal-mean and normalized-difference, float32 for rescale). Converted as
                      gdal_translate -ot does: to an integer type rounded half away from zero and
-                     saturated to its range; to float32 as IEEE rounds. The output's nodata is
-                     the op's when the type holds it, else the input's, else NaN (float types)
-                     or the type's largest value; a valid pixel that would become that nodata
-                     (e.g. 255.4 as uint8 with nodata 255) stops the run with an error
+                     saturated to its range; to float32 as IEEE rounds. See "nodata of the
+                     output" below
   --range LO,HI      clip: the bounds (required); histogram: the range (default: each band's
                      valid range, as numpy's default)
   --bins N           histogram: bin count (default 10)
@@ -57,6 +59,11 @@ input:
   -i, --input FILE   raster file read through GDAL (default: a generated sample raster)
   -b N               an input band to process, 1-based; repeat for more, in order (as
                      gdal_translate -b); default: all. Bands keep their own nodata.
+  --ignore-mask      read the pixels a GDAL mask marks invalid (an internal or .msk mask, an
+                     alpha band) as they are. By default they are invalid, as rasterio's masked
+                     reads have them: read as the band's nodata, or for a band without one as
+                     NaN (float types) or a value no valid pixel of the band takes (integers),
+                     which becomes its nodata (and so the output's: see below)
   --allow-virtual    also open VRT files, GDAL virtual file systems (/vsi...) and URLs as input;
                      refused by default, since a VRT reads whatever files its XML names (only
                      raster file formats open an input otherwise: GTiff/COG, PNG, JPEG, ...)
@@ -71,19 +78,45 @@ output:
   --overwrite        replace an existing --output (refused without it); needed to write over
                      the input itself
   -of FORMAT         GDAL raster driver of the output, any case (default: from the extension,
-                     .tif is GTiff): any driver with Create that writes files, e.g. GTiff, GPKG,
-                     HFA, ENVI, EHdr, netCDF, PCIDSK, SAGA, RRASTER. Before any pixel is read
-                     the format is tried on a small file of the output's type, band count and
-                     nodata, and refused (exit 2) with the driver's reason when it cannot hold
-                     them (e.g. GPKG: 1 band, or up to 4 of uint8; BMP: uint8 only; GSBG keeps
-                     its own nodata) or writes no file (MEM; PNG and JPEG have no Create:
-                     convert a GTiff with gdal_translate)
+                     .tif is GTiff, .png PNG, .jpg JPEG): any driver that writes files, e.g.
+                     GTiff, COG, PNG, JPEG, GPKG, HFA, ENVI, EHdr, netCDF, PCIDSK, SAGA,
+                     RRASTER. COG, PNG and JPEG (CreateCopy only) are written as a GeoTIFF
+                     staged in the temporary directory, then converted there (it needs the
+                     uncompressed raster's size of free disk meanwhile). Before any pixel is
+                     read the format is tried on a small file of the output's type, band count
+                     and nodata, and refused (exit 2) with the driver's reason when it cannot
+                     hold them (e.g. GPKG: 1 band, or up to 4 of uint8; BMP, PNG, JPEG: uint8
+                     (PNG: uint16 too); JPEG: no nodata, its compression is lossy; GSBG keeps
+                     its own nodata) or writes no file (MEM)
   --co KEY=VALUE     a GDAL creation option; repeat for more. GTiff defaults: COMPRESS=DEFLATE,
-                     TILED=YES, 256 x 256 blocks, INTERLEAVE=BAND, BIGTIFF=IF_SAFER
+                     TILED=YES, 256 x 256 blocks, INTERLEAVE=BAND, BIGTIFF=IF_SAFER; COG:
+                     COMPRESS=DEFLATE, BLOCKSIZE=256, BIGTIFF=IF_SAFER, OVERVIEWS from
+                     --overviews
+  --overviews LEVELS auto | none | a list of factors, e.g. 2,4,8 (default: the format's own: COG
+                     makes them, the others none). auto: 2, 4, 8, ... until a level fits one
+                     256 x 256 tile. Inside the file for COG, GTiff and HFA, else in an .ovr
+                     beside it, written and replaced with it
+  --resampling NAME  how overviews are computed: nearest, average, rms, bilinear, gauss, cubic,
+                     cubicspline, lanczos, mode, average_magphase (default: COG's own, else
+                     nearest); needs overviews
+  -a_nodata V        the output's nodata (also --a_nodata, as gdal_translate): a number of the
+                     output's type (exact for 64-bit integers; nan for float types), or none for
+                     no nodata (invalid pixels are then written as NaN, or 0 for integer types)
   --threads N        threads GDAL compresses with (NUM_THREADS; default: every CPU)
-  --json             stats and histogram: print JSON (full precision) instead of a table
+  --json             stats and histogram: print JSON (full precision) instead of a table. A
+                     statistic JSON has no number for is a string: "inf", "-inf" or "nan" (a
+                     band holding infinities); null means the band has no valid pixel
   -q, --quiet        no summary and no progress (errors, tables and JSON still print)
   --progress         progress on stderr even when stderr is not a terminal (one line per tile)
+
+nodata of the output (raster ops): -a_nodata V sets it (-a_nodata none: none). Otherwise the
+output has a nodata only when the input band has one (either band for normalized-difference), or
+when it is of an integer type made from floating-point values (a float input, or the normalized
+difference, NaN where A + B = 0), whose NaN pixels need a value that marks them invalid; a float
+output's NaN pixels are invalid without one. That nodata is the op's when the output type holds
+it (NaN for float types; rescale: a value outside --out-range), else the input's, else the
+type's largest value. A valid pixel that would equal the output's nodata (e.g. 255.4 as uint8
+with nodata 255) stops the run with an error: no valid pixel is ever written as nodata.
 
 What the output keeps from the input: georeferencing (none if the input has none), CRS,
 AREA_OR_POINT, band descriptions and colour interpretation; scale, offset and unit too for
@@ -132,6 +165,36 @@ Range parse_range(std::string_view option, std::string_view text) {
   Range r{parse_double(option, text.substr(0, comma)),
           parse_double(option, text.substr(comma + 1))};
   return r;
+}
+
+/// -a_nodata's value: "none", or a number held exactly (every 64-bit integer; "nan", "inf").
+std::optional<vsr::NodataValue> parse_nodata(std::string_view option, std::string_view text) {
+  if (text == "none" || text == "None" || text == "NONE") return std::nullopt;
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  const bool integer = !text.empty() &&
+                       std::all_of(text.begin() + (text.front() == '-' ? 1 : 0), text.end(),
+                                   [](char c) { return c >= '0' && c <= '9'; }) &&
+                       text != "-";
+  if (integer) {
+    if (text.front() == '-') {
+      std::int64_t v = 0;
+      const auto [end, err] = std::from_chars(first, last, v);
+      if (err == std::errc() && end == last) return vsr::NodataValue::from_int64(v);
+    } else {
+      std::uint64_t v = 0;
+      const auto [end, err] = std::from_chars(first, last, v);
+      if (err == std::errc() && end == last) return vsr::NodataValue::from_uint64(v);
+    }
+    throw UsageError(std::string(option) + ": '" + std::string(text) +
+                     "' is out of range (no dtype holds it)");
+  }
+  double v = 0;
+  const auto [end, err] = std::from_chars(first, last, v);
+  if (err != std::errc() || end != last) {
+    throw UsageError(std::string(option) + ": '" + std::string(text) + "' is not a number or none");
+  }
+  return vsr::NodataValue(v);
 }
 
 }  // namespace
@@ -245,6 +308,17 @@ Arguments parse_arguments(int argc, char** argv) {
         throw UsageError("--co: '" + std::string(kv) + "' is not KEY=VALUE");
       }
       args.creation_options.emplace_back(kv);
+    } else if (words.is("--overviews")) {
+      args.overviews = words.value();
+    } else if (words.is("--resampling")) {
+      args.resampling = words.value();
+    } else if (words.is("-a_nodata", "--a_nodata")) {
+      args.a_nodata_text = words.value();
+      args.a_nodata = parse_nodata(option, args.a_nodata_text);
+      given.emplace_back("-a_nodata");
+    } else if (words.is("--ignore-mask")) {
+      words.flag();
+      args.ignore_mask = true;
     } else if (words.is("--overwrite")) {
       words.flag();
       args.overwrite = true;
@@ -290,6 +364,7 @@ Arguments parse_arguments(int argc, char** argv) {
     if (option == "--value") return args.op == Op::fill_nodata;
     if (option == "--edge") return args.op == Op::focal_mean;
     if (option == "--json") return !args.raster_output();
+    if (option == "-a_nodata") return args.raster_output();
     return true;
   };
   for (const std::string& option : given) {
@@ -306,8 +381,8 @@ Arguments parse_arguments(int argc, char** argv) {
   if (args.op == Op::histogram && args.range && !(args.range->lo < args.range->hi)) {
     throw UsageError("--range: a histogram needs LO < HI");
   }
-  if (args.in_range && !(args.in_range->lo < args.in_range->hi)) {
-    throw UsageError("--in-range: LO must be below HI");
+  if (args.in_range && !(args.in_range->lo != args.in_range->hi)) {
+    throw UsageError("--in-range: LO and HI must differ (HI,LO maps the other way round)");
   }
   if (args.out_range && !(args.out_range->lo != args.out_range->hi)) {
     throw UsageError("--out-range: LO and HI must differ");
@@ -323,8 +398,15 @@ Arguments parse_arguments(int argc, char** argv) {
     throw UsageError("-b: normalized-difference takes its two bands from --nir and --red");
   }
   if (!args.output.empty() && !args.raster_output() &&
-      (!args.format.empty() || !args.creation_options.empty())) {
-    throw UsageError("-of / --co: --op " + args.op_name + " writes JSON, not a raster");
+      (!args.format.empty() || !args.creation_options.empty() || !args.overviews.empty() ||
+       !args.resampling.empty())) {
+    throw UsageError("-of / --co / --overviews / --resampling: --op " + args.op_name +
+                     " writes JSON, not a raster");
+  }
+  if ((!args.overviews.empty() || !args.resampling.empty()) &&
+      (args.output.empty() || !args.raster_output())) {
+    throw UsageError(std::string(args.overviews.empty() ? "--resampling" : "--overviews") +
+                     " applies to a raster --output");
   }
   return args;
 }

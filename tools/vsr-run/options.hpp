@@ -43,6 +43,12 @@ struct Arguments {
   bool edge_given = false;
   std::string format;
   std::vector<std::string> creation_options;
+  std::string overviews;   ///< --overviews: "" (the format's default), none, auto, "2,4,8"
+  std::string resampling;  ///< --resampling
+  /// -a_nodata: empty when not given; holding an empty value for "-a_nodata none".
+  std::optional<std::optional<vsr::NodataValue>> a_nodata;
+  std::string a_nodata_text;
+  bool ignore_mask = false;  ///< --ignore-mask
   bool overwrite = false;
   int threads = -1;
   bool json = false;

@@ -27,6 +27,15 @@ std::string json_number(double v) {
 
 namespace {
 
+/// A statistic as JSON: a number (%.17g), or for the values JSON has no number for the strings
+/// "inf", "-inf" and "nan" (a band holding infinities has an infinite min, max or mean, and a
+/// NaN std); null is kept for "no valid pixel".
+std::string json_statistic(double v) {
+  if (std::isnan(v)) return "\"nan\"";
+  if (std::isinf(v)) return v > 0 ? "\"inf\"" : "\"-inf\"";
+  return json_number(v);
+}
+
 /// numpy.histogram's edges of a band: linspace(lo, hi, bins + 1) in float64, as float32 for
 /// float32 data (numpy's bin dtype is the data's there).
 std::vector<double> histogram_edges(Range r, int bins, vsr::DType dtype) {
@@ -58,10 +67,10 @@ void Job::print_results() {
         const vsr::BandStatistics& m = stats_[b];
         const bool any = m.count > 0;
         text += ", \"count\": " + std::to_string(m.count) +
-                ", \"min\": " + (any ? json_number(m.min) : "null") +
-                ", \"max\": " + (any ? json_number(m.max) : "null") +
-                ", \"mean\": " + (any ? json_number(m.mean) : "null") +
-                ", \"std\": " + (any ? json_number(m.std) : "null");
+                ", \"min\": " + (any ? json_statistic(m.min) : "null") +
+                ", \"max\": " + (any ? json_statistic(m.max) : "null") +
+                ", \"mean\": " + (any ? json_statistic(m.mean) : "null") +
+                ", \"std\": " + (any ? json_statistic(m.std) : "null");
       } else {
         text += ", \"range\": [" + json_number(hist_range_[b].lo) + ", " +
                 json_number(hist_range_[b].hi) + "], \"edges\": [";

@@ -34,9 +34,12 @@
 //   any error the temporary directory is removed and the target is untouched: an existing file
 //   survives byte for byte, a new one does not appear. Outputs are regular files: a target that is
 //   a directory, FIFO, socket or device is refused (std::invalid_argument), and so are drivers that
-//   write no file (MEM, services), no rasters, or have no Create (PNG, JPEG: CreateCopy only),
-//   before anything is touched. A symbolic link as target is followed (the file it names is
-//   replaced). The output's permissions are an existing target's, else 0666 less the umask.
+//   write no file (MEM, services), no rasters, or have neither Create nor CreateCopy, before
+//   anything is touched. A driver with CreateCopy only (COG, PNG, JPEG) is written as an
+//   uncompressed tiled GeoTIFF staged in the same temporary directory and converted there
+//   (GDALCreateCopy) before the verification: all or nothing as well. A symbolic link as target is
+//   followed (the file it names is replaced). The output's permissions are an existing target's,
+//   else 0666 less the umask.
 // - Cleanup: a process killed by a signal leaves no temporary behind when it called
 //   remove_partial_outputs_on_signals() (vsr-run does). One killed by SIGKILL (or a power cut)
 //   leaves its temporary directory; the next write to the same target removes it. Each
@@ -82,6 +85,15 @@ struct OpenOptions {
   /// to the drivers), GDAL virtual file system paths ("/vsi...") and URLs ("scheme://...").
   /// Off by default: only a local file of an allowed format opens.
   bool allow_virtual = false;
+  /// Read pixels as they are, ignoring the file's GDAL mask bands. Off by default: the streamed
+  /// readers (RasterFileSource, so process_raster_file, for_each_raster_tile and vsr-run) treat
+  /// the pixels a band's mask marks invalid (an internal or external .msk mask, an alpha band;
+  /// GDALGetMaskFlags neither GMF_ALL_VALID nor GMF_NODATA) as nodata, as rasterio's masked
+  /// reads do: they are given the band's nodata, or, for a band without one, NaN (float types),
+  /// the largest value (32- and 64-bit integers) or the largest value no valid pixel takes (8-
+  /// and 16-bit integers, found by a pass over the band), which becomes the band's nodata
+  /// (RasterFileSource::band_nodata). read_raster and read_raster_info read the file as it is.
+  bool ignore_mask = false;
 };
 
 /**
@@ -130,11 +142,13 @@ VSR_EXPORT void remove_partial_outputs_on_signals() noexcept;
 
 /// How write_raster creates a file.
 struct WriteOptions {
-  /// A GDAL raster driver with Create() that writes a file (short name, any case).
+  /// A GDAL raster driver that writes a file (short name, any case), with Create() or with
+  /// CreateCopy() only (COG, PNG, JPEG: written as a staged GeoTIFF in the output's temporary
+  /// directory, then converted; see docs/outputs.md).
   std::string driver = "GTiff";
-  std::string compress = "DEFLATE";  ///< GTiff COMPRESS; empty or "NONE": uncompressed
+  std::string compress = "DEFLATE";  ///< GTiff and COG COMPRESS; empty or "NONE": uncompressed
   bool tiled = true;                 ///< GTiff TILED=YES with block x block tiles
-  int block = 256;                   ///< tile side (a multiple of 16 for GTiff)
+  int block = 256;                   ///< tile side (a multiple of 16 for GTiff and COG)
   /// More creation options, "KEY=VALUE", for any driver, applied after those above (a key given
   /// here replaces theirs), e.g. "PREDICTOR=2" or "ZLEVEL=9".
   std::vector<std::string> creation_options;
@@ -146,12 +160,24 @@ struct WriteOptions {
   /// std::runtime_error, also when it appears while the output is written (it is linked into
   /// place, never renamed over).
   bool overwrite = true;
+  /// Overviews (reduced-resolution levels) of the output: "" the format's default (COG makes
+  /// them automatically, the others none); "none"; "auto" (factors 2, 4, 8, ... until a level
+  /// fits in one block x block tile, COG's rule); or a list of factors, e.g. "2,4,8" (each >= 2).
+  /// COG holds them inside the file; other formats where they can (GTiff, HFA), else in an
+  /// external ".ovr" beside the output (written and replaced with it).
+  std::string overviews;
+  /// How overview levels are computed: a GDAL resampling name (any case): nearest, average,
+  /// rms, bilinear, gauss, cubic, cubicspline, lanczos, mode, average_magphase; "" the
+  /// format's default (COG's own choice, else nearest as gdaladdo). Any other name is refused
+  /// with std::invalid_argument.
+  std::string resampling;
 };
 
 /**
  * @brief The GDAL driver that writes files named like @p path, from its extension: GTiff for
  * ".tif" / ".tiff", else a raster driver with Create() whose extensions list it (e.g. ".img":
- * HFA, ".bil": EHdr); empty when none does. Case-insensitive. Thread-safe; throws only
+ * HFA, ".bil": EHdr), else one with CreateCopy() only (".png": PNG, ".jpg": JPEG); empty when
+ * none does. Case-insensitive. Thread-safe; throws only
  * std::bad_alloc (and "" in a build without GDAL).
  */
 VSR_EXPORT std::string output_driver_for(const std::string& path);
@@ -351,6 +377,9 @@ class VSR_EXPORT RasterFileSource final : public TileSource {
   const std::vector<int>& bands() const;
   /// Whether the file has a geotransform (the metadata's affine is GDAL's default otherwise).
   bool has_geotransform() const;
+  /// For each selected band, whether its GDAL mask marks pixels invalid, which are read as its
+  /// nodata (all false with OpenOptions::ignore_mask).
+  const std::vector<bool>& masked_bands() const;
   /**
    * @brief Bytes of host memory a run of @p plan over this source needs at once: every tile
    * and result live (overlap_tiles_live(@p overlap) of each; results counted at up to 8 bytes
