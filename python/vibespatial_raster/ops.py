@@ -349,7 +349,7 @@ class Pipeline:
                              + (f"; not inputs: {', '.join(extra)}" if extra else ""))
         ordered = [_raster(n, rasters[n]) for n in self._names]
         if plan is None:
-            core_plan = ("whole", None, 0, 0, 0, max(1, ordered[0].band_count), True)
+            core_plan: tuple = ("whole", None, 0, 0, 0, max(1, ordered[0].band_count), True)
         elif isinstance(plan, RasterPlan):
             core_plan = plan._core_args()
         else:
