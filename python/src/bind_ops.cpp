@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // vibespatial_raster._core: the VRAM budget and plans, the dispatchers (per band on the host and
 // the device, tiled) with Python band ops, the placement rule and the first-result rule of the
-// tile executor, and the band operations.
+// tile executor, the band operations, band math and pipelines.
 #include "bindings.hpp"
 
 #include <vibespatial/raster/driver.hpp>
 #include <vibespatial/raster/ops.hpp>
+#include <vibespatial/raster/pipeline.hpp>
 #include <vibespatial/raster/tiles.hpp>
 
 #include <nanobind/ndarray.h>
@@ -48,6 +49,16 @@ vsr::EdgeMode edge_of(const std::string& name) {
   if (name == "constant_nodata") return vsr::EdgeMode::constant_nodata;
   throw std::invalid_argument("edge must be 'nearest', 'reflect' or 'constant_nodata', not '" +
                               name + "'");
+}
+
+vsr::CalcOptions calc_options(const std::string& dtype, bool compute_float32,
+                              bool propagate_nodata, const Nodata& nodata) {
+  vsr::CalcOptions o;
+  o.output = dtype_of(dtype);
+  o.compute_float32 = compute_float32;
+  o.propagate_nodata = propagate_nodata;
+  o.output_nodata = nodata;
+  return o;
 }
 
 vsr::PlanOptions plan_options(int band_count, int buffers_per_band, std::uint64_t scratch_bytes,
@@ -311,6 +322,80 @@ void bind_ops(nb::module_& m) {
         vsr::focal_mean_3x3_into(r, e, out);
       },
       "raster"_a, "edge"_a, "out"_a);
+
+  // ---- band math and pipelines ----
+  m.def(
+      "calc",
+      [](const std::vector<std::string>& expressions, const std::vector<std::string>& names,
+         const std::vector<Raster>& rasters, const std::string& dtype, bool compute_float32,
+         bool propagate_nodata, Nodata nodata) {
+        if (names.size() != rasters.size()) {
+          throw std::invalid_argument("calc: one name per raster");
+        }
+        vsr::CalcOptions options = calc_options(dtype, compute_float32, propagate_nodata, nodata);
+        std::vector<vsr::CalcInput> inputs;
+        for (std::size_t i = 0; i < names.size(); ++i) inputs.push_back({names[i], rasters[i]});
+        GilRelease release;
+        return vsr::calc(expressions, inputs, options);
+      },
+      "expressions"_a, "names"_a, "rasters"_a, "dtype"_a, "compute_float32"_a,
+      "propagate_nodata"_a, "nodata"_a.none());
+  nb::class_<vsr::Pipeline>(m, "Pipeline")
+      .def(
+          "__init__",
+          [](vsr::Pipeline* self, const std::vector<std::pair<std::string, int>>& inputs) {
+            std::vector<vsr::CalcInputBands> v;
+            for (const auto& [name, bands] : inputs) v.push_back({name, bands});
+            new (self) vsr::Pipeline(std::move(v));
+          },
+          "inputs"_a)
+      .def(
+          "calc",
+          [](vsr::Pipeline& p, const std::vector<std::string>& expressions,
+             const std::string& dtype, bool compute_float32, bool propagate_nodata,
+             Nodata nodata) {
+            p.calc(expressions, calc_options(dtype, compute_float32, propagate_nodata, nodata));
+          },
+          "expressions"_a, "dtype"_a, "compute_float32"_a, "propagate_nodata"_a,
+          "nodata"_a.none())
+      .def(
+          "focal_mean", [](vsr::Pipeline& p, const std::string& edge) { p.focal_mean(edge_of(edge)); },
+          "edge"_a)
+      .def(
+          "rescale",
+          [](vsr::Pipeline& p, double in_min, double in_max, double out_min, double out_max,
+             const std::string& dtype) {
+            p.rescale(in_min, in_max, out_min, out_max, dtype_of(dtype));
+          },
+          "in_min"_a, "in_max"_a, "out_min"_a, "out_max"_a, "dtype"_a)
+      .def(
+          "convert",
+          [](vsr::Pipeline& p, const std::string& dtype, Nodata nodata) {
+            p.convert(dtype_of(dtype), nodata);
+          },
+          "dtype"_a, "nodata"_a.none())
+      .def(
+          "clip", [](vsr::Pipeline& p, double lower, double upper) { p.clip(lower, upper); },
+          "lower"_a, "upper"_a)
+      .def(
+          "fill_nodata", [](vsr::Pipeline& p, double value) { p.fill_nodata(value); }, "value"_a)
+      .def_prop_ro("halo", &vsr::Pipeline::halo)
+      .def_prop_ro("band_count", &vsr::Pipeline::band_count)
+      .def_prop_ro("bands_independent", &vsr::Pipeline::bands_independent)
+      .def("step_names", &vsr::Pipeline::step_names)
+      .def(
+          "run",
+          [](const vsr::Pipeline& p, const std::vector<Raster>& rasters,
+             const std::string& strategy,
+             std::optional<std::pair<std::int64_t, std::int64_t>> tile_shape, int halo,
+             std::int64_t n_tiles, std::uint64_t estimate, int bands_per_pass, bool fits) {
+            const vsr::RasterPlan plan =
+                plan_of(strategy, tile_shape, halo, n_tiles, estimate, bands_per_pass, fits);
+            GilRelease release;
+            return p.run(rasters, plan);
+          },
+          "rasters"_a, "strategy"_a, "tile_shape"_a.none(), "halo"_a, "n_tiles"_a, "estimate"_a,
+          "bands_per_pass"_a, "fits_budget"_a);
 }
 
 }  // namespace vsr_python

@@ -596,14 +596,15 @@ def test_ctrl_c_and_sys_exit_inside_a_handler_reach_the_program():
                VSR_EMU_DEVICE_MEMORY=str(EMULATED_DEVICE_MEMORY))
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import os, signal, sys, time
+        # Python installs its KeyboardInterrupt handler only where SIGINT is not ignored at
+        # start, and an ignored SIGINT is inherited from the parent (the test suite's process
+        # may ignore it once other tests ran): install it, as an interactive program has it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         import vibespatial_raster as vr
         from vibespatial_raster import memory
         hold = memory.DeviceBuffer(400 << 20)
         def ctrl_c(n):
-            # Ctrl-C on this thread: a process-directed SIGINT (os.kill) may land on another
-            # thread of the process, and Python then raises KeyboardInterrupt only at its next
-            # check on this one, which a loaded machine may not reach within the handler.
-            signal.raise_signal(signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C
             time.sleep(5)
             return False
         hid = memory.add_oom_handler(ctrl_c)

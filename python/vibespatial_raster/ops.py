@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Band operations of the C++ library (Thrust/CUB): statistics, rescale, clip, nodata fill,
-normalized difference, histograms and a 3x3 focal mean, for all ten raster dtypes.
+normalized difference, histograms and a 3x3 focal mean, for all ten raster dtypes; band math
+(:func:`calc`) and chains of operations read once (:class:`Pipeline`).
 
 An operation runs where its input lives: a host raster on the CPU (all cores; the GIL is
 released), a device raster on the GPU when the library was built with CUDA
@@ -18,7 +19,7 @@ elementwise ones may write in place (``out`` the input itself).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -28,7 +29,9 @@ from .buffers import OwnedRasterArray
 
 __all__ = [
     "BandStatistics",
+    "Pipeline",
     "band_statistics",
+    "calc",
     "clip",
     "compute_dtype",
     "fill_nodata",
@@ -187,3 +190,173 @@ def focal_mean_3x3(raster: OwnedRasterArray, edge: str = "nearest", *,
         _core.focal_mean_3x3_into(r._as_native(), edge, _out(out))
         return out
     return _result(_core.focal_mean_3x3(r._as_native(), edge), r)
+
+
+# ---- band math and pipelines --------------------------------------------------------------------
+
+_COMPUTE = ("float64", "float32")
+
+
+def _expressions(expr: Any) -> list[str]:
+    if isinstance(expr, str):
+        return [expr]
+    if isinstance(expr, Sequence) and not isinstance(expr, (bytes, bytearray)):
+        out = list(expr)
+        if out and all(isinstance(e, str) for e in out):
+            return out
+    raise TypeError("expr must be a str or a non-empty sequence of str, not "
+                    f"{type(expr).__name__}")
+
+
+def _calc_args(dtype: Any, compute: str, propagate_nodata: Any, nodata: Any) -> tuple:
+    if compute not in _COMPUTE:
+        raise ValueError(f"compute must be 'float64' or 'float32', not {compute!r}")
+    if not isinstance(propagate_nodata, bool):
+        raise TypeError("propagate_nodata must be a bool, not "
+                        f"{type(propagate_nodata).__name__}")
+    if nodata is not None and (isinstance(nodata, bool) or
+                               not isinstance(nodata, (int, float, np.integer, np.floating))):
+        raise TypeError(f"nodata must be a number or None, not {type(nodata).__name__}")
+    if isinstance(nodata, np.integer):
+        nodata = int(nodata)
+    elif isinstance(nodata, np.floating):
+        nodata = float(nodata)
+    return (raster_dtype(dtype).name, compute == "float32", propagate_nodata, nodata)
+
+
+def calc(expr: str | Sequence[str], *, dtype: Any = "float32", compute: str = "float64",
+         propagate_nodata: bool = True, nodata: int | float | None = None,
+         **inputs: OwnedRasterArray) -> OwnedRasterArray:
+    """Band math over named rasters, as GDAL's calc writes it: ``calc("(A[4]-A[3])/(A[4]+A[3])",
+    A=scene)`` (``A[2]`` is band 2, 1-based; ``A`` alone a one-band input). One output band per
+    expression; computed in float64 unless ``compute="float32"``; written as ``dtype``. A pixel
+    where an input the expression reads is invalid gives the output's nodata unless
+    ``propagate_nodata=False``. The language, the nodata rule and the comparison with
+    ``gdal_calc.py`` are in docs/band-math.md. Runs where the inputs live; results have the
+    first input's residency, affine and CRS.
+
+    Raises:
+        ValueError: a bad expression (with its column and a caret), a name not given, a band out
+            of range, inputs of different grids, a bad dtype or nodata.
+        TypeError: an input that is not an OwnedRasterArray, ``expr`` not text.
+    """
+    exprs = _expressions(expr)
+    if not inputs:
+        raise ValueError("calc needs at least one input, e.g. calc('A * 2', A=raster)")
+    rasters = [_raster(name, r) for name, r in inputs.items()]
+    args = _calc_args(dtype, compute, propagate_nodata, nodata)
+    native = _core.calc(exprs, list(inputs), [r._as_native() for r in rasters], *args)
+    return _result(native, rasters[0])
+
+
+class Pipeline:
+    """A chain of operations over named inputs, run as one: each tile is read once, every step
+    runs on it, the result is written once. Inputs are given by name and band count, the first
+    where the chain starts: ``Pipeline(A=4)``; in a calc step's expressions ``X`` is the previous
+    step's output. Each method adds a step, checks it at once (a bad expression fails here, with
+    the step named) and returns the pipeline::
+
+        chain = (ops.Pipeline(A=4)
+                 .calc("(A[4] - A[3]) / (A[4] + A[3])")
+                 .focal_mean("reflect")
+                 .rescale(-1, 1, 1, 255, "uint8"))
+        out = chain.run(A=scene)                    # or chain.run(plan, A=scene): tiled
+
+    A tiled run reads every tile with :attr:`halo` pixels of context and equals the whole-raster
+    result bit for bit (docs/pipelines.md).
+    """
+
+    def __init__(self, **inputs: int) -> None:
+        if not inputs:
+            raise ValueError("a Pipeline needs at least one input, e.g. Pipeline(A=4)")
+        for name, bands in inputs.items():
+            if isinstance(bands, bool) or not isinstance(bands, (int, np.integer)):
+                raise TypeError(f"the band count of input {name} must be an integer, not "
+                                f"{type(bands).__name__}")
+        self._names = list(inputs)
+        self._native = _core.Pipeline([(n, int(b)) for n, b in inputs.items()])
+
+    def calc(self, expr: str | Sequence[str], *, dtype: Any = "float32", compute: str = "float64",
+             propagate_nodata: bool = True, nodata: int | float | None = None) -> "Pipeline":
+        """Adds band math over the inputs and ``X`` (as :func:`calc`)."""
+        self._native.calc(_expressions(expr), *_calc_args(dtype, compute, propagate_nodata, nodata))
+        return self
+
+    def focal_mean(self, edge: str = "nearest") -> "Pipeline":
+        """Adds a 3x3 focal mean (halo 1); ``edge`` as :func:`focal_mean_3x3`."""
+        if edge not in _EDGES:
+            raise ValueError(f"edge must be one of {', '.join(_EDGES)}, not {edge!r}")
+        self._native.focal_mean(edge)
+        return self
+
+    def rescale(self, in_min: float, in_max: float, out_min: float, out_max: float,
+                dtype: Any = "float32") -> "Pipeline":
+        """Adds a linear rescale (as :func:`rescale`)."""
+        self._native.rescale(in_min, in_max, out_min, out_max, raster_dtype(dtype).name)
+        return self
+
+    def convert(self, dtype: Any, nodata: int | float | None = None) -> "Pipeline":
+        """Adds a conversion to ``dtype`` as ``gdal_translate -ot`` converts, with ``nodata``."""
+        self._native.convert(raster_dtype(dtype).name, _calc_args("float32", "float64", True,
+                                                                  nodata)[3])
+        return self
+
+    def clip(self, lower: float, upper: float) -> "Pipeline":
+        """Adds a clamp of the valid pixels to [lower, upper] (as :func:`clip`)."""
+        self._native.clip(lower, upper)
+        return self
+
+    def fill_nodata(self, value: float) -> "Pipeline":
+        """Adds a fill of the invalid pixels with ``value`` (as :func:`fill_nodata`)."""
+        self._native.fill_nodata(value)
+        return self
+
+    @property
+    def inputs(self) -> list[str]:
+        """The inputs' names, in order."""
+        return list(self._names)
+
+    @property
+    def halo(self) -> int:
+        """The sum of the steps' halos: the context a tiled run reads per tile side."""
+        return self._native.halo
+
+    @property
+    def band_count(self) -> int | None:
+        """The result's band count."""
+        return self._native.band_count
+
+    @property
+    def steps(self) -> list[str]:
+        """The steps' names, in order."""
+        return list(self._native.step_names())
+
+    def run(self, plan: Any = None, **rasters: OwnedRasterArray) -> OwnedRasterArray:
+        """Runs the chain over whole rasters given by input name (every input, one grid): whole
+        without ``plan``, else tiled as ``plan`` (a RasterPlan) says.
+
+        Raises:
+            ValueError: missing or extra inputs, band counts other than the chain's, rasters of
+                different grids, a step's error on the data (naming the step).
+        """
+        from .buffers import RasterPlan
+
+        missing = [n for n in self._names if n not in rasters]
+        extra = [n for n in rasters if n not in self._names]
+        if missing or extra:
+            raise ValueError(f"run needs exactly the inputs {', '.join(self._names)}"
+                             + (f"; missing {', '.join(missing)}" if missing else "")
+                             + (f"; not inputs: {', '.join(extra)}" if extra else ""))
+        ordered = [_raster(n, rasters[n]) for n in self._names]
+        if plan is None:
+            core_plan: tuple = ("whole", None, 0, 0, 0, max(1, ordered[0].band_count), True)
+        elif isinstance(plan, RasterPlan):
+            core_plan = plan._core_args()
+        else:
+            raise TypeError(f"plan must be a RasterPlan or None, not {type(plan).__name__}")
+        native = self._native.run([r._as_native() for r in ordered], *core_plan)
+        return _result(native, ordered[0])
+
+    def __repr__(self) -> str:
+        inputs = ", ".join(self._names)
+        return f"Pipeline(inputs=[{inputs}], steps={self.steps}, halo={self.halo})"
