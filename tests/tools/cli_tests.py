@@ -1702,6 +1702,137 @@ def output_attacks(env):
           entries(env))
 
 
+def ieee_div(a, b):
+    """a / b as IEEE 754 float64 (numpy's float64 division): +-inf or NaN for a zero b."""
+    if b != 0:
+        return a / b
+    if a == 0 or is_nan(a):
+        return NAN
+    import math
+    return math.copysign(float("inf"), a) * math.copysign(1.0, b)
+
+
+def same_value(got, want):
+    return (is_nan(got) and is_nan(want)) or got == want
+
+
+def calc_expected(bands_by_input, nodata_by_input, reads, fn, out_nodata):
+    """Per pixel: out_nodata where any band read (reads: (input, band index)) is invalid, else
+    fn(pixel values) in float64."""
+    n = len(bands_by_input[reads[0][0]][reads[0][1]])
+    out = []
+    for i in range(n):
+        vals = {}
+        ok = True
+        for name, b in reads:
+            v = bands_by_input[name][b][i]
+            if not valid_of(v, nodata_by_input[name]):
+                ok = False
+            vals[(name, b)] = v
+        out.append(fn(vals) if ok else out_nodata)
+    return out
+
+
+@case
+def calc_matches_python_float64(env):
+    W, H = 150, 130
+    a = env.make(env.path("a.tif"), "--width", W, "--height", H, "--bands", 4, "--dtype",
+                 "float64", "--block", 64, "--nodata", "-9999", "--nodata-every", 11)
+    b = env.make(env.path("b.tif"), "--width", W, "--height", H, "--dtype", "float64",
+                 "--block", 64, "--nodata", "-1234", "--nodata-every", 7)
+    da, db = env.dump(a), env.dump(b)
+    px = {"A": da["pixels"], "B": db["pixels"]}
+    nd = {"A": -9999.0, "B": -1234.0}
+    ndvi = calc_expected(px, nd, [("A", 3), ("A", 2)],
+                         lambda v: ieee_div(v[("A", 3)] - v[("A", 2)], v[("A", 3)] + v[("A", 2)]),
+                         -9999.0)
+    two1 = calc_expected(px, nd, [("A", 2), ("B", 0)],
+                         lambda v: v[("A", 2)] * v[("B", 0)] - ieee_div(v[("A", 2)], 4.0), -9999.0)
+    two2 = calc_expected(px, nd, [("A", 3), ("B", 0)],
+                         lambda v: v[("A", 3)] if v[("B", 0)] > 0 else v[("B", 0)] + 0.5, -9999.0)
+    check(sum(1 for v in ndvi if v == -9999.0) > 100, "the inputs hold invalid pixels")
+    check(sum(1 for v in two1 if v == -9999.0) > sum(1 for v in ndvi if v == -9999.0),
+          "B's invalid pixels add to A's")
+    NDVI = "(A[4]-A[3])/(A[4]+A[3])"
+    for budget in ("auto", "100K"):
+        # NDVI reads bands 3 and 4 only (the summary lists the bands read).
+        out = env.path("ndvi-%s.tif" % budget)
+        p = run_ok(env, "--op", "calc", "-i", "A=" + a, "--calc", NDVI, "--ot", "float64", "-o",
+                   out, "--budget", budget)
+        check(b"band(s) 3 4" in p.stdout, p.stdout)
+        if budget == "100K":
+            check(b"tiled" in p.stdout, p.stdout)
+        r = env.dump(out)
+        check(r["bands"] == 1 and r["band_info"][0]["dtype"] == "float64" and
+              r["band_info"][0]["nodata"] == -9999.0, r["band_info"])
+        bad = [i for i, (g, w_) in enumerate(zip(r["pixels"][0], ndvi)) if not same_value(g, w_)]
+        check(not bad, "ndvi (%s): %d pixels differ, first %s" % (
+            budget, len(bad), [(i, r["pixels"][0][i], ndvi[i]) for i in bad[:3]]))
+        check(r["geotransform"] == da["geotransform"], (r["geotransform"], da["geotransform"]))
+        out2 = env.path("two-%s.tif" % budget)
+        run_ok(env, "--op", "calc", "-i", "A=" + a, "-i", "B=" + b, "--calc",
+               "A[3] * B - A[3] / 4", "--calc", "where(B > 0, A[4], B + 0.5)", "--ot", "float64",
+               "-o", out2, "--budget", budget, "-q")
+        r = env.dump(out2)
+        check(r["bands"] == 2 and all(bi["nodata"] == -9999.0 for bi in r["band_info"]),
+              r["band_info"])
+        for k, want in enumerate((two1, two2)):
+            bad = [i for i, (g, w_) in enumerate(zip(r["pixels"][k], want)) if not same_value(g, w_)]
+            check(not bad, "two inputs, band %d (%s): %d pixels differ, first %s" % (
+                k + 1, budget, len(bad), [(i, r["pixels"][k][i], want[i]) for i in bad[:3]]))
+    # A bare -i is input A; the default output type is float32 (the float64 result rounded).
+    out = env.path("ndvi-f32.tif")
+    run_ok(env, "--op", "calc", "-i", a, "--calc", NDVI, "-o", out, "-q")
+    r = env.dump(out)
+    check(r["band_info"][0]["dtype"] == "float32", r["band_info"])
+    bad = [i for i, (g, w_) in enumerate(zip(r["pixels"][0], ndvi)) if not same_value(g, f32(w_))]
+    check(not bad, "float32 ndvi: %d pixels differ" % len(bad))
+    # Without propagation the raw nodata values go through the expression.
+    out = env.path("raw.tif")
+    run_ok(env, "--op", "calc", "-i", "A=" + a, "-i", "B=" + b, "--calc", "A[3] + B",
+           "--no-propagate-nodata", "--ot", "float64", "-o", out, "-q")
+    r = env.dump(out)
+    want = [x + y for x, y in zip(px["A"][2], px["B"][0])]
+    check(r["pixels"][0] == want, "--no-propagate-nodata: raw values differ")
+
+
+@case
+def calc_refuses_mismatched_grids_and_bad_expressions(env):
+    a = env.make(env.path("a.tif"), "--width", 40, "--height", 30, "--bands", 2)
+    short = env.make(env.path("short.tif"), "--width", 40, "--height", 29)
+    nogt = env.make(env.path("nogt.tif"), "--width", 40, "--height", 30, "--no-geotransform")
+    out = env.path("out.tif")
+    for other, what in ((short, b"size"), (nogt, b"geotransform")):
+        p = env.run(env.vsr_run, "--op", "calc", "-i", "A=" + a, "-i", "B=" + other, "--calc",
+                    "A[1] + B", "-o", out)
+        expect_exit(p, 2, "calc over inputs of two grids")
+        err = p.stderr
+        check(what in err and b"A=" in err and b"B=" in err and os.fsencode(other) in err, err)
+        check(not os.path.exists(out), "no output after a refused run")
+    # A bad expression: the column and a caret under it, before any pixel is read.
+    p = env.run(env.vsr_run, "--op", "calc", "-i", "A=" + a, "--calc", "A[1] + C", "-o", out)
+    expect_exit(p, 2, "calc with an unknown name")
+    err = p.stderr.decode()
+    check("unknown name 'C' at column 8" in err, err)
+    lines = err.splitlines()
+    caret = [k for k, l in enumerate(lines) if l.strip() == "^"]
+    check(caret and lines[caret[0] - 1].index("A[1] + C") + 7 == lines[caret[0]].index("^"), err)
+    check(not os.path.exists(out), "no output after a bad expression")
+    p = env.run(env.vsr_run, "--op", "calc", "-i", "A=" + a, "--calc", "A[1]", "--calc",
+                "A[3] * 2", "-o", out)
+    expect_exit(p, 2, "calc reading a band the input lacks")
+    check(b"expression 2" in p.stderr, p.stderr)
+    for args, what in ((["-i", "A=" + a, "-i", "A=" + a, "--calc", "A[1]"], b"twice"),
+                       (["-i", a, "--calc", "A[1]", "-b", "1"], b"-b"),
+                       (["-i", a], b"--calc"),
+                       (["--calc", "1"], b"-i")):
+        p = env.run(env.vsr_run, "--op", "calc", *args)
+        expect_exit(p, 2, "calc %s" % args)
+        check(what in p.stderr, p.stderr)
+    p = env.run(env.vsr_run, "--op", "clip", "--range", "0,1", "-i", a, "--calc", "A[1]")
+    expect_exit(p, 2, "--calc with another op")
+
+
 def stat_is_fifo(path):
     import stat
     return stat.S_ISFIFO(os.lstat(path).st_mode)

@@ -35,6 +35,8 @@ operation:
                        focal-mean   3x3 mean of the valid pixels (float32/float64), halo 1
                        normalized-difference (alias ndvi)
                                     (A - B) / (A + B) of two bands, A = --nir, B = --red
+                       calc         band math over named inputs (-i NAME=FILE), one output
+                                    band per --calc expression (docs/band-math.md)
   --in-range LO,HI   rescale: the input range (values outside are clamped to it first); default:
                      the valid range, from a first streamed pass. HI,LO (reversed) maps the other
                      way round, as gdal_translate -scale HI LO: HI goes to the low output end
@@ -42,7 +44,7 @@ operation:
   --ot TYPE          the output's type, a numpy name (uint8 int8 uint16 int16 uint32 int32
                      uint64 int64 float32 float64), for every op that writes a raster (default:
                      the op's own: the input's for clip and fill-nodata, float32 or float64 for
-                     focal-mean and normalized-difference, float32 for rescale). Converted as
+                     focal-mean and normalized-difference, float32 for rescale and calc). Converted as
                      gdal_translate -ot does: to an integer type rounded half away from zero and
                      saturated to its range; to float32 as IEEE rounds. See "nodata of the
                      output" below
@@ -52,11 +54,21 @@ operation:
   --value V          fill-nodata: the value invalid pixels get (required)
   --edge MODE        focal-mean: nearest | reflect | nodata (default nearest): what neighbours
                      outside the raster are (the edge pixel, a mirror, or nothing)
+  --calc EXPR        calc: an expression, e.g. (A[4]-A[3])/(A[4]+A[3]) for NDVI; one output
+                     band each, repeat for more. Compiled before any pixel is read: a bad one
+                     is refused (exit 2) with its column and a caret under it
+  --compute float32  calc: compute in float32 instead of float64
+  --no-propagate-nodata
+                     calc: invalid input pixels go through the expression as their raw values
+                     (default: a pixel where any band read is invalid is the output's nodata)
   --nir N, --red N   normalized-difference: the 1-based bands A and B (default 4 and 3 with 4+
                      bands, else 2 and 1); any two different bands
 
 input:
   -i, --input FILE   raster file read through GDAL (default: a generated sample raster)
+  -i NAME=FILE       calc: an input under a name the expressions use (A[1], B, ...); repeat for
+                     more. A bare -i FILE is input A. The inputs must share size, geotransform
+                     and CRS; only the bands the expressions name are read
   -b N               an input band to process, 1-based; repeat for more, in order (as
                      gdal_translate -b); default: all. Bands keep their own nodata.
   --ignore-mask      read the pixels a GDAL mask marks invalid (an internal or .msk mask, an
@@ -197,6 +209,36 @@ std::optional<vsr::NodataValue> parse_nodata(std::string_view option, std::strin
   return vsr::NodataValue(v);
 }
 
+bool is_identifier(std::string_view s) {
+  if (s.empty() || (s.front() >= '0' && s.front() <= '9')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+/// calc's inputs from every -i: NAME=FILE (NAME an identifier), or a bare FILE for input A.
+void parse_calc_inputs(Arguments& args) {
+  if (args.calc.empty()) throw UsageError("--op calc needs --calc EXPR (one per output band)");
+  if (args.inputs.empty()) throw UsageError("--op calc needs -i NAME=FILE (or -i FILE, input A)");
+  for (const std::string& text : args.inputs) {
+    const std::size_t eq = text.find('=');
+    std::string name = "A", path = text;
+    if (eq != std::string::npos && is_identifier(std::string_view(text).substr(0, eq))) {
+      name = text.substr(0, eq);
+      path = text.substr(eq + 1);
+    }
+    if (path.empty()) throw UsageError("-i " + text + ": no file after '='");
+    for (const auto& [other, file] : args.calc_inputs) {
+      if (other == name) {
+        throw UsageError("-i: input " + name + " is given twice ('" + file + "' and '" + path +
+                         "'); name each input: -i A=a.tif -i B=b.tif");
+      }
+    }
+    args.calc_inputs.emplace_back(name, path);
+  }
+  args.input = args.calc_inputs.front().second;
+}
+
 }  // namespace
 
 Arguments parse_arguments(int argc, char** argv) {
@@ -224,14 +266,35 @@ Arguments parse_arguments(int argc, char** argv) {
         args.op = Op::focal_mean;
       } else if (name == "normalized-difference" || name == "ndvi") {
         args.op = Op::normalized_difference;
+      } else if (name == "calc") {
+        args.op = Op::calc;
       } else {
         throw UsageError("--op: unknown op '" + std::string(name) +
                          "' (stats, histogram, rescale, clip, fill-nodata, focal-mean, "
-                         "normalized-difference or ndvi)");
+                         "normalized-difference or ndvi, calc)");
       }
       args.op_name = name;
     } else if (words.is("-i", "--input")) {
       args.input = words.value();
+      args.inputs.push_back(args.input);
+    } else if (words.is("--calc")) {
+      const std::string_view expr = words.value();
+      args.calc.emplace_back(expr);
+      given.emplace_back(option);
+    } else if (words.is("--compute")) {
+      const std::string_view what = words.value();
+      if (what == "float32") {
+        args.compute_float32 = true;
+      } else if (what == "float64") {
+        args.compute_float32 = false;
+      } else {
+        throw UsageError("--compute: '" + std::string(what) + "' is not float32 or float64");
+      }
+      given.emplace_back(option);
+    } else if (words.is("--no-propagate-nodata")) {
+      words.flag();
+      args.propagate_nodata = false;
+      given.emplace_back(option);
     } else if (words.is("-o", "--output")) {
       args.output = words.value();
     } else if (words.is("-b")) {
@@ -365,6 +428,9 @@ Arguments parse_arguments(int argc, char** argv) {
     if (option == "--edge") return args.op == Op::focal_mean;
     if (option == "--json") return !args.raster_output();
     if (option == "-a_nodata") return args.raster_output();
+    if (option == "--calc" || option == "--compute" || option == "--no-propagate-nodata") {
+      return args.op == Op::calc;
+    }
     return true;
   };
   for (const std::string& option : given) {
@@ -390,6 +456,10 @@ Arguments parse_arguments(int argc, char** argv) {
   if (args.nir && args.red && *args.nir == *args.red) {
     throw UsageError("--nir and --red are the same band (" + std::to_string(*args.nir) +
                      "): the normalized difference of a band with itself is 0 everywhere");
+  }
+  if (args.op == Op::calc) parse_calc_inputs(args);
+  if (!args.bands.empty() && args.op == Op::calc) {
+    throw UsageError("-b: calc reads the bands its expressions name (A[2], ...)");
   }
   if (!args.bands.empty() && args.input.empty()) {
     throw UsageError("-b selects bands of an --input file");

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace vsr_run {
@@ -19,7 +20,7 @@ namespace vsr = vibespatial::raster;
 /// --help's text.
 extern const std::string_view usage_text;
 
-enum class Op { stats, histogram, rescale, clip, fill_nodata, focal_mean, normalized_difference };
+enum class Op { stats, histogram, rescale, clip, fill_nodata, focal_mean, normalized_difference, calc };
 
 struct Range {
   double lo = 0, hi = 0;
@@ -29,6 +30,13 @@ struct Arguments {
   Op op = Op::stats;
   std::string op_name = "stats";
   std::string input, output;
+  /// Every -i, as given (calc: NAME=FILE or a bare FILE, input A; other ops: the last is input).
+  std::vector<std::string> inputs;
+  /// calc: the named inputs (NAME, FILE), in the order given.
+  std::vector<std::pair<std::string, std::string>> calc_inputs;
+  std::vector<std::string> calc;  ///< calc: --calc, one output band each
+  bool compute_float32 = false;   ///< calc: --compute float32
+  bool propagate_nodata = true;   ///< calc: off with --no-propagate-nodata
   std::vector<int> bands;               ///< -b
   std::optional<std::uint64_t> budget;  ///< empty: auto
   std::int64_t sample_size = 2048;
