@@ -333,6 +333,11 @@ int Job::run() {
       open_calc_inputs();
       step_ = "checking the output";
       check_calc_output();
+    } else if (args_.op == Op::pipeline) {
+      open_calc_inputs();
+      build_pipeline();
+      step_ = "checking the output";
+      check_pipeline_output();
     } else {
       open_input();
       step_ = "checking the output";
@@ -341,7 +346,13 @@ int Job::run() {
     step_ = "planning";
     make_plan();
     step_ = "running " + args_.op_name;
-    if (args_.op == Op::calc) {
+    if (args_.dry_run) {
+      print_dry_run();
+      return 0;
+    }
+    if (args_.op == Op::pipeline) {
+      run_pipeline();
+    } else if (args_.op == Op::calc) {
       run_calc();
     } else if (args_.op == Op::stats) {
       run_statistics();
@@ -628,7 +639,8 @@ void Job::open_input() {
 /// The one plan of the run: printed in the summary, followed by the streamed runs, the tiled
 /// executors and dispatch_per_band_gpu alike.
 void Job::make_plan() {
-  per_band_op_ = args_.op != Op::normalized_difference && args_.op != Op::calc;
+  per_band_op_ = args_.op != Op::normalized_difference && args_.op != Op::calc &&
+                 (args_.op != Op::pipeline || chain_->bands_independent());
   const bool per_band_op = per_band_op_;
   budget_note_ = args_.budget ? "" : " (auto)";
   if (args_.budget) {
@@ -651,12 +663,15 @@ void Job::make_plan() {
   tiled_ = plan_.strategy == vsr::TilingStrategy::tiled;
 
   progress_.emplace(show_progress_, args_.op_name);
-  if (args_.op == Op::calc) {
+  if (args_.op == Op::calc || args_.op == Op::pipeline) {
     // Every band read of every input and every output band at once, in the compute type.
     int read = 0;
     for (const auto& src : calc_sources_) read += static_cast<int>(src->bands().size());
-    plan_meta.band_count = std::max(read, static_cast<int>(args_.calc.size()));
+    const int out_bands = args_.op == Op::calc ? static_cast<int>(args_.calc.size())
+                                               : chain_->band_count().value_or(read);
+    plan_meta.band_count = per_band_op_ ? read : std::max(read, out_bands);
     plan_meta.dtype = calc_options_.compute_float32 ? vsr::DType::float32 : vsr::DType::float64;
+    if (args_.op == Op::pipeline) popts_.halo = chain_->halo();  // the steps' halos summed
     plan_ = vsr::plan_from_metadata(plan_meta, popts_);
     tiled_ = plan_.strategy == vsr::TilingStrategy::tiled;
   }
@@ -976,12 +991,20 @@ void Job::open_calc_inputs() {
                        " differ (resample one onto the other's grid first, e.g. with gdalwarp)");
     }
   }
-  try {
-    calc_program_ = vsr::compile_calc(args_.calc, names);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError::lines(e.what());  // the expression and a caret under the column
-  }
   meta_ = infos.front().metadata;
+  std::vector<vsr::CalcBandUse> every;  // pipeline: every band of every input
+  if (args_.op == Op::pipeline) {
+    for (const auto& n : names) {
+      every.push_back({n.name, {}});
+      for (int b = 1; b <= n.band_count; ++b) every.back().bands.push_back(b);
+    }
+  } else {
+    try {
+      calc_program_ = vsr::compile_calc(args_.calc, names);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError::lines(e.what());  // the expression and a caret under the column
+    }
+  }
   calc_options_.output = output_dtype();
   calc_options_.compute_float32 = args_.compute_float32;
   calc_options_.propagate_nodata = args_.propagate_nodata;
@@ -993,7 +1016,8 @@ void Job::open_calc_inputs() {
     }
     calc_options_.output_nodata = **args_.a_nodata;
   }
-  const std::vector<vsr::CalcBandUse>& use = calc_program_.bands_read();
+  const std::vector<vsr::CalcBandUse>& use =
+      args_.op == Op::pipeline ? every : calc_program_.bands_read();
   for (std::size_t k = 0; k < use.size(); ++k) {
     std::vector<int> bands = use[k].bands;
     // Expressions that read no band at all (constants) still run over the first input's grid.
@@ -1103,6 +1127,120 @@ void Job::run_calc() {
       for (const auto& src : calc_sources_) src->close();
     });
     vsr::run_tiles(sources, f, sink, plan_, o);
+  }
+  const vsr::RasterFileInfo out = vsr::read_raster_info(
+      args_.output, {.drivers = {is_cog(write_.driver) ? std::string("GTiff") : write_.driver}});
+  output_label_ = printable(args_.output) + " (" + std::string(vsr::to_string(out.metadata.dtype)) +
+                  ", " + std::to_string(out.metadata.band_count) + " band(s), " +
+                  out.metadata.driver + ", nodata " + nodata_text(out.band_nodata.front()) + ")";
+}
+
+/// The pipeline's chain: a calc step as the library's (its options as --op calc's), the other
+/// steps as vsr-run's ops themselves (their options, --ot and output nodata rule), each made for
+/// the dtype and nodata of what reaches it.
+void Job::build_pipeline() {
+  std::vector<vsr::CalcInputBands> inputs;
+  for (std::size_t k = 0; k < calc_sources_.size(); ++k) {
+    inputs.push_back({calc_names_[k], static_cast<int>(calc_sources_[k]->bands().size())});
+  }
+  chain_.emplace(inputs);
+  for (std::size_t s = 0; s < args_.steps.size(); ++s) {
+    const std::shared_ptr<const Arguments> step = args_.steps[s];
+    try {
+      if (step->op == Op::calc) {
+        vsr::CalcOptions o;
+        o.output = step->ot.value_or(vsr::DType::float32);
+        o.compute_float32 = step->compute_float32;
+        o.propagate_nodata = step->propagate_nodata;
+        chain_->calc(step->calc, o);
+      } else {
+        const int halo = step->op == Op::focal_mean ? 1 : 0;
+        chain_->step(step->op_name,
+                     [step](const vsr::OwnedRasterArray& t) {
+                       Job job(*step);
+                       job.meta_.dtype = t.dtype();
+                       job.meta_.band_count = t.band_count();
+                       job.band_nodata_.assign(static_cast<std::size_t>(t.band_count()),
+                                               t.exact_nodata());
+                       return job.raster_function()(t);
+                     },
+                     halo, true);
+      }
+    } catch (const std::invalid_argument& e) {
+      throw UsageError::lines("pipeline step " + std::to_string(s + 1) + " (" + step->op_name +
+                              "): " + e.what());
+    }
+  }
+}
+
+/// The pipeline's output, tried before any pixel is read: what the chain makes of a tiny raster
+/// of every input's dtype, bands and nodata, written in the format.
+void Job::check_pipeline_output() {
+  std::vector<vsr::OwnedRasterArray> tiny;
+  for (const auto& src : calc_sources_) {
+    const vsr::RasterMetadata m = src->metadata();
+    tiny.push_back(vsr::OwnedRasterArray::allocate(vsr::Residency::host, m.dtype,
+                                                   static_cast<int>(src->bands().size()), 3, 3)
+                       .with_nodata(src->band_nodata().front()));
+  }
+  vsr::DType out_dtype = vsr::DType::float32;
+  int out_bands = chain_->band_count().value_or(1);
+  std::optional<vsr::NodataValue> out_nodata;
+  try {
+    const vsr::OwnedRasterArray r = chain_->apply(tiny);
+    out_dtype = r.dtype();
+    out_bands = r.band_count();
+    out_nodata = r.exact_nodata();
+  } catch (const std::exception&) {
+    // A step refuses the tiny rasters (the run will say why): the trial goes without a nodata.
+  }
+  try {
+    vsr::check_output_file(args_.output, write_, out_dtype, out_bands, out_nodata, meta_.crs);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError((args_.format.empty() ? "--output: " : "-of: ") + std::string(e.what()));
+  }
+}
+
+/// --dry-run: the plan (tiles, halo, steps) and nothing read but the headers.
+void Job::print_dry_run() const {
+  std::string steps;
+  for (const std::string& n : chain_->step_names()) steps += (steps.empty() ? "" : " ! ") + n;
+  std::printf("vsr-run pipeline (dry run: no pixel read, nothing written)\n");
+  std::printf("  input       %s\n", input_label_.c_str());
+  std::printf("  steps       read ! %s ! write\n", steps.c_str());
+  std::printf("  halo        %d (the sum of the steps')\n", chain_->halo());
+  std::string plan_text = std::string(vsr::to_string(plan_.strategy));
+  if (tiled_) {
+    plan_text += ", " + std::to_string(plan_.n_tiles) + " tiles of " +
+                 std::to_string(plan_.tile_shape->first) + " x " +
+                 std::to_string(plan_.tile_shape->second) + " (halo " + std::to_string(plan_.halo) +
+                 ")";
+  } else {
+    plan_text += ", 1 tile";
+  }
+  plan_text += ", " + std::to_string(plan_.bands_per_pass) + " band(s) per pass, budget " +
+               vsr_cli::format_bytes(*popts_.vram_budget) + budget_note_;
+  std::printf("  plan        %s\n", plan_text.c_str());
+  std::printf("  output      %s (%s)\n", printable(args_.output).c_str(), write_.driver.c_str());
+}
+
+/// The chain from its sources into the output file (all or nothing), each tile read once with
+/// the steps' halos summed.
+void Job::run_pipeline() {
+  std::vector<vsr::TileSource*> sources;
+  for (const auto& src : calc_sources_) sources.push_back(src.get());
+  vsr::TileRunOptions o = tile_options(*progress_);
+  o.mixed_nodata = true;  // each input's nodata travels with its own tiles
+  std::string steps;
+  for (const std::string& n : chain_->step_names()) steps += (steps.empty() ? "" : " ! ") + n;
+  note_ = steps + ", halo " + std::to_string(chain_->halo());
+  {
+    vsr::RasterFileSink sink(args_.output, write_);
+    sink.copy_from(*calc_sources_.front(), vsr::MetadataCopy::none);
+    sink.before_commit([this] {
+      for (const auto& src : calc_sources_) src->close();
+    });
+    vsr::run_tiles(sources, chain_->tile_op(), sink, plan_, o);
   }
   const vsr::RasterFileInfo out = vsr::read_raster_info(
       args_.output, {.drivers = {is_cog(write_.driver) ? std::string("GTiff") : write_.driver}});

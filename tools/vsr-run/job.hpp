@@ -10,6 +10,7 @@
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/io.hpp>
 #include <vibespatial/raster/ops.hpp>
+#include <vibespatial/raster/pipeline.hpp>
 #include <vibespatial/raster/tiles.hpp>
 
 #include <cstdint>
@@ -74,6 +75,11 @@ class Job {
   void check_calc_output();
   vsr::MultiTileOp calc_function() const;
   void run_calc();
+  // pipeline: the chain of steps over the read inputs
+  void build_pipeline();
+  void check_pipeline_output();
+  void print_dry_run() const;
+  void run_pipeline();
   // report.cpp
   void print_results();
   void print_summary(double seconds) const;
@@ -100,6 +106,7 @@ class Job {
   std::vector<std::string> calc_names_;
   vsr::CalcProgram calc_program_;
   vsr::CalcOptions calc_options_;
+  std::optional<vsr::Pipeline> chain_;
   vsr::PlanOptions popts_;
   std::string budget_note_;
   vsr::RasterPlan plan_;

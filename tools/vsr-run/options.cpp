@@ -481,4 +481,121 @@ Arguments parse_arguments(int argc, char** argv) {
   return args;
 }
 
+namespace {
+
+/// One segment of a pipeline parsed as `vsr-run --op OP WORDS...` (plus @p extra first).
+Arguments parse_as_op(const std::string& op, const std::vector<std::string>& extra,
+                      const std::vector<std::string>& words) {
+  std::vector<std::string> all = {"vsr-run", "--op", op};
+  all.insert(all.end(), extra.begin(), extra.end());
+  all.insert(all.end(), words.begin(), words.end());
+  std::vector<char*> argv;
+  for (std::string& w : all) argv.push_back(w.data());
+  return parse_arguments(static_cast<int>(argv.size()), argv.data());
+}
+
+}  // namespace
+
+Arguments parse_pipeline(int argc, char** argv) {
+  std::vector<std::vector<std::string>> segments(1);
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view w = argv[i];
+    if (w == "!") {
+      segments.emplace_back();
+    } else {
+      segments.back().emplace_back(w);
+    }
+  }
+  if (segments.size() == 1 && !segments[0].empty() &&
+      (segments[0][0] == "-h" || segments[0][0] == "--help")) {
+    Arguments help;
+    help.help = true;
+    return help;
+  }
+  const auto usage = [](const std::string& what) {
+    return UsageError("pipeline: " + what +
+                      " (vsr-run pipeline read A=a.tif ! STEP [options] ! ... ! write FILE "
+                      "[output options])");
+  };
+  if (segments.front().empty() || segments.front().front() != "read") {
+    throw usage("the first step must be read");
+  }
+  if (segments.size() < 2 || segments.back().empty() || segments.back().front() != "write") {
+    throw usage("the last step must be write FILE");
+  }
+  // read NAME=FILE ...: the inputs, as calc's -i.
+  std::vector<std::string> inputs;
+  for (std::size_t k = 1; k < segments.front().size(); ++k) {
+    inputs.push_back("-i");
+    inputs.push_back(segments.front()[k]);
+  }
+  if (inputs.empty()) throw usage("read needs NAME=FILE (or FILE, input A)");
+  // write FILE [output options]: the run's own options.
+  std::vector<std::string> write;
+  bool dry_run = false;
+  for (std::size_t k = 1; k < segments.back().size(); ++k) {
+    if (segments.back()[k] == "--dry-run") {
+      dry_run = true;
+    } else {
+      write.push_back(segments.back()[k]);
+    }
+  }
+  if (write.empty() || write.front().starts_with("-")) throw usage("write needs FILE first");
+  write.insert(write.begin(), "-o");
+  // Parsed as a raster op's output options; the op's own options do not apply to write.
+  Arguments args = parse_as_op("fill-nodata", {"--value", "0"}, write);
+  if (args.ot || args.a_nodata || args.edge_given || args.range || args.in_range ||
+      args.out_range || args.nir || args.red || args.bins_given || args.value != 0.0 ||
+      !args.bands.empty() || args.inputs.size() != 0) {
+    throw usage("write takes FILE and output options (-of, --co, --overwrite, --overviews, "
+                "--resampling, --threads) and the run's (--budget, --device, -q, --progress, "
+                "--dry-run); a step's options go after the step's name");
+  }
+  args.op = Op::pipeline;
+  args.op_name = "pipeline";
+  args.value.reset();
+  args.dry_run = dry_run;
+  args.inputs.clear();
+  {
+    Arguments named = parse_as_op("calc", inputs, {"--calc", "1"});
+    args.calc_inputs = named.calc_inputs;
+    args.input = named.input;
+  }
+  for (std::size_t s = 1; s + 1 < segments.size(); ++s) {
+    const std::vector<std::string>& seg = segments[s];
+    if (seg.empty()) throw usage("step " + std::to_string(s) + " is empty");
+    const std::string& name = seg.front();
+    const std::vector<std::string> words(seg.begin() + 1, seg.end());
+    if (name != "calc" && name != "focal-mean" && name != "rescale" && name != "clip" &&
+        name != "fill-nodata") {
+      throw usage("unknown step '" + name +
+                  "' (calc, focal-mean, rescale, clip, fill-nodata; read first, write last)");
+    }
+    Arguments step;
+    try {
+      step = parse_as_op(name, name == "calc" ? inputs : std::vector<std::string>{}, words);
+    } catch (const UsageError& e) {
+      throw UsageError("pipeline step " + std::to_string(s) + " (" + name + "): " + e.what());
+    }
+    const auto refuse = [&](const std::string& what) {
+      throw UsageError("pipeline step " + std::to_string(s) + " (" + name + "): " + what);
+    };
+    if (!step.output.empty() || !step.format.empty() || !step.creation_options.empty() ||
+        !step.overviews.empty() || !step.resampling.empty() || step.overwrite) {
+      refuse("output options go after write FILE");
+    }
+    if ((name != "calc" && !step.inputs.empty()) || !step.bands.empty()) {
+      refuse("the inputs are read's (-i and -b do not apply to a step)");
+    }
+    if (step.a_nodata) refuse("-a_nodata does not apply inside a pipeline");
+    if (name == "rescale" && !step.in_range) {
+      refuse("rescale needs --in-range LO,HI in a pipeline (no first pass finds the range)");
+    }
+    step.op_name = name;
+    args.steps.push_back(std::make_shared<const Arguments>(std::move(step)));
+  }
+  if (args.steps.empty()) throw usage("no step between read and write");
+  return args;
+}
+
 }  // namespace vsr_run

@@ -7,6 +7,7 @@
 #include <vibespatial/raster/tiles.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,7 +21,7 @@ namespace vsr = vibespatial::raster;
 /// --help's text.
 extern const std::string_view usage_text;
 
-enum class Op { stats, histogram, rescale, clip, fill_nodata, focal_mean, normalized_difference, calc };
+enum class Op { stats, histogram, rescale, clip, fill_nodata, focal_mean, normalized_difference, calc, pipeline };
 
 struct Range {
   double lo = 0, hi = 0;
@@ -37,6 +38,9 @@ struct Arguments {
   std::vector<std::string> calc;  ///< calc: --calc, one output band each
   bool compute_float32 = false;   ///< calc: --compute float32
   bool propagate_nodata = true;   ///< calc: off with --no-propagate-nodata
+  /// pipeline: its steps, each parsed as the matching op's options (calc: with the read inputs).
+  std::vector<std::shared_ptr<const struct Arguments>> steps;
+  bool dry_run = false;  ///< pipeline: --dry-run
   std::vector<int> bands;               ///< -b
   std::optional<std::uint64_t> budget;  ///< empty: auto
   std::int64_t sample_size = 2048;
@@ -73,5 +77,9 @@ struct Arguments {
 /// The command line, checked: options of other ops, missing values, ranges, mixed options are
 /// UsageError (exit 2).
 Arguments parse_arguments(int argc, char** argv);
+
+/// `vsr-run pipeline read A=a.tif ... ! STEP [options] ! ... ! write FILE [output options]`
+/// (argv[0] is "pipeline"): the steps parsed as their ops' options. UsageError as above.
+Arguments parse_pipeline(int argc, char** argv);
 
 }  // namespace vsr_run
