@@ -1833,6 +1833,80 @@ def calc_refuses_mismatched_grids_and_bad_expressions(env):
     expect_exit(p, 2, "--calc with another op")
 
 
+@case
+def pipeline_equals_its_steps_run_one_after_another(env):
+    W, H = 300, 280
+    a = env.make(env.path("a.tif"), "--width", W, "--height", H, "--bands", 4, "--dtype",
+                 "float64", "--block", 64, "--nodata", "-9999", "--nodata-every", 11)
+    b = env.make(env.path("b.tif"), "--width", W, "--height", H, "--dtype", "float64",
+                 "--block", 64, "--nodata", "-1234", "--nodata-every", 7)
+    NDVI = "(A[4]-A[3])/(A[4]+A[3])"
+    chains = {
+        "ndvi": (["A=" + a],
+                 [["calc", "--calc", NDVI], ["focal-mean", "--edge", "reflect"],
+                  ["rescale", "--in-range", "-1,1", "--out-range", "1,255", "--ot", "uint8"]]),
+        "two": (["A=" + a, "B=" + b],
+                [["calc", "--calc", "A[2] * B", "--calc", "A[1] - B", "--ot", "float64"],
+                 ["focal-mean"], ["clip", "--range", "-500,20000"], ["focal-mean", "--edge",
+                                                                    "nodata"],
+                 ["fill-nodata", "--value", "-1"]]),
+    }
+    for name, (inputs, steps) in chains.items():
+        # The steps one after another, through intermediate files.
+        prev = None
+        for k, step in enumerate(steps):
+            out = env.path("%s-step%d.tif" % (name, k))
+            if step[0] == "calc":
+                ins = []
+                for i in inputs:
+                    ins += ["-i", i]
+                run_ok(env, "--op", "calc", *ins, *step[1:], "-o", out, "-q")
+            else:
+                run_ok(env, "--op", step[0], "-i", prev, *step[1:], "-o", out, "-q")
+            prev = out
+        want = env.dump(prev)
+        words = ["pipeline", "read", *inputs]
+        for step in steps:
+            words += ["!", *step]
+        for budget in ("auto", "100K"):
+            out = env.path("%s-pipeline-%s.tif" % (name, budget))
+            p = run_ok(env, *words, "!", "write", out, "--budget", budget)
+            halo = sum(1 for s in steps if s[0] == "focal-mean")
+            if budget == "100K":
+                check(b"tiled" in p.stdout and (b"(halo %d)" % halo) in p.stdout, p.stdout)
+            got = env.dump(out)
+            check(got["band_info"] == want["band_info"], (got["band_info"], want["band_info"]))
+            for k in range(want["bands"]):
+                bad = [i for i, (g, w_) in enumerate(zip(got["pixels"][k], want["pixels"][k]))
+                       if not same_value(g, w_) or str(g) != str(w_)]
+                check(not bad, "%s (%s) band %d: %d pixels differ from the steps', first %s" % (
+                    name, budget, k + 1, len(bad), bad[:3]))
+            # --dry-run: the plan, nothing read or written.
+            dry = env.path("%s-dry-%s.tif" % (name, budget))
+            p = run_ok(env, *words, "!", "write", dry, "--budget", budget, "--dry-run")
+            text = p.stdout.decode()
+            check(("halo        %d" % halo) in text and
+                  ("read ! %s ! write" % " ! ".join(s[0] for s in steps)) in text, text)
+            if budget == "100K":
+                check("tiles of" in text, text)
+            check(not os.path.exists(dry), "--dry-run wrote its output")
+    # Errors: a bad expression names its step, with the caret; rescale without --in-range; an
+    # unknown step; output options inside a step.
+    out = env.path("bad.tif")
+    for words, what in (
+            (["read", "A=" + a, "!", "calc", "--calc", "A[1] + C", "!", "write", out],
+             "unknown name 'C' at column 8"),
+            (["read", "A=" + a, "!", "calc", "--calc", "A[1]", "!", "rescale", "!", "write",
+              out], "--in-range"),
+            (["read", "A=" + a, "!", "blur", "!", "write", out], "unknown step 'blur'"),
+            (["read", "A=" + a, "!", "focal-mean", "-o", out, "!", "write", out], "write FILE"),
+            (["read", "A=" + a, "!", "focal-mean"], "write FILE")):
+        p = env.run(env.vsr_run, "pipeline", *words)
+        expect_exit(p, 2, "pipeline %s" % words)
+        check(what in p.stderr.decode(), p.stderr)
+        check(not os.path.exists(out), "a refused pipeline wrote its output")
+
+
 def stat_is_fifo(path):
     import stat
     return stat.S_ISFIFO(os.lstat(path).st_mode)
