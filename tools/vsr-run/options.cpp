@@ -152,6 +152,15 @@ sample (no --input):
 
   -h, --help         print this help
 
+pipeline: vsr-run pipeline read A=a.tif [B=b.tif ...] ! STEP [options] ! ... ! write FILE
+          [output options] [--dry-run]
+  a chain of steps, each tile read once and written once: calc (--calc, --ot, --compute,
+  --no-propagate-nodata; X is the previous step's output), focal-mean (--edge), rescale
+  (--in-range required, --out-range, --ot), clip (--range), fill-nodata (--value), each with the
+  matching op's options and output rule; write takes the output options above and --budget,
+  --device, -q, --progress. The steps' halos are summed. --dry-run prints the plan (tiles, halo,
+  steps) from the inputs' headers, reading no pixel and writing nothing
+
 BYTES takes a suffix: K, M, G, T (powers of 1000; KB, MB, GB, TB too) or KiB, MiB, GiB, TiB
 (powers of 1024), e.g. 80M = 80000000, 2GiB = 2147483648.
 
