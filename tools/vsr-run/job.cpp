@@ -970,8 +970,9 @@ void Job::open_calc_inputs() {
     const vsr::RasterMetadata &a = first.metadata, &b = info.metadata;
     std::string differ;
     if (a.height != b.height || a.width != b.width) {
-      differ = "size " + std::to_string(a.width) + " x " + std::to_string(a.height) + " vs " +
-               std::to_string(b.width) + " x " + std::to_string(b.height) + " (width x height)";
+      differ = "their sizes differ (" + std::to_string(a.width) + " x " + std::to_string(a.height) +
+               " vs " + std::to_string(b.width) + " x " + std::to_string(b.height) +
+               ", width x height)";
     } else if (first.has_geotransform != info.has_geotransform ||
                (info.has_geotransform && !(a.affine == b.affine))) {
       const auto gt = [](const vsr::RasterFileInfo& i) {
@@ -980,15 +981,15 @@ void Job::open_calc_inputs() {
         for (const double v : i.metadata.affine.to_gdal()) t += (t.empty() ? "" : ",") + json_number(v);
         return t;
       };
-      differ = "geotransform " + gt(first) + " vs " + gt(info);
+      differ = "their geotransforms differ (" + gt(first) + " vs " + gt(info) + ")";
     } else if (a.crs != b.crs) {
-      differ = "CRS (" + std::string(a.crs.empty() ? "none" : "one") + " vs " +
+      differ = "their CRS differ (" + std::string(a.crs.empty() ? "none" : "one") + " vs " +
                (b.crs.empty() ? "none" : "another") + ")";
     }
     if (!differ.empty()) {
       throw UsageError("calc: inputs " + label(0) + " and " + label(k) +
                        " are not on one grid: " + differ +
-                       " differ (resample one onto the other's grid first, e.g. with gdalwarp)");
+                       "; resample one onto the other's grid first (e.g. with gdalwarp)");
     }
   }
   meta_ = infos.front().metadata;
@@ -1167,8 +1168,7 @@ void Job::build_pipeline() {
                      halo, true);
       }
     } catch (const std::invalid_argument& e) {
-      throw UsageError::lines("pipeline step " + std::to_string(s + 1) + " (" + step->op_name +
-                              "): " + e.what());
+      throw UsageError::lines(e.what());  // names the step; a bad expression with its caret
     }
   }
 }
