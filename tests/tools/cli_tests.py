@@ -1794,6 +1794,19 @@ def calc_matches_python_float64(env):
     r = env.dump(out)
     want = [x + y for x, y in zip(px["A"][2], px["B"][0])]
     check(r["pixels"][0] == want, "--no-propagate-nodata: raw values differ")
+    # -a_nodata sets the output's nodata; a valid pixel equal to it is an error, not nodata.
+    out = env.path("own-nodata.tif")
+    run_ok(env, "--op", "calc", "-i", "A=" + a, "-i", "B=" + b, "--calc", "A[3] + B",
+           "-a_nodata", "-12345.5", "--ot", "float64", "-o", out, "-q")
+    r = env.dump(out)
+    want = calc_expected(px, nd, [("A", 2), ("B", 0)], lambda v: v[("A", 2)] + v[("B", 0)],
+                         -12345.5)
+    check(r["band_info"][0]["nodata"] == -12345.5 and r["pixels"][0] == want, r["band_info"])
+    out = env.path("clash.tif")
+    p = env.run(env.vsr_run, "--op", "calc", "-i", "A=" + a, "--calc", "A[3] * 0 + 3",
+                "-a_nodata", "3", "-o", out)
+    expect_exit(p, 1, "calc whose valid pixels equal -a_nodata")
+    check(b"equal the output nodata" in p.stderr and not os.path.exists(out), p.stderr)
 
 
 @case

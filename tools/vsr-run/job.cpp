@@ -1015,7 +1015,6 @@ void Job::open_calc_inputs() {
                        std::string(vsr::to_string(calc_options_.output)) + ", the output's type" +
                        (args_.ot ? "" : " (--ot chooses another)"));
     }
-    calc_options_.output_nodata = **args_.a_nodata;
   }
   const std::vector<vsr::CalcBandUse>& use =
       args_.op == Op::pipeline ? every : calc_program_.bands_read();
@@ -1085,19 +1084,20 @@ void Job::check_calc_output() {
   }
 }
 
-/// calc over one tile of every source read, each under its name with the bands it holds;
+/// calc over one tile of every source read, each under its name with the bands it holds.
+/// -a_nodata V: calc's own nodata rewritten as V (retag), a valid pixel equal to V an error;
 /// -a_nodata none: no nodata, invalid pixels written as NaN (float) or 0 (integer).
 vsr::MultiTileOp Job::calc_function() const {
   std::vector<std::vector<int>> bands;
   for (const auto& src : calc_sources_) bands.push_back(src->bands());
-  const bool no_nodata = args_.a_nodata && !*args_.a_nodata;
   return [program = calc_program_, options = calc_options_, names = calc_names_,
-          bands = std::move(bands), no_nodata](const std::vector<vsr::OwnedRasterArray>& tiles,
-                                               const vsr::TileInfo&) {
+          bands = std::move(bands),
+          a_nodata = args_.a_nodata](const std::vector<vsr::OwnedRasterArray>& tiles,
+                                     const vsr::TileInfo&) {
     std::vector<vsr::CalcInput> inputs;
     for (std::size_t k = 0; k < tiles.size(); ++k) inputs.push_back({names[k], tiles[k], bands[k]});
     vsr::OwnedRasterArray r = vsr::calc(program, inputs, options);
-    return no_nodata ? retag(r, std::nullopt) : r;
+    return a_nodata ? retag(r, *a_nodata) : r;
   };
 }
 
