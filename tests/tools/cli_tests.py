@@ -1702,6 +1702,224 @@ def output_attacks(env):
           entries(env))
 
 
+def ieee_div(a, b):
+    """a / b as IEEE 754 float64 (numpy's float64 division): +-inf or NaN for a zero b."""
+    if b != 0:
+        return a / b
+    if a == 0 or is_nan(a):
+        return NAN
+    import math
+    return math.copysign(float("inf"), a) * math.copysign(1.0, b)
+
+
+def same_value(got, want):
+    return (is_nan(got) and is_nan(want)) or got == want
+
+
+def calc_expected(bands_by_input, nodata_by_input, reads, fn, out_nodata):
+    """Per pixel: out_nodata where any band read (reads: (input, band index)) is invalid, else
+    fn(pixel values) in float64."""
+    n = len(bands_by_input[reads[0][0]][reads[0][1]])
+    out = []
+    for i in range(n):
+        vals = {}
+        ok = True
+        for name, b in reads:
+            v = bands_by_input[name][b][i]
+            if not valid_of(v, nodata_by_input[name]):
+                ok = False
+            vals[(name, b)] = v
+        out.append(fn(vals) if ok else out_nodata)
+    return out
+
+
+@case
+def calc_matches_python_float64(env):
+    W, H = 150, 130
+    a = env.make(env.path("a.tif"), "--width", W, "--height", H, "--bands", 4, "--dtype",
+                 "float64", "--block", 64, "--nodata", "-9999", "--nodata-every", 11)
+    b = env.make(env.path("b.tif"), "--width", W, "--height", H, "--dtype", "float64",
+                 "--block", 64, "--nodata", "-1234", "--nodata-every", 7)
+    da, db = env.dump(a), env.dump(b)
+    px = {"A": da["pixels"], "B": db["pixels"]}
+    nd = {"A": -9999.0, "B": -1234.0}
+    ndvi = calc_expected(px, nd, [("A", 3), ("A", 2)],
+                         lambda v: ieee_div(v[("A", 3)] - v[("A", 2)], v[("A", 3)] + v[("A", 2)]),
+                         -9999.0)
+    two1 = calc_expected(px, nd, [("A", 2), ("B", 0)],
+                         lambda v: v[("A", 2)] * v[("B", 0)] - ieee_div(v[("A", 2)], 4.0), -9999.0)
+    two2 = calc_expected(px, nd, [("A", 3), ("B", 0)],
+                         lambda v: v[("A", 3)] if v[("B", 0)] > 0 else v[("B", 0)] + 0.5, -9999.0)
+    check(sum(1 for v in ndvi if v == -9999.0) > 100, "the inputs hold invalid pixels")
+    check(sum(1 for v in two1 if v == -9999.0) > sum(1 for v in ndvi if v == -9999.0),
+          "B's invalid pixels add to A's")
+    NDVI = "(A[4]-A[3])/(A[4]+A[3])"
+    for budget in ("auto", "100K"):
+        # NDVI reads bands 3 and 4 only (the summary lists the bands read).
+        out = env.path("ndvi-%s.tif" % budget)
+        p = run_ok(env, "--op", "calc", "-i", "A=" + a, "--calc", NDVI, "--ot", "float64", "-o",
+                   out, "--budget", budget)
+        check(b"band(s) 3 4" in p.stdout, p.stdout)
+        if budget == "100K":
+            check(b"tiled" in p.stdout, p.stdout)
+        r = env.dump(out)
+        check(r["bands"] == 1 and r["band_info"][0]["dtype"] == "float64" and
+              r["band_info"][0]["nodata"] == -9999.0, r["band_info"])
+        bad = [i for i, (g, w_) in enumerate(zip(r["pixels"][0], ndvi)) if not same_value(g, w_)]
+        check(not bad, "ndvi (%s): %d pixels differ, first %s" % (
+            budget, len(bad), [(i, r["pixels"][0][i], ndvi[i]) for i in bad[:3]]))
+        check(r["geotransform"] == da["geotransform"], (r["geotransform"], da["geotransform"]))
+        out2 = env.path("two-%s.tif" % budget)
+        run_ok(env, "--op", "calc", "-i", "A=" + a, "-i", "B=" + b, "--calc",
+               "A[3] * B - A[3] / 4", "--calc", "where(B > 0, A[4], B + 0.5)", "--ot", "float64",
+               "-o", out2, "--budget", budget, "-q")
+        r = env.dump(out2)
+        check(r["bands"] == 2 and all(bi["nodata"] == -9999.0 for bi in r["band_info"]),
+              r["band_info"])
+        for k, want in enumerate((two1, two2)):
+            bad = [i for i, (g, w_) in enumerate(zip(r["pixels"][k], want)) if not same_value(g, w_)]
+            check(not bad, "two inputs, band %d (%s): %d pixels differ, first %s" % (
+                k + 1, budget, len(bad), [(i, r["pixels"][k][i], want[i]) for i in bad[:3]]))
+    # A bare -i is input A; the default output type is float32 (the float64 result rounded).
+    out = env.path("ndvi-f32.tif")
+    run_ok(env, "--op", "calc", "-i", a, "--calc", NDVI, "-o", out, "-q")
+    r = env.dump(out)
+    check(r["band_info"][0]["dtype"] == "float32", r["band_info"])
+    bad = [i for i, (g, w_) in enumerate(zip(r["pixels"][0], ndvi)) if not same_value(g, f32(w_))]
+    check(not bad, "float32 ndvi: %d pixels differ" % len(bad))
+    # Without propagation the raw nodata values go through the expression.
+    out = env.path("raw.tif")
+    run_ok(env, "--op", "calc", "-i", "A=" + a, "-i", "B=" + b, "--calc", "A[3] + B",
+           "--no-propagate-nodata", "--ot", "float64", "-o", out, "-q")
+    r = env.dump(out)
+    want = [x + y for x, y in zip(px["A"][2], px["B"][0])]
+    check(r["pixels"][0] == want, "--no-propagate-nodata: raw values differ")
+    # -a_nodata sets the output's nodata; a valid pixel equal to it is an error, not nodata.
+    out = env.path("own-nodata.tif")
+    run_ok(env, "--op", "calc", "-i", "A=" + a, "-i", "B=" + b, "--calc", "A[3] + B",
+           "-a_nodata", "-12345.5", "--ot", "float64", "-o", out, "-q")
+    r = env.dump(out)
+    want = calc_expected(px, nd, [("A", 2), ("B", 0)], lambda v: v[("A", 2)] + v[("B", 0)],
+                         -12345.5)
+    check(r["band_info"][0]["nodata"] == -12345.5 and r["pixels"][0] == want, r["band_info"])
+    out = env.path("clash.tif")
+    p = env.run(env.vsr_run, "--op", "calc", "-i", "A=" + a, "--calc", "A[3] * 0 + 3",
+                "-a_nodata", "3", "-o", out)
+    expect_exit(p, 1, "calc whose valid pixels equal -a_nodata")
+    check(b"equal the output nodata" in p.stderr and not os.path.exists(out), p.stderr)
+
+
+@case
+def calc_refuses_mismatched_grids_and_bad_expressions(env):
+    a = env.make(env.path("a.tif"), "--width", 40, "--height", 30, "--bands", 2)
+    short = env.make(env.path("short.tif"), "--width", 40, "--height", 29)
+    nogt = env.make(env.path("nogt.tif"), "--width", 40, "--height", 30, "--no-geotransform")
+    out = env.path("out.tif")
+    for other, what in ((short, b"size"), (nogt, b"geotransform")):
+        p = env.run(env.vsr_run, "--op", "calc", "-i", "A=" + a, "-i", "B=" + other, "--calc",
+                    "A[1] + B", "-o", out)
+        expect_exit(p, 2, "calc over inputs of two grids")
+        err = p.stderr
+        check(what in err and b"A=" in err and b"B=" in err and os.fsencode(other) in err, err)
+        check(not os.path.exists(out), "no output after a refused run")
+    # A bad expression: the column and a caret under it, before any pixel is read.
+    p = env.run(env.vsr_run, "--op", "calc", "-i", "A=" + a, "--calc", "A[1] + C", "-o", out)
+    expect_exit(p, 2, "calc with an unknown name")
+    err = p.stderr.decode()
+    check("unknown name 'C' at column 8" in err, err)
+    lines = err.splitlines()
+    caret = [k for k, l in enumerate(lines) if l.strip() == "^"]
+    check(caret and lines[caret[0] - 1].index("A[1] + C") + 7 == lines[caret[0]].index("^"), err)
+    check(not os.path.exists(out), "no output after a bad expression")
+    p = env.run(env.vsr_run, "--op", "calc", "-i", "A=" + a, "--calc", "A[1]", "--calc",
+                "A[3] * 2", "-o", out)
+    expect_exit(p, 2, "calc reading a band the input lacks")
+    check(b"expression 2" in p.stderr, p.stderr)
+    for args, what in ((["-i", "A=" + a, "-i", "A=" + a, "--calc", "A[1]"], b"twice"),
+                       (["-i", a, "--calc", "A[1]", "-b", "1"], b"-b"),
+                       (["-i", a], b"--calc"),
+                       (["--calc", "1"], b"-i")):
+        p = env.run(env.vsr_run, "--op", "calc", *args)
+        expect_exit(p, 2, "calc %s" % args)
+        check(what in p.stderr, p.stderr)
+    p = env.run(env.vsr_run, "--op", "clip", "--range", "0,1", "-i", a, "--calc", "A[1]")
+    expect_exit(p, 2, "--calc with another op")
+
+
+@case
+def pipeline_equals_its_steps_run_one_after_another(env):
+    W, H = 300, 280
+    a = env.make(env.path("a.tif"), "--width", W, "--height", H, "--bands", 4, "--dtype",
+                 "float64", "--block", 64, "--nodata", "-9999", "--nodata-every", 11)
+    b = env.make(env.path("b.tif"), "--width", W, "--height", H, "--dtype", "float64",
+                 "--block", 64, "--nodata", "-1234", "--nodata-every", 7)
+    NDVI = "(A[4]-A[3])/(A[4]+A[3])"
+    chains = {
+        "ndvi": (["A=" + a],
+                 [["calc", "--calc", NDVI], ["focal-mean", "--edge", "reflect"],
+                  ["rescale", "--in-range", "-1,1", "--out-range", "1,255", "--ot", "uint8"]]),
+        "two": (["A=" + a, "B=" + b],
+                [["calc", "--calc", "A[2] * B", "--calc", "A[1] - B", "--ot", "float64"],
+                 ["focal-mean"], ["clip", "--range", "-500,20000"], ["focal-mean", "--edge",
+                                                                    "nodata"],
+                 ["fill-nodata", "--value", "-1"]]),
+    }
+    for name, (inputs, steps) in chains.items():
+        # The steps one after another, through intermediate files.
+        prev = None
+        for k, step in enumerate(steps):
+            out = env.path("%s-step%d.tif" % (name, k))
+            if step[0] == "calc":
+                ins = []
+                for i in inputs:
+                    ins += ["-i", i]
+                run_ok(env, "--op", "calc", *ins, *step[1:], "-o", out, "-q")
+            else:
+                run_ok(env, "--op", step[0], "-i", prev, *step[1:], "-o", out, "-q")
+            prev = out
+        want = env.dump(prev)
+        words = ["pipeline", "read", *inputs]
+        for step in steps:
+            words += ["!", *step]
+        for budget in ("auto", "100K"):
+            out = env.path("%s-pipeline-%s.tif" % (name, budget))
+            p = run_ok(env, *words, "!", "write", out, "--budget", budget)
+            halo = sum(1 for s in steps if s[0] == "focal-mean")
+            if budget == "100K":
+                check(b"tiled" in p.stdout and (b"(halo %d)" % halo) in p.stdout, p.stdout)
+            got = env.dump(out)
+            check(got["band_info"] == want["band_info"], (got["band_info"], want["band_info"]))
+            for k in range(want["bands"]):
+                bad = [i for i, (g, w_) in enumerate(zip(got["pixels"][k], want["pixels"][k]))
+                       if not same_value(g, w_) or str(g) != str(w_)]
+                check(not bad, "%s (%s) band %d: %d pixels differ from the steps', first %s" % (
+                    name, budget, k + 1, len(bad), bad[:3]))
+            # --dry-run: the plan, nothing read or written.
+            dry = env.path("%s-dry-%s.tif" % (name, budget))
+            p = run_ok(env, *words, "!", "write", dry, "--budget", budget, "--dry-run")
+            text = p.stdout.decode()
+            check(("halo        %d" % halo) in text and
+                  ("read ! %s ! write" % " ! ".join(s[0] for s in steps)) in text, text)
+            if budget == "100K":
+                check("tiles of" in text, text)
+            check(not os.path.exists(dry), "--dry-run wrote its output")
+    # Errors: a bad expression names its step, with the caret; rescale without --in-range; an
+    # unknown step; output options inside a step.
+    out = env.path("bad.tif")
+    for words, what in (
+            (["read", "A=" + a, "!", "calc", "--calc", "A[1] + C", "!", "write", out],
+             "unknown name 'C' at column 8"),
+            (["read", "A=" + a, "!", "calc", "--calc", "A[1]", "!", "rescale", "!", "write",
+              out], "--in-range"),
+            (["read", "A=" + a, "!", "blur", "!", "write", out], "unknown step 'blur'"),
+            (["read", "A=" + a, "!", "focal-mean", "-o", out, "!", "write", out], "write FILE"),
+            (["read", "A=" + a, "!", "focal-mean"], "write FILE")):
+        p = env.run(env.vsr_run, "pipeline", *words)
+        expect_exit(p, 2, "pipeline %s" % words)
+        check(what in p.stderr.decode(), p.stderr)
+        check(not os.path.exists(out), "a refused pipeline wrote its output")
+
+
 def stat_is_fifo(path):
     import stat
     return stat.S_ISFIFO(os.lstat(path).st_mode)

@@ -22,6 +22,25 @@ namespace vsr_cli {
 /// A bad command line; the tools print it and exit 2. The message is printable() already.
 struct UsageError : std::runtime_error {
   explicit UsageError(const std::string& what) : std::runtime_error(printable(what)) {}
+
+  /// A message of several lines, each made printable and the line breaks kept (an expression
+  /// with a caret under the column of its error, say).
+  static UsageError lines(const std::string& what) {
+    std::string text;
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t end = what.find('\n', start);
+      text += printable(what.substr(start, end == std::string::npos ? end : end - start));
+      if (end == std::string::npos) break;
+      text += '\n';
+      start = end + 1;
+    }
+    return UsageError(Raw{}, text);
+  }
+
+ private:
+  struct Raw {};
+  UsageError(Raw, const std::string& text) : std::runtime_error(text) {}
 };
 
 /// Parses a whole integer for `option`; throws UsageError naming the option.

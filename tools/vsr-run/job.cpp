@@ -329,13 +329,32 @@ int Job::run() {
     step_ = "checking the output";
     check_output();
     step_ = from_file_ ? "reading the input's header" : "making the sample raster";
-    open_input();
-    step_ = "checking the output";
-    check_raster_output();
+    if (args_.op == Op::calc) {
+      open_calc_inputs();
+      step_ = "checking the output";
+      check_calc_output();
+    } else if (args_.op == Op::pipeline) {
+      open_calc_inputs();
+      build_pipeline();
+      step_ = "checking the output";
+      check_pipeline_output();
+    } else {
+      open_input();
+      step_ = "checking the output";
+      check_raster_output();
+    }
     step_ = "planning";
     make_plan();
     step_ = "running " + args_.op_name;
-    if (args_.op == Op::stats) {
+    if (args_.dry_run) {
+      print_dry_run();
+      return 0;
+    }
+    if (args_.op == Op::pipeline) {
+      run_pipeline();
+    } else if (args_.op == Op::calc) {
+      run_calc();
+    } else if (args_.op == Op::stats) {
       run_statistics();
     } else if (args_.op == Op::histogram) {
       run_histogram();
@@ -620,7 +639,8 @@ void Job::open_input() {
 /// The one plan of the run: printed in the summary, followed by the streamed runs, the tiled
 /// executors and dispatch_per_band_gpu alike.
 void Job::make_plan() {
-  per_band_op_ = args_.op != Op::normalized_difference;
+  per_band_op_ = args_.op != Op::normalized_difference && args_.op != Op::calc &&
+                 (args_.op != Op::pipeline || chain_->bands_independent());
   const bool per_band_op = per_band_op_;
   budget_note_ = args_.budget ? "" : " (auto)";
   if (args_.budget) {
@@ -643,6 +663,31 @@ void Job::make_plan() {
   tiled_ = plan_.strategy == vsr::TilingStrategy::tiled;
 
   progress_.emplace(show_progress_, args_.op_name);
+  if (args_.op == Op::calc || args_.op == Op::pipeline) {
+    // Every band read of every input and every output band at once, in the compute type.
+    int read = 0;
+    for (const auto& src : calc_sources_) read += static_cast<int>(src->bands().size());
+    const int out_bands = args_.op == Op::calc ? static_cast<int>(args_.calc.size())
+                                               : chain_->band_count().value_or(read);
+    plan_meta.band_count = per_band_op_ ? read : std::max(read, out_bands);
+    plan_meta.dtype = calc_options_.compute_float32 ? vsr::DType::float32 : vsr::DType::float64;
+    if (args_.op == Op::pipeline) popts_.halo = chain_->halo();  // the steps' halos summed
+    plan_ = vsr::plan_from_metadata(plan_meta, popts_);
+    tiled_ = plan_.strategy == vsr::TilingStrategy::tiled;
+  }
+  if (!calc_sources_.empty()) {
+    // GDAL's block cache is one for the process: room for every input's blocks.
+    std::uint64_t cache = 0;
+    for (const auto& src : calc_sources_) cache += src->gdal_cache_for(plan_, false);
+    gdal_cache_ = cache;
+    for (const auto& src : calc_sources_) {
+      vsr::StreamOptions memory;
+      memory.per_band = false;
+      memory.host_memory_limit = args_.host_memory.value_or(0);
+      memory.gdal_cache_bytes = cache;
+      src->prepare(plan_, memory, "vsr-run");
+    }
+  }
   if (file_) {
     vsr::StreamOptions memory;
     memory.per_band = per_band_op_;
@@ -797,7 +842,7 @@ RasterFn Job::rescale_with(Range in, Range out, bool clamp) const {
 /// input's; focal-mean, normalized-difference: the input's compute type).
 vsr::DType Job::output_dtype() const {
   if (args_.ot) return *args_.ot;
-  if (args_.op == Op::rescale) return vsr::DType::float32;
+  if (args_.op == Op::rescale || args_.op == Op::calc) return vsr::DType::float32;
   if (args_.op == Op::clip || args_.op == Op::fill_nodata) return meta_.dtype;
   return vsr::compute_dtype(meta_.dtype);
 }
@@ -904,6 +949,304 @@ void Job::run_raster_op() {
                     std::to_string(out.metadata.band_count) + " band(s), " + out.metadata.driver +
                     ", nodata " + nd + ")";
   }
+}
+
+/// calc's inputs: every file's header (one grid: size, geotransform, CRS), the expressions
+/// compiled for their names and band counts (before any pixel is read), and one source per input
+/// whose bands the expressions read, holding only those bands.
+void Job::open_calc_inputs() {
+  std::vector<vsr::CalcInputBands> names;
+  std::vector<vsr::RasterFileInfo> infos;
+  const auto label = [&](std::size_t k) {
+    return args_.calc_inputs[k].first + "=" + printable(args_.calc_inputs[k].second);
+  };
+  for (std::size_t k = 0; k < args_.calc_inputs.size(); ++k) {
+    const auto& [name, path] = args_.calc_inputs[k];
+    infos.push_back(vsr::read_raster_info(path, open_));
+    const vsr::RasterFileInfo& info = infos.back();
+    names.push_back({name, info.metadata.band_count});
+    if (k == 0) continue;
+    const vsr::RasterFileInfo& first = infos.front();
+    const vsr::RasterMetadata &a = first.metadata, &b = info.metadata;
+    std::string differ;
+    if (a.height != b.height || a.width != b.width) {
+      differ = "their sizes differ (" + std::to_string(a.width) + " x " + std::to_string(a.height) +
+               " vs " + std::to_string(b.width) + " x " + std::to_string(b.height) +
+               ", width x height)";
+    } else if (first.has_geotransform != info.has_geotransform ||
+               (info.has_geotransform && !(a.affine == b.affine))) {
+      const auto gt = [](const vsr::RasterFileInfo& i) {
+        if (!i.has_geotransform) return std::string("none");
+        std::string t;
+        for (const double v : i.metadata.affine.to_gdal()) t += (t.empty() ? "" : ",") + json_number(v);
+        return t;
+      };
+      differ = "their geotransforms differ (" + gt(first) + " vs " + gt(info) + ")";
+    } else if (a.crs != b.crs) {
+      differ = "their CRS differ (" + std::string(a.crs.empty() ? "none" : "one") + " vs " +
+               (b.crs.empty() ? "none" : "another") + ")";
+    }
+    if (!differ.empty()) {
+      throw UsageError("calc: inputs " + label(0) + " and " + label(k) +
+                       " are not on one grid: " + differ +
+                       "; resample one onto the other's grid first (e.g. with gdalwarp)");
+    }
+  }
+  meta_ = infos.front().metadata;
+  std::vector<vsr::CalcBandUse> every;  // pipeline: every band of every input
+  if (args_.op == Op::pipeline) {
+    for (const auto& n : names) {
+      every.push_back({n.name, {}});
+      for (int b = 1; b <= n.band_count; ++b) every.back().bands.push_back(b);
+    }
+  } else {
+    try {
+      calc_program_ = vsr::compile_calc(args_.calc, names);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError::lines(e.what());  // the expression and a caret under the column
+    }
+  }
+  calc_options_.output = output_dtype();
+  calc_options_.compute_float32 = args_.compute_float32;
+  calc_options_.propagate_nodata = args_.propagate_nodata;
+  if (args_.a_nodata && *args_.a_nodata) {
+    if (!vsr::dtype_holds(calc_options_.output, **args_.a_nodata)) {
+      throw UsageError("-a_nodata: " + args_.a_nodata_text + " is not a value of " +
+                       std::string(vsr::to_string(calc_options_.output)) + ", the output's type" +
+                       (args_.ot ? "" : " (--ot chooses another)"));
+    }
+  }
+  const std::vector<vsr::CalcBandUse>& use =
+      args_.op == Op::pipeline ? every : calc_program_.bands_read();
+  for (std::size_t k = 0; k < use.size(); ++k) {
+    std::vector<int> bands = use[k].bands;
+    // Expressions that read no band at all (constants) still run over the first input's grid.
+    if (bands.empty() && k == 0 && std::all_of(use.begin(), use.end(), [](const auto& u) {
+          return u.bands.empty();
+        })) {
+      bands = {1};
+    }
+    input_label_ += std::string(input_label_.empty() ? "" : "; ") + label(k) + " (" +
+                    infos[k].metadata.driver + ", " +
+                    std::to_string(infos[k].metadata.band_count) + " x " +
+                    std::to_string(meta_.height) + " x " + std::to_string(meta_.width) + " " +
+                    std::string(vsr::to_string(infos[k].metadata.dtype)) + ")";
+    if (bands.empty()) {
+      input_label_ += ", not read";
+      continue;
+    }
+    input_label_ += ", band(s)";
+    for (const int b : bands) input_label_.append(" ").append(std::to_string(b));
+    auto src = std::make_unique<vsr::RasterFileSource>(args_.calc_inputs[k].second, open_, bands);
+    // Band math takes one nodata per input: the bands it reads of one input must agree.
+    const std::vector<std::optional<vsr::NodataValue>> nd = src->band_nodata();
+    for (std::size_t i = 1; i < nd.size(); ++i) {
+      if (nd[i] != nd[0]) {
+        throw UsageError("calc: input " + label(k) + ": bands " + std::to_string(bands[0]) +
+                         " and " + std::to_string(bands[i]) + " have different nodata (" +
+                         nodata_text(nd[0]) + " and " + nodata_text(nd[i]) +
+                         "); band math takes one nodata per input");
+      }
+    }
+    input_label_ += ", nodata " + nodata_text(nd[0]);
+    band_nodata_.push_back(nd[0]);
+    for (const int b : bands) bands_.push_back(b);
+    calc_names_.push_back(use[k].name);
+    calc_sources_.push_back(std::move(src));
+  }
+}
+
+/// calc's output, tried before any pixel is read: what calc makes of a tiny raster of every
+/// input's dtype and nodata, written in the format (check_output_file).
+void Job::check_calc_output() {
+  if (args_.output.empty()) return;
+  std::vector<vsr::OwnedRasterArray> tiny;
+  for (const auto& src : calc_sources_) {
+    const vsr::RasterMetadata m = src->metadata();
+    tiny.push_back(vsr::OwnedRasterArray::allocate(vsr::Residency::host, m.dtype,
+                                                   static_cast<int>(src->bands().size()), 3, 3)
+                       .with_nodata(src->band_nodata().front()));
+  }
+  vsr::DType out_dtype = calc_options_.output;
+  std::optional<vsr::NodataValue> out_nodata;
+  try {
+    const vsr::OwnedRasterArray r = calc_function()(tiny, vsr::TileInfo{});
+    out_dtype = r.dtype();
+    out_nodata = r.exact_nodata();
+  } catch (const std::exception&) {
+    // calc refuses the tiny rasters (the run will say why): the trial goes without a nodata.
+  }
+  try {
+    vsr::check_output_file(args_.output, write_, out_dtype, static_cast<int>(args_.calc.size()),
+                           out_nodata, meta_.crs);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError((args_.format.empty() ? "--output: " : "-of: ") + std::string(e.what()));
+  }
+}
+
+/// calc over one tile of every source read, each under its name with the bands it holds.
+/// -a_nodata V: calc's own nodata rewritten as V (retag), a valid pixel equal to V an error;
+/// -a_nodata none: no nodata, invalid pixels written as NaN (float) or 0 (integer).
+vsr::MultiTileOp Job::calc_function() const {
+  std::vector<std::vector<int>> bands;
+  for (const auto& src : calc_sources_) bands.push_back(src->bands());
+  return [program = calc_program_, options = calc_options_, names = calc_names_,
+          bands = std::move(bands),
+          a_nodata = args_.a_nodata](const std::vector<vsr::OwnedRasterArray>& tiles,
+                                     const vsr::TileInfo&) {
+    std::vector<vsr::CalcInput> inputs;
+    for (std::size_t k = 0; k < tiles.size(); ++k) inputs.push_back({names[k], tiles[k], bands[k]});
+    vsr::OwnedRasterArray r = vsr::calc(program, inputs, options);
+    return a_nodata ? retag(r, *a_nodata) : r;
+  };
+}
+
+/// calc from its sources into the output file (all or nothing), or into nothing, tile by tile on
+/// the multi-source executor.
+void Job::run_calc() {
+  std::vector<vsr::TileSource*> sources;
+  for (const auto& src : calc_sources_) sources.push_back(src.get());
+  vsr::TileRunOptions o = tile_options(*progress_);
+  o.mixed_nodata = true;  // each input's nodata travels with its own tiles
+  const vsr::MultiTileOp f = calc_function();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%zu expression(s) as %s, computed in %s%s", args_.calc.size(),
+                std::string(vsr::to_string(calc_options_.output)).c_str(),
+                calc_options_.compute_float32 ? "float32" : "float64",
+                calc_options_.propagate_nodata ? "" : ", nodata not propagated");
+  note_ = buf;
+  if (args_.output.empty()) {
+    vsr::VisitTileSink drop;
+    vsr::run_tiles(sources, f, drop, plan_, o);
+    return;
+  }
+  {
+    vsr::RasterFileSink sink(args_.output, write_);
+    sink.copy_from(*calc_sources_.front(), vsr::MetadataCopy::none);
+    // The inputs closed before the output replaces one of them (in place: the same file).
+    sink.before_commit([this] {
+      for (const auto& src : calc_sources_) src->close();
+    });
+    vsr::run_tiles(sources, f, sink, plan_, o);
+  }
+  const vsr::RasterFileInfo out = vsr::read_raster_info(
+      args_.output, {.drivers = {is_cog(write_.driver) ? std::string("GTiff") : write_.driver}});
+  output_label_ = printable(args_.output) + " (" + std::string(vsr::to_string(out.metadata.dtype)) +
+                  ", " + std::to_string(out.metadata.band_count) + " band(s), " +
+                  out.metadata.driver + ", nodata " + nodata_text(out.band_nodata.front()) + ")";
+}
+
+/// The pipeline's chain: a calc step as the library's (its options as --op calc's), the other
+/// steps as vsr-run's ops themselves (their options, --ot and output nodata rule), each made for
+/// the dtype and nodata of what reaches it.
+void Job::build_pipeline() {
+  std::vector<vsr::CalcInputBands> inputs;
+  for (std::size_t k = 0; k < calc_sources_.size(); ++k) {
+    inputs.push_back({calc_names_[k], static_cast<int>(calc_sources_[k]->bands().size())});
+  }
+  chain_.emplace(inputs);
+  for (std::size_t s = 0; s < args_.steps.size(); ++s) {
+    const std::shared_ptr<const Arguments> step = args_.steps[s];
+    try {
+      if (step->op == Op::calc) {
+        vsr::CalcOptions o;
+        o.output = step->ot.value_or(vsr::DType::float32);
+        o.compute_float32 = step->compute_float32;
+        o.propagate_nodata = step->propagate_nodata;
+        chain_->calc(step->calc, o);
+      } else {
+        const int halo = step->op == Op::focal_mean ? 1 : 0;
+        chain_->step(step->op_name,
+                     [step](const vsr::OwnedRasterArray& t) {
+                       Job job(*step);
+                       job.meta_.dtype = t.dtype();
+                       job.meta_.band_count = t.band_count();
+                       job.band_nodata_.assign(static_cast<std::size_t>(t.band_count()),
+                                               t.exact_nodata());
+                       return job.raster_function()(t);
+                     },
+                     halo, true);
+      }
+    } catch (const std::invalid_argument& e) {
+      throw UsageError::lines(e.what());  // names the step; a bad expression with its caret
+    }
+  }
+}
+
+/// The pipeline's output, tried before any pixel is read: what the chain makes of a tiny raster
+/// of every input's dtype, bands and nodata, written in the format.
+void Job::check_pipeline_output() {
+  std::vector<vsr::OwnedRasterArray> tiny;
+  for (const auto& src : calc_sources_) {
+    const vsr::RasterMetadata m = src->metadata();
+    tiny.push_back(vsr::OwnedRasterArray::allocate(vsr::Residency::host, m.dtype,
+                                                   static_cast<int>(src->bands().size()), 3, 3)
+                       .with_nodata(src->band_nodata().front()));
+  }
+  vsr::DType out_dtype = vsr::DType::float32;
+  int out_bands = chain_->band_count().value_or(1);
+  std::optional<vsr::NodataValue> out_nodata;
+  try {
+    const vsr::OwnedRasterArray r = chain_->apply(tiny);
+    out_dtype = r.dtype();
+    out_bands = r.band_count();
+    out_nodata = r.exact_nodata();
+  } catch (const std::exception&) {
+    // A step refuses the tiny rasters (the run will say why): the trial goes without a nodata.
+  }
+  try {
+    vsr::check_output_file(args_.output, write_, out_dtype, out_bands, out_nodata, meta_.crs);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError((args_.format.empty() ? "--output: " : "-of: ") + std::string(e.what()));
+  }
+}
+
+/// --dry-run: the plan (tiles, halo, steps) and nothing read but the headers.
+void Job::print_dry_run() const {
+  std::string steps;
+  for (const std::string& n : chain_->step_names()) steps += (steps.empty() ? "" : " ! ") + n;
+  std::printf("vsr-run pipeline (dry run: no pixel read, nothing written)\n");
+  std::printf("  input       %s\n", input_label_.c_str());
+  std::printf("  steps       read ! %s ! write\n", steps.c_str());
+  std::printf("  halo        %d (the sum of the steps')\n", chain_->halo());
+  std::string plan_text = std::string(vsr::to_string(plan_.strategy));
+  if (tiled_) {
+    plan_text += ", " + std::to_string(plan_.n_tiles) + " tiles of " +
+                 std::to_string(plan_.tile_shape->first) + " x " +
+                 std::to_string(plan_.tile_shape->second) + " (halo " + std::to_string(plan_.halo) +
+                 ")";
+  } else {
+    plan_text += ", 1 tile";
+  }
+  plan_text += ", " + std::to_string(plan_.bands_per_pass) + " band(s) per pass, budget " +
+               vsr_cli::format_bytes(*popts_.vram_budget) + budget_note_;
+  std::printf("  plan        %s\n", plan_text.c_str());
+  std::printf("  output      %s (%s)\n", printable(args_.output).c_str(), write_.driver.c_str());
+}
+
+/// The chain from its sources into the output file (all or nothing), each tile read once with
+/// the steps' halos summed.
+void Job::run_pipeline() {
+  std::vector<vsr::TileSource*> sources;
+  for (const auto& src : calc_sources_) sources.push_back(src.get());
+  vsr::TileRunOptions o = tile_options(*progress_);
+  o.mixed_nodata = true;  // each input's nodata travels with its own tiles
+  std::string steps;
+  for (const std::string& n : chain_->step_names()) steps += (steps.empty() ? "" : " ! ") + n;
+  note_ = steps + ", halo " + std::to_string(chain_->halo());
+  {
+    vsr::RasterFileSink sink(args_.output, write_);
+    sink.copy_from(*calc_sources_.front(), vsr::MetadataCopy::none);
+    sink.before_commit([this] {
+      for (const auto& src : calc_sources_) src->close();
+    });
+    vsr::run_tiles(sources, chain_->tile_op(), sink, plan_, o);
+  }
+  const vsr::RasterFileInfo out = vsr::read_raster_info(
+      args_.output, {.drivers = {is_cog(write_.driver) ? std::string("GTiff") : write_.driver}});
+  output_label_ = printable(args_.output) + " (" + std::string(vsr::to_string(out.metadata.dtype)) +
+                  ", " + std::to_string(out.metadata.band_count) + " band(s), " +
+                  out.metadata.driver + ", nodata " + nodata_text(out.band_nodata.front()) + ")";
 }
 
 }  // namespace vsr_run

@@ -10,6 +10,7 @@
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/io.hpp>
 #include <vibespatial/raster/ops.hpp>
+#include <vibespatial/raster/pipeline.hpp>
 #include <vibespatial/raster/tiles.hpp>
 
 #include <cstdint>
@@ -69,6 +70,16 @@ class Job {
   vsr::DType output_dtype() const;
   RasterFn to_output(RasterFn op) const;
   void run_raster_op();
+  // calc: its inputs, expressions and run
+  void open_calc_inputs();
+  void check_calc_output();
+  vsr::MultiTileOp calc_function() const;
+  void run_calc();
+  // pipeline: the chain of steps over the read inputs
+  void build_pipeline();
+  void check_pipeline_output();
+  void print_dry_run() const;
+  void run_pipeline();
   // report.cpp
   void print_results();
   void print_summary(double seconds) const;
@@ -90,6 +101,12 @@ class Job {
   std::vector<int> bands_;                                    ///< selected, 1-based
   int nir_ = 0, red_ = 0;
   std::string input_label_;
+  /// calc: one source per input read (only the bands its expressions name), their names.
+  std::vector<std::unique_ptr<vsr::RasterFileSource>> calc_sources_;
+  std::vector<std::string> calc_names_;
+  vsr::CalcProgram calc_program_;
+  vsr::CalcOptions calc_options_;
+  std::optional<vsr::Pipeline> chain_;
   vsr::PlanOptions popts_;
   std::string budget_note_;
   vsr::RasterPlan plan_;

@@ -37,7 +37,9 @@ using vsr_run::Arguments;
 int main(int argc, char** argv) {
   Arguments args;
   try {
-    args = vsr_run::parse_arguments(argc, argv);
+    args = argc > 1 && std::string(argv[1]) == "pipeline"
+               ? vsr_run::parse_pipeline(argc - 1, argv + 1)
+               : vsr_run::parse_arguments(argc, argv);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "vsr-run: %s\n", e.what());
     return 2;

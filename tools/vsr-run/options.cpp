@@ -35,6 +35,8 @@ operation:
                        focal-mean   3x3 mean of the valid pixels (float32/float64), halo 1
                        normalized-difference (alias ndvi)
                                     (A - B) / (A + B) of two bands, A = --nir, B = --red
+                       calc         band math over named inputs (-i NAME=FILE), one output
+                                    band per --calc expression (docs/band-math.md)
   --in-range LO,HI   rescale: the input range (values outside are clamped to it first); default:
                      the valid range, from a first streamed pass. HI,LO (reversed) maps the other
                      way round, as gdal_translate -scale HI LO: HI goes to the low output end
@@ -42,7 +44,7 @@ operation:
   --ot TYPE          the output's type, a numpy name (uint8 int8 uint16 int16 uint32 int32
                      uint64 int64 float32 float64), for every op that writes a raster (default:
                      the op's own: the input's for clip and fill-nodata, float32 or float64 for
-                     focal-mean and normalized-difference, float32 for rescale). Converted as
+                     focal-mean and normalized-difference, float32 for rescale and calc). Converted as
                      gdal_translate -ot does: to an integer type rounded half away from zero and
                      saturated to its range; to float32 as IEEE rounds. See "nodata of the
                      output" below
@@ -52,11 +54,21 @@ operation:
   --value V          fill-nodata: the value invalid pixels get (required)
   --edge MODE        focal-mean: nearest | reflect | nodata (default nearest): what neighbours
                      outside the raster are (the edge pixel, a mirror, or nothing)
+  --calc EXPR        calc: an expression, e.g. (A[4]-A[3])/(A[4]+A[3]) for NDVI; one output
+                     band each, repeat for more. Compiled before any pixel is read: a bad one
+                     is refused (exit 2) with its column and a caret under it
+  --compute float32  calc: compute in float32 instead of float64
+  --no-propagate-nodata
+                     calc: invalid input pixels go through the expression as their raw values
+                     (default: a pixel where any band read is invalid is the output's nodata)
   --nir N, --red N   normalized-difference: the 1-based bands A and B (default 4 and 3 with 4+
                      bands, else 2 and 1); any two different bands
 
 input:
   -i, --input FILE   raster file read through GDAL (default: a generated sample raster)
+  -i NAME=FILE       calc: an input under a name the expressions use (A[1], B, ...); repeat for
+                     more. A bare -i FILE is input A. The inputs must share size, geotransform
+                     and CRS; only the bands the expressions name are read
   -b N               an input band to process, 1-based; repeat for more, in order (as
                      gdal_translate -b); default: all. Bands keep their own nodata.
   --ignore-mask      read the pixels a GDAL mask marks invalid (an internal or .msk mask, an
@@ -140,6 +152,15 @@ sample (no --input):
 
   -h, --help         print this help
 
+pipeline: vsr-run pipeline read A=a.tif [B=b.tif ...] ! STEP [options] ! ... ! write FILE
+          [output options] [--dry-run]
+  a chain of steps, each tile read once and written once: calc (--calc, --ot, --compute,
+  --no-propagate-nodata; X is the previous step's output), focal-mean (--edge), rescale
+  (--in-range required, --out-range, --ot), clip (--range), fill-nodata (--value), each with the
+  matching op's options and output rule; write takes the output options above and --budget,
+  --device, -q, --progress. The steps' halos are summed. --dry-run prints the plan (tiles, halo,
+  steps) from the inputs' headers, reading no pixel and writing nothing
+
 BYTES takes a suffix: K, M, G, T (powers of 1000; KB, MB, GB, TB too) or KiB, MiB, GiB, TiB
 (powers of 1024), e.g. 80M = 80000000, 2GiB = 2147483648.
 
@@ -197,6 +218,36 @@ std::optional<vsr::NodataValue> parse_nodata(std::string_view option, std::strin
   return vsr::NodataValue(v);
 }
 
+bool is_identifier(std::string_view s) {
+  if (s.empty() || (s.front() >= '0' && s.front() <= '9')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+/// calc's inputs from every -i: NAME=FILE (NAME an identifier), or a bare FILE for input A.
+void parse_calc_inputs(Arguments& args) {
+  if (args.calc.empty()) throw UsageError("--op calc needs --calc EXPR (one per output band)");
+  if (args.inputs.empty()) throw UsageError("--op calc needs -i NAME=FILE (or -i FILE, input A)");
+  for (const std::string& text : args.inputs) {
+    const std::size_t eq = text.find('=');
+    std::string name = "A", path = text;
+    if (eq != std::string::npos && is_identifier(std::string_view(text).substr(0, eq))) {
+      name = text.substr(0, eq);
+      path = text.substr(eq + 1);
+    }
+    if (path.empty()) throw UsageError("-i " + text + ": no file after '='");
+    for (const auto& [other, file] : args.calc_inputs) {
+      if (other == name) {
+        throw UsageError("-i: input " + name + " is given twice ('" + file + "' and '" + path +
+                         "'); name each input: -i A=a.tif -i B=b.tif");
+      }
+    }
+    args.calc_inputs.emplace_back(name, path);
+  }
+  args.input = args.calc_inputs.front().second;
+}
+
 }  // namespace
 
 Arguments parse_arguments(int argc, char** argv) {
@@ -224,14 +275,35 @@ Arguments parse_arguments(int argc, char** argv) {
         args.op = Op::focal_mean;
       } else if (name == "normalized-difference" || name == "ndvi") {
         args.op = Op::normalized_difference;
+      } else if (name == "calc") {
+        args.op = Op::calc;
       } else {
         throw UsageError("--op: unknown op '" + std::string(name) +
                          "' (stats, histogram, rescale, clip, fill-nodata, focal-mean, "
-                         "normalized-difference or ndvi)");
+                         "normalized-difference or ndvi, calc)");
       }
       args.op_name = name;
     } else if (words.is("-i", "--input")) {
       args.input = words.value();
+      args.inputs.push_back(args.input);
+    } else if (words.is("--calc")) {
+      const std::string_view expr = words.value();
+      args.calc.emplace_back(expr);
+      given.emplace_back(option);
+    } else if (words.is("--compute")) {
+      const std::string_view what = words.value();
+      if (what == "float32") {
+        args.compute_float32 = true;
+      } else if (what == "float64") {
+        args.compute_float32 = false;
+      } else {
+        throw UsageError("--compute: '" + std::string(what) + "' is not float32 or float64");
+      }
+      given.emplace_back(option);
+    } else if (words.is("--no-propagate-nodata")) {
+      words.flag();
+      args.propagate_nodata = false;
+      given.emplace_back(option);
     } else if (words.is("-o", "--output")) {
       args.output = words.value();
     } else if (words.is("-b")) {
@@ -365,6 +437,9 @@ Arguments parse_arguments(int argc, char** argv) {
     if (option == "--edge") return args.op == Op::focal_mean;
     if (option == "--json") return !args.raster_output();
     if (option == "-a_nodata") return args.raster_output();
+    if (option == "--calc" || option == "--compute" || option == "--no-propagate-nodata") {
+      return args.op == Op::calc;
+    }
     return true;
   };
   for (const std::string& option : given) {
@@ -391,6 +466,10 @@ Arguments parse_arguments(int argc, char** argv) {
     throw UsageError("--nir and --red are the same band (" + std::to_string(*args.nir) +
                      "): the normalized difference of a band with itself is 0 everywhere");
   }
+  if (args.op == Op::calc) parse_calc_inputs(args);
+  if (!args.bands.empty() && args.op == Op::calc) {
+    throw UsageError("-b: calc reads the bands its expressions name (A[2], ...)");
+  }
   if (!args.bands.empty() && args.input.empty()) {
     throw UsageError("-b selects bands of an --input file");
   }
@@ -408,6 +487,123 @@ Arguments parse_arguments(int argc, char** argv) {
     throw UsageError(std::string(args.overviews.empty() ? "--resampling" : "--overviews") +
                      " applies to a raster --output");
   }
+  return args;
+}
+
+namespace {
+
+/// One segment of a pipeline parsed as `vsr-run --op OP WORDS...` (plus @p extra first).
+Arguments parse_as_op(const std::string& op, const std::vector<std::string>& extra,
+                      const std::vector<std::string>& words) {
+  std::vector<std::string> all = {"vsr-run", "--op", op};
+  all.insert(all.end(), extra.begin(), extra.end());
+  all.insert(all.end(), words.begin(), words.end());
+  std::vector<char*> argv;
+  for (std::string& w : all) argv.push_back(w.data());
+  return parse_arguments(static_cast<int>(argv.size()), argv.data());
+}
+
+}  // namespace
+
+Arguments parse_pipeline(int argc, char** argv) {
+  std::vector<std::vector<std::string>> segments(1);
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view w = argv[i];
+    if (w == "!") {
+      segments.emplace_back();
+    } else {
+      segments.back().emplace_back(w);
+    }
+  }
+  if (segments.size() == 1 && !segments[0].empty() &&
+      (segments[0][0] == "-h" || segments[0][0] == "--help")) {
+    Arguments help;
+    help.help = true;
+    return help;
+  }
+  const auto usage = [](const std::string& what) {
+    return UsageError("pipeline: " + what +
+                      " (vsr-run pipeline read A=a.tif ! STEP [options] ! ... ! write FILE "
+                      "[output options])");
+  };
+  if (segments.front().empty() || segments.front().front() != "read") {
+    throw usage("the first step must be read");
+  }
+  if (segments.size() < 2 || segments.back().empty() || segments.back().front() != "write") {
+    throw usage("the last step must be write FILE");
+  }
+  // read NAME=FILE ...: the inputs, as calc's -i.
+  std::vector<std::string> inputs;
+  for (std::size_t k = 1; k < segments.front().size(); ++k) {
+    inputs.push_back("-i");
+    inputs.push_back(segments.front()[k]);
+  }
+  if (inputs.empty()) throw usage("read needs NAME=FILE (or FILE, input A)");
+  // write FILE [output options]: the run's own options.
+  std::vector<std::string> write;
+  bool dry_run = false;
+  for (std::size_t k = 1; k < segments.back().size(); ++k) {
+    if (segments.back()[k] == "--dry-run") {
+      dry_run = true;
+    } else {
+      write.push_back(segments.back()[k]);
+    }
+  }
+  if (write.empty() || write.front().starts_with("-")) throw usage("write needs FILE first");
+  write.insert(write.begin(), "-o");
+  // Parsed as a raster op's output options; the op's own options do not apply to write.
+  Arguments args = parse_as_op("fill-nodata", {"--value", "0"}, write);
+  if (args.ot || args.a_nodata || args.edge_given || args.range || args.in_range ||
+      args.out_range || args.nir || args.red || args.bins_given || args.value != 0.0 ||
+      !args.bands.empty() || args.inputs.size() != 0) {
+    throw usage("write takes FILE and output options (-of, --co, --overwrite, --overviews, "
+                "--resampling, --threads) and the run's (--budget, --device, -q, --progress, "
+                "--dry-run); a step's options go after the step's name");
+  }
+  args.op = Op::pipeline;
+  args.op_name = "pipeline";
+  args.value.reset();
+  args.dry_run = dry_run;
+  args.inputs.clear();
+  {
+    Arguments named = parse_as_op("calc", inputs, {"--calc", "1"});
+    args.calc_inputs = named.calc_inputs;
+    args.input = named.input;
+  }
+  for (std::size_t s = 1; s + 1 < segments.size(); ++s) {
+    const std::vector<std::string>& seg = segments[s];
+    if (seg.empty()) throw usage("step " + std::to_string(s) + " is empty");
+    const std::string& name = seg.front();
+    const std::vector<std::string> words(seg.begin() + 1, seg.end());
+    if (name != "calc" && name != "focal-mean" && name != "rescale" && name != "clip" &&
+        name != "fill-nodata") {
+      throw usage("unknown step '" + name +
+                  "' (calc, focal-mean, rescale, clip, fill-nodata; read first, write last)");
+    }
+    Arguments step;
+    try {
+      step = parse_as_op(name, name == "calc" ? inputs : std::vector<std::string>{}, words);
+    } catch (const UsageError& e) {
+      throw UsageError("pipeline step " + std::to_string(s) + " (" + name + "): " + e.what());
+    }
+    const auto refuse = [&](const std::string& what) {
+      throw UsageError("pipeline step " + std::to_string(s) + " (" + name + "): " + what);
+    };
+    if (!step.output.empty() || !step.format.empty() || !step.creation_options.empty() ||
+        !step.overviews.empty() || !step.resampling.empty() || step.overwrite) {
+      refuse("output options go after write FILE");
+    }
+    if ((name != "calc" && !step.inputs.empty()) || !step.bands.empty()) {
+      refuse("the inputs are read's (-i and -b do not apply to a step)");
+    }
+    if (step.a_nodata) refuse("-a_nodata does not apply inside a pipeline");
+    if (name == "rescale" && !step.in_range) {
+      refuse("rescale needs --in-range LO,HI in a pipeline (no first pass finds the range)");
+    }
+    step.op_name = name;
+    args.steps.push_back(std::make_shared<const Arguments>(std::move(step)));
+  }
+  if (args.steps.empty()) throw usage("no step between read and write");
   return args;
 }
 

@@ -7,9 +7,11 @@
 #include <vibespatial/raster/tiles.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace vsr_run {
@@ -19,7 +21,7 @@ namespace vsr = vibespatial::raster;
 /// --help's text.
 extern const std::string_view usage_text;
 
-enum class Op { stats, histogram, rescale, clip, fill_nodata, focal_mean, normalized_difference };
+enum class Op { stats, histogram, rescale, clip, fill_nodata, focal_mean, normalized_difference, calc, pipeline };
 
 struct Range {
   double lo = 0, hi = 0;
@@ -29,6 +31,16 @@ struct Arguments {
   Op op = Op::stats;
   std::string op_name = "stats";
   std::string input, output;
+  /// Every -i, as given (calc: NAME=FILE or a bare FILE, input A; other ops: the last is input).
+  std::vector<std::string> inputs;
+  /// calc: the named inputs (NAME, FILE), in the order given.
+  std::vector<std::pair<std::string, std::string>> calc_inputs;
+  std::vector<std::string> calc;  ///< calc: --calc, one output band each
+  bool compute_float32 = false;   ///< calc: --compute float32
+  bool propagate_nodata = true;   ///< calc: off with --no-propagate-nodata
+  /// pipeline: its steps, each parsed as the matching op's options (calc: with the read inputs).
+  std::vector<std::shared_ptr<const struct Arguments>> steps;
+  bool dry_run = false;  ///< pipeline: --dry-run
   std::vector<int> bands;               ///< -b
   std::optional<std::uint64_t> budget;  ///< empty: auto
   std::int64_t sample_size = 2048;
@@ -65,5 +77,9 @@ struct Arguments {
 /// The command line, checked: options of other ops, missing values, ranges, mixed options are
 /// UsageError (exit 2).
 Arguments parse_arguments(int argc, char** argv);
+
+/// `vsr-run pipeline read A=a.tif ... ! STEP [options] ! ... ! write FILE [output options]`
+/// (argv[0] is "pipeline"): the steps parsed as their ops' options. UsageError as above.
+Arguments parse_pipeline(int argc, char** argv);
 
 }  // namespace vsr_run
