@@ -51,8 +51,8 @@ vsr::EdgeMode edge_of(const std::string& name) {
                               name + "'");
 }
 
-vsr::CalcOptions calc_options(const std::string& dtype, bool compute_float32,
-                              bool propagate_nodata, const Nodata& nodata) {
+vsr::CalcOptions calc_options(const std::string& dtype, bool compute_float32, bool propagate_nodata,
+                              const Nodata& nodata) {
   vsr::CalcOptions o;
   o.output = dtype_of(dtype);
   o.compute_float32 = compute_float32;
@@ -338,8 +338,8 @@ void bind_ops(nb::module_& m) {
         GilRelease release;
         return vsr::calc(expressions, inputs, options);
       },
-      "expressions"_a, "names"_a, "rasters"_a, "dtype"_a, "compute_float32"_a,
-      "propagate_nodata"_a, "nodata"_a.none());
+      "expressions"_a, "names"_a, "rasters"_a, "dtype"_a, "compute_float32"_a, "propagate_nodata"_a,
+      "nodata"_a.none());
   nb::class_<vsr::Pipeline>(m, "Pipeline")
       .def(
           "__init__",
@@ -352,15 +352,13 @@ void bind_ops(nb::module_& m) {
       .def(
           "calc",
           [](vsr::Pipeline& p, const std::vector<std::string>& expressions,
-             const std::string& dtype, bool compute_float32, bool propagate_nodata,
-             Nodata nodata) {
+             const std::string& dtype, bool compute_float32, bool propagate_nodata, Nodata nodata) {
             p.calc(expressions, calc_options(dtype, compute_float32, propagate_nodata, nodata));
           },
-          "expressions"_a, "dtype"_a, "compute_float32"_a, "propagate_nodata"_a,
-          "nodata"_a.none())
+          "expressions"_a, "dtype"_a, "compute_float32"_a, "propagate_nodata"_a, "nodata"_a.none())
       .def(
-          "focal_mean", [](vsr::Pipeline& p, const std::string& edge) { p.focal_mean(edge_of(edge)); },
-          "edge"_a)
+          "focal_mean",
+          [](vsr::Pipeline& p, const std::string& edge) { p.focal_mean(edge_of(edge)); }, "edge"_a)
       .def(
           "rescale",
           [](vsr::Pipeline& p, double in_min, double in_max, double out_min, double out_max,

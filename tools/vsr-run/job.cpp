@@ -978,7 +978,8 @@ void Job::open_calc_inputs() {
       const auto gt = [](const vsr::RasterFileInfo& i) {
         if (!i.has_geotransform) return std::string("none");
         std::string t;
-        for (const double v : i.metadata.affine.to_gdal()) t += (t.empty() ? "" : ",") + json_number(v);
+        for (const double v : i.metadata.affine.to_gdal())
+          t += (t.empty() ? "" : ",") + json_number(v);
         return t;
       };
       differ = "their geotransforms differ (" + gt(first) + " vs " + gt(info) + ")";
@@ -987,9 +988,8 @@ void Job::open_calc_inputs() {
                (b.crs.empty() ? "none" : "another") + ")";
     }
     if (!differ.empty()) {
-      throw UsageError("calc: inputs " + label(0) + " and " + label(k) +
-                       " are not on one grid: " + differ +
-                       "; resample one onto the other's grid first (e.g. with gdalwarp)");
+      throw UsageError("calc: inputs " + label(0) + " and " + label(k) + " are not on one grid: " +
+                       differ + "; resample one onto the other's grid first (e.g. with gdalwarp)");
     }
   }
   meta_ = infos.front().metadata;
@@ -1021,16 +1021,14 @@ void Job::open_calc_inputs() {
   for (std::size_t k = 0; k < use.size(); ++k) {
     std::vector<int> bands = use[k].bands;
     // Expressions that read no band at all (constants) still run over the first input's grid.
-    if (bands.empty() && k == 0 && std::all_of(use.begin(), use.end(), [](const auto& u) {
-          return u.bands.empty();
-        })) {
+    if (bands.empty() && k == 0 &&
+        std::all_of(use.begin(), use.end(), [](const auto& u) { return u.bands.empty(); })) {
       bands = {1};
     }
     input_label_ += std::string(input_label_.empty() ? "" : "; ") + label(k) + " (" +
-                    infos[k].metadata.driver + ", " +
-                    std::to_string(infos[k].metadata.band_count) + " x " +
-                    std::to_string(meta_.height) + " x " + std::to_string(meta_.width) + " " +
-                    std::string(vsr::to_string(infos[k].metadata.dtype)) + ")";
+                    infos[k].metadata.driver + ", " + std::to_string(infos[k].metadata.band_count) +
+                    " x " + std::to_string(meta_.height) + " x " + std::to_string(meta_.width) +
+                    " " + std::string(vsr::to_string(infos[k].metadata.dtype)) + ")";
     if (bands.empty()) {
       input_label_ += ", not read";
       continue;
@@ -1091,9 +1089,8 @@ vsr::MultiTileOp Job::calc_function() const {
   std::vector<std::vector<int>> bands;
   for (const auto& src : calc_sources_) bands.push_back(src->bands());
   return [program = calc_program_, options = calc_options_, names = calc_names_,
-          bands = std::move(bands),
-          a_nodata = args_.a_nodata](const std::vector<vsr::OwnedRasterArray>& tiles,
-                                     const vsr::TileInfo&) {
+          bands = std::move(bands), a_nodata = args_.a_nodata](
+             const std::vector<vsr::OwnedRasterArray>& tiles, const vsr::TileInfo&) {
     std::vector<vsr::CalcInput> inputs;
     for (std::size_t k = 0; k < tiles.size(); ++k) inputs.push_back({names[k], tiles[k], bands[k]});
     vsr::OwnedRasterArray r = vsr::calc(program, inputs, options);
@@ -1156,16 +1153,16 @@ void Job::build_pipeline() {
         chain_->calc(step->calc, o);
       } else {
         const int halo = step->op == Op::focal_mean ? 1 : 0;
-        chain_->step(step->op_name,
-                     [step](const vsr::OwnedRasterArray& t) {
-                       Job job(*step);
-                       job.meta_.dtype = t.dtype();
-                       job.meta_.band_count = t.band_count();
-                       job.band_nodata_.assign(static_cast<std::size_t>(t.band_count()),
-                                               t.exact_nodata());
-                       return job.raster_function()(t);
-                     },
-                     halo, true);
+        chain_->step(
+            step->op_name,
+            [step](const vsr::OwnedRasterArray& t) {
+              Job job(*step);
+              job.meta_.dtype = t.dtype();
+              job.meta_.band_count = t.band_count();
+              job.band_nodata_.assign(static_cast<std::size_t>(t.band_count()), t.exact_nodata());
+              return job.raster_function()(t);
+            },
+            halo, true);
       }
     } catch (const std::invalid_argument& e) {
       throw UsageError::lines(e.what());  // names the step; a bad expression with its caret

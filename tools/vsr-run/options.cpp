@@ -556,9 +556,10 @@ Arguments parse_pipeline(int argc, char** argv) {
   if (args.ot || args.a_nodata || args.edge_given || args.range || args.in_range ||
       args.out_range || args.nir || args.red || args.bins_given || args.value != 0.0 ||
       !args.bands.empty() || args.inputs.size() != 0) {
-    throw usage("write takes FILE and output options (-of, --co, --overwrite, --overviews, "
-                "--resampling, --threads) and the run's (--budget, --device, -q, --progress, "
-                "--dry-run); a step's options go after the step's name");
+    throw usage(
+        "write takes FILE and output options (-of, --co, --overwrite, --overviews, "
+        "--resampling, --threads) and the run's (--budget, --device, -q, --progress, "
+        "--dry-run); a step's options go after the step's name");
   }
   args.op = Op::pipeline;
   args.op_name = "pipeline";

@@ -21,7 +21,17 @@ namespace vsr = vibespatial::raster;
 /// --help's text.
 extern const std::string_view usage_text;
 
-enum class Op { stats, histogram, rescale, clip, fill_nodata, focal_mean, normalized_difference, calc, pipeline };
+enum class Op {
+  stats,
+  histogram,
+  rescale,
+  clip,
+  fill_nodata,
+  focal_mean,
+  normalized_difference,
+  calc,
+  pipeline
+};
 
 struct Range {
   double lo = 0, hi = 0;
@@ -40,7 +50,7 @@ struct Arguments {
   bool propagate_nodata = true;   ///< calc: off with --no-propagate-nodata
   /// pipeline: its steps, each parsed as the matching op's options (calc: with the read inputs).
   std::vector<std::shared_ptr<const struct Arguments>> steps;
-  bool dry_run = false;  ///< pipeline: --dry-run
+  bool dry_run = false;                 ///< pipeline: --dry-run
   std::vector<int> bands;               ///< -b
   std::optional<std::uint64_t> budget;  ///< empty: auto
   std::int64_t sample_size = 2048;
