@@ -5,6 +5,7 @@
 // nvcc and empty for the host compiler.
 #pragma once
 
+#include "common/dtype_visit.hpp"
 #include "ops/ops_backend.hpp"
 
 #include <cuda/std/limits>
@@ -25,33 +26,7 @@
 
 namespace vibespatial::raster::detail::ops {
 
-/// Calls f(T{}) with the C++ type of @p dtype.
-template <class F>
-decltype(auto) visit_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::uint8:
-      return f(std::uint8_t{});
-    case DType::int8:
-      return f(std::int8_t{});
-    case DType::uint16:
-      return f(std::uint16_t{});
-    case DType::int16:
-      return f(std::int16_t{});
-    case DType::uint32:
-      return f(std::uint32_t{});
-    case DType::int32:
-      return f(std::int32_t{});
-    case DType::uint64:
-      return f(std::uint64_t{});
-    case DType::int64:
-      return f(std::int64_t{});
-    case DType::float32:
-      return f(float{});
-    case DType::float64:
-      return f(double{});
-  }
-  throw std::invalid_argument("dtype: not a DType value");
-}
+using detail::visit_dtype;  // the one DType switch (common/dtype_visit.hpp)
 
 /// The compute type of T (see ops.hpp): float for <= 16-bit integers and float, else double.
 template <class T>

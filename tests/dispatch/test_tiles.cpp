@@ -2,6 +2,7 @@
 // The tile executor (tiles.hpp): passes, the walk, the first-result rule, the in-memory ends,
 // placement, on the host emulator (and with no driver, suite no-driver).
 #include "all_dtypes.hpp"
+#include "common/dtype_visit.hpp"
 
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/errors.hpp>
@@ -26,32 +27,7 @@ using namespace vibespatial::raster;
 
 namespace {
 
-/// Calls f(T{}) with the C++ type of @p dtype.
-template <class F>
-void with_type(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::uint8:
-      return f(std::uint8_t{});
-    case DType::int8:
-      return f(std::int8_t{});
-    case DType::uint16:
-      return f(std::uint16_t{});
-    case DType::int16:
-      return f(std::int16_t{});
-    case DType::uint32:
-      return f(std::uint32_t{});
-    case DType::int32:
-      return f(std::int32_t{});
-    case DType::uint64:
-      return f(std::uint64_t{});
-    case DType::int64:
-      return f(std::int64_t{});
-    case DType::float32:
-      return f(float{});
-    case DType::float64:
-      return f(double{});
-  }
-}
+using detail::visit_dtype;
 
 /// A raster of @p dtype whose pixel (b, r, c) holds (b * 131 + r * 17 + c * 3) % 97.
 OwnedRasterArray pattern(DType dtype, int bands, std::int64_t h, std::int64_t w,
@@ -63,7 +39,7 @@ OwnedRasterArray pattern(DType dtype, int bands, std::int64_t h, std::int64_t w,
     for (std::int64_t r = 0; r < h; ++r) {
       for (std::int64_t c = 0; c < w; ++c, ++i) {
         const auto v = static_cast<std::uint8_t>((b * 131 + r * 17 + c * 3) % 97);
-        with_type(dtype, [&](auto tag) {
+        visit_dtype(dtype, [&](auto tag) {
           using T = decltype(tag);
           const T t = static_cast<T>(v);
           std::memcpy(bytes.data() + i * item, &t, item);
@@ -88,7 +64,7 @@ OwnedRasterArray box_sum(const OwnedRasterArray& in) {
       OwnedRasterArray::allocate(Residency::host, in.dtype(), in.band_count(), in.height(),
                                  in.width(), std::nullopt, in.affine(), in.crs())
           .with_nodata(in.exact_nodata());
-  with_type(in.dtype(), [&](auto tag) {
+  visit_dtype(in.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* s = static_cast<const T*>(in.host_data());
     T* d = static_cast<T*>(out.mutable_host_data());
@@ -484,7 +460,7 @@ TEST_SUITE("tiles") {
       const BinaryBandOp op = [](const OwnedRasterArray& x, const OwnedRasterArray& y) {
         CHECK(y.exact_nodata() == std::nullopt);  // b's own nodata, not a's
         OwnedRasterArray s = box_sum(x);
-        with_type(x.dtype(), [&](auto tag) {
+        visit_dtype(x.dtype(), [&](auto tag) {
           using T = decltype(tag);
           T* d = static_cast<T*>(s.mutable_host_data());
           const T* q = static_cast<const T*>(y.host_data());
