@@ -93,6 +93,10 @@ using Dataset = std::unique_ptr<void, DatasetCloser>;
 /// that is there but not an allowed raster, or a refused virtual path, std::invalid_argument.
 Dataset open_readonly(const std::string& path, const OpenOptions& open, const char* who);
 
+/// Whether @p driver names the option @p name in its metadata item @p list
+/// (GDAL_DMD_CREATIONOPTIONLIST or GDAL_DMD_OPENOPTIONLIST). Never throws.
+bool driver_lists_option(GDALDriverH driver, const char* list, const char* name);
+
 /// Flushes and closes the written dataset @p ds, then throws if GDAL reported any failure while
 /// it was written, flushed or closed (GDALFlushCache and GDALClose return void before GDAL 3.7,
 /// so @p errors is what tells).

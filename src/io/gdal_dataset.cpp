@@ -60,6 +60,15 @@ bool is_virtual_path(const std::string& path) {
   });
 }
 
+bool driver_lists_option(GDALDriverH driver, const char* list, const char* name) {
+  const char* known = GDALGetMetadataItem(driver, list, nullptr);
+  if (known == nullptr) return false;
+  const std::string single = std::string("name='") + name + "'";
+  const std::string dbl = std::string("name=\"") + name + "\"";
+  return std::strstr(known, single.c_str()) != nullptr ||
+         std::strstr(known, dbl.c_str()) != nullptr;
+}
+
 /// Opens @p path for reading as @p who (the public call, first in every message). A local file
 /// that cannot be reached (missing, no permission) is a std::system_error with the errno; a file
 /// that is there but not an allowed raster, or a refused virtual path, std::invalid_argument.
@@ -82,6 +91,9 @@ Dataset open_readonly(const std::string& path, const OpenOptions& open, const ch
   if (open.allow_virtual) drivers.emplace_back("VRT");
   CPLStringList allowed;
   for (const std::string& d : drivers) allowed.AddString(d.c_str());
+  VSR_EXPECTS(open.num_threads >= -1, std::string(who) + ": OpenOptions::num_threads " +
+                                          std::to_string(open.num_threads) +
+                                          " is not -1 (every CPU), 0 (one) or positive");
   GDALDatasetH ds =
       GDALOpenEx(path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR,
                  allowed.List(), nullptr, nullptr);

@@ -20,9 +20,12 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -162,12 +165,70 @@ void apply_copied_metadata(const CopiedMetadata& m, GDALDatasetH dst, int out_ba
 
 struct RasterFileSource::State {
   std::string path;
+  OpenOptions open;
   Dataset ds;
+  /// More handles of the file, one per extra reading thread (OpenOptions::num_threads), opened
+  /// at the first read that uses them.
+  std::vector<Dataset> more;
+  int threads = 1;      ///< threads a read may use
+  int block_rows = 1;   ///< GDAL block height of the first selected band
   RasterMetadata meta;  ///< of the selected bands (nodata: the first's)
   std::vector<int> bands;
   std::vector<std::optional<NodataValue>> nodata;
   std::vector<bool> masked, chosen;  ///< per band: a GDAL mask; its nodata chosen for it
   bool has_geotransform = true;
+
+  /// Reads @p window of @p bands of the file into @p tile (allocated for it) in row strips
+  /// of whole blocks, strip i on handle i (the source's own handle first, the others opened on
+  /// first use), each strip on a thread of its own but the first, which runs on the calling
+  /// thread. The first error (GDAL's, or opening a handle) is rethrown once every strip is done.
+  void read_strips(const RasterWindow& window, const std::vector<int>& bands,
+                   OwnedRasterArray& tile, int strips) {
+    State& s = *this;
+    // Strips of whole blocks that cover every row: the last takes what is left.
+    const std::int64_t even = (window.height + strips - 1) / strips;
+    const std::int64_t rows_per = (even + s.block_rows - 1) / s.block_rows * s.block_rows;
+    std::mutex error_mutex;
+    std::exception_ptr error;
+    const auto strip = [&](int i, GDALDatasetH ds) {
+      try {
+        QuietErrors quiet;
+        RasterWindow w = window;
+        w.row_off = window.row_off + i * rows_per;
+        w.height = std::min(rows_per, window.row_off + window.height - w.row_off);
+        if (w.height <= 0) return;
+        auto* buf = static_cast<std::byte*>(tile.mutable_host_data()) +
+                    static_cast<std::size_t>((w.row_off - window.row_off) * window.width) *
+                        itemsize(tile.dtype());
+        std::vector<int> b = bands;
+        raster_io(ds, GF_Read, w, buf, tile.dtype(), b, window.width, window.width * window.height,
+                  s.path);
+        quiet.check("cannot read '" + shown(s.path) + "'");
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    };
+    {
+      QuietErrors quiet;
+      while (static_cast<int>(s.more.size()) < strips - 1) {
+        s.more.push_back(open_readonly(s.path, s.open, "RasterFileSource"));
+      }
+    }
+    std::vector<std::thread> others;
+    others.reserve(static_cast<std::size_t>(strips - 1));
+    try {
+      for (int i = 1; i < strips; ++i) {
+        others.emplace_back(strip, i, s.more[static_cast<std::size_t>(i - 1)].get());
+      }
+    } catch (...) {
+      std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();  // a thread that could not start
+    }
+    strip(0, s.ds.get());
+    for (std::thread& t : others) t.join();
+    if (error) std::rethrow_exception(error);
+  }
 };
 
 RasterFileSource::RasterFileSource(const std::string& path, const OpenOptions& open,
@@ -177,7 +238,11 @@ RasterFileSource::RasterFileSource(const std::string& path, const OpenOptions& o
   QuietErrors quiet;
   State& s = *state_;
   s.path = path;
+  s.open = open;
   s.ds = open_readonly(path, open, who);
+  s.threads = open.num_threads < 0
+                  ? static_cast<int>(std::max(1U, std::thread::hardware_concurrency()))
+                  : std::max(1, open.num_threads);
   s.meta = metadata_of(s.ds.get(), path, bands, /*mixed_nodata=*/true);
   s.bands = bands.empty() ? all_bands(GDALGetRasterCount(s.ds.get())) : std::move(bands);
   for (const int b : s.bands) {
@@ -203,6 +268,9 @@ RasterFileSource::RasterFileSource(const std::string& path, const OpenOptions& o
   }
   std::array<double, 6> gt{};
   s.has_geotransform = GDALGetGeoTransform(s.ds.get(), gt.data()) == CE_None;
+  int block_cols = 1;
+  GDALGetBlockSize(GDALGetRasterBand(s.ds.get(), s.bands.front()), &block_cols, &s.block_rows);
+  s.block_rows = std::max(1, s.block_rows);
   CPLErrorReset();
 }
 
@@ -242,10 +310,23 @@ OwnedRasterArray RasterFileSource::read(const RasterWindow& window, int first_ba
                   std::to_string(band_count) + " of " + std::to_string(s.bands.size()));
   QuietErrors quiet;
   const auto first = s.bands.begin() + first_band;
-  OwnedRasterArray tile =
-      read_open(s.ds.get(), s.path, window, std::vector<int>(first, first + band_count),
-                /*check_memory=*/false, /*mixed_nodata=*/true)
-          .with_nodata(s.nodata[static_cast<std::size_t>(first_band)]);
+  const std::vector<int> bands(first, first + band_count);
+  // A window of several block rows is read in strips at once when threads are allowed.
+  const int strips =
+      static_cast<int>(std::min<std::int64_t>(s.threads, window.height / s.block_rows));
+  std::optional<OwnedRasterArray> read;
+  if (strips >= 2 && window.width > 0 && window.col_off >= 0 && window.row_off >= 0 &&
+      window.col_off <= s.meta.width - window.width &&
+      window.row_off <= s.meta.height - window.height) {
+    read = OwnedRasterArray::allocate(
+        Residency::host, s.meta.dtype, band_count, window.height, window.width, std::nullopt,
+        s.meta.affine.shifted(window.col_off, window.row_off), s.meta.crs);
+    s.read_strips(window, bands, *read, strips);
+  } else {
+    read = read_open(s.ds.get(), s.path, window, bands, /*check_memory=*/false,
+                     /*mixed_nodata=*/true);
+  }
+  OwnedRasterArray tile = read->with_nodata(s.nodata[static_cast<std::size_t>(first_band)]);
   if (std::any_of(s.masked.begin() + first_band, s.masked.begin() + first_band + band_count,
                   [](bool m) { return m; })) {
     const auto at = [&](const auto& v) {

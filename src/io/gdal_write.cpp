@@ -270,10 +270,8 @@ CPLStringList creation_options(GDALDriverH driver, const std::string& driver_nam
     opts.SetNameValue("BIGTIFF", "IF_SAFER");
   }
   // NUM_THREADS only where the driver takes it (GTiff does), so others warn about nothing.
-  const char* known = GDALGetMetadataItem(driver, GDAL_DMD_CREATIONOPTIONLIST, nullptr);
-  if (options.num_threads != 0 && known != nullptr &&
-      (std::strstr(known, "name='NUM_THREADS'") != nullptr ||
-       std::strstr(known, "name=\"NUM_THREADS\"") != nullptr)) {
+  if (options.num_threads != 0 &&
+      driver_lists_option(driver, GDAL_DMD_CREATIONOPTIONLIST, "NUM_THREADS")) {
     opts.SetNameValue("NUM_THREADS", options.num_threads < 0
                                          ? "ALL_CPUS"
                                          : std::to_string(options.num_threads).c_str());

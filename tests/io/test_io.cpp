@@ -1119,3 +1119,51 @@ TEST_CASE("masked integer bands without nodata get one no valid pixel takes") {
                        doctest::Contains("the value its masked pixels were given"),
                        std::runtime_error);
 }
+
+TEST_CASE("a source reading with several threads reads every window as one thread does") {
+  TempDir dir;
+  // 3 bands of 300 x 200 float32 in 32 x 32 tiled DEFLATE blocks, pixel-interleaved, every
+  // pixel distinct.
+  const std::string f = dir.file("strips.tif");
+  const int w = 200, h = 300, nb = 3;
+  {
+    CPLStringList co;
+    co.SetNameValue("TILED", "YES");
+    co.SetNameValue("BLOCKXSIZE", "32");
+    co.SetNameValue("BLOCKYSIZE", "32");
+    co.SetNameValue("COMPRESS", "DEFLATE");
+    GDALDatasetH ds =
+        GDALCreate(GDALGetDriverByName("GTiff"), f.c_str(), w, h, nb, GDT_Float32, co.List());
+    REQUIRE(ds != nullptr);
+    std::vector<float> px(static_cast<std::size_t>(w * h * nb));
+    for (std::size_t i = 0; i < px.size(); ++i) px[i] = static_cast<float>(i) * 0.25F;
+    REQUIRE(GDALDatasetRasterIO(ds, GF_Write, 0, 0, w, h, px.data(), w, h, GDT_Float32, nb, nullptr,
+                                0, 0, 0) == CE_None);
+    GDALClose(ds);
+  }
+  RasterFileSource one(f);
+  for (const int threads : {2, 3, 4, -1}) {
+    CAPTURE(threads);
+    OpenOptions open;
+    open.num_threads = threads;
+    RasterFileSource many(f, open);
+    // Heights around the block size and the thread count, windows inside and at the edges.
+    for (const std::int64_t rows : {1, 31, 32, 33, 63, 64, 65, 97, 129, 257, 299, 300}) {
+      for (const std::int64_t row_off : {std::int64_t{0}, std::int64_t{7}, h - rows}) {
+        if (row_off + rows > h) continue;
+        CAPTURE(rows);
+        CAPTURE(row_off);
+        const RasterWindow win{5, row_off, 150, rows};
+        for (const auto& [first, count] : {std::pair{0, 3}, std::pair{1, 2}, std::pair{2, 1}}) {
+          const OwnedRasterArray a = one.read(win, first, count);
+          const OwnedRasterArray b = many.read(win, first, count);
+          CHECK(b.affine() == a.affine());
+          CHECK(as_vector<float>(b) == as_vector<float>(a));
+        }
+      }
+    }
+  }
+  OpenOptions bad;
+  bad.num_threads = -2;
+  CHECK_THROWS_AS(RasterFileSource(f, bad), std::invalid_argument);
+}

@@ -396,6 +396,57 @@ def run_rss(env, args):
     return p.returncode, out, err, usage.ru_maxrss * 1024
 
 
+def printed_bytes(text):
+    """Bytes of a size as the summary prints it ("66.00 MiB", "1.00 GiB", "512 B")."""
+    number, unit = text.split()
+    scale = {"B": 1, "KiB": 1024, "MiB": MiB, "GiB": 1024 * MiB, "TiB": 1024 * 1024 * MiB}
+    return float(number) * scale[unit]
+
+
+@case
+def peak_memory_within_the_printed_plan(env):
+    # Every op over a file that streams in many tiles: its peak RSS stays within what vsr-run
+    # itself takes (an 8 x 8 run) plus the host memory the summary's stages line prints for the
+    # run, with the stages overlapped, and 24 MiB for thread stacks and GDAL's per-thread
+    # buffers.
+    tiny = env.make(env.path("tiny.tif"), "--width", 8, "--height", 8, "--bands", 4)
+    rc, _, err, baseline = run_rss(env, ["--op", "focal-mean", "--input", tiny, "--output",
+                                         env.path("tiny-out.tif")])
+    check(rc == 0, err)
+    src = env.make(env.path("in.tif"), "--width", 1536, "--height", 1536, "--bands", 4,
+                   "--block", 256, "--interleave", "pixel", "--nodata", "-9999")
+    runs = {
+        "stats": ["--op", "stats"],
+        "histogram": ["--op", "histogram", "--bins", 64],
+        "rescale": ["--op", "rescale", "--ot", "uint8", "--out-range", "1,255"],
+        "clip": ["--op", "clip", "--range", "10,100"],
+        "fill-nodata": ["--op", "fill-nodata", "--value", 0],
+        "focal-mean": ["--op", "focal-mean"],
+        "ndvi": ["--op", "ndvi"],
+        "calc": ["--op", "calc", "--calc", "A[1] * 2 + A[2]", "--calc", "sqrt(abs(A[3]))"],
+    }
+    for name, args in list(runs.items()) + [("pipeline", None)]:
+        out = env.path("out-%s.tif" % name)
+        if args is None:
+            words = ["pipeline", "read", "A=" + src, "!", "calc", "--calc", "X[1] + X[4]", "!",
+                     "focal-mean", "!", "write", out, "--budget", "24M"]
+        else:
+            words = args + ["--input", src, "--budget", "24M"]
+            if name not in ("stats", "histogram"):
+                words += ["--output", out]
+        rc, text, err, rss = run_rss(env, words)
+        check(rc == 0, "%s: %s" % (name, err))
+        lines = [l for l in text.decode().splitlines() if l.startswith("  stages ")]
+        check(len(lines) == 1, "%s: no stages line in %r" % (name, text))
+        stages = lines[0]
+        check("overlapped" in stages, "%s: %s" % (name, stages))
+        printed = printed_bytes(stages.split("host memory ")[1].split(" at most")[0])
+        bound = baseline + printed + 24 * MiB
+        check(env.sanitized or rss <= bound,
+              "%s: peak RSS %.0f MiB above the printed %.0f MiB + %.0f MiB baseline + 24 MiB" % (
+                  name, rss / MiB, printed / MiB, baseline / MiB))
+
+
 @case
 def memory_bounded_by_plan(env):
     # What vsr-run itself takes (libraries, GDAL, the emulator): a run over an 8 x 8 file.

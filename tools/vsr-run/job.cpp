@@ -2,7 +2,9 @@
 // One vsr-run (job.hpp): checks, input, plan, and the op through the tile executor.
 #include "job.hpp"
 
+#include "checked_math.hpp"
 #include "cli.hpp"
+#include "dtype_visit.hpp"
 #include "format.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
@@ -232,38 +234,8 @@ vsr::OwnedRasterArray retag(const vsr::OwnedRasterArray& r,
   const std::int64_t n = r.height() * r.width();
   const int nb = r.band_count();
   const vsr::DType t = r.dtype();
-  switch (t) {
-    case vsr::DType::uint8:
-      retag_pixels(static_cast<std::uint8_t*>(px), n, nb, t, from, to);
-      break;
-    case vsr::DType::int8:
-      retag_pixels(static_cast<std::int8_t*>(px), n, nb, t, from, to);
-      break;
-    case vsr::DType::uint16:
-      retag_pixels(static_cast<std::uint16_t*>(px), n, nb, t, from, to);
-      break;
-    case vsr::DType::int16:
-      retag_pixels(static_cast<std::int16_t*>(px), n, nb, t, from, to);
-      break;
-    case vsr::DType::uint32:
-      retag_pixels(static_cast<std::uint32_t*>(px), n, nb, t, from, to);
-      break;
-    case vsr::DType::int32:
-      retag_pixels(static_cast<std::int32_t*>(px), n, nb, t, from, to);
-      break;
-    case vsr::DType::uint64:
-      retag_pixels(static_cast<std::uint64_t*>(px), n, nb, t, from, to);
-      break;
-    case vsr::DType::int64:
-      retag_pixels(static_cast<std::int64_t*>(px), n, nb, t, from, to);
-      break;
-    case vsr::DType::float32:
-      retag_pixels(static_cast<float*>(px), n, nb, t, from, to);
-      break;
-    default:
-      retag_pixels(static_cast<double*>(px), n, nb, t, from, to);
-      break;
-  }
+  vsr::detail::visit_dtype(
+      t, [&](auto type) { retag_pixels(static_cast<decltype(type)*>(px), n, nb, t, from, to); });
   return out.with_nodata(to);
 }
 
@@ -461,6 +433,7 @@ void Job::check_output() {
   }
   open_.allow_virtual = args_.allow_virtual;
   open_.ignore_mask = args_.ignore_mask;
+  open_.num_threads = args_.threads;  // GTiff decodes in parallel, as it encodes
 }
 
 /// A raster output, tried before any pixel is read: a small file of the output's dtype, band
@@ -675,16 +648,19 @@ void Job::make_plan() {
     plan_ = vsr::plan_from_metadata(plan_meta, popts_);
     tiled_ = plan_.strategy == vsr::TilingStrategy::tiled;
   }
+  if (from_file_) stream_plan(plan_meta);
   if (!calc_sources_.empty()) {
     // GDAL's block cache is one for the process: room for every input's blocks.
     std::uint64_t cache = 0;
     for (const auto& src : calc_sources_) cache += src->gdal_cache_for(plan_, false);
     gdal_cache_ = cache;
+    choose_overlap();
     for (const auto& src : calc_sources_) {
       vsr::StreamOptions memory;
       memory.per_band = false;
       memory.host_memory_limit = args_.host_memory.value_or(0);
       memory.gdal_cache_bytes = cache;
+      memory.overlap = overlap_;
       src->prepare(plan_, memory, "vsr-run");
     }
   }
@@ -693,9 +669,68 @@ void Job::make_plan() {
     memory.per_band = per_band_op_;
     memory.host_memory_limit = args_.host_memory.value_or(0);
     memory.gdal_cache_bytes = gdal_cache_ = file_->gdal_cache_for(plan_, per_band_op_);
+    choose_overlap();
+    memory.overlap = overlap_;
     file_->prepare(plan_, memory, "vsr-run");
   }
+  count_host_bytes();
   stats_.assign(bands_.size(), {});
+}
+
+/// A file run streams: the plan the budget allows is narrowed to tiles of at most
+/// kStreamTileBytes of input over every selected band, when such a plan fits the budget and has
+/// two tiles or more, so that reading, computing and writing overlap (choose_overlap) and each
+/// block of a pixel-interleaved file is decoded once (a tile carries every band).
+void Job::stream_plan(const vsr::RasterMetadata& plan_meta) {
+  vsr::PlanOptions s = popts_;
+  s.per_band = false;
+  // The planner keeps 30% of a budget back and counts the halo: room for a tile of
+  // kStreamTileBytes (and its buffers) with 10% to spare.
+  const auto want = static_cast<std::uint64_t>(static_cast<double>(kStreamTileBytes) *
+                                               s.buffers_per_band * 1.1 / 0.7) +
+                    s.scratch_bytes;
+  s.vram_budget = std::min(*popts_.vram_budget, want);
+  const vsr::RasterPlan p = vsr::plan_from_metadata(plan_meta, s);
+  if (p.strategy != vsr::TilingStrategy::tiled || p.n_tiles < 2 || !p.fits_budget) return;
+  if (tiled_ && plan_.n_tiles >= p.n_tiles) return;  // the budget's tiles are smaller already
+  plan_ = p;
+  tiled_ = true;
+  streamed_ = true;
+}
+
+/// Overlaps the stages of a file run with two or more tiles (TileRunOptions::overlap 1: one
+/// tile queued between stages) when the host memory that keeps live fits --host-memory (or
+/// what is available); one stage after another otherwise.
+void Job::choose_overlap() {
+  overlap_ = 0;
+  if (!from_file_) return;
+  std::int64_t stops = tiled_ ? plan_.n_tiles : 1;
+  if (file_) {
+    stops *= static_cast<std::int64_t>(vsr::tile_passes(band_nodata_, plan_, per_band_op_).size());
+  }
+  if (stops < 2) return;
+  std::uint64_t bytes = 0;
+  try {
+    if (file_) bytes = file_->run_host_bytes(plan_, per_band_op_, 1, gdal_cache_);
+    for (const auto& src : calc_sources_) {
+      bytes = vsr::detail::checked_add(bytes, src->run_host_bytes(plan_, false, 1, gdal_cache_),
+                                       "the host memory of a run");
+    }
+  } catch (const std::overflow_error&) {
+    return;
+  }
+  if (bytes <= args_.host_memory.value_or(vsr::available_host_memory())) overlap_ = 1;
+}
+
+/// The host memory the run's passes need at once (RasterFileSource::run_host_bytes of every
+/// input, with the run's overlap): what the summary prints.
+void Job::count_host_bytes() {
+  host_bytes_ = 0;
+  if (file_) host_bytes_ = file_->run_host_bytes(plan_, per_band_op_, overlap_, gdal_cache_);
+  for (const auto& src : calc_sources_) {
+    host_bytes_ = vsr::detail::checked_add(
+        host_bytes_, src->run_host_bytes(plan_, false, overlap_, gdal_cache_), "host memory");
+  }
 }
 
 /// How the run goes through the executor: the op's band rule, placement, progress.
@@ -704,6 +739,7 @@ vsr::TileRunOptions Job::tile_options(Progress& progress) const {
   o.name = "vsr-run";
   o.per_band = per_band_op_;
   o.mixed_nodata = !per_band_op_;
+  o.overlap = overlap_;
   o.placement = placement_.residency;
   o.gpu.buffers_per_band = popts_.buffers_per_band;
   o.gpu.vram_budget = popts_.vram_budget;
@@ -1206,18 +1242,8 @@ void Job::print_dry_run() const {
   std::printf("  input       %s\n", input_label_.c_str());
   std::printf("  steps       read ! %s ! write\n", steps.c_str());
   std::printf("  halo        %d (the sum of the steps')\n", chain_->halo());
-  std::string plan_text = std::string(vsr::to_string(plan_.strategy));
-  if (tiled_) {
-    plan_text += ", " + std::to_string(plan_.n_tiles) + " tiles of " +
-                 std::to_string(plan_.tile_shape->first) + " x " +
-                 std::to_string(plan_.tile_shape->second) + " (halo " + std::to_string(plan_.halo) +
-                 ")";
-  } else {
-    plan_text += ", 1 tile";
-  }
-  plan_text += ", " + std::to_string(plan_.bands_per_pass) + " band(s) per pass, budget " +
-               vsr_cli::format_bytes(*popts_.vram_budget) + budget_note_;
-  std::printf("  plan        %s\n", plan_text.c_str());
+  std::printf("  plan        %s\n", plan_text().c_str());
+  std::printf("  stages      %s\n", stages_text().c_str());
   std::printf("  output      %s (%s)\n", printable(args_.output).c_str(), write_.driver.c_str());
 }
 

@@ -23,6 +23,11 @@
 
 namespace vsr_run {
 
+/// Input bytes (every selected band) of one tile of a streamed file run at most: small enough
+/// that a run of a large file has many tiles for its stages to overlap, large enough that GDAL
+/// reads and writes long runs of blocks and a device's copies stay efficient.
+inline constexpr std::uint64_t kStreamTileBytes = 64ULL << 20;
+
 using RasterFn = std::function<vsr::OwnedRasterArray(const vsr::OwnedRasterArray&)>;
 
 /// Progress on stderr: on a terminal one line updated as each tile is read, computed and written;
@@ -60,6 +65,9 @@ class Job {
                          const std::string& advice) const;
   void open_input();
   void make_plan();
+  void stream_plan(const vsr::RasterMetadata& plan_meta);
+  void choose_overlap();
+  void count_host_bytes();
   vsr::TileRunOptions tile_options(Progress& progress) const;
   void reduce(const std::string& what, const vsr::VisitTileSink::Visit& visit);
   void run_statistics();
@@ -83,6 +91,8 @@ class Job {
   // report.cpp
   void print_results();
   void print_summary(double seconds) const;
+  std::string plan_text() const;
+  std::string stages_text() const;
 
   const Arguments& args_;
   /// What the run is doing, for the message of an allocation that fails all the same.
@@ -111,6 +121,9 @@ class Job {
   std::string budget_note_;
   vsr::RasterPlan plan_;
   bool tiled_ = false;
+  bool streamed_ = false;         ///< the plan's tiles are the streaming size (stream_plan)
+  int overlap_ = 0;               ///< TileRunOptions::overlap of the run (choose_overlap)
+  std::uint64_t host_bytes_ = 0;  ///< host memory of a file run's passes (count_host_bytes)
   bool per_band_op_ = true;
   std::optional<std::uint64_t> gdal_cache_;
   std::optional<Progress> progress_;

@@ -114,7 +114,9 @@ output:
   -a_nodata V        the output's nodata (also --a_nodata, as gdal_translate): a number of the
                      output's type (exact for 64-bit integers; nan for float types), or none for
                      no nodata (invalid pixels are then written as NaN, or 0 for integer types)
-  --threads N        threads GDAL compresses with (NUM_THREADS; default: every CPU)
+  --threads N        threads reading and compressing (default: every CPU): a tile's rows are
+                     read in strips of whole blocks on that many handles at once, and GDAL
+                     compresses with NUM_THREADS
   --json             stats and histogram: print JSON (full precision) instead of a table. A
                      statistic JSON has no number for is a string: "inf", "-inf" or "nan" (a
                      band holding infinities); null means the band has no valid pixel
@@ -145,6 +147,11 @@ resources:
                      refuse up front a run that needs more host memory than this (default: what
                      is available): a file run's pass (tile, result, GDAL's blocks and block
                      cache), the sample raster and its result, histograms and their text
+
+A file run streams: tiles of at most 64 MiB of input over every band when the budget allows and
+the file makes two or more, tile k+1 read while tile k is computed and tile k-1 written (the
+summary's "stages" line, with the host memory that needs; stages one after another when it does
+not fit --host-memory).
 
 sample (no --input):
   --sample-size N    sample raster side in pixels (default 2048)

@@ -125,6 +125,34 @@ void Job::print_results() {
   }
 }
 
+std::string Job::plan_text() const {
+  std::string text = std::string(vsr::to_string(plan_.strategy));
+  if (tiled_) {
+    text += ", " + std::to_string(plan_.n_tiles) + " tiles of " +
+            std::to_string(plan_.tile_shape->first) + " x " +
+            std::to_string(plan_.tile_shape->second) + " (halo " + std::to_string(plan_.halo) + ")";
+  }
+  text += ", " + std::to_string(plan_.bands_per_pass) + " band(s) per pass, budget " +
+          vsr_cli::format_bytes(*popts_.vram_budget) + budget_note_ + ", " +
+          vsr_cli::format_bytes(plan_.estimated_vram_per_tile) + " per pass" +
+          (plan_.fits_budget ? "" : " (does NOT fit the budget)");
+  if (streamed_)
+    text += "; tiles of at most " + vsr_cli::format_bytes(kStreamTileBytes) + " streamed";
+  return text;
+}
+
+std::string Job::stages_text() const {
+  std::string text = overlap_ > 0 ? "reading, computing and writing overlapped (" +
+                                        std::to_string(overlap_) + " tile(s) queued between stages)"
+                                  : "reading, computing and writing one after another";
+  if (host_bytes_ > 0) {
+    text += ", host memory " + vsr_cli::format_bytes(host_bytes_) + " at most (" +
+            std::to_string(vsr::overlap_tiles_live(overlap_)) +
+            " tile(s) and result(s) live, GDAL's blocks and cache)";
+  }
+  return text;
+}
+
 void Job::print_summary(double seconds) const {
   const double pixels = static_cast<double>(bands_.size()) * static_cast<double>(meta_.height) *
                         static_cast<double>(meta_.width);
@@ -138,18 +166,8 @@ void Job::print_summary(double seconds) const {
   std::fprintf(out, "  driver      %s\n", placement_.reason.c_str());
   std::fprintf(out, "  tier        %s\n",
                pool.tier.empty() ? "none (no device memory pool)" : pool.tier.c_str());
-  std::string plan_text = std::string(vsr::to_string(plan_.strategy));
-  if (tiled_) {
-    plan_text += ", " + std::to_string(plan_.n_tiles) + " tiles of " +
-                 std::to_string(plan_.tile_shape->first) + " x " +
-                 std::to_string(plan_.tile_shape->second) + " (halo " + std::to_string(plan_.halo) +
-                 ")";
-  }
-  plan_text += ", " + std::to_string(plan_.bands_per_pass) + " band(s) per pass, budget " +
-               vsr_cli::format_bytes(*popts_.vram_budget) + budget_note_ + ", " +
-               vsr_cli::format_bytes(plan_.estimated_vram_per_tile) + " per pass" +
-               (plan_.fits_budget ? "" : " (does NOT fit the budget)");
-  std::fprintf(out, "  plan        %s\n", plan_text.c_str());
+  std::fprintf(out, "  plan        %s\n", plan_text().c_str());
+  if (from_file_) std::fprintf(out, "  stages      %s\n", stages_text().c_str());
   if (gdal_cache_) {
     std::fprintf(out, "  gdal cache  %s (from the plan)\n",
                  vsr_cli::format_bytes(*gdal_cache_).c_str());

@@ -94,6 +94,14 @@ struct OpenOptions {
   /// and 16-bit integers, found by a pass over the band), which becomes the band's nodata
   /// (RasterFileSource::band_nodata). read_raster and read_raster_info read the file as it is.
   bool ignore_mask = false;
+  /// Threads a RasterFileSource reads a window with: its rows are split into strips of whole
+  /// GDAL blocks, each read (and decoded) on a handle of its own, at once. 0 or 1: one thread,
+  /// -1: every CPU, n > 1: up to n. Decoding compressed blocks is a large part of a streamed
+  /// run's time. GDAL's own multi-threaded decoding (GTiff's NUM_THREADS open option) is not
+  /// used: GDAL 3.6 can deadlock with it while the same process writes a compressed file (its
+  /// decoding workers evict the output's blocks, which wait on compression queued behind them).
+  /// read_raster and read_raster_info read with one thread.
+  int num_threads = 0;
 };
 
 /**
