@@ -69,6 +69,21 @@ bool driver_lists_option(GDALDriverH driver, const char* list, const char* name)
          std::strstr(known, dbl.c_str()) != nullptr;
 }
 
+/// NUM_THREADS=1 for the driver that will open @p path (among @p allowed) when it takes that
+/// open option (GTiff): inputs are decoded on the thread that reads them, whatever
+/// GDAL_NUM_THREADS says. GDAL 3.6's multi-threaded decoding deadlocks against a compressed
+/// file written at the same time in the process (its decoding workers evict the output's
+/// blocks, which wait for compression jobs queued behind them), as a streamed run does; reads
+/// go in parallel on handles of their own instead (OpenOptions::num_threads).
+CPLStringList one_decoding_thread(const std::string& path, const CPLStringList& allowed) {
+  CPLStringList options;
+  GDALDriverH driver = GDALIdentifyDriverEx(path.c_str(), GDAL_OF_RASTER, allowed.List(), nullptr);
+  if (driver != nullptr && driver_lists_option(driver, GDAL_DMD_OPENOPTIONLIST, "NUM_THREADS")) {
+    options.SetNameValue("NUM_THREADS", "1");
+  }
+  return options;
+}
+
 /// Opens @p path for reading as @p who (the public call, first in every message). A local file
 /// that cannot be reached (missing, no permission) is a std::system_error with the errno; a file
 /// that is there but not an allowed raster, or a refused virtual path, std::invalid_argument.
@@ -96,7 +111,7 @@ Dataset open_readonly(const std::string& path, const OpenOptions& open, const ch
                                           " is not -1 (every CPU), 0 (one) or positive");
   GDALDatasetH ds =
       GDALOpenEx(path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY | GDAL_OF_VERBOSE_ERROR,
-                 allowed.List(), nullptr, nullptr);
+                 allowed.List(), one_decoding_thread(path, allowed).List(), nullptr);
   if (ds != nullptr) return Dataset(ds);
   std::string why = gdal_message();
   // Say so when the file is a raster of a format that is not allowed.
