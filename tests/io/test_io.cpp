@@ -2,6 +2,7 @@
 // GDAL raster I/O: round trips of all ten dtypes, georeferencing, nodata, windows, band subsets,
 // errors, and the streamed tile-by-tile path. Input files are made with GDAL's own C API.
 #include "common/byte_text.hpp"
+#include "temp_dir.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/dispatch.hpp>
@@ -39,19 +40,8 @@ namespace fs = std::filesystem;
 namespace {
 
 /// A fresh directory removed at the end of the test case.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("vsr-io-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+struct TempDir : vsr_test::TempDir {
+  TempDir() : vsr_test::TempDir("vsr-io") {}
 };
 
 /// Writes a float32 raster with GDAL directly (not through the library under test): a GeoTIFF,

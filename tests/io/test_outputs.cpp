@@ -4,6 +4,7 @@
 // killed writers (and live ones kept), targets that are not regular files, concurrent writers,
 // and host memory (streamed runs hold no tile list). Inputs are made with GDAL's own C API.
 #include "io/output_file.hpp"
+#include "temp_dir.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/dispatch.hpp>
@@ -40,19 +41,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("vsr-out-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+/// A fresh directory removed at the end of the test case.
+struct TempDir : vsr_test::TempDir {
+  TempDir() : vsr_test::TempDir("vsr-out") {}
 };
 
 std::vector<std::string> names_in(const fs::path& dir) {

@@ -128,38 +128,16 @@ std::vector<std::byte> pixel_bytes(vsr::DType t, const vsr::NodataValue& v) {
   if (!holds(t, v) && t != vsr::DType::int64 && t != vsr::DType::uint64) return out;
   const auto put = [&](auto x) { std::memcpy(out.data(), &x, sizeof x); };
   const double d = v.to_double();
-  switch (t) {
-    case vsr::DType::uint8:
-      put(static_cast<std::uint8_t>(d));
-      break;
-    case vsr::DType::int8:
-      put(static_cast<std::int8_t>(d));
-      break;
-    case vsr::DType::uint16:
-      put(static_cast<std::uint16_t>(d));
-      break;
-    case vsr::DType::int16:
-      put(static_cast<std::int16_t>(d));
-      break;
-    case vsr::DType::uint32:
-      put(static_cast<std::uint32_t>(d));
-      break;
-    case vsr::DType::int32:
-      put(static_cast<std::int32_t>(d));
-      break;
-    case vsr::DType::uint64:
+  vsr::detail::visit_dtype(t, [&](auto type) {
+    using T = decltype(type);
+    if constexpr (std::is_same_v<T, std::uint64_t>) {
       put(v.as_uint64().value_or(0));
-      break;
-    case vsr::DType::int64:
+    } else if constexpr (std::is_same_v<T, std::int64_t>) {
       put(v.as_int64().value_or(0));
-      break;
-    case vsr::DType::float32:
-      put(static_cast<float>(d));
-      break;
-    default:
-      put(d);
-      break;
-  }
+    } else {
+      put(static_cast<T>(d));
+    }
+  });
   return out;
 }
 
