@@ -105,8 +105,17 @@ std::optional<double> as_double(const std::optional<NodataValue>& v) {
 // Moves the storage's pixels to `target`; the caller holds s.mutex.
 /// "(bands x height x width dtype)" of a storage, for event details.
 std::string shape_text(const detail::RasterStorage& s) {
-  return "(" + std::to_string(s.bands) + "x" + std::to_string(s.height) + "x" +
-         std::to_string(s.width) + " " + std::string(to_string(s.dtype)) + ")";
+  // Appended piece by piece: GCC 12's -Wrestrict misfires on "(" + std::to_string(...) at -O3.
+  std::string t("(");
+  t += std::to_string(s.bands);
+  t += 'x';
+  t += std::to_string(s.height);
+  t += 'x';
+  t += std::to_string(s.width);
+  t += ' ';
+  t += to_string(s.dtype);
+  t += ')';
+  return t;
 }
 
 /// Records a transfer of the whole storage that began at @p start. Never throws: a log that

@@ -51,8 +51,15 @@ void record_dispatch(const OwnedRasterArray& result, const char* who, const std:
 
 /// "bands=B shape=(H, W)" of @p raster.
 std::string bands_text(const OwnedRasterArray& raster) {
-  return "bands=" + std::to_string(raster.band_count()) + " shape=(" +
-         std::to_string(raster.height()) + ", " + std::to_string(raster.width()) + ")";
+  // Appended piece by piece: GCC 12's -Wrestrict misfires on "..." + std::to_string(...) at -O3.
+  std::string t("bands=");
+  t += std::to_string(raster.band_count());
+  t += " shape=(";
+  t += std::to_string(raster.height());
+  t += ", ";
+  t += std::to_string(raster.width());
+  t += ')';
+  return t;
 }
 
 }  // namespace
