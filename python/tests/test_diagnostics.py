@@ -91,6 +91,18 @@ def test_move_to_records_transfers_with_bytes_and_seconds():
                for e in t)
 
 
+def test_to_numpy_of_a_device_raster_records_a_materialization():
+    r = from_numpy(np.zeros((3, 4), np.float64), residency="device")
+    r.to_numpy()
+    m = kinds(r, RasterDiagnosticKind.MATERIALIZATION)
+    assert [e.detail for e in m] == ["to_numpy device->host copy 96 bytes"]
+    assert m[0].bytes_transferred == 96 and m[0].residency is Residency.DEVICE
+    assert r.residency is Residency.DEVICE
+    host = from_numpy(np.zeros((3, 4), np.float64))
+    host.to_numpy()  # a view: nothing copied, nothing recorded
+    assert kinds(host, RasterDiagnosticKind.MATERIALIZATION) == []
+
+
 def test_external_device_memory_moved_to_the_host_keeps_its_log():
     src = from_numpy(np.ones((4, 4), np.uint16), residency="device")
     r = from_device(src.device_array())

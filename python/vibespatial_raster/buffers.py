@@ -623,7 +623,8 @@ class OwnedRasterArray:
         """The pixels as a NumPy array of :attr:`shape`.
 
         Host-resident: a writable view of the raster's storage, no copy (it keeps the storage
-        alive). Device-resident: a copy (device to host).
+        alive). Device-resident: a copy (device to host; the raster stays on the device), with
+        a ``MATERIALIZATION`` event in :attr:`diagnostics`.
         """
         dtype = self.dtype
         shape3 = (self.band_count, self.height, self.width)
@@ -631,13 +632,17 @@ class OwnedRasterArray:
             view = _core.array_view(self._native.host_pointer, list(shape3), dtype.name,
                                     _DLPACK_CPU, 0, self._native, True)
             out = np.asarray(view)
-        elif self._native is not None:
-            out = np.empty(shape3, dtype=dtype)
-            self._native.copy_to_host_buffer(out)
         else:
+            start = time.perf_counter()
             out = np.empty(shape3, dtype=dtype)
-            _core.memcpy(out.ctypes.data, self._ext.ptr, out.nbytes, _core.COPY_DEVICE_TO_HOST,
-                         _stream_handle(self._ext.stream))
+            if self._native is not None:
+                self._native.copy_to_host_buffer(out)
+            else:
+                _core.memcpy(out.ctypes.data, self._ext.ptr, out.nbytes,
+                             _core.COPY_DEVICE_TO_HOST, _stream_handle(self._ext.stream))
+            self._log().record("materialization",
+                               f"to_numpy device->host copy {out.nbytes} bytes", "device", True,
+                               time.perf_counter() - start, out.nbytes)
         return out.reshape(self.shape)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
@@ -797,6 +802,7 @@ class OwnedRasterArray:
         :meth:`from_band_stack` starts a stack's log with its results' events. It keeps the
         :data:`DIAGNOSTICS_CAPACITY` most recent events. Recorded: ``CREATED`` (from_numpy,
         from_device), ``TRANSFER`` (each copy between host and device, with bytes and seconds),
+        ``MATERIALIZATION`` (:meth:`to_numpy` of a device raster: a host copy, no move),
         ``RUNTIME`` (the per-band dispatchers and tiled executors, naming the executor and its
         path; :meth:`record_runtime_selection`)."""
         return [RasterDiagnosticEvent(RasterDiagnosticKind(k), d, Residency(r), bool(v),
