@@ -187,6 +187,10 @@ def dispatch_per_band_cpu(raster: OwnedRasterArray, op_fn: BandOp) -> OwnedRaste
     ``op_fn`` runs on the library's worker threads (up to 8, each taking the GIL for the call),
     so Python code that releases the GIL (NumPy on large arrays) overlaps across bands.
 
+    The result's :attr:`~OwnedRasterArray.diagnostics` end with a RUNTIME event naming the
+    executor and its path: "dispatch_per_band_cpu single-band passthrough elapsed=...s", or
+    "dispatch_per_band_cpu bands=B shape=(H, W) threads=N elapsed=...s".
+
     Raises:
         TypeError: ``op_fn`` is not callable or returns something other than an
         OwnedRasterArray; ValueError: results of differing dtype, nodata or shape; whatever
@@ -214,7 +218,9 @@ def dispatch_per_band_gpu(raster: OwnedRasterArray, op_fn: BandOp, *, buffers_pe
     Unlike the Python original, the bands go to the device within the VRAM budget
     (:func:`available_vram_bytes`): ``buffers_per_band`` and ``scratch_bytes`` declare what
     ``op_fn`` needs per band, and bands that do not fit together go through in batches, the next
-    batch copied while ``op_fn`` works on the current one.
+    batch copied while ``op_fn`` works on the current one. The result's diagnostics end with a
+    RUNTIME event: "dispatch_per_band_gpu single-band passthrough ...", or
+    "dispatch_per_band_gpu bands=B shape=(H, W) batches=P bands_per_pass=N pipeline_depth=D ...".
 
     Raises:
         DriverUnavailableError: no usable driver (several bands); RuntimeError: not even one
