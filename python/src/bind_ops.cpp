@@ -18,6 +18,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -83,6 +84,15 @@ nb::object histogram_array(const std::vector<std::vector<std::int64_t>>& counts,
   const std::size_t shape[2] = {counts.size(), static_cast<std::size_t>(bins)};
   nb::ndarray<nb::numpy, std::int64_t> a(flat->data(), 2, shape, owner);
   return nb::cast(a, nb::rv_policy::reference);
+}
+
+/// A plan as Python passes it (RasterPlan._core_args()).
+using PlanTuple = std::tuple<std::string, std::optional<std::pair<std::int64_t, std::int64_t>>, int,
+                             std::int64_t, std::uint64_t, int, bool>;
+
+vsr::RasterPlan plan_of_tuple(const PlanTuple& t) {
+  return plan_of(std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t), std::get<4>(t),
+                 std::get<5>(t), std::get<6>(t));
 }
 
 }  // namespace
@@ -168,6 +178,73 @@ void bind_ops(nb::module_& m) {
       },
       "raster"_a, "op"_a, "strategy"_a, "tile_shape"_a.none(), "halo"_a, "n_tiles"_a, "estimate"_a,
       "bands_per_pass"_a, "fits_budget"_a, "with_halo"_a);
+  m.def(
+      "dispatch_tiled_binary",
+      [](const Raster& a, const Raster& b, const nb::callable& fn, const PlanTuple& plan) {
+        auto ref = std::make_shared<PyRef>(nb::borrow<nb::object>(fn));
+        const vsr::BinaryBandOp op = [ref](const Raster& ta, const Raster& tb) -> Raster {
+          return with_gil([&] {
+            nb::object result =
+                ref->get()(nb::cast(ta, nb::rv_policy::copy), nb::cast(tb, nb::rv_policy::copy));
+            return nb::cast<Raster>(result);
+          });
+        };
+        const vsr::RasterPlan p = plan_of_tuple(plan);
+        GilRelease release;
+        return vsr::dispatch_tiled_binary(a, b, op, p);
+      },
+      "a"_a, "b"_a, "op"_a, "plan"_a);
+  m.def(
+      "dispatch_tiled_multipass",
+      [](const Raster& r, const nb::callable& local, const nb::callable& merge,
+         const PlanTuple& plan) {
+        const vsr::BandOp local_op = band_op(local);
+        auto ref = std::make_shared<PyRef>(nb::borrow<nb::object>(merge));
+        const vsr::MultipassMerge merge_op =
+            [ref](const Raster& intermediate, const std::vector<vsr::TileWindow>& tiles) -> Raster {
+          return with_gil([&] {
+            // Each tile's effective bounds as (row_start, row_end, col_start, col_end).
+            nb::list bounds;
+            for (const vsr::TileWindow& t : tiles) {
+              const vsr::RasterWindow& w = t.window;
+              bounds.append(
+                  nb::make_tuple(w.row_off, w.row_off + w.height, w.col_off, w.col_off + w.width));
+            }
+            nb::object result = ref->get()(nb::cast(intermediate, nb::rv_policy::copy), bounds);
+            return nb::cast<Raster>(result);
+          });
+        };
+        const vsr::RasterPlan p = plan_of_tuple(plan);
+        GilRelease release;
+        return vsr::dispatch_tiled_multipass(r, local_op, merge_op, p);
+      },
+      "raster"_a, "local"_a, "merge"_a, "plan"_a);
+  m.def(
+      "dispatch_tiled_accumulator",
+      [](const Raster& r, const nb::callable& tile_fn, const nb::callable& merge_fn,
+         const PlanTuple& plan) -> nb::object {
+        // Partials are Python objects held by PyRef (released with the GIL wherever they go).
+        using Partial = std::shared_ptr<PyRef>;
+        auto tile_ref = std::make_shared<PyRef>(nb::borrow<nb::object>(tile_fn));
+        auto merge_ref = std::make_shared<PyRef>(nb::borrow<nb::object>(merge_fn));
+        const auto tile = [tile_ref](const Raster& t) -> Partial {
+          return with_gil([&] {
+            return std::make_shared<PyRef>(tile_ref->get()(nb::cast(t, nb::rv_policy::copy)));
+          });
+        };
+        const auto merge = [merge_ref](Partial acc, const Partial& part) -> Partial {
+          return with_gil(
+              [&] { return std::make_shared<PyRef>(merge_ref->get()(acc->get(), part->get())); });
+        };
+        const vsr::RasterPlan p = plan_of_tuple(plan);
+        Partial out;
+        {
+          GilRelease release;
+          out = vsr::dispatch_tiled_accumulator(r, tile, merge, p);
+        }
+        return nb::borrow<nb::object>(out->get());
+      },
+      "raster"_a, "tile_fn"_a, "merge_fn"_a, "plan"_a);
 
   // ---- placement and the first-result rule ----
   m.def(

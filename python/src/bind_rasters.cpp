@@ -4,10 +4,13 @@
 // imports.
 #include "bindings.hpp"
 
+#include <vibespatial/raster/diagnostics.hpp>
 #include <vibespatial/raster/memory.hpp>
 
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -187,8 +190,31 @@ Raster raster_from_host(const nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>
       .with_nodata(nodata);
 }
 
-/// A copy of `r` with residency `target`, in new storage (the old storage stays as it is).
+vsr::RasterDiagnosticKind diagnostic_kind_of(const std::string& name) {
+  for (auto k : {vsr::RasterDiagnosticKind::created, vsr::RasterDiagnosticKind::transfer,
+                 vsr::RasterDiagnosticKind::materialization, vsr::RasterDiagnosticKind::runtime}) {
+    if (vsr::to_string(k) == name) return k;
+  }
+  throw std::invalid_argument(
+      "diagnostic kind must be 'created', 'transfer', 'materialization' or 'runtime', not '" +
+      name + "'");
+}
+
+nb::list event_list(const vsr::RasterDiagnostics& log) {
+  nb::list out;
+  for (const vsr::RasterDiagnosticEvent& e : log.events()) {
+    out.append(nb::make_tuple(std::string(vsr::to_string(e.kind)), e.detail,
+                              residency_name(e.residency), e.visible_to_user, e.elapsed_seconds,
+                              e.bytes_transferred));
+  }
+  return out;
+}
+
+/// A copy of `r` with residency `target`, in new storage (the old storage stays as it is). The
+/// copy takes over r's diagnostic log, with a transfer event when the residency changes.
 Raster copy_to(const Raster& r, vsr::Residency target) {
+  const auto start = std::chrono::steady_clock::now();
+  const vsr::Residency from = r.residency();
   Raster out = Raster::allocate(target, r.dtype(), r.band_count(), r.height(), r.width(), {},
                                 r.affine(), r.crs())
                    .with_nodata(r.exact_nodata());
@@ -200,6 +226,21 @@ Raster copy_to(const Raster& r, vsr::Residency target) {
   } else {
     check(vsr_memcpy(out.device_data(), r.device_pointer(), r.byte_size(),
                      VSR_COPY_DEVICE_TO_DEVICE, nullptr));
+  }
+  out.adopt_diagnostics(r.diagnostics());
+  if (from != target) {
+    vsr::RasterDiagnosticEvent e;
+    e.kind = vsr::RasterDiagnosticKind::transfer;
+    e.residency = target;
+    e.visible_to_user = true;
+    e.elapsed_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    e.bytes_transferred = r.byte_size();
+    e.detail = std::string(target == vsr::Residency::device ? "host->device " : "device->host ") +
+               std::to_string(r.byte_size()) + " bytes (" + std::to_string(r.band_count()) + "x" +
+               std::to_string(r.height()) + "x" + std::to_string(r.width()) + " " +
+               dtype_name(r.dtype()) + ")";
+    out.diagnostics()->record(std::move(e));
   }
   return out;
 }
@@ -315,6 +356,46 @@ void bind_rasters(nb::module_& m) {
       "itemsize", [](const std::string& dtype) { return vsr::itemsize(dtype_of(dtype)); },
       "dtype"_a);
 
+  // ---- diagnostics ----
+  nb::class_<vsr::RasterDiagnostics>(m, "DiagnosticLog")
+      .def(nb::init<>())
+      .def_ro_static("capacity", &vsr::RasterDiagnostics::capacity)
+      .def(
+          "record",
+          [](vsr::RasterDiagnostics& log, const std::string& kind, std::string detail,
+             const std::string& residency, bool visible, double elapsed, std::uint64_t bytes) {
+            vsr::RasterDiagnosticEvent e;
+            e.kind = diagnostic_kind_of(kind);
+            e.detail = std::move(detail);
+            e.residency = residency_of(residency);
+            e.visible_to_user = visible;
+            e.elapsed_seconds = elapsed;
+            e.bytes_transferred = bytes;
+            log.record(std::move(e));
+          },
+          "kind"_a, "detail"_a, "residency"_a, "visible_to_user"_a = false,
+          "elapsed_seconds"_a = 0.0, "bytes_transferred"_a = 0)
+      .def(
+          "record_runtime_selection",
+          [](vsr::RasterDiagnostics& log, std::string requested, std::string selected,
+             std::string reason, const std::string& residency) {
+            log.record_runtime_selection(
+                {std::move(requested), std::move(selected), std::move(reason)},
+                residency_of(residency));
+          },
+          "requested"_a, "selected"_a, "reason"_a, "residency"_a)
+      .def("append_from", &vsr::RasterDiagnostics::append_from, "other"_a)
+      .def("events", &event_list)
+      .def("runtime_history",
+           [](const vsr::RasterDiagnostics& log) {
+             nb::list out;
+             for (const vsr::RuntimeSelection& s : log.runtime_history()) {
+               out.append(nb::make_tuple(s.requested, s.selected, s.reason));
+             }
+             return out;
+           })
+      .def_prop_ro("dropped_events", &vsr::RasterDiagnostics::dropped_events);
+
   // ---- rasters ----
   nb::class_<Raster>(m, "Raster")
       .def_static("from_host", &raster_from_host, "data"_a, "dtype"_a, "bands"_a, "height"_a,
@@ -380,6 +461,8 @@ void bind_rasters(nb::module_& m) {
           "device_pointer",
           [](const Raster& r) { return reinterpret_cast<std::uintptr_t>(r.device_pointer()); })
       .def("metadata", [](const Raster& r) { return metadata_tuple(r.metadata()); })
+      .def_prop_ro("diagnostics_log", &Raster::diagnostics)
+      .def("adopt_diagnostics", &Raster::adopt_diagnostics, "log"_a)
       .def("band", &Raster::band, "index"_a)
       .def(
           "copy_to",

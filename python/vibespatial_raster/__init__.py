@@ -9,7 +9,8 @@ Modules (the original's names; a script written for ``vibespatial.raster.memory`
   ``memory_pool_stats``, OOM handlers).
 - :mod:`vibespatial_raster.dispatch`: budget, planner, per-band dispatch.
 - :mod:`vibespatial_raster.buffers`: ``OwnedRasterArray``, ``RasterPlan``, ``RasterMetadata``,
-  ``TilingStrategy``, ``Residency``.
+  ``TilingStrategy``, ``Residency``, the factories ``from_numpy`` / ``from_device`` and the
+  diagnostic types (``RasterDiagnosticKind``, ``RasterDiagnosticEvent``).
 - :mod:`vibespatial_raster.ops`: band operations; :mod:`vibespatial_raster.io`: GDAL files;
   :mod:`vibespatial_raster.tiling`: tiled executors.
 - :mod:`vibespatial_raster.allocators`: the pool as CuPy's, PyTorch's and Numba's allocator.

@@ -3,6 +3,11 @@
 
 - :class:`TilingStrategy`, :class:`Residency`: string enums.
 - :class:`RasterPlan`, :class:`RasterMetadata`, :class:`RasterWindow`: frozen dataclasses.
+- :func:`from_numpy`, :func:`from_device`: the Python original's module-level factories (the
+  classmethods of the same names do the same).
+- :class:`RasterDiagnosticKind`, :class:`RasterDiagnosticEvent`, :class:`RuntimeSelection`: a
+  raster's diagnostic log (:attr:`OwnedRasterArray.diagnostics`), bounded to
+  :data:`DIAGNOSTICS_CAPACITY` recent events.
 - :class:`OwnedRasterArray`: a band-major ``(bands, height, width)`` raster with its
   georeferencing, on the host or on the device, backed by the C++ library's storage (device
   memory from the pool) or, after :meth:`OwnedRasterArray.from_device`, by another library's
@@ -24,6 +29,7 @@ import enum
 import math
 import numbers
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,13 +43,19 @@ from ._interop import (_DLPACK_CPU, _DLPACK_CUDA, DeviceArray, _External, _cupy_
                        _forward_dlpack, _import_cai, _import_dlpack, _stream_handle)
 
 __all__ = [
+    "DIAGNOSTICS_CAPACITY",
     "DeviceArray",
     "OwnedRasterArray",
+    "RasterDiagnosticEvent",
+    "RasterDiagnosticKind",
     "RasterMetadata",
     "RasterPlan",
     "RasterWindow",
     "Residency",
+    "RuntimeSelection",
     "TilingStrategy",
+    "from_device",
+    "from_numpy",
 ]
 
 if sys.version_info >= (3, 11):
@@ -74,6 +86,58 @@ class Residency(StrEnum):
 
     HOST = "host"
     DEVICE = "device"
+
+
+class RasterDiagnosticKind(StrEnum):
+    """What a diagnostic event records (the Python original's kinds)."""
+
+    CREATED = "created"
+    TRANSFER = "transfer"
+    MATERIALIZATION = "materialization"
+    RUNTIME = "runtime"
+
+
+@dataclass(frozen=True)
+class RasterDiagnosticEvent:
+    """One event of a raster's diagnostic log.
+
+    Attributes:
+        kind: what it records.
+        detail: what happened, in words (e.g. "host->device 320 bytes (1x8x10 float32)",
+            "dispatch_per_band_cpu bands=3 shape=(8, 10) threads=2 elapsed=0.0012s").
+        residency: where the pixels were after it.
+        visible_to_user: True for transfers.
+        elapsed_seconds: wall time it took (transfers, executors), else 0.
+        bytes_transferred: bytes copied (transfers), else 0.
+    """
+
+    kind: RasterDiagnosticKind
+    detail: str
+    residency: Residency
+    visible_to_user: bool = False
+    elapsed_seconds: float = 0.0
+    bytes_transferred: int = 0
+
+
+@dataclass(frozen=True)
+class RuntimeSelection:
+    """A runtime decision, as :meth:`OwnedRasterArray.record_runtime_selection` keeps it."""
+
+    selected: str
+    reason: str = ""
+    requested: str = ""
+
+
+#: The most events (and, apart, runtime selections) a raster's log keeps: older ones are
+#: dropped, and ``diagnostics_report()["events_dropped"]`` counts them.
+DIAGNOSTICS_CAPACITY: int = int(_core.DiagnosticLog.capacity)
+
+
+def _selection_text(value: Any) -> str:
+    """A selection field as text: an enum's value, else str()."""
+    if value is None:
+        return ""
+    return str(getattr(value, "value", value))
 
 
 @dataclass(frozen=True)
@@ -289,7 +353,7 @@ class OwnedRasterArray:
     """
 
     __slots__ = ("__weakref__", "_cai_exported", "_crs_obj", "_device_id", "_ext", "_ext_geo",
-                 "_ext_shape", "_native", "_retired", "_two_d")
+                 "_ext_log", "_ext_shape", "_mask_cache", "_native", "_retired", "_two_d")
     _native: Any  # _core.Raster: the library's storage, or None for external device memory
     _ext: Any  # _External: another library's device memory (from_device), or None
     _ext_shape: Any  # (bands, height, width, dtype) of _ext
@@ -299,6 +363,8 @@ class OwnedRasterArray:
     _retired: list[Any]  # storages exported through the CUDA array interface, kept alive
     _cai_exported: bool
     _device_id: int
+    _ext_log: Any  # _core.DiagnosticLog of external memory (the library's storage has its own)
+    _mask_cache: Any  # (storage, mask) of device_nodata_mask, or None
 
     # ---- construction ----
 
@@ -318,6 +384,8 @@ class OwnedRasterArray:
         self._retired = []
         self._cai_exported = False
         self._device_id = device_id
+        self._ext_log = None
+        self._mask_cache = None
         return self
 
     @classmethod
@@ -404,6 +472,10 @@ class OwnedRasterArray:
         self._retired = []
         self._cai_exported = False
         self._device_id = ext.device_id
+        self._mask_cache = None
+        self._ext_log = _core.DiagnosticLog()
+        self._ext_log.record("created", f"from_device shape={tuple(shape)} dtype={dtype}",
+                             "device")
         return self
 
     @classmethod
@@ -551,7 +623,8 @@ class OwnedRasterArray:
         """The pixels as a NumPy array of :attr:`shape`.
 
         Host-resident: a writable view of the raster's storage, no copy (it keeps the storage
-        alive). Device-resident: a copy (device to host).
+        alive). Device-resident: a copy (device to host; the raster stays on the device), with
+        a ``MATERIALIZATION`` event in :attr:`diagnostics`.
         """
         dtype = self.dtype
         shape3 = (self.band_count, self.height, self.width)
@@ -559,13 +632,17 @@ class OwnedRasterArray:
             view = _core.array_view(self._native.host_pointer, list(shape3), dtype.name,
                                     _DLPACK_CPU, 0, self._native, True)
             out = np.asarray(view)
-        elif self._native is not None:
-            out = np.empty(shape3, dtype=dtype)
-            self._native.copy_to_host_buffer(out)
         else:
+            start = time.perf_counter()
             out = np.empty(shape3, dtype=dtype)
-            _core.memcpy(out.ctypes.data, self._ext.ptr, out.nbytes, _core.COPY_DEVICE_TO_HOST,
-                         _stream_handle(self._ext.stream))
+            if self._native is not None:
+                self._native.copy_to_host_buffer(out)
+            else:
+                _core.memcpy(out.ctypes.data, self._ext.ptr, out.nbytes,
+                             _core.COPY_DEVICE_TO_HOST, _stream_handle(self._ext.stream))
+            self._log().record("materialization",
+                               f"to_numpy device->host copy {out.nbytes} bytes", "device", True,
+                               time.perf_counter() - start, out.nbytes)
         return out.reshape(self.shape)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
@@ -602,9 +679,15 @@ class OwnedRasterArray:
         else:
             b, h, w, dtype = self._ext_shape
             nodata, affine, crs = self._ext_geo
+            start = time.perf_counter()
             new = _core.Raster.allocate("host", dtype.name, b, h, w, nodata, affine, crs)
             _core.memcpy(new.host_pointer, self._ext.ptr, new.byte_size,
                          _core.COPY_DEVICE_TO_HOST, _stream_handle(self._ext.stream))
+            new.adopt_diagnostics(self._ext_log)
+            self._ext_log.record("transfer",
+                                 f"device->host {new.byte_size} bytes ({b}x{h}x{w} {dtype})",
+                                 "host", True, time.perf_counter() - start, new.byte_size)
+            self._ext_log = None
             if self._cai_exported:
                 self._retired.append(self._ext)
             self._native = new
@@ -637,6 +720,8 @@ class OwnedRasterArray:
         view._retired = []
         view._cai_exported = False
         view._device_id = self._device_id
+        view._ext_log = self._ext_log
+        view._mask_cache = None
         return view
 
     def _band_index(self, i: int) -> int:
@@ -694,8 +779,127 @@ class OwnedRasterArray:
             return self._native
         b, h, w, dtype = self._ext_shape
         nodata, affine, crs = self._ext_geo
-        return _core.Raster.from_device_memory(self._ext.ptr, dtype.name, b, h, w, nodata, affine,
-                                               crs, _stream_handle(self._ext.stream))
+        native = _core.Raster.from_device_memory(self._ext.ptr, dtype.name, b, h, w, nodata,
+                                                 affine, crs, _stream_handle(self._ext.stream))
+        native.adopt_diagnostics(self._ext_log)
+        return native
+
+    # ---- diagnostics ----
+
+    def _log(self) -> Any:
+        """The diagnostic log of these pixels (the storage's, or external memory's)."""
+        return self._native.diagnostics_log if self._native is not None else self._ext_log
+
+    def _record(self, kind: str, detail: str, elapsed: float = 0.0) -> None:
+        self._log().record(kind, detail, self.residency.value, False, float(elapsed), 0)
+
+    @property
+    def diagnostics(self) -> list[RasterDiagnosticEvent]:
+        """The recent diagnostic events of these pixels, oldest first (a new list each time).
+
+        The log belongs to the pixels: copies sharing them (band views, ``with_georeferencing``)
+        share it, :meth:`move_to` carries it to the new storage, and
+        :meth:`from_band_stack` starts a stack's log with its results' events. It keeps the
+        :data:`DIAGNOSTICS_CAPACITY` most recent events. Recorded: ``CREATED`` (from_numpy,
+        from_device), ``TRANSFER`` (each copy between host and device, with bytes and seconds),
+        ``MATERIALIZATION`` (:meth:`to_numpy` of a device raster: a host copy, no move),
+        ``RUNTIME`` (the per-band dispatchers and tiled executors, naming the executor and its
+        path; :meth:`record_runtime_selection`)."""
+        return [RasterDiagnosticEvent(RasterDiagnosticKind(k), d, Residency(r), bool(v),
+                                      float(e), int(b))
+                for k, d, r, v, e, b in self._log().events()]
+
+    @property
+    def runtime_history(self) -> list[RuntimeSelection]:
+        """The runtime selections recorded for these pixels, oldest first (at most
+        :data:`DIAGNOSTICS_CAPACITY`)."""
+        return [RuntimeSelection(selected=s, reason=r, requested=q)
+                for q, s, r in self._log().runtime_history()]
+
+    def record_runtime_selection(self, selection: Any) -> None:
+        """Keeps ``selection`` in :attr:`runtime_history` and records a ``RUNTIME`` event
+        "selected=... reason=..." (as the Python original).
+
+        ``selection`` is a :class:`RuntimeSelection` or any object with ``selected`` and
+        ``reason`` attributes (``requested`` too, if it has one), e.g. the original's
+        ``vibespatial.runtime.RuntimeSelection``; enum fields are kept by their values.
+
+        Raises:
+            TypeError: ``selection`` has no ``selected`` attribute.
+        """
+        if not hasattr(selection, "selected"):
+            raise TypeError(f"record_runtime_selection: expected a RuntimeSelection, not "
+                            f"{type(selection).__name__}")
+        self._log().record_runtime_selection(
+            _selection_text(getattr(selection, "requested", None)),
+            _selection_text(selection.selected), _selection_text(getattr(selection, "reason", "")),
+            self.residency.value)
+
+    def diagnostics_report(self) -> dict[str, Any]:
+        """A summary of the raster and its diagnostic events, as a dict: ``shape``, ``dtype``,
+        ``band_count``, ``pixel_count``, ``nodata``, ``residency``, ``device_allocated``,
+        ``events`` (each a dict of ``kind``, ``detail``, ``residency``, ``elapsed_seconds``,
+        ``bytes_transferred``), as the Python original's, and ``events_dropped`` (ours: events
+        older than the log's bound)."""
+        return {
+            "shape": self.shape,
+            "dtype": str(self.dtype),
+            "band_count": self.band_count,
+            "pixel_count": self.pixel_count,
+            "nodata": self.nodata,
+            "residency": str(self.residency),
+            "device_allocated": self.residency is Residency.DEVICE,
+            "events": [
+                {
+                    "kind": str(e.kind),
+                    "detail": e.detail,
+                    "residency": str(e.residency),
+                    "elapsed_seconds": e.elapsed_seconds,
+                    "bytes_transferred": e.bytes_transferred,
+                }
+                for e in self.diagnostics
+            ],
+            "events_dropped": int(self._log().dropped_events),
+        }
+
+    def device_nodata_mask(self) -> Any:
+        """The nodata mask on the device (moving the raster there first), True (1) where a
+        pixel is nodata; computed on the first call and cached until the pixels move.
+
+        With CuPy imported: a ``cupy`` bool array computed on the device (as the Python
+        original). Otherwise: a :class:`DeviceArray` of uint8 (1 = nodata, 0 = valid) in pool
+        memory, computed from a host copy of the pixels. A NaN nodata on an integer raster
+        (possible only for external memory) warns and marks nothing. Writes to the device
+        pixels after the first call are not reflected (call it again after a move, or use
+        :attr:`nodata_mask`)."""
+        self.move_to(Residency.DEVICE)
+        key = self._native if self._native is not None else self._ext
+        if self._mask_cache is not None and self._mask_cache[0] is key:
+            return self._mask_cache[1]
+        nodata = self.nodata
+        nan = isinstance(nodata, float) and math.isnan(nodata)
+        if nan and self.dtype.kind != "f":
+            warnings.warn("NaN nodata on an integer raster marks nothing", stacklevel=2)
+        cupy = _cupy_if_imported()
+        if cupy is not None:
+            data = self.device_data()
+            if nodata is None or (nan and self.dtype.kind != "f"):
+                mask = cupy.zeros(data.shape, dtype=cupy.bool_)
+            elif nan:
+                mask = cupy.isnan(data)
+            else:
+                mask = data == nodata
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                host = np.ascontiguousarray(self.nodata_mask, dtype=np.uint8)
+            shape3 = (self.band_count, self.height, self.width)
+            native = _core.Raster.from_host(host.reshape(shape3), "uint8", *shape3, None,
+                                            self.affine, "").copy_to("device")
+            mask = DeviceArray(native.device_pointer, self.shape, np.dtype(np.uint8),
+                               owner=native, stream=1, device_id=self._device_id)
+        self._mask_cache = (key, mask)
+        return mask
 
     # ---- interop protocols ----
 
@@ -733,3 +937,21 @@ class OwnedRasterArray:
         return (f"OwnedRasterArray(shape={self.shape}, dtype={self.dtype}, "
                 f"residency={self.residency.value}, nodata={self.nodata!r}, "
                 f"affine={self.affine}, crs={self.crs!r})")
+
+
+def from_numpy(data: Any, *, nodata: float | int | None = None,
+               affine: Any = (1.0, 0.0, 0.0, 0.0, -1.0, 0.0), crs: Any = None,
+               residency: Residency | str = Residency.HOST) -> OwnedRasterArray:
+    """The Python original's factory: :meth:`OwnedRasterArray.from_numpy` (a copy of ``data``,
+    (height, width) or (bands, height, width); 1D and 4D arrays, and a NaN ``nodata`` on an
+    integer dtype, are refused with ValueError)."""
+    return OwnedRasterArray.from_numpy(data, nodata=nodata, affine=affine, crs=crs,
+                                       residency=residency)
+
+
+def from_device(device_arr: Any, *, nodata: float | int | None = None,
+                affine: Any = (1.0, 0.0, 0.0, 0.0, -1.0, 0.0),
+                crs: Any = None) -> OwnedRasterArray:
+    """The Python original's factory: :meth:`OwnedRasterArray.from_device` (another library's
+    device array used in place, zero-copy; no host placeholder is allocated)."""
+    return OwnedRasterArray.from_device(device_arr, nodata=nodata, affine=affine, crs=crs)

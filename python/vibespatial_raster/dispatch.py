@@ -17,6 +17,7 @@ All of it runs in the C++ library (the GIL is released while it works):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,9 @@ __all__ = [
 
 BandOp = Callable[[OwnedRasterArray], OwnedRasterArray]
 
+#: The share of device memory :func:`available_vram_bytes` leaves out (as the Python original).
+_VRAM_HEADROOM_FRACTION = 0.15
+
 
 def _non_negative(name: str, value: Any) -> int:
     v = integer(name, value)
@@ -45,10 +49,11 @@ def _non_negative(name: str, value: Any) -> int:
     return v
 
 
-def _budget(vram_budget: Any) -> int | None:
-    """None stays None (auto-detect); a budget <= 0 means no GPU, as in the Python original."""
+def _budget(vram_budget: Any) -> int:
+    """None: this module's :func:`available_vram_bytes` (looked up at call time, so a test may
+    patch it, as the Python original's tests do); a budget <= 0 means no GPU, as there."""
     if vram_budget is None:
-        return None
+        return max(0, integer("available_vram_bytes()", available_vram_bytes()))
     return max(0, integer("vram_budget", vram_budget))
 
 
@@ -158,6 +163,19 @@ def _check_raster(raster: Any) -> None:
         raise TypeError(f"expected an OwnedRasterArray, not {type(raster).__name__}")
 
 
+def _passthrough(who: str, raster: OwnedRasterArray, op_fn: BandOp) -> OwnedRasterArray:
+    """The single-band path: ``op_fn(raster)`` as is, with a RUNTIME event on the result."""
+    if not callable(op_fn):
+        raise TypeError(f"op_fn must be callable, not {type(op_fn).__name__}")
+    start = time.perf_counter()
+    result = op_fn(raster)
+    if not isinstance(result, OwnedRasterArray):
+        raise TypeError(f"op_fn must return an OwnedRasterArray, not {type(result).__name__}")
+    elapsed = time.perf_counter() - start
+    result._record("runtime", f"{who} single-band passthrough elapsed={elapsed:.4f}s", elapsed)
+    return result
+
+
 def dispatch_per_band_cpu(raster: OwnedRasterArray, op_fn: BandOp) -> OwnedRasterArray:
     """Apply ``op_fn`` to each band of ``raster`` on the CPU, then reassemble.
 
@@ -169,6 +187,10 @@ def dispatch_per_band_cpu(raster: OwnedRasterArray, op_fn: BandOp) -> OwnedRaste
     ``op_fn`` runs on the library's worker threads (up to 8, each taking the GIL for the call),
     so Python code that releases the GIL (NumPy on large arrays) overlaps across bands.
 
+    The result's :attr:`~OwnedRasterArray.diagnostics` end with a RUNTIME event naming the
+    executor and its path: "dispatch_per_band_cpu single-band passthrough elapsed=...s", or
+    "dispatch_per_band_cpu bands=B shape=(H, W) threads=N elapsed=...s".
+
     Raises:
         TypeError: ``op_fn`` is not callable or returns something other than an
         OwnedRasterArray; ValueError: results of differing dtype, nodata or shape; whatever
@@ -176,9 +198,7 @@ def dispatch_per_band_cpu(raster: OwnedRasterArray, op_fn: BandOp) -> OwnedRaste
     """
     _check_raster(raster)
     if raster.band_count == 1:
-        if not callable(op_fn):
-            raise TypeError(f"op_fn must be callable, not {type(op_fn).__name__}")
-        return op_fn(raster)
+        return _passthrough("dispatch_per_band_cpu", raster, op_fn)
     native = _core.dispatch_per_band_cpu(raster._as_native(),
                                          _adapter(op_fn, crs=raster._crs_obj, two_d=True))
     return OwnedRasterArray._wrap(native, crs=raster._crs_obj)
@@ -198,7 +218,9 @@ def dispatch_per_band_gpu(raster: OwnedRasterArray, op_fn: BandOp, *, buffers_pe
     Unlike the Python original, the bands go to the device within the VRAM budget
     (:func:`available_vram_bytes`): ``buffers_per_band`` and ``scratch_bytes`` declare what
     ``op_fn`` needs per band, and bands that do not fit together go through in batches, the next
-    batch copied while ``op_fn`` works on the current one.
+    batch copied while ``op_fn`` works on the current one. The result's diagnostics end with a
+    RUNTIME event: "dispatch_per_band_gpu single-band passthrough ...", or
+    "dispatch_per_band_gpu bands=B shape=(H, W) batches=P bands_per_pass=N pipeline_depth=D ...".
 
     Raises:
         DriverUnavailableError: no usable driver (several bands); RuntimeError: not even one
@@ -207,9 +229,7 @@ def dispatch_per_band_gpu(raster: OwnedRasterArray, op_fn: BandOp, *, buffers_pe
     """
     _check_raster(raster)
     if raster.band_count == 1:
-        if not callable(op_fn):
-            raise TypeError(f"op_fn must be callable, not {type(op_fn).__name__}")
-        return op_fn(raster)
+        return _passthrough("dispatch_per_band_gpu", raster, op_fn)
     buffers = integer("buffers_per_band", buffers_per_band)
     native = _core.dispatch_per_band_gpu(raster._as_native(),
                                          _adapter(op_fn, crs=raster._crs_obj, two_d=True),

@@ -5,9 +5,12 @@
 #include "driver/cuda_driver.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
+#include <vibespatial/raster/diagnostics.hpp>
 #include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/memory.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -16,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace vibespatial::raster {
 
@@ -36,6 +40,8 @@ struct RasterStorage {
   std::unique_ptr<unsigned char[]> host;
   void* device = nullptr;
   int device_id = 0;
+  /// The diagnostic log (never null); replaced only under `mutex`.
+  std::shared_ptr<RasterDiagnostics> log = std::make_shared<RasterDiagnostics>();
 
   RasterStorage() = default;
   RasterStorage(const RasterStorage&) = delete;
@@ -97,8 +103,43 @@ std::optional<double> as_double(const std::optional<NodataValue>& v) {
 }
 
 // Moves the storage's pixels to `target`; the caller holds s.mutex.
+/// "(bands x height x width dtype)" of a storage, for event details.
+std::string shape_text(const detail::RasterStorage& s) {
+  // Appended piece by piece: GCC 12's -Wrestrict misfires on "(" + std::to_string(...) at -O3.
+  std::string t("(");
+  t += std::to_string(s.bands);
+  t += 'x';
+  t += std::to_string(s.height);
+  t += 'x';
+  t += std::to_string(s.width);
+  t += ' ';
+  t += to_string(s.dtype);
+  t += ')';
+  return t;
+}
+
+/// Records a transfer of the whole storage that began at @p start. Never throws: a log that
+/// cannot grow (no memory) loses the event, not the transfer.
+void record_transfer(detail::RasterStorage& s, Residency target,
+                     std::chrono::steady_clock::time_point start) noexcept {
+  try {
+    RasterDiagnosticEvent e;
+    e.kind = RasterDiagnosticKind::transfer;
+    e.residency = target;
+    e.visible_to_user = true;
+    e.elapsed_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    e.bytes_transferred = s.total_bytes;
+    e.detail = std::string(target == Residency::device ? "host->device " : "device->host ") +
+               std::to_string(s.total_bytes) + " bytes " + shape_text(s);
+    s.log->record(std::move(e));
+  } catch (...) {
+  }
+}
+
 void move_locked(detail::RasterStorage& s, Residency target) {
   if (s.residency == target) return;
+  const auto start = std::chrono::steady_clock::now();
   const auto& api = detail::driver();
   if (target == Residency::device) {
     const int device = detail::bind_current_device();
@@ -120,6 +161,7 @@ void move_locked(detail::RasterStorage& s, Residency target) {
     s.device_id = device;
     s.host.reset();
     s.residency = Residency::device;
+    record_transfer(s, target, start);
   } else {
     auto host = std::make_unique_for_overwrite<unsigned char[]>(s.total_bytes);
     {
@@ -129,6 +171,7 @@ void move_locked(detail::RasterStorage& s, Residency target) {
     s.release_device();
     s.host = std::move(host);
     s.residency = Residency::host;
+    record_transfer(s, target, start);
   }
 }
 
@@ -146,6 +189,12 @@ OwnedRasterArray OwnedRasterArray::from_host(const void* data, DType dtype, int 
   VSR_EXPECTS(data != nullptr, "from_host: data is null");
   s->host = std::make_unique_for_overwrite<unsigned char[]>(s->total_bytes);
   std::memcpy(s->host.get(), data, s->total_bytes);
+  {
+    RasterDiagnosticEvent e;
+    e.kind = RasterDiagnosticKind::created;
+    e.detail = "from_host " + shape_text(*s);
+    s->log->record(std::move(e));
+  }
   OwnedRasterArray r(std::move(s), 0, bands);
   r.nodata_ = nodata;
   r.affine_ = affine;
@@ -217,6 +266,16 @@ OwnedRasterArray OwnedRasterArray::from_band_stack(const std::vector<OwnedRaster
                                   static_cast<int>(total_bands), first.height(), first.width(),
                                   as_double(nodata), source.affine_, source.crs_);
   out.nodata_ = nodata;
+  // The stack's history starts with its results' (each log once: views of one storage share it).
+  {
+    std::vector<const RasterDiagnostics*> seen;
+    for (const OwnedRasterArray& b : bands) {
+      const std::shared_ptr<RasterDiagnostics> log = b.diagnostics();
+      if (std::find(seen.begin(), seen.end(), log.get()) != seen.end()) continue;
+      seen.push_back(log.get());
+      out.storage_->log->append_from(*log);
+    }
+  }
   const std::size_t step = first.byte_size();
   if (any_device) {
     const auto& api = detail::driver();
@@ -298,6 +357,17 @@ RasterMetadata OwnedRasterArray::metadata() const {
   m.affine = affine_;
   m.crs = crs_;
   return m;
+}
+
+std::shared_ptr<RasterDiagnostics> OwnedRasterArray::diagnostics() const {
+  std::lock_guard lock(storage_->mutex);
+  return storage_->log;
+}
+
+void OwnedRasterArray::adopt_diagnostics(std::shared_ptr<RasterDiagnostics> log) {
+  VSR_EXPECTS(log != nullptr, "adopt_diagnostics: the log is null");
+  std::lock_guard lock(storage_->mutex);
+  storage_->log = std::move(log);
 }
 
 std::size_t OwnedRasterArray::byte_size() const {

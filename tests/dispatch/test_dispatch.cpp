@@ -2,6 +2,7 @@
 // The VRAM budget and the per-band and tiled executors on the host emulator.
 #include "memory/pool_fixture.hpp"
 
+#include <vibespatial/raster/diagnostics.hpp>
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/memory.hpp>
@@ -20,6 +21,15 @@ using namespace vibespatial::raster;
 using namespace vsr_test;
 
 namespace {
+
+/// The last runtime event of @p r's log, or "" when there is none.
+std::string last_runtime(const OwnedRasterArray& r) {
+  std::string last;
+  for (const auto& e : r.diagnostics()->events()) {
+    if (e.kind == RasterDiagnosticKind::runtime) last = e.detail;
+  }
+  return last;
+}
 
 OwnedRasterArray iota_raster(int bands, std::int64_t h, std::int64_t w, float base = 0.0f,
                              std::optional<double> nodata = {}, Affine affine = {}) {
@@ -152,6 +162,21 @@ TEST_SUITE("budget") {
 }
 
 TEST_SUITE("dispatch-cpu") {
+  TEST_CASE("runtime events: the executor and its path") {
+    const OwnedRasterArray one = iota_raster(1, 4, 4);
+    const OwnedRasterArray a = dispatch_per_band_cpu(
+        one, [](const OwnedRasterArray& b) { return b.clone_to(Residency::host); });
+    const std::string single = last_runtime(a);
+    CHECK(single.find("dispatch_per_band_cpu single-band passthrough elapsed=") == 0);
+    const OwnedRasterArray three = iota_raster(3, 8, 10);
+    const OwnedRasterArray b = dispatch_per_band_cpu(
+        three, [](const OwnedRasterArray& band) { return band.clone_to(Residency::host); });
+    const std::string multi = last_runtime(b);
+    CHECK(multi.find("dispatch_per_band_cpu bands=3 shape=(8, 10) threads=") == 0);
+    CHECK(multi.find(" elapsed=") != std::string::npos);
+    CHECK(last_runtime(three).empty());  // the source's log is not touched
+  }
+
   TEST_CASE("single band: one call, result as is") {
     const OwnedRasterArray r = iota_raster(1, 4, 4);
     int calls = 0;
@@ -356,6 +381,20 @@ TEST_SUITE("dispatch-gpu") {
       bad += v[i] != static_cast<double>(i / (64 * 32) + 1);
     }
     CHECK(bad == 0);
+  }
+
+  TEST_CASE("runtime events: passthrough, and batches of a multiband run") {
+    FreshPool fresh(nullptr, 64 * MiB);
+    const OwnedRasterArray one = iota_raster(1, 8, 8);
+    const OwnedRasterArray a = dispatch_per_band_gpu(
+        one, [](const OwnedRasterArray& b) { return b.clone_to(Residency::host); });
+    CHECK(last_runtime(a).find("dispatch_per_band_gpu single-band passthrough elapsed=") == 0);
+    const OwnedRasterArray three = iota_raster(3, 8, 10);
+    const OwnedRasterArray b = dispatch_per_band_gpu(three, twice_plus_one_on_device);
+    const std::string multi = last_runtime(b);
+    CHECK(multi.find("dispatch_per_band_gpu bands=3 shape=(8, 10) batches=1 bands_per_pass=3") ==
+          0);
+    CHECK(multi.find(" elapsed=") != std::string::npos);
   }
 
   TEST_CASE("single band: passthrough") {

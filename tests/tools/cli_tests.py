@@ -1035,6 +1035,43 @@ def sample_run(env, op, budget, *extra):
     return out, plan, last[-1]
 
 
+def diagnostics_table(stderr):
+    """The --diagnostics table of a run's stderr: [(label, seconds)], labels stripped."""
+    lines = tool_stderr(stderr).decode().splitlines()
+    heads = [i for i, l in enumerate(lines) if l == "[vsr-run] diagnostics: where the time went"]
+    check(len(heads) == 1, "one diagnostics table: %r" % lines)
+    rows = []
+    for l in lines[heads[0] + 2:]:
+        label, _, seconds = l.strip().rpartition(" ")
+        rows.append((label.strip(), float(seconds)))
+    return rows
+
+
+@case
+def diagnostics_say_where_the_time_went(env):
+    # 600 x 600 x 4 float32 at 100K: 256 x 256 tiles, 3 x 3 of them per band (one band a pass).
+    p = run_ok(env, "--op", "stats", "--sample-size", SAMPLE_SIDE, "--budget", "100K",
+               "--diagnostics", "-q")
+    rows = diagnostics_table(p.stderr)
+    labels = [r[0] for r in rows]
+    check(labels == ["looking for a device", "checking the output", "making the sample raster",
+                     "planning", "running stats", "read (36 tiles)", "compute (36 tiles)",
+                     "write (36 tiles)", "printing the results", "total"], labels)
+    seconds = dict(rows)
+    check(all(v >= 0 for v in seconds.values()), rows)
+    steps = [v for l, v in rows if not l.endswith("tiles)") and l != "total"]
+    check(abs(sum(steps) - seconds["total"]) < 1e-3, rows)
+    stages = [v for l, v in rows if l.endswith("tiles)")]
+    check(sum(stages) <= seconds["running stats"] + 1e-3, rows)
+    # Without the option: no table. A whole plan: one tile.
+    p = run_ok(env, "--op", "stats", "--sample-size", SAMPLE_SIDE, "-q")
+    check(b"diagnostics" not in p.stderr, p.stderr)
+    rows = diagnostics_table(run_ok(env, "--op", "stats", "--sample-size", 100,
+                                    "--diagnostics", "-q").stderr)
+    check([r[0] for r in rows][4:8] == ["running stats", "read (1 tile)", "compute (1 tile)",
+                                        "write (1 tile)"], rows)
+
+
 @case
 def sample_stats_follow_the_plan(env):
     px = sample_pixels()

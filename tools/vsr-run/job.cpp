@@ -266,6 +266,13 @@ std::string nodata_text(const std::optional<vsr::NodataValue>& v) {
   return v ? v->to_string() : std::string("none");
 }
 
+void Job::print_diagnostics() {
+  if (!args_.diagnostics) return;
+  timings_.finish();
+  timings_.print(stderr);
+  std::fflush(stderr);
+}
+
 int Job::run() {
   const auto start = std::chrono::steady_clock::now();
   // An interrupted or killed run leaves no partial output: the output is written to a temporary
@@ -273,31 +280,32 @@ int Job::run() {
   vsr::remove_partial_outputs_on_signals();
   try {
     show_progress_ = !args_.quiet && (args_.progress || ::isatty(2) != 0);
-    step_ = "looking for a device";
+    enter("looking for a device");
     placement_ = vsr::placed(args_.device);
     from_file_ = !args_.input.empty();
-    step_ = "checking the output";
+    enter("checking the output");
     check_output();
-    step_ = from_file_ ? "reading the input's header" : "making the sample raster";
+    enter(from_file_ ? "reading the input's header" : "making the sample raster");
     if (args_.op == Op::calc) {
       open_calc_inputs();
-      step_ = "checking the output";
+      enter("checking the output");
       check_calc_output();
     } else if (args_.op == Op::pipeline) {
       open_calc_inputs();
       build_pipeline();
-      step_ = "checking the output";
+      enter("checking the output");
       check_pipeline_output();
     } else {
       open_input();
-      step_ = "checking the output";
+      enter("checking the output");
       check_raster_output();
     }
-    step_ = "planning";
+    enter("planning");
     make_plan();
-    step_ = "running " + args_.op_name;
+    enter("running " + args_.op_name);
     if (args_.dry_run) {
       print_dry_run();
+      print_diagnostics();
       return 0;
     }
     if (args_.op == Op::pipeline) {
@@ -313,9 +321,10 @@ int Job::run() {
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    step_ = "printing the results";
+    enter("printing the results");
     if (!args_.raster_output()) print_results();
     if (!args_.quiet) print_summary(seconds);
+    print_diagnostics();
   } catch (const vsr::OutOfMemoryError&) {
     throw;  // the device's, with its own message
   } catch (const std::bad_alloc&) {
@@ -730,10 +739,15 @@ vsr::TileRunOptions Job::tile_options(Progress& progress) const {
     passes.n_tiles = 0;
   }
   o.gpu.plan = passes;
-  o.progress = [&progress](std::int64_t done, std::int64_t total) {
+  RunTimings* timings = &timings_;
+  o.progress = [&progress, timings](std::int64_t done, std::int64_t total) {
+    timings->tile_done();
     progress.update(done, total, "tile");
   };
-  o.stage = [&progress](const vsr::TileInfo& where, vsr::TileStage s) { progress.stage(where, s); };
+  o.stage = [&progress, timings](const vsr::TileInfo& where, vsr::TileStage s) {
+    timings->stage(s);
+    progress.stage(where, s);
+  };
   return o;
 }
 

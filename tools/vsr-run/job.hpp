@@ -5,6 +5,7 @@
 #pragma once
 
 #include "options.hpp"
+#include "timings.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/dispatch.hpp>
@@ -19,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace vsr_run {
@@ -93,10 +95,20 @@ class Job {
   void print_summary(double seconds) const;
   std::string plan_text() const;
   std::string stages_text() const;
+  /// --diagnostics: the timings table on stderr (after the summary).
+  void print_diagnostics();
+
+  /// Enters the run's step @p name (step_, and the --diagnostics clock).
+  void enter(std::string name) {
+    step_ = std::move(name);
+    timings_.step(step_);
+  }
 
   const Arguments& args_;
   /// What the run is doing, for the message of an allocation that fails all the same.
   std::string step_ = "starting";
+  /// Where the time went (--diagnostics); fed by every tile run's stage events.
+  mutable RunTimings timings_;
   vsr::PlacementDecision placement_;
   bool show_progress_ = false;
   bool from_file_ = false;

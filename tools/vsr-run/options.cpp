@@ -122,6 +122,8 @@ output:
                      band holding infinities); null means the band has no valid pixel
   -q, --quiet        no summary and no progress (errors, tables and JSON still print)
   --progress         progress on stderr even when stderr is not a terminal (one line per tile)
+  --diagnostics      after the run, where the time went on stderr: each step's seconds and,
+                     under the step that ran them, the tiles' read, compute and write seconds
 
 nodata of the output (raster ops): -a_nodata V sets it (-a_nodata none: none). Otherwise the
 output has a nodata only when the input band has one (either band for normalized-difference), or
@@ -165,7 +167,7 @@ pipeline: vsr-run pipeline read A=a.tif [B=b.tif ...] ! STEP [options] ! ... ! w
   --no-propagate-nodata; X is the previous step's output), focal-mean (--edge), rescale
   (--in-range required, --out-range, --ot), clip (--range), fill-nodata (--value), each with the
   matching op's options and output rule; write takes the output options above and --budget,
-  --device, -q, --progress. The steps' halos are summed. --dry-run prints the plan (tiles, halo,
+  --device, -q, --progress, --diagnostics. The steps' halos are summed. --dry-run prints the plan (tiles, halo,
   steps) from the inputs' headers, reading no pixel and writing nothing
 
 BYTES takes a suffix: K, M, G, T (powers of 1000; KB, MB, GB, TB too) or KiB, MiB, GiB, TiB
@@ -414,6 +416,9 @@ Arguments parse_arguments(int argc, char** argv) {
     } else if (words.is("--progress")) {
       words.flag();
       args.progress = true;
+    } else if (words.is("--diagnostics")) {
+      words.flag();
+      args.diagnostics = true;
     } else if (words.is("--host-memory")) {
       args.host_memory = parse_size(option, words.value());
       if (*args.host_memory == 0) throw UsageError("--host-memory must be > 0");
@@ -566,7 +571,7 @@ Arguments parse_pipeline(int argc, char** argv) {
     throw usage(
         "write takes FILE and output options (-of, --co, --overwrite, --overviews, "
         "--resampling, --threads) and the run's (--budget, --device, -q, --progress, "
-        "--dry-run); a step's options go after the step's name");
+        "--diagnostics, --dry-run); a step's options go after the step's name");
   }
   args.op = Op::pipeline;
   args.op_name = "pipeline";

@@ -76,6 +76,7 @@ struct Arguments {
   bool json = false;
   bool quiet = false;
   bool progress = false;
+  bool diagnostics = false;  ///< --diagnostics: where the time went, on stderr
   bool allow_virtual = false;
   std::optional<std::uint64_t> host_memory;           ///< empty: what is available
   vsr::Placement device = vsr::Placement::automatic;  ///< --device

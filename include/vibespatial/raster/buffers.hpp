@@ -233,6 +233,8 @@ namespace detail {
 struct RasterStorage;
 }  // namespace detail
 
+class RasterDiagnostics;  // diagnostics.hpp
+
 /**
  * @brief An owned, band-major (bands, height, width) raster with its georeferencing, resident
  * on the host and/or the device. Copies and band views share storage (a copy is a handle, not
@@ -385,6 +387,22 @@ class VSR_EXPORT OwnedRasterArray {
 
   /// Bytes of this view's pixels: band_count * height * width * itemsize.
   std::size_t byte_size() const;
+
+  /**
+   * @brief The diagnostic log of this raster's storage (diagnostics.hpp), shared by every copy
+   * and band view of it; never null. from_host records a created event, move_to, device_data
+   * and mutable_host_data a transfer event for each copy they make (bytes and seconds),
+   * from_band_stack gives a stack of several results their events, and the per-band
+   * dispatchers a runtime event naming the executor and its path. Thread-safe.
+   */
+  std::shared_ptr<RasterDiagnostics> diagnostics() const;
+
+  /**
+   * @brief Makes @p log this storage's diagnostic log (for a copy that takes over from the
+   * raster it copied, so the history follows the pixels). Other handles of the storage see it
+   * too. @throws std::invalid_argument for a null @p log.
+   */
+  void adopt_diagnostics(std::shared_ptr<RasterDiagnostics> log);
 
  private:
   OwnedRasterArray(std::shared_ptr<detail::RasterStorage> storage, int first_band, int band_count);
