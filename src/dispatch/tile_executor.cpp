@@ -329,6 +329,11 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
     std::lock_guard lock(callback_mutex);
     options.stage(where, st);
   };
+  const auto stage_done = [&](const TileInfo& where, TileStage st) {
+    if (!options.stage_done) return;
+    std::lock_guard lock(callback_mutex);
+    options.stage_done(where, st);
+  };
   TileResultRule rule(who);
   bool begun = false;
   const auto compute_stop = [&](Stop& s) {
@@ -338,6 +343,7 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
       std::vector<OwnedRasterArray> inputs = std::move(s.inputs);
       s.result.emplace(compute(s.where, inputs));
     }
+    stage_done(s.where, TileStage::compute);
     const OwnedRasterArray& result = *s.result;
     if (w.per_band && result.band_count() != s.where.band_count) {
       throw std::invalid_argument(
@@ -370,6 +376,7 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
     }
     stage(s.where, TileStage::write);
     sink.write(*s.result, s.where);
+    stage_done(s.where, TileStage::write);
     s.result.reset();
     if (options.progress) {
       std::lock_guard lock(callback_mutex);
@@ -382,6 +389,7 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
       Stop s = stop_at(k);
       stage(s.where, TileStage::read);
       s.inputs = read(s.where);
+      stage_done(s.where, TileStage::read);
       compute_stop(s);
       write_stop(s);
     }
@@ -408,6 +416,7 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
         Stop next = stop_at(k);
         stage(next.where, TileStage::read);
         next.inputs = read(next.where);
+        stage_done(next.where, TileStage::read);
         if (!to_compute.push(std::move(next))) return;
       }
       to_compute.close();

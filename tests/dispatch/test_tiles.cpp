@@ -591,6 +591,32 @@ TEST_SUITE("tiles") {
         std::invalid_argument);
   }
 
+  TEST_CASE("each stage of each tile ends once, after it began, with or without overlap") {
+    const OwnedRasterArray raster = pattern(DType::float32, 2, 40, 30);
+    for (const int depth : {0, 1, 3}) {
+      CAPTURE(depth);
+      RasterTileSource source(raster);
+      RasterTileSink sink;
+      TileRunOptions o;
+      o.overlap = depth;
+      // Per (tile, stage): +1 at the start, +10 at the end; the end must come after the start.
+      std::map<std::pair<std::int64_t, int>, int> seen;
+      bool ordered = true;
+      o.stage = [&](const TileInfo& w, TileStage st) {
+        seen[{w.index, static_cast<int>(st)}] += 1;
+      };
+      o.stage_done = [&](const TileInfo& w, TileStage st) {
+        int& v = seen[{w.index, static_cast<int>(st)}];
+        ordered = ordered && v == 1;
+        v += 10;
+      };
+      run_tiles(source, box_sum, sink, tiled_plan(16, 16, 1, 2), o);
+      CHECK(ordered);
+      REQUIRE(seen.size() == 6 * 3);  // 3 x 2 tiles of 16 x 16 over 40 x 30, 3 stages each
+      for (const auto& [key, v] : seen) CHECK(v == 11);
+    }
+  }
+
   TEST_CASE("with overlap, tile k computes while tile k+1 is read and tile k-1 written") {
     // Each compute of tile k >= 1 waits (up to 20 s) for the read of tile k+1 and the write of
     // tile k-1 to have started: without overlap neither can, and the waits time out.

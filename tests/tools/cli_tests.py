@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import resource
 import signal
 import struct
@@ -1042,8 +1043,10 @@ def diagnostics_table(stderr):
     check(len(heads) == 1, "one diagnostics table: %r" % lines)
     rows = []
     for l in lines[heads[0] + 2:]:
-        label, _, seconds = l.strip().rpartition(" ")
-        rows.append((label.strip(), float(seconds)))
+        # "label seconds cores" for a step, "label seconds" for a stage and the total.
+        m = re.match(r"^\s*(.*?)\s+([0-9.]+)(?:\s+([0-9.]+))?$", l)
+        check(m, "a diagnostics row: %r" % l)
+        rows.append((m.group(1), float(m.group(2))))
     return rows
 
 
@@ -1070,6 +1073,21 @@ def diagnostics_say_where_the_time_went(env):
                                     "--diagnostics", "-q").stderr)
     check([r[0] for r in rows][4:8] == ["running stats", "read (1 tile)", "compute (1 tile)",
                                         "write (1 tile)"], rows)
+    # A file run whose stages overlap: each stage counted whole, for every tile; each alone
+    # within the step's wall time, together beyond it when they overlap.
+    src = env.make(env.path("diag.tif"), "--width", 768, "--height", 768, "--bands", 2,
+                   "--block", 256)
+    p = run_ok(env, "--op", "focal-mean", "-i", src, "-o", env.path("diag-out.tif"),
+               "--budget", "1M", "--diagnostics")
+    check(b"overlapped" in p.stdout, p.stdout)
+    rows = diagnostics_table(p.stderr)
+    seconds = dict(rows)
+    running = seconds["running focal-mean"]
+    stages = [(l, v) for l, v in rows if l.endswith("tiles)")]
+    check(len(stages) == 3 and len({l.split(" (")[1] for l, _ in stages}) == 1, stages)
+    check(all(v <= running + 1e-3 for _, v in stages), rows)
+    head = [l for l in tool_stderr(p.stderr).decode().splitlines() if "running focal-mean" in l]
+    check(len(head) == 1 and len(head[0].split()) == 4, head)  # label (2 words), seconds, cores
 
 
 @case

@@ -740,13 +740,15 @@ vsr::TileRunOptions Job::tile_options(Progress& progress) const {
   }
   o.gpu.plan = passes;
   RunTimings* timings = &timings_;
-  o.progress = [&progress, timings](std::int64_t done, std::int64_t total) {
-    timings->tile_done();
+  o.progress = [&progress](std::int64_t done, std::int64_t total) {
     progress.update(done, total, "tile");
   };
   o.stage = [&progress, timings](const vsr::TileInfo& where, vsr::TileStage s) {
-    timings->stage(s);
+    timings->stage(where, s);
     progress.stage(where, s);
+  };
+  o.stage_done = [timings](const vsr::TileInfo& where, vsr::TileStage s) {
+    timings->stage_done(where, s);
   };
   return o;
 }

@@ -2,67 +2,80 @@
 // vsr-run --diagnostics: the run's steps and tile stages, timed (timings.hpp).
 #include "timings.hpp"
 
+#include <sys/resource.h>
+
 namespace vsr_run {
 
 namespace vsr = vibespatial::raster;
 
+namespace {
+
+/// The process's user + system CPU seconds so far.
+double process_cpu_seconds() {
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  const auto secs = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  return secs(u.ru_utime) + secs(u.ru_stime);
+}
+
+}  // namespace
+
+void RunTimings::close_step_locked(Clock::time_point now) {
+  if (!open_step_) return;
+  Step& s = steps_[*open_step_];
+  s.seconds += std::chrono::duration<double>(now - step_start_).count();
+  s.cpu_seconds += process_cpu_seconds() - step_cpu_start_;
+  open_step_.reset();
+}
+
 void RunTimings::step(const std::string& name) {
   const std::lock_guard<std::mutex> lock(mutex_);
   const Clock::time_point now = Clock::now();
-  close_stage_locked(now);
-  if (open_step_) {
-    steps_[*open_step_].seconds += std::chrono::duration<double>(now - step_start_).count();
-  }
+  close_step_locked(now);
   std::size_t i = 0;
   while (i < steps_.size() && steps_[i].name != name) ++i;
   if (i == steps_.size()) steps_.push_back(Step{name});
   open_step_ = i;
   step_start_ = now;
+  step_cpu_start_ = process_cpu_seconds();
 }
 
-void RunTimings::close_stage_locked(Clock::time_point now) {
-  if (!open_stage_ || !open_step_) {
-    open_stage_.reset();
-    return;
-  }
-  const auto k = static_cast<std::size_t>(*open_stage_);
-  Step& s = steps_[*open_step_];
-  s.stage_seconds[k] += std::chrono::duration<double>(now - stage_start_).count();
-  ++s.stage_count[k];
-  open_stage_.reset();
+void RunTimings::stage(const vsr::TileInfo& where, vsr::TileStage stage) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  started_[{where.index, static_cast<int>(stage)}] = Clock::now();
 }
 
-void RunTimings::stage(vsr::TileStage stage) {
+void RunTimings::stage_done(const vsr::TileInfo& where, vsr::TileStage stage) {
   const std::lock_guard<std::mutex> lock(mutex_);
   const Clock::time_point now = Clock::now();
-  close_stage_locked(now);
-  open_stage_ = stage;
-  stage_start_ = now;
-}
-
-void RunTimings::tile_done() {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  close_stage_locked(Clock::now());
+  const auto it = started_.find({where.index, static_cast<int>(stage)});
+  if (it == started_.end()) return;
+  if (open_step_) {
+    const auto k = static_cast<std::size_t>(stage);
+    Step& s = steps_[*open_step_];
+    s.stage_seconds[k] += std::chrono::duration<double>(now - it->second).count();
+    ++s.stage_count[k];
+  }
+  started_.erase(it);
 }
 
 void RunTimings::finish() {
   const std::lock_guard<std::mutex> lock(mutex_);
-  const Clock::time_point now = Clock::now();
-  close_stage_locked(now);
-  if (open_step_) {
-    steps_[*open_step_].seconds += std::chrono::duration<double>(now - step_start_).count();
-  }
-  open_step_.reset();
+  close_step_locked(Clock::now());
+  started_.clear();
 }
 
 void RunTimings::print(std::FILE* out) const {
   const std::lock_guard<std::mutex> lock(mutex_);
   static const char* const kStages[] = {"read", "compute", "write"};
   std::fprintf(out, "[vsr-run] diagnostics: where the time went\n");
-  std::fprintf(out, "  %-40s %10s\n", "step", "seconds");
+  std::fprintf(out, "  %-40s %10s %8s\n", "step", "seconds", "cores");
   double total = 0;
   for (const Step& s : steps_) {
-    std::fprintf(out, "  %-40s %10.4f\n", s.name.c_str(), s.seconds);
+    std::fprintf(out, "  %-40s %10.4f %8.2f\n", s.name.c_str(), s.seconds,
+                 s.seconds > 0 ? s.cpu_seconds / s.seconds : 0.0);
     total += s.seconds;
     for (std::size_t k = 0; k < 3; ++k) {
       if (s.stage_count[k] == 0) continue;

@@ -215,6 +215,10 @@ struct TileRunOptions {
   /// from the stages' threads, one at a time (never concurrently), so the stages of neighbouring
   /// tiles interleave.
   std::function<void(const TileInfo& where, TileStage stage)> stage;
+  /// Called after each tile's read, compute and write has ended (without an error), if set:
+  /// with `stage`, what a stage took, also while the stages overlap. The same threads and the
+  /// same one-at-a-time rule as `stage`.
+  std::function<void(const TileInfo& where, TileStage stage)> stage_done;
 };
 
 /**
