@@ -1810,6 +1810,37 @@ def calc_matches_python_float64(env):
 
 
 @case
+def bench_files_quick_prints_the_goals_table(env):
+    # vsr-bench files --quick: small GDAL-made inputs, every job once against the installed
+    # peers; the table and the goals print (timings are not checked: they mean nothing here).
+    import shutil
+    missing = [t for t in ("gdal_translate", "gdal_calc.py", "gdalinfo") if not shutil.which(t)]
+    if missing:
+        raise Skip("GDAL's tools missing: %s" % ", ".join(missing))
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                          "vsr-bench-files")
+    p = env.run(sys.executable, script, "--quick", "--vsr-run", env.vsr_run, "--workdir",
+                env.path("bench"))
+    if p.returncode != 0 and b"needs numpy and GDAL's Python bindings" in p.stderr:
+        raise Skip(p.stderr.decode("utf-8", "replace").strip())
+    expect_exit(p, 0, "vsr-bench-files --quick")
+    text = p.stdout.decode()
+    check("512 x 512 x 4" in text and "load average before" in text, text)
+    for job in ("focal mean float32", "rescale uint16->uint8", "NDVI float32", "stats uint16",
+                "stats float32", "3-step chain"):
+        check(text.count(job) >= 2, "%s: not in the table and the goals\n%s" % (job, text))
+    goals = text[text.index("goals ("):]
+    for peer in ("gdal_translate -scale", "gdal_calc.py", "gdalinfo -stats",
+                 "3 separate vsr-run calls", "gdal_calc.py + gdal_translate"):
+        line = [l for l in goals.splitlines() if peer in l]
+        check(line and any(w in line[0] for w in ("met", "missed")), (peer, goals))
+    check("scipy + rasterio" in goals, goals)  # run, or "not run" with the reason above
+    check(not any(os.path.exists(os.path.join(env.path("bench"), f)) and
+                  f.startswith("vsr-bench-files-") for f in os.listdir(env.path("bench"))),
+          "the bench left its outputs")
+
+
+@case
 def band_subsets_read_with_gdal_threads(env):
     # GDAL 3.6 crashes (SIGSEGV in its decoding threads) on one dataset read of a band list
     # other than 1..k of a compressed band-interleaved GeoTIFF when GDAL_NUM_THREADS is set, as
