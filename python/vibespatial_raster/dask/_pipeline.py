@@ -154,7 +154,7 @@ def map_pipeline(pipeline: Pipeline, array: Any = None, *, nodata: Any = _UNSET,
         prepared.append((src, data, aff, crs_text, nd))
     src0, first, aff0, crs0, _ = prepared[0]
     two_d = first.ndim == 2
-    datas = []
+    datas: list[Any] = []
     expected = pipeline.input_bands
     for name, (_, data, _, _, _) in zip(names, prepared):
         if data.ndim == 2:
