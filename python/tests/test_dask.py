@@ -423,6 +423,19 @@ def test_map_bands_and_map_tiles_on_the_cluster_equal_one_process(client):
     assert_same(bands.compute(), whole_focal(small))
 
 
+def test_a_pipeline_per_chunk_on_the_cluster_equals_it_run_whole(client):
+    # The chain travels to the workers pickled as its steps; chunks planned for the smallest
+    # worker budget (several tiles, halo 2 exchanged between them).
+    data = sample(4, 1024)
+    chain = (ops.Pipeline(A=4).calc(["(A[4] - A[3]) / (A[4] + A[3])", "A[1]"])
+             .focal_mean("reflect").focal_mean().rescale(-1, 1, 1, 255, "uint8"))
+    got = vd.map_pipeline(chain, da.from_array(data, chunks=(4, 512, 512)), nodata=NAN)
+    assert len(got.chunks[1]) > 1
+    want = chain.run(A=OwnedRasterArray.from_numpy(data, nodata=NAN)).to_numpy()
+    out = got.compute()
+    assert out.dtype == want.dtype and out.tobytes() == want.tobytes()
+
+
 @needs_vsr_run
 def test_the_cluster_matches_vsr_run_on_its_sample(client, tmp_path):
     data = sample(4, 512)

@@ -274,12 +274,20 @@ class Pipeline:
                 raise TypeError(f"the band count of input {name} must be an integer, not "
                                 f"{type(bands).__name__}")
         self._names = list(inputs)
+        self._bands = {n: int(b) for n, b in inputs.items()}
         self._native = _core.Pipeline([(n, int(b)) for n, b in inputs.items()])
+        # The steps added, as (method, args, kwargs): a pickled pipeline is built again from
+        # them (the native chain does not pickle), so that Dask workers get the same chain.
+        self._recipe: list[tuple[str, tuple, dict]] = []
 
     def calc(self, expr: str | Sequence[str], *, dtype: Any = "float32", compute: str = "float64",
              propagate_nodata: bool = True, nodata: int | float | None = None) -> "Pipeline":
         """Adds band math over the inputs and ``X`` (as :func:`calc`)."""
         self._native.calc(_expressions(expr), *_calc_args(dtype, compute, propagate_nodata, nodata))
+        kept = expr if isinstance(expr, str) else tuple(expr)
+        self._recipe.append(("calc", (kept,), {"dtype": dtype, "compute": compute,
+                                               "propagate_nodata": propagate_nodata,
+                                               "nodata": nodata}))
         return self
 
     def focal_mean(self, edge: str = "nearest") -> "Pipeline":
@@ -287,34 +295,48 @@ class Pipeline:
         if edge not in _EDGES:
             raise ValueError(f"edge must be one of {', '.join(_EDGES)}, not {edge!r}")
         self._native.focal_mean(edge)
+        self._recipe.append(("focal_mean", (edge,), {}))
         return self
 
     def rescale(self, in_min: float, in_max: float, out_min: float, out_max: float,
                 dtype: Any = "float32") -> "Pipeline":
         """Adds a linear rescale (as :func:`rescale`)."""
         self._native.rescale(in_min, in_max, out_min, out_max, raster_dtype(dtype).name)
+        self._recipe.append(("rescale", (in_min, in_max, out_min, out_max, dtype), {}))
         return self
 
     def convert(self, dtype: Any, nodata: int | float | None = None) -> "Pipeline":
         """Adds a conversion to ``dtype`` as ``gdal_translate -ot`` converts, with ``nodata``."""
         self._native.convert(raster_dtype(dtype).name, _calc_args("float32", "float64", True,
                                                                   nodata)[3])
+        self._recipe.append(("convert", (dtype, nodata), {}))
         return self
 
     def clip(self, lower: float, upper: float) -> "Pipeline":
         """Adds a clamp of the valid pixels to [lower, upper] (as :func:`clip`)."""
         self._native.clip(lower, upper)
+        self._recipe.append(("clip", (lower, upper), {}))
         return self
 
     def fill_nodata(self, value: float) -> "Pipeline":
         """Adds a fill of the invalid pixels with ``value`` (as :func:`fill_nodata`)."""
         self._native.fill_nodata(value)
+        self._recipe.append(("fill_nodata", (value,), {}))
         return self
 
     @property
     def inputs(self) -> list[str]:
         """The inputs' names, in order."""
         return list(self._names)
+
+    @property
+    def input_bands(self) -> dict[str, int]:
+        """The inputs' band counts, by name, in order."""
+        return dict(self._bands)
+
+    def __reduce__(self) -> tuple:
+        # Pickled as its inputs and steps, built again when unpickled (the same checks pass).
+        return (_rebuild_pipeline, (dict(self._bands), list(self._recipe)))
 
     @property
     def halo(self) -> int:
@@ -360,3 +382,11 @@ class Pipeline:
     def __repr__(self) -> str:
         inputs = ", ".join(self._names)
         return f"Pipeline(inputs=[{inputs}], steps={self.steps}, halo={self.halo})"
+
+
+def _rebuild_pipeline(inputs: dict[str, int], recipe: list[tuple[str, tuple, dict]]) -> Pipeline:
+    """A Pipeline from its inputs and the steps :meth:`Pipeline.__reduce__` recorded."""
+    chain = Pipeline(**inputs)
+    for method, args, kwargs in recipe:
+        getattr(chain, method)(*args, **kwargs)
+    return chain

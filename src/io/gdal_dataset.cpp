@@ -289,11 +289,33 @@ void raster_io(GDALDatasetH ds, GDALRWFlag flag, const RasterWindow& w, void* bu
                std::vector<int>& bands, std::int64_t line_elems, std::int64_t band_elems,
                const std::string& path) {
   const auto item = static_cast<GSpacing>(itemsize(dtype));
-  const CPLErr err = GDALDatasetRasterIOEx(
-      ds, flag, static_cast<int>(w.col_off), static_cast<int>(w.row_off), static_cast<int>(w.width),
-      static_cast<int>(w.height), buf, static_cast<int>(w.width), static_cast<int>(w.height),
-      gdal_type(dtype), static_cast<int>(bands.size()), bands.data(), item, item * line_elems,
-      item * band_elems, nullptr);
+  // A read of a band list other than 1..k goes band by band: GDAL 3.6's multi-threaded GTiff
+  // decoding (GDAL_NUM_THREADS) crashes on one dataset read of such a list of a compressed
+  // band-interleaved file (docs/tools.md, -b). Band reads share the block cache, so a
+  // pixel-interleaved file is still decoded once per tile.
+  bool prefix = true;
+  for (std::size_t i = 0; i < bands.size(); ++i) prefix = prefix && bands[i] == int(i) + 1;
+  CPLErr err = CE_None;
+  if (flag == GF_Read && !prefix && bands.size() > 1) {
+    auto* bytes = static_cast<unsigned char*>(buf);
+    for (std::size_t i = 0; i < bands.size() && err == CE_None; ++i) {
+      GDALRasterBandH band = GDALGetRasterBand(ds, bands[i]);
+      err = band == nullptr
+                ? CE_Failure
+                : GDALRasterIOEx(band, flag, static_cast<int>(w.col_off),
+                                 static_cast<int>(w.row_off), static_cast<int>(w.width),
+                                 static_cast<int>(w.height),
+                                 bytes + static_cast<std::ptrdiff_t>(i) * item * band_elems,
+                                 static_cast<int>(w.width), static_cast<int>(w.height),
+                                 gdal_type(dtype), item, item * line_elems, nullptr);
+    }
+  } else {
+    err = GDALDatasetRasterIOEx(
+        ds, flag, static_cast<int>(w.col_off), static_cast<int>(w.row_off),
+        static_cast<int>(w.width), static_cast<int>(w.height), buf, static_cast<int>(w.width),
+        static_cast<int>(w.height), gdal_type(dtype), static_cast<int>(bands.size()),
+        bands.data(), item, item * line_elems, item * band_elems, nullptr);
+  }
   if (err != CE_None) {
     fail(std::string(flag == GF_Read ? "cannot read" : "cannot write") + " raster '" + shown(path) +
          "'");

@@ -1916,6 +1916,65 @@ def calc_matches_python_float64(env):
 
 
 @case
+def bench_files_quick_prints_the_goals_table(env):
+    # vsr-bench files --quick: small GDAL-made inputs, every job once against the installed
+    # peers; the table and the goals print (timings are not checked: they mean nothing here).
+    import shutil
+    missing = [t for t in ("gdal_translate", "gdal_calc.py", "gdalinfo") if not shutil.which(t)]
+    if missing:
+        raise Skip("GDAL's tools missing: %s" % ", ".join(missing))
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                          "vsr-bench-files")
+    p = env.run(sys.executable, script, "--quick", "--vsr-run", env.vsr_run, "--workdir",
+                env.path("bench"))
+    if p.returncode != 0 and b"needs numpy and GDAL's Python bindings" in p.stderr:
+        raise Skip(p.stderr.decode("utf-8", "replace").strip())
+    expect_exit(p, 0, "vsr-bench-files --quick")
+    text = p.stdout.decode()
+    check("512 x 512 x 4" in text and "load average before" in text, text)
+    for job in ("focal mean float32", "rescale uint16->uint8", "NDVI float32", "stats uint16",
+                "stats float32", "3-step chain"):
+        check(text.count(job) >= 2, "%s: not in the table and the goals\n%s" % (job, text))
+    goals = text[text.index("goals ("):]
+    for peer in ("gdal_translate -scale", "gdal_calc.py", "gdalinfo -stats",
+                 "3 separate vsr-run calls", "gdal_calc.py + gdal_translate"):
+        line = [l for l in goals.splitlines() if peer in l]
+        check(line and any(w in line[0] for w in ("met", "missed")), (peer, goals))
+    check("scipy + rasterio" in goals, goals)  # run, or "not run" with the reason above
+    check(not any(os.path.exists(os.path.join(env.path("bench"), f)) and
+                  f.startswith("vsr-bench-files-") for f in os.listdir(env.path("bench"))),
+          "the bench left its outputs")
+
+
+@case
+def band_subsets_read_with_gdal_threads(env):
+    # GDAL 3.6 crashes (SIGSEGV in its decoding threads) on one dataset read of a band list
+    # other than 1..k of a compressed band-interleaved GeoTIFF when GDAL_NUM_THREADS is set, as
+    # users set it for speed; such band lists are read band by band (docs/tools.md, -b).
+    W, H = 300, 260
+    a = env.make(env.path("a.tif"), "--width", W, "--height", H, "--bands", 4, "--dtype",
+                 "float32", "--block", 64, "--compress", "DEFLATE", "--interleave", "BAND",
+                 "--nodata", "-9999", "--nodata-every", 13)
+    px = env.dump(a)["pixels"]
+    threads = {"GDAL_NUM_THREADS": "ALL_CPUS"}
+    out = env.path("ndvi.tif")
+    p = env.run(env.vsr_run, "--op", "calc", "-i", "A=" + a, "--calc", "A[4] - A[3]",
+                "--calc", "A[2] + A[4]", "--ot", "float64", "-o", out, "-q", env=threads)
+    expect_exit(p, 0, "calc reading bands 2, 3 and 4 with GDAL_NUM_THREADS")
+    got = env.dump(out)["pixels"]
+    for k, (x, y, sign) in enumerate(((3, 2, -1), (1, 3, 1))):
+        want = [-9999.0 if -9999.0 in (u, v) else float(f32(u) + sign * f32(v))
+                for u, v in zip(px[x], px[y])]
+        bad = [i for i, (g, w_) in enumerate(zip(got[k], want)) if not same_value(g, w_)]
+        check(not bad, "band %d: %d pixels differ" % (k + 1, len(bad)))
+    p = env.run(env.vsr_run, "-i", a, "-b", "4", "-b", "2", "--op", "stats", "--json",
+                env=threads)
+    expect_exit(p, 0, "stats of bands 4 and 2 with GDAL_NUM_THREADS")
+    stats = json.loads(p.stdout)
+    check(len(stats["bands"]) == 2, stats)
+
+
+@case
 def calc_refuses_mismatched_grids_and_bad_expressions(env):
     a = env.make(env.path("a.tif"), "--width", 40, "--height", 30, "--bands", 2)
     short = env.make(env.path("short.tif"), "--width", 40, "--height", 29)

@@ -20,6 +20,8 @@ The raster side:
 - :func:`map_bands` / :func:`map_tiles`: apply a band op (``OwnedRasterArray`` in, out, as
   everywhere in the package) to each chunk of a Dask array or xarray ``DataArray``; the halo of
   :func:`map_tiles` is exchanged by ``dask.array.map_overlap``.
+- :func:`map_pipeline`: an ``ops.Pipeline`` over one or more Dask arrays, one chain per chunk,
+  each chunk read once with the chain's total halo; equal to the chain run whole.
 - :func:`read_raster`, :func:`write_raster`, :func:`process_geotiff`: a raster file as a Dask
   array of windows read in parallel, a Dask array written as one GeoTIFF (each task writes its
   chunk to a part file, then one task merges the parts into the file, all or nothing, with the
@@ -44,6 +46,7 @@ from ._block import BandOp
 from ._chunks import ChunkPlan, chunk_plan, plan_chunks
 from ._files import process_geotiff, read_raster, write_raster
 from ._map import map_bands, map_tiles
+from ._pipeline import map_pipeline
 from ._plugin import PoolPlugin, available_vram_bytes, free_pool_memory, memory_pool_stats, register
 
 # Private names reached here (by the tests) since this package was one module: the chunk split
@@ -58,6 +61,7 @@ __all__ = [
     "chunk_plan",
     "free_pool_memory",
     "map_bands",
+    "map_pipeline",
     "map_tiles",
     "memory_pool_stats",
     "plan_chunks",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -41,10 +41,23 @@ class _TaskSpec:
     who: str = "map_tiles"  # the public call, first in the messages of the first-result rule
 
 
+class _Expected(Protocol):
+    """What a result is checked against (_TaskSpec, and map_pipeline's spec)."""
+
+    @property
+    def out_bands(self) -> int | None: ...
+    @property
+    def out_dtype(self) -> str | None: ...
+    @property
+    def out_nodata(self) -> float | int | None: ...
+    @property
+    def who(self) -> str: ...
+
+
 _SAMPLE = "the sample block (pixels of nodata, run once at submission)"
 
 
-def _checked_result(out: Any, spec: _TaskSpec, read: tuple[int, int, int, int],
+def _checked_result(out: Any, spec: _Expected, read: tuple[int, int, int, int],
                     tile: str) -> Any:
     """The tile executor's first-result rule (``TileResultRule``) on ``out``, the result for the
     window ``read`` (col, row, width, height) named ``tile``: its shape must be the window's, and
