@@ -3,6 +3,7 @@
 // retry; then rounds of the registered OOM handlers, each followed by giving free pages back and
 // retrying; and the OutOfMemoryError that says what the pool and the driver hold.
 #include "common/expects.hpp"
+#include "memory/memory_history.hpp"
 #include "memory/registry_state.hpp"
 
 #include <vibespatial/raster/memory.hpp>
@@ -33,6 +34,16 @@ std::string driver_memory(int device) {
 }
 
 [[noreturn]] void throw_oom(DevicePool& pool, std::size_t bytes, const std::string& note) {
+  if (history::on()) {
+    std::size_t free_b = 0, total_b = 0;
+    try {
+      ScopedDeviceContext scope(pool.device());
+      if (driver().cuMemGetInfo(&free_b, &total_b) != CUDA_SUCCESS) free_b = 0;
+    } catch (const std::exception&) {
+      free_b = 0;
+    }
+    history::record(MemoryAction::oom, pool.device(), 0, bytes, 0, history::ticks(), free_b);
+  }
   throw OutOfMemoryError(
       bytes, "device_allocate: out of memory on device " + std::to_string(pool.device()) +
                  " (tier " + tier_name(current_tier()) + "): requested " + format_bytes(bytes) +

@@ -147,6 +147,7 @@ void VmmPool::trim() {
       ++it;
       continue;
     }
+    note_pages(MemoryAction::segment_unmap, begin, pages);
     it = retire_unmapped_range(it);
   }
   // Small blocks: every freed slot needs a mark before its slab's page may go.
@@ -161,10 +162,12 @@ void VmmPool::trim() {
     if (!first_error) first_error = e;
   }
   std::vector<CUmemGenericAllocationHandle> kept;
+  const std::size_t held_before = pages_held_;
   for (CUmemGenericAllocationHandle h : spare_) {
     const CUresult r = api.cuMemRelease(h);
     if (vmm_call_took_effect(r)) {
       --pages_held_;  // released, even when a sticky error came back (never released twice)
+      note_pages(MemoryAction::page_release, 0, 1);
     } else {
       kept.push_back(h);
     }
@@ -174,6 +177,7 @@ void VmmPool::trim() {
   }
   spare_ = std::move(kept);
   large_peak_pages_ = large_live_pages_;  // the slack grows again from what is live
+  note_pages(MemoryAction::trim, 0, held_before - pages_held_);
   debug_check("trim");
   if (first_error) throw *first_error;
 }

@@ -423,6 +423,7 @@ std::size_t VmmPool::reclaim_small_pages(std::vector<CUmemGenericAllocationHandl
     to.reserve(to.size() + 1);  // room first: nothing after the unmap may fail
     region.vacant.reserve(region.vacant.size() + 1);
     if (!vmm_call_took_effect(api.cuMemUnmap(region.base + page->index * page_, page_))) continue;
+    note_pages(MemoryAction::segment_unmap, region.base + page->index * page_, 1);
     pages_mapped_ -= 1;
     --small_pages_;
     to.push_back(page->handle);
