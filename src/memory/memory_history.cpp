@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <array>
+#include <deque>
+#include <new>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -41,31 +43,104 @@ struct RawEvent {
 };
 static_assert(sizeof(RawEvent) == 48, "events stay small");
 
-constexpr std::uint32_t kBufferEvents = 512;
+constexpr std::uint32_t kChunkEvents = 512;
 
+// Events of one thread, in its order: [begin, end) once handed to the ring.
+struct Chunk {
+  std::uint32_t begin = 0;
+  std::uint32_t end = 0;
+  bool applied = false;  // its allocs and frees are in the live map
+  std::array<RawEvent, kChunkEvents> events;
+};
+
+// A thread's chunk being filled: the thread writes the slot at `head` and publishes `head`; a
+// consumer (under the recorder's mutex) copies [tail, head) out and publishes `tail`. The thread
+// swaps in a fresh chunk under the mutex when it is full.
 struct ThreadBuffer {
-  std::atomic<std::uint64_t> head{0};
-  alignas(64) std::atomic<std::uint64_t> tail{0};
-  std::array<RawEvent, kBufferEvents> events;
+  Chunk* chunk = nullptr;
+  std::atomic<std::uint32_t> head{0};
+  alignas(64) std::atomic<std::uint32_t> tail{0};
 };
 
 struct LiveBlock {
+  std::uint64_t addr;  // 0: an empty slot
   std::uint64_t t;
   std::uint64_t size;  // requested
   std::uint16_t tag;
   std::uint8_t device;
 };
 
+// The live blocks by address: open addressing with linear probing and backward-shift deletion
+// (no tombstones), so that the drain, which applies every alloc and free, stays cheap.
+class LiveMap {
+ public:
+  template <class F>
+  void for_each(F&& f) const {
+    for (const LiveBlock& b : slots_) {
+      if (b.addr != 0) f(b);
+    }
+  }
+  void clear() noexcept {  // keeps its memory for the next history
+    std::fill(slots_.begin(), slots_.end(), LiveBlock{});
+    count_ = 0;
+  }
+  // Throws std::bad_alloc (then unchanged).
+  void set(const LiveBlock& b) {
+    if ((count_ + 1) * 2 > slots_.size()) grow();
+    std::size_t i = index(b.addr);
+    while (slots_[i].addr != 0 && slots_[i].addr != b.addr) i = (i + 1) & mask();
+    if (slots_[i].addr == 0) ++count_;
+    slots_[i] = b;
+  }
+  // Removes the block at `addr` if it was allocated no later than `t`.
+  void erase(std::uint64_t addr, std::uint64_t t) noexcept {
+    if (slots_.empty()) return;
+    std::size_t i = index(addr);
+    while (slots_[i].addr != addr) {
+      if (slots_[i].addr == 0) return;
+      i = (i + 1) & mask();
+    }
+    if (slots_[i].t > t) return;
+    // Backward shift: move later entries of the probe run into the hole.
+    std::size_t hole = i;
+    for (std::size_t j = (i + 1) & mask(); slots_[j].addr != 0; j = (j + 1) & mask()) {
+      const std::size_t home = index(slots_[j].addr);
+      if (((j - home) & mask()) >= ((j - hole) & mask())) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole].addr = 0;
+    --count_;
+  }
+
+ private:
+  std::size_t mask() const noexcept { return slots_.size() - 1; }
+  std::size_t index(std::uint64_t addr) const noexcept {
+    return static_cast<std::size_t>((addr * 0x9E3779B97F4A7C15ull) >> 20) & mask();
+  }
+  void grow() {
+    std::vector<LiveBlock> old(std::max<std::size_t>(1024, slots_.size() * 2), LiveBlock{});
+    old.swap(slots_);
+    count_ = 0;
+    for (const LiveBlock& b : old) {
+      if (b.addr != 0) set(b);
+    }
+  }
+  std::vector<LiveBlock> slots_;
+  std::size_t count_ = 0;
+};
+
 struct Recorder {
   std::mutex mutex;
   std::vector<ThreadBuffer*> buffers;
-  std::vector<RawEvent> ring;  // grows to `capacity`, then wraps at `start`
-  std::size_t start = 0;
+  std::deque<Chunk*> ring;     // oldest first, in the order they were handed over
+  std::size_t ring_events = 0;  // events in `ring`
+  std::vector<Chunk*> spare;    // chunks to reuse
   std::size_t capacity = 0;
   std::uint64_t dropped = 0;
   std::atomic<std::uint64_t> lost{0};  // events no buffer could take (host memory)
-  std::atomic<std::uint32_t> session{0};
-  std::unordered_map<std::uint64_t, LiveBlock> live;
+  LiveMap live;
   // The clock: ticks and wall time when recording started.
   std::uint64_t t0 = 0;
   std::chrono::steady_clock::time_point steady0;
@@ -88,96 +163,220 @@ struct TagStack {
   std::array<std::uint16_t, kMaxMemoryTagDepth> ids{};
   std::size_t depth = 0;
 };
-thread_local TagStack t_tags;
 
-// Moves every thread's buffered events into the ring, in time order. Mutex held.
-void drain_locked(Recorder& r) noexcept {
-  std::vector<RawEvent> batch;
-  const std::uint32_t session = r.session.load(std::memory_order_relaxed);
-  for (ThreadBuffer* b : r.buffers) {
-    const std::uint64_t tail = b->tail.load(std::memory_order_relaxed);
-    const std::uint64_t head = b->head.load(std::memory_order_acquire);
-    try {
-      for (std::uint64_t i = tail; i < head; ++i) {
-        const RawEvent& e = b->events[i % kBufferEvents];
-        if (e.session == session) batch.push_back(e);
-      }
-    } catch (...) {
-      r.dropped += head - tail;  // no host memory: these events are lost, and counted
-    }
-    b->tail.store(head, std::memory_order_release);
+
+// What record() reads of the calling thread: one constant-initialised thread-local (one TLS
+// lookup per event in a shared library), its destructor kept apart (BufferHolder).
+struct ThreadState {
+  ThreadBuffer* buffer = nullptr;
+  std::uint64_t clock = 0;  // the thread's last time stamp (clock())
+  std::uint32_t events = 0;
+  TagStack tags;
+};
+thread_local ThreadState t_hot;
+
+// The session of the history being recorded (a new one per start), copied into every event.
+std::atomic<std::uint32_t> g_session{0};
+
+Chunk* new_chunk(Recorder& r) noexcept {
+  Chunk* c = nullptr;
+  if (!r.spare.empty()) {
+    c = r.spare.back();
+    r.spare.pop_back();
+  } else {
+    c = new (std::nothrow) Chunk;
+    if (c == nullptr) return nullptr;
   }
-  std::stable_sort(batch.begin(), batch.end(),
-                   [](const RawEvent& a, const RawEvent& b) { return a.t < b.t; });
-  for (const RawEvent& e : batch) {
-    const auto action = static_cast<MemoryAction>(e.action);
-    try {
-      if (action == MemoryAction::alloc) {
-        r.live[e.addr] = LiveBlock{e.t, e.extra, e.tag, e.device};
-      } else if (action == MemoryAction::free_requested) {
-        auto it = r.live.find(e.addr);
-        if (it != r.live.end() && it->second.t <= e.t) r.live.erase(it);
-      }
-    } catch (...) {
-      // The owner statistics miss this block; the event itself is kept below.
-    }
-    if (r.capacity == 0) continue;
-    if (r.ring.size() < r.capacity) {
-      try {
-        r.ring.push_back(e);
-        continue;
-      } catch (...) {
-        if (r.ring.empty()) {
-          ++r.dropped;
-          continue;
-        }
-      }
-    }
-    // Full (or no memory to grow): the oldest event goes.
-    r.ring[r.start] = e;
-    r.start = (r.start + 1) % r.ring.size();
-    ++r.dropped;
+  c->begin = c->end = 0;
+  c->applied = false;
+  return c;
+}
+
+void recycle(Recorder& r, Chunk* c) noexcept {
+  try {
+    r.spare.push_back(c);
+  } catch (...) {
+    delete c;
   }
 }
 
-// The calling thread's buffer, registered on first use.
+bool earlier(const RawEvent& a, const RawEvent& b) noexcept {
+  return a.t < b.t;
+}
+
+// Applies the allocs and frees of `events` (in time order) to the live map. Mutex held.
+void apply(Recorder& r, const RawEvent* begin, const RawEvent* end) noexcept {
+  const std::uint32_t session = g_session.load(std::memory_order_relaxed);
+  for (const RawEvent* e = begin; e != end; ++e) {
+    if (e->session != session) continue;
+    const auto action = static_cast<MemoryAction>(e->action);
+    try {
+      if (action == MemoryAction::alloc) {
+        r.live.set(LiveBlock{e->addr, e->t, e->extra, e->tag, e->device});
+      } else if (action == MemoryAction::free_requested) {
+        r.live.erase(e->addr, e->t);
+      }
+    } catch (...) {
+      // No host memory: the owner statistics miss this block; the event itself is kept.
+    }
+  }
+}
+
+// Applies every chunk not applied yet, merged in time order. Mutex held.
+void apply_all(Recorder& r) noexcept {
+  std::vector<RawEvent> events;
+  try {
+    for (Chunk* c : r.ring) {
+      if (!c->applied) events.insert(events.end(), &c->events[c->begin], &c->events[c->end]);
+    }
+  } catch (...) {
+    events.clear();
+    for (Chunk* c : r.ring) {  // no memory to merge: chunk by chunk
+      if (!c->applied) apply(r, &c->events[c->begin], &c->events[c->end]);
+      c->applied = true;
+    }
+    return;
+  }
+  std::stable_sort(events.begin(), events.end(), earlier);
+  apply(r, events.data(), events.data() + events.size());
+  for (Chunk* c : r.ring) c->applied = true;
+}
+
+// Lets the oldest chunks go down to the bound. Mutex held.
+void trim_ring(Recorder& r) noexcept {
+  while (r.ring.size() > 1 &&
+         r.ring_events - (r.ring.front()->end - r.ring.front()->begin) >= r.capacity) {
+    Chunk* old = r.ring.front();
+    r.ring.pop_front();
+    const std::uint32_t n = old->end - old->begin;
+    if (!old->applied) apply(r, &old->events[old->begin], &old->events[old->end]);
+    r.ring_events -= n;
+    r.dropped += n;
+    recycle(r, old);
+  }
+}
+
+// Hands `c` to the ring and lets the oldest chunks go while the ring holds a chunk more than
+// the bound (a snapshot keeps exactly the newest `capacity`). Mutex held.
+void hand_over(Recorder& r, Chunk* c) noexcept {
+  if (c->begin == c->end || r.capacity == 0) {
+    recycle(r, c);
+    return;
+  }
+  try {
+    r.ring.push_back(c);
+  } catch (...) {
+    apply(r, &c->events[c->begin], &c->events[c->end]);
+    r.dropped += c->end - c->begin;
+    recycle(r, c);
+    return;
+  }
+  r.ring_events += c->end - c->begin;
+  trim_ring(r);
+}
+
+// Moves what every thread has recorded and not handed over into the ring (copies of the filled
+// part of each thread's chunk). Mutex held.
+void drain_locked(Recorder& r) noexcept {
+  for (ThreadBuffer* b : r.buffers) {
+    const std::uint32_t tail = b->tail.load(std::memory_order_relaxed);
+    const std::uint32_t head = b->head.load(std::memory_order_acquire);
+    if (head <= tail) continue;
+    Chunk* c = new_chunk(r);
+    if (c == nullptr) {
+      r.dropped += head - tail;  // no host memory: lost, and counted
+    } else {
+      std::copy(&b->chunk->events[tail], &b->chunk->events[head], c->events.begin());
+      c->end = head - tail;
+      hand_over(r, c);
+    }
+    b->tail.store(head, std::memory_order_release);
+  }
+}
+
+// The thread's chunk is full: into the ring, and a fresh one. Mutex taken here.
+[[gnu::noinline]] void chunk_full(ThreadBuffer* b) noexcept {
+  Recorder& r = recorder();
+  std::lock_guard lock(r.mutex);
+  Chunk* full = b->chunk;
+  Chunk* fresh = new_chunk(r);
+  full->begin = b->tail.load(std::memory_order_relaxed);
+  full->end = kChunkEvents;
+  if (fresh == nullptr) {  // no host memory: the chunk's events are lost, and counted
+    r.dropped += full->end - full->begin;
+    fresh = full;
+  } else {
+    hand_over(r, full);
+  }
+  fresh->begin = fresh->end = 0;
+  b->chunk = fresh;
+  b->tail.store(0, std::memory_order_relaxed);
+  b->head.store(0, std::memory_order_release);
+}
+
+// Drains and unregisters the thread's buffer when the thread exits (armed with the buffer).
 struct BufferHolder {
-  ThreadBuffer* buffer = nullptr;
+  bool armed = false;
   ~BufferHolder() {
+    ThreadBuffer* buffer = t_hot.buffer;
     if (buffer == nullptr || in_forked_child()) return;
     Recorder& r = recorder();
     std::lock_guard lock(r.mutex);
     drain_locked(r);  // a thread that exits keeps its events
     std::erase(r.buffers, buffer);
+    t_hot.buffer = nullptr;
+    recycle(r, buffer->chunk);
     delete buffer;
   }
 };
-thread_local BufferHolder t_buffer;
+thread_local BufferHolder t_holder;
 
-ThreadBuffer* thread_buffer() noexcept {
-  if (t_buffer.buffer != nullptr) [[likely]]
-    return t_buffer.buffer;
+// The calling thread's buffer, registered on first use.
+[[gnu::noinline]] ThreadBuffer* new_thread_buffer() noexcept {
   try {
     auto b = std::make_unique<ThreadBuffer>();
+    t_holder.armed = true;  // constructs the holder: its destructor runs at thread exit
     Recorder& r = recorder();
     std::lock_guard lock(r.mutex);
+    b->chunk = new_chunk(r);
+    if (b->chunk == nullptr) return nullptr;
     r.buffers.push_back(b.get());
-    t_buffer.buffer = b.release();
+    t_hot.buffer = b.release();
   } catch (...) {
     return nullptr;
   }
-  return t_buffer.buffer;
+  return t_hot.buffer;
 }
 
-// Keeps the newest `capacity` events of the ring, oldest first at index 0. Mutex held.
-void linearize(Recorder& r, std::size_t capacity) {
-  std::rotate(r.ring.begin(), r.ring.begin() + static_cast<std::ptrdiff_t>(r.start), r.ring.end());
-  r.start = 0;
-  if (r.ring.size() > capacity) {
-    const std::size_t extra = r.ring.size() - capacity;
-    r.ring.erase(r.ring.begin(), r.ring.begin() + static_cast<std::ptrdiff_t>(extra));
-    r.dropped += extra;
+// The ring's events, oldest first: the newest `capacity` of them (the rest count as dropped).
+// Mutex held.
+std::vector<RawEvent> ring_events(Recorder& r, std::uint64_t& dropped) {
+  std::vector<RawEvent> events;
+  events.reserve(r.ring_events);
+  const std::uint32_t session = g_session.load(std::memory_order_relaxed);
+  for (Chunk* c : r.ring) {
+    for (std::uint32_t i = c->begin; i < c->end; ++i) {
+      if (c->events[i].session == session) events.push_back(c->events[i]);
+    }
   }
+  std::stable_sort(events.begin(), events.end(), earlier);
+  dropped = r.dropped;
+  if (events.size() > r.capacity) {
+    const std::size_t extra = events.size() - r.capacity;
+    events.erase(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(extra));
+    dropped += extra;
+  }
+  return events;
+}
+
+// Drops every recorded event (a new history). Mutex held.
+void clear_ring(Recorder& r) noexcept {
+  for (ThreadBuffer* b : r.buffers) {
+    b->tail.store(b->head.load(std::memory_order_acquire), std::memory_order_release);
+  }
+  for (Chunk* c : r.ring) recycle(r, c);
+  r.ring.clear();
+  r.ring_events = 0;
 }
 
 bool valid_utf8(std::string_view s) noexcept {
@@ -260,7 +459,7 @@ std::string tag_name(std::uint16_t id) {
 }
 
 void push_id(std::uint16_t id, const char* function) {
-  TagStack& s = t_tags;
+  TagStack& s = t_hot.tags;
   if (s.depth >= kMaxMemoryTagDepth) {
     throw std::out_of_range(std::string(function) + ": more than " +
                             std::to_string(kMaxMemoryTagDepth) + " memory tags pushed");
@@ -278,34 +477,86 @@ std::uint64_t to_time_us(const Recorder& r, std::uint64_t t, double us_per_tick)
 }  // namespace
 
 std::uint16_t current_tag() noexcept {
-  const TagStack& s = t_tags;
+  const TagStack& s = t_hot.tags;
   return s.depth == 0 ? kTagUser : s.ids[s.depth - 1];
 }
 
-void record(MemoryAction action, int device, std::uint64_t addr, std::uint64_t size,
-            std::uint64_t stream, std::uint64_t t, std::uint64_t extra) noexcept {
-  ThreadBuffer* b = thread_buffer();
-  if (b == nullptr) [[unlikely]] {
-    recorder().lost.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  const std::uint64_t head = b->head.load(std::memory_order_relaxed);
-  if (head - b->tail.load(std::memory_order_acquire) >= kBufferEvents) [[unlikely]] {
-    Recorder& r = recorder();
-    std::lock_guard lock(r.mutex);
-    drain_locked(r);
-  }
-  RawEvent& e = b->events[head % kBufferEvents];
+namespace {
+
+inline void put(ThreadState& st, ThreadBuffer* b, MemoryAction action, int device,
+                std::uint64_t addr, std::uint64_t size, std::uint64_t stream, std::uint64_t t,
+                std::uint64_t extra, std::uint32_t session) noexcept {
+  const std::uint32_t head = b->head.load(std::memory_order_relaxed);
+  RawEvent& e = b->chunk->events[head];
   e.t = t;
   e.addr = addr;
   e.size = size;
   e.stream = stream;
   e.extra = extra;
-  e.session = recorder().session.load(std::memory_order_relaxed);
-  e.tag = current_tag();
+  e.session = session;
+  e.tag = st.tags.depth == 0 ? kTagUser : st.tags.ids[st.tags.depth - 1];
   e.action = static_cast<std::uint8_t>(action);
   e.device = static_cast<std::uint8_t>(device);
   b->head.store(head + 1, std::memory_order_release);
+  if (head + 1 == kChunkEvents) [[unlikely]]
+    chunk_full(b);
+}
+
+inline ThreadBuffer* buffer_of(ThreadState& st) noexcept {
+  ThreadBuffer* b = st.buffer;
+  if (b == nullptr) [[unlikely]] {
+    b = new_thread_buffer();
+    if (b == nullptr) recorder().lost.fetch_add(1, std::memory_order_relaxed);
+  }
+  return b;
+}
+
+}  // namespace
+
+void record(MemoryAction action, int device, std::uint64_t addr, std::uint64_t size,
+            std::uint64_t stream, std::uint64_t t, std::uint64_t extra) noexcept {
+  ThreadState& st = t_hot;
+  ThreadBuffer* b = buffer_of(st);
+  if (b == nullptr) [[unlikely]]
+    return;
+  if (t > st.clock) st.clock = t;
+  put(st, b, action, device, addr, size, stream, t, extra,
+      g_session.load(std::memory_order_relaxed));
+}
+
+std::uint64_t clock() noexcept {
+  ThreadState& st = t_hot;
+  // A fresh time stamp every 64th event keeps the thread's clock close to the real one.
+  if ((++st.events & 63) == 0) st.clock = std::max(st.clock, ticks());
+  return st.clock;
+}
+
+void touch_clock() noexcept {
+  ThreadState& st = t_hot;
+  st.clock = std::max(st.clock, ticks());
+}
+
+void record_alloc(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t requested,
+                  std::uint64_t stream) noexcept {
+  ThreadState& st = t_hot;
+  ThreadBuffer* b = buffer_of(st);
+  if (b == nullptr) [[unlikely]]
+    return;
+  if ((++st.events & 63) == 0) st.clock = std::max(st.clock, ticks());
+  put(st, b, MemoryAction::alloc, device, addr, size, stream, st.clock, requested,
+      g_session.load(std::memory_order_relaxed));
+}
+
+void record_free(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
+                 std::uint64_t t) noexcept {
+  ThreadState& st = t_hot;
+  ThreadBuffer* b = buffer_of(st);
+  if (b == nullptr) [[unlikely]]
+    return;
+  if (t > st.clock) st.clock = t;
+  const std::uint32_t session = g_session.load(std::memory_order_relaxed);
+  put(st, b, MemoryAction::free_requested, device, addr, size, stream, t, 0, session);
+  put(st, b, MemoryAction::free_completed, device, addr, size, stream, t, 0, session);
 }
 
 std::unordered_map<std::uint64_t, std::string> live_owners() {
@@ -314,7 +565,8 @@ std::unordered_map<std::uint64_t, std::string> live_owners() {
   {
     std::lock_guard lock(r.mutex);
     drain_locked(r);
-    for (const auto& [addr, b] : r.live) ids.emplace(addr, b.tag);
+    apply_all(r);
+    r.live.for_each([&](const LiveBlock& b) { ids.emplace(b.addr, b.tag); });
   }
   std::unordered_map<std::uint64_t, std::string> out;
   for (const auto& [addr, id] : ids) out.emplace(addr, tag_name(id));
@@ -327,12 +579,13 @@ std::vector<OwnerUsage> owner_usage(int device) {
   {
     std::lock_guard lock(r.mutex);
     drain_locked(r);
-    for (const auto& [addr, b] : r.live) {
-      if (b.device != device) continue;
+    apply_all(r);
+    r.live.for_each([&](const LiveBlock& b) {
+      if (b.device != device) return;
       auto& [bytes, count] = by_tag[b.tag];
       bytes += b.size;
       ++count;
-    }
+    });
   }
   std::vector<OwnerUsage> out;
   for (const auto& [tag, usage] : by_tag) out.push_back({tag_name(tag), usage.first, usage.second});
@@ -349,9 +602,8 @@ void fill_traces(MemorySnapshot& snapshot, int device_count) {
   {
     std::lock_guard lock(r.mutex);
     drain_locked(r);
-    linearize(r, r.ring.size());
-    events = r.ring;
-    snapshot.dropped_events = r.dropped + r.lost.load(std::memory_order_relaxed);
+    events = ring_events(r, snapshot.dropped_events);
+    snapshot.dropped_events += r.lost.load(std::memory_order_relaxed);
     snapshot.recording = on();
     const std::uint64_t t1 = ticks();
     const auto steady1 = std::chrono::steady_clock::now();
@@ -359,9 +611,6 @@ void fill_traces(MemorySnapshot& snapshot, int device_count) {
         std::chrono::duration<double, std::micro>(steady1 - r.steady0).count();
     us_per_tick = t1 > r.t0 ? us / static_cast<double>(t1 - r.t0) : 0.0;
   }
-  // Batches were drained in time order; a late batch may interleave with an earlier one.
-  std::stable_sort(events.begin(), events.end(),
-                   [](const RawEvent& a, const RawEvent& b) { return a.t < b.t; });
   int devices = std::max(device_count, 1);
   for (const RawEvent& e : events) devices = std::max(devices, static_cast<int>(e.device) + 1);
   snapshot.device_traces.assign(static_cast<std::size_t>(devices), {});
@@ -384,12 +633,12 @@ void fill_traces(MemorySnapshot& snapshot, int device_count) {
   }
 }
 
-LibraryTag::LibraryTag() noexcept : pushed_(t_tags.depth == 0) {
-  if (pushed_) t_tags.ids[t_tags.depth++] = kTagRaster;
+LibraryTag::LibraryTag() noexcept : pushed_(t_hot.tags.depth == 0) {
+  if (pushed_) t_hot.tags.ids[t_hot.tags.depth++] = kTagRaster;
 }
 
 LibraryTag::~LibraryTag() {
-  if (pushed_ && t_tags.depth > 0) --t_tags.depth;
+  if (pushed_ && t_hot.tags.depth > 0) --t_hot.tags.depth;
 }
 
 }  // namespace vibespatial::raster::detail::history
@@ -416,16 +665,13 @@ void record_memory_history(bool enabled, std::size_t max_entries) {
   std::lock_guard lock(r.mutex);
   if (h::g_on.load(std::memory_order_relaxed)) {
     h::drain_locked(r);
-    h::linearize(r, max_entries);
     r.capacity = max_entries;
+    h::trim_ring(r);
     return;
   }
   // A new history: events of the previous one still in thread buffers are discarded by session.
-  r.session.fetch_add(1, std::memory_order_relaxed);
-  h::drain_locked(r);
-  r.ring.clear();
-  r.ring.shrink_to_fit();
-  r.start = 0;
+  h::g_session.fetch_add(1, std::memory_order_relaxed);
+  h::clear_ring(r);
   r.capacity = max_entries;
   r.dropped = 0;
   r.lost.store(0, std::memory_order_relaxed);
@@ -449,10 +695,10 @@ void push_memory_tag(std::string_view tag) {
 }
 
 void pop_memory_tag() {
-  if (h::t_tags.depth == 0) {
+  if (h::t_hot.tags.depth == 0) {
     throw std::logic_error("pop_memory_tag: no memory tag is pushed on this thread");
   }
-  --h::t_tags.depth;
+  --h::t_hot.tags.depth;
 }
 
 std::string current_memory_tag() {
@@ -460,34 +706,34 @@ std::string current_memory_tag() {
 }
 
 std::size_t memory_tag_depth() noexcept {
-  return h::t_tags.depth;
+  return h::t_hot.tags.depth;
 }
 
 MemoryTag::MemoryTag(std::string_view tag) : depth_(0) {
   push_memory_tag(tag);
-  depth_ = h::t_tags.depth;
+  depth_ = h::t_hot.tags.depth;
 }
 
 MemoryTag::~MemoryTag() {
   // Pops its own level; tags pushed inside it and not popped go with it.
-  if (h::t_tags.depth >= depth_) h::t_tags.depth = depth_ - 1;
+  if (h::t_hot.tags.depth >= depth_) h::t_hot.tags.depth = depth_ - 1;
 }
 
 DefaultMemoryTag::DefaultMemoryTag(std::string_view tag) : pushed_(false) {
-  if (h::t_tags.depth != 0) return;
+  if (h::t_hot.tags.depth != 0) return;
   const std::uint16_t id = h::intern(tag, "DefaultMemoryTag");
   h::push_id(id, "DefaultMemoryTag");
   pushed_ = true;
 }
 
 DefaultMemoryTag::~DefaultMemoryTag() {
-  if (pushed_ && h::t_tags.depth > 0) --h::t_tags.depth;
+  if (pushed_ && h::t_hot.tags.depth > 0) --h::t_hot.tags.depth;
 }
 
 void memory_history_marker(std::string_view name) {
   const std::uint16_t id = h::intern(name, "memory_history_marker");
   if (!h::on()) return;
-  h::TagStack& s = h::t_tags;
+  h::TagStack& s = h::t_hot.tags;
   if (s.depth >= kMaxMemoryTagDepth) {
     throw std::out_of_range("memory_history_marker: the thread's tag stack is full");
   }

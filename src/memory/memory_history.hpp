@@ -58,6 +58,21 @@ inline void record_now(MemoryAction action, int device, std::uint64_t addr, std:
   record(action, device, addr, size, stream, ticks(), extra);
 }
 
+/// The calling thread's clock: its last time stamp, refreshed from ticks() every 64th call and
+/// by every event recorded with a fresh one. Cheaper than ticks(), and enough for allocs: a
+/// block reaches another thread's allocation only through a pool's locked path, which calls
+/// touch_clock(), and a thread's own frees are stamped fresh (a free may follow another
+/// thread's alloc of the block, which this thread's clock has not seen).
+std::uint64_t clock() noexcept;
+/// Refreshes the calling thread's clock from ticks() (a pool's locked paths, while recording).
+void touch_clock() noexcept;
+/// An alloc event (at the thread's clock) and a free's two events (free_requested and
+/// free_completed, at `t`, a ticks() read before the pool was called).
+void record_alloc(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t requested,
+                  std::uint64_t stream) noexcept;
+void record_free(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
+                 std::uint64_t t) noexcept;
+
 /// The owner tag of each live block recorded since recording started (by address).
 std::unordered_map<std::uint64_t, std::string> live_owners();
 

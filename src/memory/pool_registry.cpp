@@ -254,22 +254,20 @@ namespace {
 // The history's alloc event: after the pool returned, so after any page it mapped for the block.
 template <class Pool>
 void note_alloc(const Pool& pool, void* p, std::size_t bytes, CUstream stream) noexcept {
-  detail::history::record_now(MemoryAction::alloc, pool.device(),
-                              reinterpret_cast<std::uintptr_t>(p), pool.block_size(bytes),
-                              reinterpret_cast<std::uintptr_t>(stream), bytes);
+  detail::history::record_alloc(pool.device(), reinterpret_cast<std::uintptr_t>(p),
+                                pool.block_size(bytes), bytes,
+                                reinterpret_cast<std::uintptr_t>(stream));
 }
 
-// The history's free events, stamped with the time taken before the pool call (`t`): the block
+// The history's free events, stamped with the clock read before the pool call (`t`): the block
 // may be handed out again (and its alloc recorded, on another thread) before the call returns.
 // The pool can reuse a freed block on its own stream at once, so the free completes with it.
 template <class Pool>
 void note_free(const Pool& pool, std::uint64_t t, void* p, std::size_t bytes,
                CUstream stream) noexcept {
-  const auto addr = reinterpret_cast<std::uintptr_t>(p);
-  const auto s = reinterpret_cast<std::uintptr_t>(stream);
-  const std::size_t size = pool.block_size(bytes);
-  detail::history::record(MemoryAction::free_requested, pool.device(), addr, size, s, t);
-  detail::history::record(MemoryAction::free_completed, pool.device(), addr, size, s, t);
+  detail::history::record_free(pool.device(), reinterpret_cast<std::uintptr_t>(p),
+                               pool.block_size(bytes), reinterpret_cast<std::uintptr_t>(stream),
+                               t);
 }
 
 }  // namespace
@@ -292,7 +290,10 @@ void* device_allocate(std::size_t bytes, CUstream stream) {
       full = f;
     }
     void* p = detail::allocate_after_full(*direct, bytes, stream, *full);
-    if (detail::history::on()) note_alloc(*direct, p, bytes, stream);
+    if (detail::history::on()) {
+      detail::history::touch_clock();
+      note_alloc(*direct, p, bytes, stream);
+    }
     return p;
   }
   if (detail::in_forked_child()) [[unlikely]]
@@ -307,7 +308,10 @@ void* device_allocate(std::size_t bytes, CUstream stream) {
     full = f;
   }
   if (full) p = detail::allocate_after_full(pool, bytes, stream, *full);
-  if (detail::history::on()) note_alloc(pool, p, bytes, stream);
+  if (detail::history::on()) {
+    detail::history::touch_clock();  // the other tiers do not keep the thread's clock fresh
+    note_alloc(pool, p, bytes, stream);
+  }
   return p;
 }
 
@@ -333,6 +337,8 @@ void device_deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   detail::vmm::VmmPool* direct = detail::g_direct_pool.load(std::memory_order_acquire);
   if (direct != nullptr && ptr != nullptr) [[likely]] {
     if (detail::history::on()) [[unlikely]] {
+      // A fresh stamp: the block may have been allocated by another thread, at a time this
+      // thread's clock has not seen.
       const std::uint64_t t = detail::history::ticks();
       direct->deallocate(ptr, bytes, stream);  // throws: nothing is recorded
       note_free(*direct, t, ptr, bytes, stream);
@@ -349,7 +355,7 @@ void device_deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   VSR_EXPECTS(detail::current_tier() != Tier::none,
               "device_deallocate: the pool is not configured, so it never allocated this pointer");
   detail::DevicePool& pool = detail::pool_of(ptr);
-  const std::uint64_t t = detail::history::ticks();
+  const std::uint64_t t = detail::history::on() ? detail::history::ticks() : 0;
   pool.deallocate(ptr, bytes, stream);
   if (detail::history::on()) note_free(pool, t, ptr, bytes, stream);
 }

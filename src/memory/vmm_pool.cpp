@@ -118,6 +118,7 @@ void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
 void VmmPool::trim() {
   ThreadCache& cache = thread_cache();
   std::lock_guard lock(mutex_);
+  note_locked();
   const DriverApi& api = driver();
   ScopedDeviceContext scope(device_);
   sync_forgotten(cache);
@@ -187,6 +188,7 @@ void VmmPool::forget(CUstream stream) {
   if (stream == nullptr) return;  // the legacy stream lives as long as the context
   ThreadCache& cache = thread_cache();
   std::lock_guard lock(mutex_);
+  note_locked();
   const CUstream key = key_in(cache, stream);
   // While `stream` is alive: one mark covers everything freed on it so far (§3.7).
   MarkRef mark = marks_.record(stream, forgotten_stream());  // throws: nothing has changed

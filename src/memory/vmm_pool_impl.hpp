@@ -457,6 +457,12 @@ class VmmPool final : public DevicePool {
   }
   // The history (memory_history.hpp): pages mapped or unmapped at `addr`, pages created or
   // released. One relaxed load while recording is off.
+  // Called as the mutex is taken on a path where blocks may pass between threads: a later
+  // event of any thread is stamped after the events before it (memory_history.hpp, clock()).
+  static void note_locked() noexcept {
+    if (history::on()) [[unlikely]]
+      history::touch_clock();
+  }
   void note_pages(MemoryAction action, CUdeviceptr addr, std::size_t pages) const noexcept {
     if (history::on()) [[unlikely]]
       history::record_now(action, device_, addr, pages * page_);

@@ -293,7 +293,9 @@ TEST_SUITE("pool") {
       }
       REQUIRE(keep != nullptr);
       device_deallocate(keep, 7000);
-      CHECK(check_snapshot(memory_snapshot(), true) == "");
+      const MemorySnapshot after = memory_snapshot();
+      CHECK(check_snapshot(after, true) == "");
+      CHECK(count(events_of(after), MemoryAction::free_completed) == 101);
     }
     {
       // A bound of 50 keeps the newest 50 events and counts the rest.
