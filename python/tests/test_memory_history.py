@@ -155,6 +155,22 @@ def test_the_checker_catches_broken_snapshots(recording):
     keep.close()
 
 
+def test_the_oom_message_says_why(recording):
+    from vibespatial_raster import OutOfMemoryError
+
+    with memory.tag("big tile"):
+        keep = memory.DeviceBuffer(5 * MIB)
+        with pytest.raises(OutOfMemoryError) as info:
+            memory.DeviceBuffer(1 << 40)
+    text = str(info.value)
+    assert info.value.requested_bytes == 1 << 40
+    for part in ("requested 1.00 TiB", "the driver reports", "free large pages (slack)",
+                 "free small-block slots", "the largest request it could serve",
+                 "top owners by live bytes: big tile 5.00 MiB in 1 block"):
+        assert part in text, text
+    keep.close()
+
+
 def test_dump_snapshot_writes_all_or_nothing(tmp_path, recording):
     buf = memory.DeviceBuffer(2 * MIB)
     path = tmp_path / "snap.pickle"

@@ -268,10 +268,29 @@ void VmmPool::fill_stats(MemoryPoolStats& s) const noexcept {
 std::string VmmPool::describe() const {
   MemoryPoolStats s;
   fill_stats(s);
-  return "the pool holds " + format_bytes(*s.pool_size) + " of physical memory (" +
+  // What the held memory is: live blocks, free large pages (slack: free ranges and spare pages),
+  // free small-block slots (free or cached slots of slabs, and spans no slab holds).
+  std::size_t free_large = 0, small_bytes = 0, small_live = 0;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [addr, range] : free_by_addr_) free_large += range.pages * page_;
+    free_large += spare_.size() * page_;
+    small_bytes = small_pages_ * page_;
+    for (const ClassState& state : classes_) {
+      for (const Slab* slab : state.slabs) {
+        auto& records = const_cast<SlotRecords&>(slab->requested);
+        for (std::uint32_t i = 0; i < slab->carved; ++i) {
+          if (records[i].load(std::memory_order_relaxed) != 0) small_live += slab->slot_size;
+        }
+      }
+    }
+  }
+  return "the pool holds " + format_bytes(*s.pool_size) + " of physical memory: " +
          format_bytes(*s.current_bytes) + " live in " + std::to_string(*s.current_count) +
-         " blocks, " + format_bytes(s.pool_free_bytes) + " free; largest free range " +
-         format_bytes(s.largest_free_block) + "), " + format_bytes(s.reserved_bytes) +
+         " blocks, " + format_bytes(free_large) + " as free large pages (slack), " +
+         format_bytes(small_bytes - std::min(small_bytes, small_live)) +
+         " in free small-block slots; the largest request it could serve without new memory is " +
+         format_bytes(s.largest_free_block) + "; " + format_bytes(s.reserved_bytes) +
          " of address space reserved";
 }
 

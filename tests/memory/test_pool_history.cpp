@@ -320,8 +320,31 @@ TEST_SUITE("pool") {
   TEST_CASE("memory history: an OOM is recorded with the device's free bytes") {
     FreshPool fresh("VIBESPATIAL_GPU_POOL_ONLY", 64 * MiB);
     Recording rec;
-    void* a = device_allocate(40 * MiB);
-    CHECK_THROWS_AS(device_allocate(40 * MiB), OutOfMemoryError);
+    void* a = nullptr;
+    {
+      MemoryTag tag("tile 3");
+      a = device_allocate(40 * MiB);
+    }
+    void* b = device_allocate(3000);
+    // The message says why: the request, the device, what the pool holds and as what, the
+    // largest request it could serve, the top owners.
+    try {
+      device_allocate(40 * MiB);
+      FAIL("expected OutOfMemoryError");
+    } catch (const OutOfMemoryError& e) {
+      const std::string what = e.what();
+      CAPTURE(what);
+      CHECK(what.find("requested 40.00 MiB") != std::string::npos);
+      CHECK(what.find("free of 64.00 MiB") != std::string::npos);
+      CHECK(what.find("live in 2 blocks") != std::string::npos);
+      CHECK(what.find("as free large pages (slack)") != std::string::npos);
+      CHECK(what.find("in free small-block slots") != std::string::npos);
+      CHECK(what.find("the largest request it could serve without new memory is") !=
+            std::string::npos);
+      CHECK(what.find("top owners by live bytes: tile 3 40.00 MiB in 1 block, user 2.93 KiB in "
+                      "1 block") != std::string::npos);
+    }
+    device_deallocate(b, 3000);
     const MemorySnapshot s = memory_snapshot();
     const auto ev = events_of(s);
     REQUIRE(count(ev, MemoryAction::oom) == 1);
@@ -330,7 +353,7 @@ TEST_SUITE("pool") {
       CHECK(e.size == 40 * MiB);
       CHECK(e.device_free < 64 * MiB);
     }
-    CHECK(count(ev, MemoryAction::alloc) == 1);
+    CHECK(count(ev, MemoryAction::alloc) == 2);
     CHECK(check_snapshot(s, true) == "");
     device_deallocate(a, 40 * MiB);
   }

@@ -145,6 +145,11 @@ resources:
                      refuse up front a run that needs more host memory than this (default: what
                      is available): a file run's pass (tile, result, GDAL's blocks and block
                      cache), the sample raster and its result, histograms and their text
+  --memory-history FILE
+                     record the device pool's memory history during the run and write it, with
+                     the pool's segments, to FILE as PyTorch's memory snapshot pickle (open it
+                     in pytorch.org/memory_viz; docs/memory-pool.md), also when the run fails;
+                     an existing FILE is refused unless --overwrite
 
 sample (no --input):
   --sample-size N    sample raster side in pixels (default 2048)
@@ -407,6 +412,9 @@ Arguments parse_arguments(int argc, char** argv) {
     } else if (words.is("--progress")) {
       words.flag();
       args.progress = true;
+    } else if (words.is("--memory-history")) {
+      args.memory_history = words.value();
+      if (args.memory_history.empty()) throw UsageError("--memory-history needs a file name");
     } else if (words.is("--host-memory")) {
       args.host_memory = parse_size(option, words.value());
       if (*args.host_memory == 0) throw UsageError("--host-memory must be > 0");
