@@ -223,3 +223,45 @@ def test_pytorchs_memory_viz_reads_the_snapshot(recording):
     assert "entries" in viz.trace(snap)
     for b in keep:
         b.close()
+
+
+def test_memviz_draws_one_self_contained_html_file(tmp_path, recording):
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from vibespatial_raster import OutOfMemoryError
+
+    with memory.tag("tile 1"):
+        a = memory.DeviceBuffer(3 * MIB)
+    with memory.tag("tile 2"):
+        b = memory.DeviceBuffer(5 * MIB)
+        with pytest.raises(OutOfMemoryError):
+            memory.DeviceBuffer(1 << 40)
+    a.close()
+    memory.free_pool_memory()
+    snap = tmp_path / "snap.pickle"
+    memory.dump_snapshot(snap)
+    out = tmp_path / "out.html"
+    cmd = [sys.executable, "-m", "vibespatial_raster.memviz", str(snap), "-o", str(out)]
+    subprocess.run(cmd, check=True)
+    html = out.read_text(encoding="utf-8")
+    for outside in ("<script", "<link", "src=", "url(", "@import"):
+        assert outside not in html  # nothing to fetch: it opens on a machine with no network
+    assert set(re.findall(r'class="series" data-name="([^"]*)"', html)) == {
+        "held", "tile 1", "tile 2"}
+    assert html.count('class="mark oom"') == 1 and html.count('class="mark trim"') == 1
+    assert html.count('class="segment"') == len(memory.snapshot()["segments"])
+    p = subprocess.run(cmd, capture_output=True)
+    assert p.returncode == 2 and b"exists" in p.stderr  # an existing output is refused
+    subprocess.run(cmd + ["--overwrite"], check=True)
+    assert sorted(os.listdir(tmp_path)) == ["out.html", "snap.pickle"]
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        b.close()
+        pytest.skip("no headless chromium here to load the page in (the checks above ran)")
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--dump-dom", out.as_uri()],
+                         capture_output=True, timeout=120)
+    assert dom.returncode == 0 and dom.stdout.count(b'class="series"') == 3
+    b.close()

@@ -6,13 +6,17 @@
 blocks tile it; every ``alloc`` has one ``free_requested`` and one ``free_completed`` after it,
 or is a live block of the snapshot; and, for a history recorded from an empty pool, the pages
 replayed from ``segment_map`` / ``segment_unmap`` are the snapshot's segments.
+
+``python -m vibespatial_raster.memviz snapshot.pickle -o out.html`` draws it as one
+self-contained HTML file (inline SVG, no script, nothing fetched): the timeline of live bytes
+per owner and of the bytes the pool holds mapped, OOMs and trims marked, and the segment map.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SnapshotError", "check_snapshot"]
+__all__ = ["SnapshotError", "check_snapshot", "main", "timeline", "to_html"]
 
 _STATES = {"active_allocated", "active_awaiting_free", "inactive"}
 
@@ -149,3 +153,164 @@ def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
     return a
+
+
+# ---- a picture without PyTorch ----
+
+
+def timeline(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
+    """The live bytes per owner and the bytes mapped ("held") over the history of ``device``:
+    ``{"times": [...], "series": {name: [...]}, "marks": [(time, action, text), ...]}``, one
+    point per event, times in microseconds from the first event. Marks are OOMs and trims."""
+    traces = snapshot.get("device_traces", [])
+    trace = traces[device] if device < len(traces) else []
+    owners: dict[int, tuple[str, int]] = {}
+    live: dict[str, int] = {}
+    held = 0
+    times: list[int] = []
+    series: dict[str, list[int]] = {"held": []}
+    marks: list[tuple[int, str, str]] = []
+    t0 = trace[0]["time_us"] if trace else 0
+    for e in trace:
+        action = e["action"]
+        owner = e.get("user_metadata", "user")
+        if action == "alloc":
+            owners[e["addr"]] = (owner, e["size"])
+            live[owner] = live.get(owner, 0) + e["size"]
+        elif action == "free_requested" and e["addr"] in owners:
+            who, size = owners.pop(e["addr"])
+            live[who] -= size
+        elif action == "segment_map":
+            held += e["size"]
+        elif action == "segment_unmap":
+            held -= e["size"]
+        elif action in ("oom", "trim"):
+            text = f"{action}: {e['size']} bytes"
+            if action == "oom":
+                text += f" requested, {e.get('device_free', 0)} free on the device"
+            marks.append((e["time_us"] - t0, action, text))
+        times.append(e["time_us"] - t0)
+        series["held"].append(held)
+        for name in live:
+            series.setdefault(name, [0] * (len(times) - 1)).append(live[name])
+    return {"times": times, "series": series, "marks": marks}
+
+
+_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+            "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def _esc(text: str) -> str:
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace('"', "&quot;"))
+
+
+def to_html(snapshot: dict[str, Any], device: int = 0) -> str:
+    """One self-contained HTML page (inline SVG, no script, nothing fetched): the timeline of
+    live bytes per owner and of the bytes the pool holds mapped, OOMs and trims marked, and the
+    segment map of the snapshot."""
+    tl = timeline(snapshot, device)
+    width, height, pad = 960, 360, 48
+    times = tl["times"] or [0]
+    t_max = max(times[-1], 1)
+    y_max = max([max(v) for v in tl["series"].values() if v] + [1])
+
+    def x(t: int) -> float:
+        return pad + (width - 2 * pad) * t / t_max
+
+    def y(v: int) -> float:
+        return height - pad - (height - 2 * pad) * v / y_max
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'role="img" aria-label="memory timeline">',
+             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>']
+    legend = []
+    for i, (name, values) in enumerate(tl["series"].items()):
+        colour = "#000" if name == "held" else _COLOURS[i % len(_COLOURS)]
+        points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in zip(times, values))
+        dash = ' stroke-dasharray="4 2"' if name == "held" else ""
+        parts.append(f'<polyline class="series" data-name="{_esc(name)}" fill="none" '
+                     f'stroke="{colour}" stroke-width="1.5"{dash} points="{points}"/>')
+        legend.append(f'<li><span style="color:{colour}">&#9632;</span> {_esc(name)} '
+                      f'(peak {max(values) if values else 0:,} bytes)</li>')
+    for t, action, text in tl["marks"]:
+        colour = "#d00" if action == "oom" else "#080"
+        parts.append(f'<line class="mark {action}" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{pad}" '
+                     f'y2="{height - pad}" stroke="{colour}"><title>{_esc(text)}</title></line>')
+    parts.append(f'<text x="{pad}" y="{pad - 12}" font-size="12">{y_max:,} bytes</text>')
+    parts.append(f'<text x="{width - pad}" y="{height - 16}" font-size="12" '
+                 f'text-anchor="end">{t_max:,} µs</text>')
+    parts.append("</svg>")
+    rows = []
+    for seg in snapshot.get("segments", []):
+        if seg.get("device", 0) != device:
+            continue
+        cells = []
+        for b in seg["blocks"]:
+            share = 100.0 * b["size"] / max(seg["total_size"], 1)
+            active = b["state"] == "active_allocated"
+            title = _esc(f"{b['state']} {b['size']} bytes" +
+                         (f" ({b.get('user_metadata', '')})" if active else ""))
+            cells.append(f'<span class="block {"active" if active else "inactive"}" '
+                         f'style="width:{share:.3f}%" title="{title}"></span>')
+        rows.append(f'<div class="segment" title="{seg["segment_type"]} segment at '
+                    f'{seg["address"]:#x}, {seg["total_size"]} bytes">{"".join(cells)}</div>')
+    extra = snapshot.get("vibespatial", {})
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>vibespatial-raster memory snapshot</title>
+<style>
+body {{ font-family: sans-serif; margin: 1em; }}
+.segment {{ display: flex; height: 14px; margin: 2px 0; border: 1px solid #999; }}
+.block.active {{ background: #1f77b4; }}
+.block.inactive {{ background: #eee; }}
+.block {{ height: 100%; box-sizing: border-box; border-right: 1px solid #fff; }}
+</style></head><body>
+<h1>Device {device} memory</h1>
+<p>{len(tl["times"])} events; {len(tl["marks"])} marks (red: OOM, green: trim);
+{extra.get("dropped_events", 0)} events dropped by the bounded history. Lines: live bytes per
+owner; dashed: bytes the pool holds mapped.</p>
+{"".join(parts)}
+<ul class="legend">{"".join(legend)}</ul>
+<h2>Segments ({len(rows)})</h2>
+{"".join(rows)}
+</body></html>
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m vibespatial_raster.memviz snapshot.pickle -o out.html [--device N]``."""
+    import argparse
+    import os
+    import pickle
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="python -m vibespatial_raster.memviz",
+                                     description="Draw a memory snapshot as one HTML file.")
+    parser.add_argument("snapshot", help="a pickle from memory.dump_snapshot")
+    parser.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    args = parser.parse_args(argv)
+    with open(args.snapshot, "rb") as f:
+        data = pickle.load(f)
+    if not isinstance(data, dict) or "segments" not in data:
+        parser.error(f"{args.snapshot} is not a memory snapshot")
+    check_snapshot(data)
+    if os.path.exists(args.output) and not args.overwrite:
+        parser.error(f"{args.output} exists (--overwrite replaces it)")
+    html = to_html(data, args.device)
+    directory = os.path.dirname(os.path.abspath(args.output))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".memviz-", suffix=".html")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(html)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, args.output)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
