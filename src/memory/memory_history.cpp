@@ -18,9 +18,9 @@
 #include <algorithm>
 #include <array>
 #include <deque>
-#include <new>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -134,7 +134,7 @@ class LiveMap {
 struct Recorder {
   std::mutex mutex;
   std::vector<ThreadBuffer*> buffers;
-  std::deque<Chunk*> ring;     // oldest first, in the order they were handed over
+  std::deque<Chunk*> ring;      // oldest first, in the order they were handed over
   std::size_t ring_events = 0;  // events in `ring`
   std::vector<Chunk*> spare;    // chunks to reuse
   std::size_t capacity = 0;
@@ -163,7 +163,6 @@ struct TagStack {
   std::array<std::uint16_t, kMaxMemoryTagDepth> ids{};
   std::size_t depth = 0;
 };
-
 
 // What record() reads of the calling thread: one constant-initialised thread-local (one TLS
 // lookup per event in a shared library), its destructor kept apart (BufferHolder).
@@ -607,8 +606,7 @@ void fill_traces(MemorySnapshot& snapshot, int device_count) {
     snapshot.recording = on();
     const std::uint64_t t1 = ticks();
     const auto steady1 = std::chrono::steady_clock::now();
-    const double us =
-        std::chrono::duration<double, std::micro>(steady1 - r.steady0).count();
+    const double us = std::chrono::duration<double, std::micro>(steady1 - r.steady0).count();
     us_per_tick = t1 > r.t0 ? us / static_cast<double>(t1 - r.t0) : 0.0;
   }
   int devices = std::max(device_count, 1);
@@ -648,6 +646,9 @@ namespace vibespatial::raster {
 namespace h = detail::history;
 
 void record_memory_history(bool enabled, std::size_t max_entries) {
+  // The recorder's mutex may be held for ever in a child forked from a recording process.
+  if (detail::in_forked_child()) [[unlikely]]
+    detail::throw_forked_child(__func__);
   h::Recorder& r = h::recorder();
   if (!enabled) {
     std::lock_guard lock(r.mutex);
@@ -677,10 +678,9 @@ void record_memory_history(bool enabled, std::size_t max_entries) {
   r.lost.store(0, std::memory_order_relaxed);
   r.live.clear();
   r.steady0 = std::chrono::steady_clock::now();
-  r.wall0_us = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count());
+  r.wall0_us = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                              std::chrono::system_clock::now().time_since_epoch())
+                                              .count());
   r.t0 = h::ticks();
   h::g_on.store(true, std::memory_order_release);
 }

@@ -222,9 +222,9 @@ void dump_memory_snapshot(const std::string& path, bool overwrite) {
   VSR_EXPECTS(!name.empty() && name != "." && name != "..",
               "dump_memory_snapshot: " + path + " names a directory, not a file");
   if (!overwrite && ::access(path.c_str(), F_OK) == 0) {
-    throw std::system_error(EEXIST, std::generic_category(),
-                            "dump_memory_snapshot: " + path +
-                                " exists (pass overwrite to replace it)");
+    throw std::system_error(
+        EEXIST, std::generic_category(),
+        "dump_memory_snapshot: " + path + " exists (pass overwrite to replace it)");
   }
   std::string tmp = (slash == std::string::npos ? std::string() : dir) + "." + name + ".XXXXXX";
   const int fd = ::mkstemp(tmp.data());
@@ -258,8 +258,8 @@ void dump_memory_snapshot(const std::string& path, bool overwrite) {
       ::unlink(tmp.c_str());
       throw std::system_error(link_err, std::generic_category(),
                               link_err == EEXIST ? "dump_memory_snapshot: " + path +
-                                                  " exists (pass overwrite to replace it)"
-                                            : "dump_memory_snapshot: cannot write " + path);
+                                                       " exists (pass overwrite to replace it)"
+                                                 : "dump_memory_snapshot: cannot write " + path);
     }
     ::unlink(tmp.c_str());
     return;

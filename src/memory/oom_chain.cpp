@@ -67,11 +67,11 @@ std::string owners(int device) {
     }
     history::record(MemoryAction::oom, pool.device(), 0, bytes, 0, history::ticks(), free_b);
   }
-  throw OutOfMemoryError(
-      bytes, "device_allocate: out of memory on device " + std::to_string(pool.device()) +
-                 " (tier " + tier_name(current_tier()) + "): requested " + format_bytes(bytes) +
-                 "; " + driver_memory(pool.device()) + "; " + pool.describe() + "; " +
-                 owners(pool.device()) + note);
+  throw OutOfMemoryError(bytes, "device_allocate: out of memory on device " +
+                                    std::to_string(pool.device()) + " (tier " +
+                                    tier_name(current_tier()) + "): requested " +
+                                    format_bytes(bytes) + "; " + driver_memory(pool.device()) +
+                                    "; " + pool.describe() + "; " + owners(pool.device()) + note);
 }
 
 // Every free page of `pool` back to the driver, after its freeing work completes; what cannot be

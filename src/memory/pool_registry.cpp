@@ -266,8 +266,7 @@ template <class Pool>
 void note_free(const Pool& pool, std::uint64_t t, void* p, std::size_t bytes,
                CUstream stream) noexcept {
   detail::history::record_free(pool.device(), reinterpret_cast<std::uintptr_t>(p),
-                               pool.block_size(bytes), reinterpret_cast<std::uintptr_t>(stream),
-                               t);
+                               pool.block_size(bytes), reinterpret_cast<std::uintptr_t>(stream), t);
 }
 
 }  // namespace

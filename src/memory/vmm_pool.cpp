@@ -285,9 +285,10 @@ std::string VmmPool::describe() const {
       }
     }
   }
-  return "the pool holds " + format_bytes(*s.pool_size) + " of physical memory: " +
-         format_bytes(*s.current_bytes) + " live in " + std::to_string(*s.current_count) +
-         " blocks, " + format_bytes(free_large) + " as free large pages (slack), " +
+  return "the pool holds " + format_bytes(*s.pool_size) +
+         " of physical memory: " + format_bytes(*s.current_bytes) + " live in " +
+         std::to_string(*s.current_count) + " blocks, " + format_bytes(free_large) +
+         " as free large pages (slack), " +
          format_bytes(small_bytes - std::min(small_bytes, small_live)) +
          " in free small-block slots; the largest request it could serve without new memory is " +
          format_bytes(s.largest_free_block) + "; " + format_bytes(s.reserved_bytes) +

@@ -735,7 +735,8 @@ static void test_memory_history(void) {
   CHECK_OK(vsr_device_allocate(3 * MIB, NULL, &p));
   CHECK_FAILS(vsr_device_allocate((size_t)1 << 40, NULL, &q), VSR_ERROR_OUT_OF_MEMORY,
               "vsr_device_allocate");
-  CHECK(strstr(vsr_last_error_message(), "top owners by live bytes: c caller 3.00 MiB in 1 block") != NULL);
+  CHECK(strstr(vsr_last_error_message(),
+               "top owners by live bytes: c caller 3.00 MiB in 1 block") != NULL);
   CHECK(strstr(vsr_last_error_message(), "requested 1.00 TiB") != NULL);
   CHECK_OK(vsr_pop_memory_tag());
   CHECK_FAILS(vsr_pop_memory_tag(), VSR_ERROR_INVALID_ARGUMENT, "vsr_pop_memory_tag");

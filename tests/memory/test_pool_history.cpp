@@ -24,9 +24,7 @@ namespace {
 
 // Stops recording at scope exit, whatever the test did.
 struct Recording {
-  explicit Recording(std::size_t max_entries = 100000) {
-    record_memory_history(true, max_entries);
-  }
+  explicit Recording(std::size_t max_entries = 100000) { record_memory_history(true, max_entries); }
   ~Recording() { record_memory_history(false); }
 };
 
@@ -178,12 +176,14 @@ TEST_SUITE("pool") {
           map_at == ev.size()) {
         map_at = i;
       }
-      if (ev[i].action == MemoryAction::alloc && ev[i].addr == reinterpret_cast<std::uintptr_t>(large)) {
+      if (ev[i].action == MemoryAction::alloc &&
+          ev[i].addr == reinterpret_cast<std::uintptr_t>(large)) {
         alloc_at = i;
         CHECK(ev[i].size == 3 * page);  // its rounded size
         CHECK(ev[i].owner == "tile 3");
       }
-      if (ev[i].action == MemoryAction::alloc && ev[i].addr == reinterpret_cast<std::uintptr_t>(user)) {
+      if (ev[i].action == MemoryAction::alloc &&
+          ev[i].addr == reinterpret_cast<std::uintptr_t>(user)) {
         CHECK(ev[i].owner == "user");
       }
       CHECK(ev[i].time_us > 0);
@@ -289,7 +289,8 @@ TEST_SUITE("pool") {
       CHECK(check_snapshot(s, true) == "");
       void* keep = nullptr;
       for (const auto& e : ev) {
-        if (e.action == MemoryAction::alloc && e.size >= 7000) keep = reinterpret_cast<void*>(e.addr);
+        if (e.action == MemoryAction::alloc && e.size >= 7000)
+          keep = reinterpret_cast<void*>(e.addr);
       }
       REQUIRE(keep != nullptr);
       device_deallocate(keep, 7000);
@@ -359,7 +360,7 @@ TEST_SUITE("pool") {
   }
 
   TEST_CASE("memory history under fault injection: no event lost, nothing leaked") {
-    const char* entries[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
+    const char* entries[] = {"cuMemCreate",  "cuMemMap",      "cuMemSetAccess",     "cuMemUnmap",
                              "cuMemRelease", "cuEventRecord", "cuMemAddressReserve"};
     int faults = 0;
     for (const char* entry : entries) {

@@ -86,8 +86,7 @@ void section_recording(Report& rep, const Trace& small, const AllocSizes& z, boo
   // same interleaved rounds: each "on" round starts a new history (the default bound, 100,000
   // events, so the ring wraps) and stops it after the drain.
   const std::string label = "1/6 memory history";
-  Table tab({"trace", "live", "steps", "rounds", "off ns/op", "on ns/op", "on/off", "goal",
-             "met"});
+  Table tab({"trace", "live", "steps", "rounds", "off ns/op", "on ns/op", "on/off", "goal", "met"});
   const char* goal = "<= 2.0";
   Contender off = contender("recording off", PoolAlloc{});
   Contender inner = contender("recording on", PoolAlloc{});
@@ -110,9 +109,8 @@ void section_recording(Report& rep, const Trace& small, const AllocSizes& z, boo
            fmt("%.3f", ratio), goal, met});
   rep.summary.push_back({"memory history on/off ns per op, small trace", ratio, goal, met, ""});
   rep.section_json("{\"section\": \"memory_history\", \"trace\": " + json_string(small.name) +
-                   ", \"steps\": " + std::to_string(z.small_steps) +
-                   ", \"rounds\": " + std::to_string(z.rounds) +
-                   ", \"off_ns_per_op\": " + json_num(median(s[0])) +
+                   ", \"steps\": " + std::to_string(z.small_steps) + ", \"rounds\": " +
+                   std::to_string(z.rounds) + ", \"off_ns_per_op\": " + json_num(median(s[0])) +
                    ", \"on_ns_per_op\": " + json_num(median(s[1])) +
                    ", \"ratio\": " + json_num(ratio) + ", \"goal\": " + json_string(goal) +
                    ", \"met\": " + json_string(met) + "}");

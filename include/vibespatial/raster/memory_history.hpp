@@ -39,7 +39,8 @@ inline constexpr std::size_t kMaxMemoryTagDepth = 64;
 /// Stopping keeps the history for memory_snapshot() until recording starts again.
 /// Thread-safe.
 /// @throws std::invalid_argument when `enabled` and `max_entries` is 0; std::out_of_range when
-///         it is above kMaxMemoryHistoryEntries. Nothing changes then.
+///         it is above kMaxMemoryHistoryEntries. Nothing changes then. DriverUnavailableError in
+///         a forked child (memory.hpp, fork()), where memory_snapshot() is empty.
 VSR_EXPORT void record_memory_history(bool enabled, std::size_t max_entries = 100000);
 
 /// Whether recording is on.
