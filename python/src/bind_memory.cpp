@@ -7,6 +7,7 @@
 #include <vibespatial/raster/driver.hpp>
 #include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/memory.hpp>
+#include <vibespatial/raster/memory_history.hpp>
 
 #include <dlfcn.h>
 #include <sys/types.h>
@@ -107,6 +108,14 @@ nb::dict stats_dict(const vsr::MemoryPoolStats& s) {
   d["granularity"] = s.granularity;
   d["small_block_limit"] = s.small_block_limit;
   d["tier_reason"] = s.tier_reason;
+  nb::dict owners;  // largest first (dicts keep their order)
+  for (const vsr::OwnerUsage& o : s.owners) {
+    nb::dict u;
+    u["live_bytes"] = o.live_bytes;
+    u["live_count"] = o.live_count;
+    owners[o.owner.c_str()] = u;
+  }
+  d["owners"] = owners;
   return d;
 }
 
@@ -114,8 +123,16 @@ nb::dict stats_dict(const vsr::MemoryPoolStats& s) {
 /// the object goes or close() is called. The owner behind CuPy and Numba allocations.
 class DeviceBuffer {
  public:
-  DeviceBuffer(std::size_t size, std::uintptr_t stream) : size_(size), stream_(stream) {
-    ptr_ = vsr::device_allocate(size, stream_of(stream));
+  /// `owner`: the default owner tag of the block in the memory history (a tag the caller set
+  /// wins), or empty.
+  DeviceBuffer(std::size_t size, std::uintptr_t stream, const std::string& owner = {})
+      : size_(size), stream_(stream) {
+    if (owner.empty()) {
+      ptr_ = vsr::device_allocate(size, stream_of(stream));
+    } else {
+      vsr::DefaultMemoryTag tag(owner);
+      ptr_ = vsr::device_allocate(size, stream_of(stream));
+    }
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -238,17 +255,42 @@ void bind_memory(nb::module_& m) {
         return stats_dict(s);
       },
       "device"_a = nb::none());
+  // ---- memory history and snapshots ----
+  m.def("record_memory_history", &vsr::record_memory_history, "enabled"_a, "max_entries"_a,
+        nb::call_guard<GilRelease>());
+  m.def("memory_history_enabled", &vsr::memory_history_enabled);
+  m.def(
+      "push_memory_tag", [](const std::string& tag) { vsr::push_memory_tag(tag); }, "tag"_a);
+  m.def("pop_memory_tag", &vsr::pop_memory_tag);
+  m.def("memory_tag_depth", &vsr::memory_tag_depth);
+  m.def("current_memory_tag", &vsr::current_memory_tag);
+  m.def(
+      "memory_history_marker", [](const std::string& name) { vsr::memory_history_marker(name); },
+      "name"_a);
+  m.def("memory_snapshot_pickle", [] {
+    std::string data;
+    {
+      GilRelease release;
+      data = vsr::memory_snapshot_pickle(vsr::memory_snapshot());
+    }
+    return nb::bytes(data.data(), data.size());
+  });
+  m.def("dump_memory_snapshot", &vsr::dump_memory_snapshot, "path"_a, "overwrite"_a,
+        nb::call_guard<GilRelease>());
+  m.attr("MAX_MEMORY_HISTORY_ENTRIES") = vsr::kMaxMemoryHistoryEntries;
+  m.attr("MAX_MEMORY_TAG_LENGTH") = vsr::kMaxMemoryTagLength;
   m.def("add_oom_handler", &add_oom_handler, "handler"_a);
   m.def("remove_oom_handler", &vsr::remove_oom_handler, "handler_id"_a);
 
   nb::class_<DeviceBuffer>(m, "DeviceBuffer")
       .def(
           "__init__",
-          [](DeviceBuffer* self, std::size_t size, std::uintptr_t stream) {
+          [](DeviceBuffer* self, std::size_t size, std::uintptr_t stream,
+             std::optional<std::string> owner) {
             GilRelease release;
-            new (self) DeviceBuffer(size, stream);
+            new (self) DeviceBuffer(size, stream, owner ? *owner : std::string());
           },
-          "size"_a, "stream"_a = 0)
+          "size"_a, "stream"_a = 0, "owner"_a = nb::none())
       .def_prop_ro("ptr", &DeviceBuffer::ptr)
       .def_prop_ro("size", &DeviceBuffer::size)
       .def_prop_ro("stream", &DeviceBuffer::stream)

@@ -11,6 +11,7 @@
 //   void  free(void* ptr, ssize_t size, int device, cudaStream_t stream)
 // cudaStream_t is the driver's CUstream (both are `struct CUstream_st*`).
 #include <vibespatial/raster/memory.hpp>
+#include <vibespatial/raster/memory_history.hpp>
 
 #include <sys/types.h>
 
@@ -33,6 +34,7 @@ VSR_TORCH_EXPORT void* vsr_torch_malloc(ssize_t size, int device, CUstream strea
   if (size < 0) {
     throw std::invalid_argument("vsr_torch_malloc: negative size " + std::to_string(size));
   }
+  vibespatial::raster::DefaultMemoryTag tag("torch");  // its owner in the memory history
   return vibespatial::raster::device_allocate(static_cast<std::size_t>(size), stream);
 }
 

@@ -20,7 +20,7 @@ POOL_KEYS = {"current_bytes", "current_count", "peak_bytes", "peak_count", "tota
              "total_count"}
 FALLBACK_KEYS = {"used_bytes", "free_bytes", "total_bytes"}
 OURS = {"device", "mapped_bytes", "reserved_bytes", "pool_free_bytes", "largest_free_block",
-        "oom_recoveries", "granularity", "small_block_limit", "tier_reason"}
+        "oom_recoveries", "granularity", "small_block_limit", "tier_reason", "owners"}
 
 
 def test_default_tier_is_b_and_configuration_is_idempotent():

@@ -48,7 +48,7 @@ def cupy_allocator(nbytes: int) -> Any:
     import cupy
 
     stream = cupy.cuda.get_current_stream()
-    buf = DeviceBuffer(int(nbytes), int(stream.ptr))
+    buf = DeviceBuffer(int(nbytes), int(stream.ptr), "cupy")
     mem = cupy.cuda.UnownedMemory(buf.ptr, buf.size, buf, cupy.cuda.runtime.getDevice())
     return cupy.cuda.MemoryPointer(mem, 0)
 
@@ -124,7 +124,7 @@ def _make_numba_plugin() -> type:
             super().initialize()
 
         def memalloc(self, size: int) -> Any:
-            buf = DeviceBuffer(int(size), 0)
+            buf = DeviceBuffer(int(size), 0, "numba")
             key = id(buf)
             with self._lock:
                 self._buffers[key] = buf

@@ -28,8 +28,11 @@ pool serves CuPy, PyTorch and Numba too (:mod:`vibespatial_raster.allocators`).
 from __future__ import annotations
 
 import atexit
+import os
+import pickle
 import threading
 from collections.abc import Callable
+from types import TracebackType
 
 from . import _core
 from ._ints import integer
@@ -38,10 +41,15 @@ __all__ = [
     "DeviceBuffer",
     "add_oom_handler",
     "configure_memory_pool",
+    "dump_snapshot",
     "forget_stream",
     "free_pool_memory",
+    "marker",
     "memory_pool_stats",
+    "record_memory_history",
     "remove_oom_handler",
+    "snapshot",
+    "tag",
 ]
 
 #: Device memory from the pool: ``DeviceBuffer(size, stream=0)`` allocates ``size`` bytes
@@ -112,7 +120,10 @@ def memory_pool_stats(device: int | None = None) -> dict:
     Additions, always present: ``device``, ``mapped_bytes``, ``reserved_bytes``,
     ``pool_free_bytes`` (what :func:`free_pool_memory` would give back), ``largest_free_block``,
     ``oom_recoveries``, ``granularity``, ``small_block_limit``, ``tier_reason`` (why the device
-    has its tier, in words, e.g. that its VMM self-test failed; "" before configuration).
+    has its tier, in words, e.g. that its VMM self-test failed; "" before configuration), and
+    ``owners``: ``{tag: {"live_bytes": ..., "live_count": ...}}``, largest first, for the blocks
+    allocated while :func:`record_memory_history` was on and not freed since (empty when
+    nothing was recorded).
 
     Without ``device`` it never raises, and works before configuration and without a driver.
     A ``device`` the process does not have is refused, as the C ABI refuses it
@@ -180,3 +191,123 @@ def _remove_handlers_at_exit() -> None:
         _handler_ids.clear()
     for handler_id in ids:
         _core.remove_oom_handler(handler_id)
+
+
+# ---- memory history and snapshots ----
+
+
+def record_memory_history(enabled: bool = True, max_entries: int = 100_000) -> None:
+    """Start (``enabled=True``) or stop (``enabled=False``) recording the pool's memory history.
+
+    While recording, every allocation and free of every device's pool, every page mapped,
+    unmapped, created or released, every trim and OOM is recorded with its time, device, stream,
+    address, size and owner tag (:func:`tag`), keeping the most recent ``max_entries`` events.
+    Starting when stopped begins a new history; starting again while recording changes the bound
+    and keeps what was recorded; stopping keeps the history for :func:`snapshot`. Off by
+    default, and then nearly free.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool, or ``max_entries`` not an integer.
+        ValueError: ``max_entries`` is below 1 or above 16,777,216 (nothing changes).
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"record_memory_history: enabled must be a bool, not {enabled!r}")
+    n = integer("record_memory_history: max_entries", max_entries)
+    if enabled and not 1 <= n <= _core.MAX_MEMORY_HISTORY_ENTRIES:
+        raise ValueError(
+            f"record_memory_history: max_entries must be from 1 to "
+            f"{_core.MAX_MEMORY_HISTORY_ENTRIES}, not {n}"
+        )
+    _core.record_memory_history(enabled, n if enabled else 1)
+
+
+def _check_tag(function: str, name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{function}: a memory tag must be a str, not {name!r}")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as e:  # a lone surrogate
+        raise ValueError(f"{function}: a memory tag must be UTF-8 text: {e}") from None
+    if not 1 <= size <= _core.MAX_MEMORY_TAG_LENGTH:
+        raise ValueError(
+            f"{function}: a memory tag must hold 1 to {_core.MAX_MEMORY_TAG_LENGTH} bytes "
+            f"of UTF-8, not {size}"
+        )
+    if "\0" in name:
+        raise ValueError(f"{function}: a memory tag may not hold a NUL character")
+    return name
+
+
+class tag:  # noqa: N801 (a context manager named like a function, as contextlib's)
+    """``with memory.tag("tile 3"):`` makes ``"tile 3"`` the owner of the device memory the
+    calling thread allocates inside the block (in the memory history, :func:`snapshot` and
+    ``memory_pool_stats()["owners"]``). Tags nest; the innermost wins. A tag belongs to the
+    thread that entered it.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        ValueError: ``name`` is empty, longer than 256 bytes of UTF-8, or holds a NUL.
+        RuntimeError: the block is left on another thread than the one that entered it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = _check_tag("memory.tag", name)
+        self._thread: int | None = None
+        self._depth = 0
+
+    def __enter__(self) -> "tag":
+        _core.push_memory_tag(self._name)
+        self._thread = threading.get_ident()
+        self._depth = _core.memory_tag_depth()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._thread != threading.get_ident():
+            raise RuntimeError("memory.tag: left on another thread than the one that entered it")
+        # Pops back to below this tag (tags pushed inside it and not popped go with it).
+        while _core.memory_tag_depth() >= self._depth > 0:
+            _core.pop_memory_tag()
+        self._thread = None
+
+
+def marker(name: str) -> None:
+    """Record a user marker ``name`` in the memory history (an ``annotate`` entry of device 0's
+    trace) if recording is on. Same errors as :class:`tag`."""
+    _core.memory_history_marker(_check_tag("memory.marker", name))
+
+
+def snapshot() -> dict:
+    """The pool's segments and the recorded history as ``torch.cuda.memory._snapshot()``
+    returns them: ``{"segments": [...], "device_traces": [[...], ...]}`` (docs/memory-pool.md
+    has the mapping), readable by PyTorch's ``torch.cuda._memory_viz`` and its viewer, and by
+    :mod:`vibespatial_raster.memviz`. An extra key ``"vibespatial"`` holds
+    ``dropped_events`` (events the bounded history let go) and ``recording``."""
+    data: dict = pickle.loads(_core.memory_snapshot_pickle())
+    return data
+
+
+def dump_snapshot(path: str | os.PathLike[str], overwrite: bool = False) -> None:
+    """Write :func:`snapshot` as a pickle to ``path`` (what ``torch.cuda.memory._dump_snapshot``
+    writes; PyTorch's viewer opens it), all or nothing: a temporary file in the same directory,
+    then moved into place.
+
+    An existing ``path`` is refused unless ``overwrite`` is true (as the package's other
+    outputs).
+
+    Raises:
+        TypeError: ``path`` is not a str or path-like, or ``overwrite`` not a bool.
+        ValueError: ``path`` is empty or names a directory.
+        FileExistsError: ``path`` exists and ``overwrite`` is false (the file is kept).
+        FileNotFoundError: the directory does not exist. No file is left behind on any error.
+    """
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"dump_snapshot: overwrite must be a bool, not {overwrite!r}")
+    p = os.fspath(path)
+    if not isinstance(p, str):
+        raise TypeError(f"dump_snapshot: path must be a str or path-like, not {path!r}")
+    _core.dump_memory_snapshot(p, overwrite)

@@ -3,6 +3,7 @@
 #include "common/checked_math.hpp"
 #include "common/expects.hpp"
 #include "driver/cuda_driver.hpp"
+#include "memory/library_tag.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/diagnostics.hpp>
@@ -143,7 +144,11 @@ void move_locked(detail::RasterStorage& s, Residency target) {
   const auto& api = detail::driver();
   if (target == Residency::device) {
     const int device = detail::bind_current_device();
-    void* d = device_allocate(s.total_bytes, nullptr);
+    void* d = nullptr;
+    {
+      detail::history::LibraryTag tag;
+      d = device_allocate(s.total_bytes, nullptr);
+    }
     // A copy from pageable memory may still be in flight when cuMemcpyHtoD returns (§3.6): the
     // raster promises pixels on the device when the call returns, usable from any stream, so the
     // legacy stream (which the copy ran on) is waited for.
@@ -210,7 +215,10 @@ OwnedRasterArray OwnedRasterArray::allocate(Residency where, DType dtype, int ba
   if (where == Residency::device) {
     detail::driver();
     s->device_id = detail::bind_current_device();
-    s->device = device_allocate(s->total_bytes, nullptr);
+    {
+      detail::history::LibraryTag tag;
+      s->device = device_allocate(s->total_bytes, nullptr);
+    }
     s->residency = Residency::device;
   } else {
     s->host = std::make_unique_for_overwrite<unsigned char[]>(s->total_bytes);

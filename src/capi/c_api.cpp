@@ -10,6 +10,7 @@
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/memory.hpp>
+#include <vibespatial/raster/memory_history.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -21,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 namespace vsr = vibespatial::raster;
 
@@ -46,6 +48,7 @@ struct ErrorState {
   std::string message;
   const char* fallback = nullptr;
   int cuda_error = 0;
+  int io_errno = 0;
 };
 thread_local ErrorState t_error;
 
@@ -53,6 +56,7 @@ void clear_error() noexcept {
   t_error.message.clear();
   t_error.fallback = nullptr;
   t_error.cuda_error = 0;
+  t_error.io_errno = 0;
 }
 
 vsr_status fail(vsr_status status, const char* function, const char* what,
@@ -99,6 +103,14 @@ vsr_status guarded(const char* function, Body&& body) noexcept {
     return fail(VSR_ERROR_OUT_OF_RANGE, function, e.what());
   } catch (const std::overflow_error& e) {
     return fail(VSR_ERROR_OVERFLOW, function, e.what());
+  } catch (const std::system_error& e) {
+    if (e.code().category() == std::generic_category() ||
+        e.code().category() == std::system_category()) {
+      const vsr_status st = fail(VSR_ERROR_IO, function, e.what());
+      t_error.io_errno = e.code().value();
+      return st;
+    }
+    return fail(VSR_ERROR_INTERNAL, function, e.what());
   } catch (const std::exception& e) {
     return fail(VSR_ERROR_INTERNAL, function, e.what());
   } catch (...) {
@@ -211,6 +223,35 @@ vsr_status vsr_free_pool_memory(void) {
 
 vsr_status vsr_forget_stream(void* stream) {
   return guarded(__func__, [&] { vsr::forget_stream(static_cast<CUstream>(stream)); });
+}
+
+vsr_status vsr_record_memory_history(int enabled, size_t max_entries) {
+  return guarded(__func__, [&] { vsr::record_memory_history(enabled != 0, max_entries); });
+}
+
+vsr_status vsr_push_memory_tag(const char* tag) {
+  return guarded(__func__, [&] {
+    VSR_EXPECTS(tag != nullptr, "tag is NULL");
+    vsr::push_memory_tag(tag);
+  });
+}
+
+vsr_status vsr_pop_memory_tag(void) {
+  return guarded(__func__, [] {
+    VSR_EXPECTS(vsr::memory_tag_depth() > 0, "no memory tag is pushed on this thread");
+    vsr::pop_memory_tag();
+  });
+}
+
+vsr_status vsr_dump_memory_snapshot(const char* path, int overwrite) {
+  return guarded(__func__, [&] {
+    VSR_EXPECTS(path != nullptr, "path is NULL");
+    vsr::dump_memory_snapshot(path, overwrite != 0);
+  });
+}
+
+int vsr_last_io_errno(void) {
+  return t_error.io_errno;
 }
 
 vsr_status vsr_memory_pool_stats(vsr_pool_stats* out) {

@@ -5,6 +5,7 @@
 #include "driver/cuda_driver.hpp"
 
 #include <vibespatial/raster/memory.hpp>
+#include <vibespatial/raster/memory_history.hpp>
 
 #include <atomic>
 #include <cstddef>
@@ -144,6 +145,10 @@ class DevicePool {
   }
   /// Returns everything to the driver, live blocks included. Never throws.
   virtual void teardown() noexcept = 0;
+  /// The bytes a block of `bytes` occupies (its rounded size): the size of its history events.
+  virtual std::size_t block_size(std::size_t bytes) const noexcept { return bytes; }
+  /// Appends this pool's segments to `out` (memory_history.hpp): tiers A and B; none otherwise.
+  virtual void collect_segments(std::vector<MemorySnapshotSegment>& /*out*/) const {}
   int device() const noexcept { return device_; }
 
  protected:

@@ -21,6 +21,9 @@ class FallbackPool final : public DevicePool {
  public:
   explicit FallbackPool(int device) : DevicePool(device), marks_(device) {}
   ~FallbackPool() override { teardown(); }
+  std::size_t block_size(std::size_t bytes) const noexcept override {
+    return (bytes + kRounding - 1) / kRounding * kRounding;
+  }
 
   void* allocate(std::size_t bytes, CUstream stream) override {
     if (bytes > (std::size_t{1} << 50)) throw DeviceFull{bytes};

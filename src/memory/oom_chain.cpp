@@ -2,7 +2,9 @@
 // memory.hpp's OOM recovery chain (tier B): when the device is full, give every free page back and
 // retry; then rounds of the registered OOM handlers, each followed by giving free pages back and
 // retrying; and the OutOfMemoryError that says what the pool and the driver hold.
+#include "common/byte_text.hpp"
 #include "common/expects.hpp"
+#include "memory/memory_history.hpp"
 #include "memory/registry_state.hpp"
 
 #include <vibespatial/raster/memory.hpp>
@@ -32,11 +34,44 @@ std::string driver_memory(int device) {
   return "the driver's free memory is unknown";
 }
 
+// The top owners by live bytes, from the memory history (memory_history.hpp).
+std::string owners(int device) {
+  std::vector<OwnerUsage> top;
+  try {
+    top = history::owner_usage(device);
+  } catch (const std::exception&) {
+    top.clear();
+  }
+  if (top.empty()) {
+    return history::on() ? "no live block was allocated while recording"
+                         : "owners unknown (record_memory_history() records them)";
+  }
+  std::string text = "top owners by live bytes: ";
+  for (std::size_t i = 0; i < top.size() && i < 5; ++i) {
+    if (i > 0) text += ", ";
+    text += top[i].owner + " " + byte_text(top[i].live_bytes) + " in " +
+            std::to_string(top[i].live_count) + (top[i].live_count == 1 ? " block" : " blocks");
+  }
+  if (top.size() > 5) text += ", and " + std::to_string(top.size() - 5) + " more";
+  return text;
+}
+
 [[noreturn]] void throw_oom(DevicePool& pool, std::size_t bytes, const std::string& note) {
-  throw OutOfMemoryError(
-      bytes, "device_allocate: out of memory on device " + std::to_string(pool.device()) +
-                 " (tier " + tier_name(current_tier()) + "): requested " + format_bytes(bytes) +
-                 "; " + pool.describe() + "; " + driver_memory(pool.device()) + note);
+  if (history::on()) {
+    std::size_t free_b = 0, total_b = 0;
+    try {
+      ScopedDeviceContext scope(pool.device());
+      if (driver().cuMemGetInfo(&free_b, &total_b) != CUDA_SUCCESS) free_b = 0;
+    } catch (const std::exception&) {
+      free_b = 0;
+    }
+    history::record(MemoryAction::oom, pool.device(), 0, bytes, 0, history::ticks(), free_b);
+  }
+  throw OutOfMemoryError(bytes, "device_allocate: out of memory on device " +
+                                    std::to_string(pool.device()) + " (tier " +
+                                    tier_name(current_tier()) + "): requested " +
+                                    format_bytes(bytes) + "; " + driver_memory(pool.device()) +
+                                    "; " + pool.describe() + "; " + owners(pool.device()) + note);
 }
 
 // Every free page of `pool` back to the driver, after its freeing work completes; what cannot be

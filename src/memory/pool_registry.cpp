@@ -3,6 +3,7 @@
 // path of a one-device process; allocation, free, statistics, trimming and teardown; the state a
 // forked child inherits.
 #include "common/expects.hpp"
+#include "memory/memory_history.hpp"
 #include "memory/registry_state.hpp"
 #include "memory/vmm_pool_impl.hpp"
 
@@ -227,6 +228,11 @@ MemoryPoolStats memory_pool_stats(int device) noexcept {
     return s;
   }
   p->fill_stats(s);
+  try {
+    s.owners = detail::history::owner_usage(device);
+  } catch (...) {
+    s.owners.clear();  // no host memory: the statistics without the owners
+  }
   if (s.used_bytes) s.tier = "fallback";  // a non-VMM device in a VMM-tier process
   s.oom_recoveries = registry().recoveries[static_cast<std::size_t>(device)].load();
   return s;
@@ -243,6 +249,28 @@ MemoryPoolStats memory_pool_stats() noexcept {
   return memory_pool_stats(device);
 }
 
+namespace {
+
+// The history's alloc event: after the pool returned, so after any page it mapped for the block.
+template <class Pool>
+void note_alloc(const Pool& pool, void* p, std::size_t bytes, CUstream stream) noexcept {
+  detail::history::record_alloc(pool.device(), reinterpret_cast<std::uintptr_t>(p),
+                                pool.block_size(bytes), bytes,
+                                reinterpret_cast<std::uintptr_t>(stream));
+}
+
+// The history's free events, stamped with the clock read before the pool call (`t`): the block
+// may be handed out again (and its alloc recorded, on another thread) before the call returns.
+// The pool can reuse a freed block on its own stream at once, so the free completes with it.
+template <class Pool>
+void note_free(const Pool& pool, std::uint64_t t, void* p, std::size_t bytes,
+               CUstream stream) noexcept {
+  detail::history::record_free(pool.device(), reinterpret_cast<std::uintptr_t>(p),
+                               pool.block_size(bytes), reinterpret_cast<std::uintptr_t>(stream), t);
+}
+
+}  // namespace
+
 void* device_allocate(std::size_t bytes, CUstream stream) {
   // The direct path (g_direct_pool): one pointer, one thread-local flag, then the pool.
   detail::vmm::VmmPool* direct = detail::g_direct_pool.load(std::memory_order_acquire);
@@ -253,23 +281,37 @@ void* device_allocate(std::size_t bytes, CUstream stream) {
   std::optional<detail::DeviceFull> full;
   if (direct != nullptr && detail::t_context_bound && bytes != 0) [[likely]] {
     try {
-      return direct->allocate(bytes, stream);
+      void* p = direct->allocate(bytes, stream);
+      if (detail::history::on()) [[unlikely]]
+        note_alloc(*direct, p, bytes, stream);
+      return p;
     } catch (const detail::DeviceFull& f) {
       full = f;
     }
-    return detail::allocate_after_full(*direct, bytes, stream, *full);
+    void* p = detail::allocate_after_full(*direct, bytes, stream, *full);
+    if (detail::history::on()) {
+      detail::history::touch_clock();
+      note_alloc(*direct, p, bytes, stream);
+    }
+    return p;
   }
   if (detail::in_forked_child()) [[unlikely]]
     detail::throw_forked_child(__func__);
   if (bytes == 0) return nullptr;
   if (detail::current_tier() == Tier::none) configure_memory_pool();
   detail::DevicePool& pool = detail::pool_for_device(detail::current_device());
+  void* p = nullptr;
   try {
-    return pool.allocate(bytes, stream);
+    p = pool.allocate(bytes, stream);
   } catch (const detail::DeviceFull& f) {
     full = f;
   }
-  return detail::allocate_after_full(pool, bytes, stream, *full);
+  if (full) p = detail::allocate_after_full(pool, bytes, stream, *full);
+  if (detail::history::on()) {
+    detail::history::touch_clock();  // the other tiers do not keep the thread's clock fresh
+    note_alloc(pool, p, bytes, stream);
+  }
+  return p;
 }
 
 void forget_stream(CUstream stream) {
@@ -293,6 +335,14 @@ void forget_stream(CUstream stream) {
 void device_deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   detail::vmm::VmmPool* direct = detail::g_direct_pool.load(std::memory_order_acquire);
   if (direct != nullptr && ptr != nullptr) [[likely]] {
+    if (detail::history::on()) [[unlikely]] {
+      // A fresh stamp: the block may have been allocated by another thread, at a time this
+      // thread's clock has not seen.
+      const std::uint64_t t = detail::history::ticks();
+      direct->deallocate(ptr, bytes, stream);  // throws: nothing is recorded
+      note_free(*direct, t, ptr, bytes, stream);
+      return;
+    }
     direct->deallocate(ptr, bytes, stream);  // the only pool, so the pointer's if anyone's
     return;
   }
@@ -303,7 +353,10 @@ void device_deallocate(void* ptr, std::size_t bytes, CUstream stream) {
               "device_deallocate: null pointer with a size of " + std::to_string(bytes) + " bytes");
   VSR_EXPECTS(detail::current_tier() != Tier::none,
               "device_deallocate: the pool is not configured, so it never allocated this pointer");
-  detail::pool_of(ptr).deallocate(ptr, bytes, stream);
+  detail::DevicePool& pool = detail::pool_of(ptr);
+  const std::uint64_t t = detail::history::on() ? detail::history::ticks() : 0;
+  pool.deallocate(ptr, bytes, stream);
+  if (detail::history::on()) note_free(pool, t, ptr, bytes, stream);
 }
 
 }  // namespace vibespatial::raster

@@ -202,6 +202,7 @@ void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
   const std::size_t pages = (bytes + page_ - 1) / page_;
   ThreadCache& cache = thread_cache();
   std::lock_guard lock(mutex_);
+  note_locked();
   fold_cache_stats(cache);
   const CUstream key = key_in(cache, stream);
   mark_pending(stream, key);
@@ -265,6 +266,7 @@ void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
 void VmmPool::deallocate_large(CUdeviceptr p, std::size_t bytes, CUstream stream) {
   ThreadCache& cache = thread_cache();
   std::lock_guard lock(mutex_);
+  note_locked();
   auto it = live_large_.find(p);
   expect_live_block(reinterpret_cast<const void*>(p),
                     it == live_large_.end() ? nullptr : &it->second.bytes, bytes);

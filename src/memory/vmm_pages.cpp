@@ -103,6 +103,7 @@ bool VmmPool::make_address_space() noexcept {
       ++it;
       continue;
     }
+    note_pages(MemoryAction::segment_unmap, begin, pages);
     it = retire_unmapped_range(it);
   }
   bool freed = false;
@@ -199,6 +200,7 @@ void VmmPool::map_pages(CUdeviceptr addr, CUmemGenericAllocationHandle* handles,
   if (r == CUDA_SUCCESS) r = api.cuMemSetAccess(addr, count * page_, &access_, 1);
   if (r == CUDA_SUCCESS) {
     pages_mapped_ += count;
+    note_pages(MemoryAction::segment_map, addr, count);
     return;
   }
   // Undo exactly what this call mapped (§7 #6: never unmap a range with unmapped gaps). If that
@@ -254,6 +256,7 @@ bool VmmPool::create_pages(std::size_t until, std::vector<CUmemGenericAllocation
     if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemCreate", __FILE__, __LINE__);
     out.push_back(h);  // `out` has room (acquire_pages reserved it)
     ++pages_held_;
+    note_pages(MemoryAction::page_create, 0, 1);
   }
   return true;
 }
@@ -292,6 +295,7 @@ std::size_t VmmPool::take_idle_free_pages(std::size_t count, CUdeviceptr avoid_b
       ++it;
       continue;
     }
+    note_pages(MemoryAction::segment_unmap, cut, take);
     take_unmapped_handles(cut, take, out);
     taken += take;
     const std::size_t left = it->second.pages - take;

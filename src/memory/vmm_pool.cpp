@@ -118,6 +118,7 @@ void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
 void VmmPool::trim() {
   ThreadCache& cache = thread_cache();
   std::lock_guard lock(mutex_);
+  note_locked();
   const DriverApi& api = driver();
   ScopedDeviceContext scope(device_);
   sync_forgotten(cache);
@@ -147,6 +148,7 @@ void VmmPool::trim() {
       ++it;
       continue;
     }
+    note_pages(MemoryAction::segment_unmap, begin, pages);
     it = retire_unmapped_range(it);
   }
   // Small blocks: every freed slot needs a mark before its slab's page may go.
@@ -161,10 +163,12 @@ void VmmPool::trim() {
     if (!first_error) first_error = e;
   }
   std::vector<CUmemGenericAllocationHandle> kept;
+  const std::size_t held_before = pages_held_;
   for (CUmemGenericAllocationHandle h : spare_) {
     const CUresult r = api.cuMemRelease(h);
     if (vmm_call_took_effect(r)) {
       --pages_held_;  // released, even when a sticky error came back (never released twice)
+      note_pages(MemoryAction::page_release, 0, 1);
     } else {
       kept.push_back(h);
     }
@@ -174,6 +178,7 @@ void VmmPool::trim() {
   }
   spare_ = std::move(kept);
   large_peak_pages_ = large_live_pages_;  // the slack grows again from what is live
+  note_pages(MemoryAction::trim, 0, held_before - pages_held_);
   debug_check("trim");
   if (first_error) throw *first_error;
 }
@@ -183,6 +188,7 @@ void VmmPool::forget(CUstream stream) {
   if (stream == nullptr) return;  // the legacy stream lives as long as the context
   ThreadCache& cache = thread_cache();
   std::lock_guard lock(mutex_);
+  note_locked();
   const CUstream key = key_in(cache, stream);
   // While `stream` is alive: one mark covers everything freed on it so far (§3.7).
   MarkRef mark = marks_.record(stream, forgotten_stream());  // throws: nothing has changed
@@ -262,10 +268,30 @@ void VmmPool::fill_stats(MemoryPoolStats& s) const noexcept {
 std::string VmmPool::describe() const {
   MemoryPoolStats s;
   fill_stats(s);
-  return "the pool holds " + format_bytes(*s.pool_size) + " of physical memory (" +
-         format_bytes(*s.current_bytes) + " live in " + std::to_string(*s.current_count) +
-         " blocks, " + format_bytes(s.pool_free_bytes) + " free; largest free range " +
-         format_bytes(s.largest_free_block) + "), " + format_bytes(s.reserved_bytes) +
+  // What the held memory is: live blocks, free large pages (slack: free ranges and spare pages),
+  // free small-block slots (free or cached slots of slabs, and spans no slab holds).
+  std::size_t free_large = 0, small_bytes = 0, small_live = 0;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [addr, range] : free_by_addr_) free_large += range.pages * page_;
+    free_large += spare_.size() * page_;
+    small_bytes = small_pages_ * page_;
+    for (const ClassState& state : classes_) {
+      for (const Slab* slab : state.slabs) {
+        auto& records = const_cast<SlotRecords&>(slab->requested);
+        for (std::uint32_t i = 0; i < slab->carved; ++i) {
+          if (records[i].load(std::memory_order_relaxed) != 0) small_live += slab->slot_size;
+        }
+      }
+    }
+  }
+  return "the pool holds " + format_bytes(*s.pool_size) +
+         " of physical memory: " + format_bytes(*s.current_bytes) + " live in " +
+         std::to_string(*s.current_count) + " blocks, " + format_bytes(free_large) +
+         " as free large pages (slack), " +
+         format_bytes(small_bytes - std::min(small_bytes, small_live)) +
+         " in free small-block slots; the largest request it could serve without new memory is " +
+         format_bytes(s.largest_free_block) + "; " + format_bytes(s.reserved_bytes) +
          " of address space reserved";
 }
 

@@ -8,6 +8,7 @@
 
 #include "memory/asymmetric_fence.hpp"
 #include "memory/device_pool.hpp"
+#include "memory/memory_history.hpp"
 #include "memory/pool_registry.hpp"
 #include "memory/size_classes.hpp"
 
@@ -270,6 +271,10 @@ class VmmPool final : public DevicePool {
   std::string check_invariants() const override;
   std::pair<std::uintptr_t, std::uintptr_t> slab_extent(const void* ptr) const override;
   void teardown() noexcept override;
+  std::size_t block_size(std::size_t bytes) const noexcept override {
+    return bytes <= small_limit_ ? size_class_bytes(size_class_of(bytes)) : round_up_pages(bytes);
+  }
+  void collect_segments(std::vector<MemorySnapshotSegment>& out) const override;
 
   void retire_cache(ThreadCache& cache) noexcept;
 
@@ -446,6 +451,22 @@ class VmmPool final : public DevicePool {
   // Unmaps stuck mappings, returning their pages to spare_ (and their slab pages to their
   // region's vacant list). Returns the first failure, CUDA_SUCCESS if none. Mutex held.
   CUresult recover_stuck() noexcept;
+
+  std::size_t round_up_pages(std::size_t bytes) const noexcept {
+    return (bytes + page_ - 1) / page_ * page_;
+  }
+  // The history (memory_history.hpp): pages mapped or unmapped at `addr`, pages created or
+  // released. One relaxed load while recording is off.
+  // Called as the mutex is taken on a path where blocks may pass between threads: a later
+  // event of any thread is stamped after the events before it (memory_history.hpp, clock()).
+  static void note_locked() noexcept {
+    if (history::on()) [[unlikely]]
+      history::touch_clock();
+  }
+  void note_pages(MemoryAction action, CUdeviceptr addr, std::size_t pages) const noexcept {
+    if (history::on()) [[unlikely]]
+      history::record_now(action, device_, addr, pages * page_);
+  }
 
   std::size_t page_ = 0;
   std::size_t small_limit_ = 0;

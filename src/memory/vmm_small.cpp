@@ -108,6 +108,7 @@ void VmmPool::deallocate_small(Slab* slab, void* ptr, std::size_t bytes, CUstrea
   // first: under the mutex, which such a thread holds.
   try {
     std::lock_guard lock(mutex_);
+    note_locked();
     sync_forgotten(cache);
     const bool flushed = bin.count == kBinCapacity;
     if (flushed) flush_bin(cache, slab->size_class, kBinCapacity / 2);
@@ -124,6 +125,7 @@ void VmmPool::deallocate_small(Slab* slab, void* ptr, std::size_t bytes, CUstrea
 void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes,
                                    CUstream stream) {
   std::lock_guard lock(mutex_);
+  note_locked();
   sync_forgotten(cache);
   fold_cache_stats(cache);
   const CUstream key = key_in(cache, stream);
@@ -423,6 +425,7 @@ std::size_t VmmPool::reclaim_small_pages(std::vector<CUmemGenericAllocationHandl
     to.reserve(to.size() + 1);  // room first: nothing after the unmap may fail
     region.vacant.reserve(region.vacant.size() + 1);
     if (!vmm_call_took_effect(api.cuMemUnmap(region.base + page->index * page_, page_))) continue;
+    note_pages(MemoryAction::segment_unmap, region.base + page->index * page_, 1);
     pages_mapped_ -= 1;
     --small_pages_;
     to.push_back(page->handle);

@@ -3,6 +3,8 @@
 // RAII buffer for CUB's two-phase temporary storage. CUDA backend only (ops_cuda.cu, tests).
 #pragma once
 
+#include "memory/library_tag.hpp"
+
 #include <vibespatial/raster/memory.hpp>
 
 #include <cstddef>
@@ -20,6 +22,7 @@ struct PoolThrustAllocator {
 
   char* allocate(std::size_t n) {
     if (allocations) ++*allocations;
+    history::LibraryTag tag;
     return static_cast<char*>(device_allocate(n, stream));
   }
   void deallocate(char* p, std::size_t n) { device_deallocate(p, n, stream); }
@@ -29,7 +32,7 @@ struct PoolThrustAllocator {
 class PoolBuffer {
  public:
   PoolBuffer(std::size_t bytes, CUstream stream)
-      : ptr_(bytes ? device_allocate(bytes, stream) : nullptr), bytes_(bytes), stream_(stream) {}
+      : ptr_(allocate(bytes, stream)), bytes_(bytes), stream_(stream) {}
   ~PoolBuffer() {
     try {
       device_deallocate(ptr_, bytes_, stream_);
@@ -47,6 +50,10 @@ class PoolBuffer {
   std::size_t size() const { return bytes_; }
 
  private:
+  static void* allocate(std::size_t bytes, CUstream stream) {
+    history::LibraryTag tag;
+    return bytes ? device_allocate(bytes, stream) : nullptr;
+  }
   void* ptr_;
   std::size_t bytes_;
   CUstream stream_;

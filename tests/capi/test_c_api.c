@@ -13,12 +13,14 @@
 #include <vibespatial/raster/c_api.h>
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MIB ((size_t)1 << 20)
 
@@ -711,6 +713,56 @@ static int run_start_fails_twice(void) {
   return 0;
 }
 
+/* ---- memory history and snapshots ---- */
+
+static void test_memory_history(void) {
+  char dir[] = "/tmp/vsr-capi-history-XXXXXX";
+  char path[256];
+  char missing[256];
+  void* p = NULL;
+  void* q = NULL;
+  FILE* f;
+  CHECK_FAILS(vsr_record_memory_history(1, 0), VSR_ERROR_INVALID_ARGUMENT,
+              "vsr_record_memory_history");
+  CHECK_FAILS(vsr_record_memory_history(1, (size_t)1 << 40), VSR_ERROR_OUT_OF_RANGE,
+              "vsr_record_memory_history");
+  CHECK_FAILS(vsr_push_memory_tag(NULL), VSR_ERROR_INVALID_ARGUMENT, "vsr_push_memory_tag");
+  CHECK_FAILS(vsr_push_memory_tag(""), VSR_ERROR_INVALID_ARGUMENT, "vsr_push_memory_tag");
+  CHECK_FAILS(vsr_push_memory_tag("\xff"), VSR_ERROR_INVALID_ARGUMENT, "vsr_push_memory_tag");
+  CHECK_FAILS(vsr_pop_memory_tag(), VSR_ERROR_INVALID_ARGUMENT, "vsr_pop_memory_tag");
+  CHECK_OK(vsr_record_memory_history(1, 1000));
+  CHECK_OK(vsr_push_memory_tag("c caller"));
+  CHECK_OK(vsr_device_allocate(3 * MIB, NULL, &p));
+  CHECK_FAILS(vsr_device_allocate((size_t)1 << 40, NULL, &q), VSR_ERROR_OUT_OF_MEMORY,
+              "vsr_device_allocate");
+  CHECK(strstr(vsr_last_error_message(),
+               "top owners by live bytes: c caller 3.00 MiB in 1 block") != NULL);
+  CHECK(strstr(vsr_last_error_message(), "requested 1.00 TiB") != NULL);
+  CHECK_OK(vsr_pop_memory_tag());
+  CHECK_FAILS(vsr_pop_memory_tag(), VSR_ERROR_INVALID_ARGUMENT, "vsr_pop_memory_tag");
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(path, sizeof path, "%s/snap.pickle", dir);
+  snprintf(missing, sizeof missing, "%s/missing/snap.pickle", dir);
+  CHECK_OK(vsr_dump_memory_snapshot(path, 0));
+  f = fopen(path, "rb");
+  CHECK(f != NULL);
+  CHECK(fgetc(f) == 0x80);
+  fclose(f);
+  CHECK_FAILS(vsr_dump_memory_snapshot(path, 0), VSR_ERROR_IO, "vsr_dump_memory_snapshot");
+  CHECK(vsr_last_io_errno() == EEXIST);
+  CHECK(strstr(vsr_last_error_message(), "exists") != NULL);
+  CHECK_OK(vsr_dump_memory_snapshot(path, 1));
+  CHECK(vsr_last_io_errno() == 0);
+  CHECK_FAILS(vsr_dump_memory_snapshot(missing, 0), VSR_ERROR_IO, "vsr_dump_memory_snapshot");
+  CHECK(vsr_last_io_errno() == ENOENT);
+  CHECK_FAILS(vsr_dump_memory_snapshot(NULL, 0), VSR_ERROR_INVALID_ARGUMENT,
+              "vsr_dump_memory_snapshot");
+  CHECK(remove(path) == 0);
+  CHECK(rmdir(dir) == 0); /* nothing else was left behind */
+  CHECK_OK(vsr_device_deallocate(p, 3 * MIB, NULL));
+  CHECK_OK(vsr_record_memory_history(0, 0));
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--no-driver") == 0) {
     return run_without_driver("no driver", "VIBESPATIAL_CUDA_DRIVER");
@@ -735,6 +787,7 @@ int main(int argc, char** argv) {
   test_memcpy();
   test_forget_stream();
   test_thread_local_errors();
+  test_memory_history();
   CHECK(stats().current_bytes == 0);
   printf("c-api: %d checks passed (vibespatial-raster %s)\n", g_checks, vsr_version());
   return 0;

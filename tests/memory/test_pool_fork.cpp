@@ -4,6 +4,8 @@
 // must fail at once with DriverUnavailableError, never block.
 #include "pool_fixture.hpp"
 
+#include <vibespatial/raster/memory_history.hpp>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +31,7 @@ enum ChildFailure : int {
   kAddHandler = 1 << 5,
   kRemoveHandler = 1 << 6,
   kStats = 1 << 7,
+  kHistory = 1 << 8,
 };
 
 // True when `call` throws DriverUnavailableError with CUDA_ERROR_NOT_INITIALIZED and a message
@@ -60,6 +63,10 @@ int child_checks(void* live_small, void* live_large) {
   if (!refused([] { free_pool_memory(); })) failed |= kFreePoolMemory;
   if (!refused([] { add_oom_handler([](std::size_t) { return false; }); })) failed |= kAddHandler;
   if (!refused([] { remove_oom_handler(1); })) failed |= kRemoveHandler;
+  if (!refused([] { record_memory_history(true); }) ||
+      !memory_snapshot().device_traces.empty() || !memory_snapshot().segments.empty()) {
+    failed |= kHistory;
+  }
   const MemoryPoolStats s = memory_pool_stats();
   const MemoryPoolStats s0 = memory_pool_stats(0);
   if (s.configured || !s.tier.empty() || s.current_bytes || s0.configured || !s0.tier.empty()) {

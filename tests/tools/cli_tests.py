@@ -1144,6 +1144,54 @@ def sample_focal_mean_follows_the_plan(env):
 
 
 @case
+def memory_history_of_a_focal_mean_run(env):
+    # --memory-history writes PyTorch's snapshot pickle of the run: segments whose blocks tile
+    # them, and a trace where every alloc is freed (the run frees what it allocated).
+    import pickle
+
+    # --device gpu: the sample moves into pool memory. On the host emulator the CUDA op then
+    # fails (exit 1); the snapshot is written all the same, and the run has freed its blocks.
+    snap_path = env.path("snap.pickle")
+    p = env.run(env.vsr_run, "--op", "focal-mean", "--sample-size", str(SAMPLE_SIDE), "--budget",
+                SAMPLE_BUDGET, "--device", "gpu", "-q", "--memory-history", snap_path)
+    check(p.returncode in (0, 1), "exit %d: %r" % (p.returncode, p.stderr))
+    with open(snap_path, "rb") as f:
+        snap = pickle.load(f)
+    live = set()
+    for seg in snap["segments"]:
+        check(sum(b["size"] for b in seg["blocks"]) == seg["total_size"], "blocks tile: %r" % seg)
+        live |= {b["address"] for b in seg["blocks"] if b["state"] == "active_allocated"}
+    trace = snap["device_traces"][0]
+    actions = [e["action"] for e in trace]
+    check(actions.count("alloc") > 0, "allocations recorded: %r" % actions[:20])
+    state = {}
+    for e in trace:
+        if e["action"] == "alloc":
+            check(e["addr"] not in state, "an address allocated twice")
+            state[e["addr"]] = "live"
+            check(e["user_metadata"] == "raster", "the library's own blocks: %r" % e)
+        elif e["action"] == "free_requested":
+            check(state.get(e["addr"]) == "live", "a free of a live block")
+            state[e["addr"]] = "requested"
+        elif e["action"] == "free_completed":
+            check(state.pop(e["addr"], None) == "requested", "a completed free")
+    check(not state, "the run freed every block: %r" % state)
+    before = open(snap_path, "rb").read()
+    p = env.run(env.vsr_run, "--op", "stats", "--sample-size", "64", "--memory-history",
+                snap_path)
+    expect_exit(p, 2, "an existing --memory-history file without --overwrite")
+    check(b"exists" in p.stderr, p.stderr)
+    check(open(snap_path, "rb").read() == before, "the existing file is kept")
+    run_ok(env, "--op", "stats", "--sample-size", "64", "-q", "--memory-history", snap_path,
+           "--overwrite")
+    missing = env.path("missing-dir/snap.pickle")
+    p = env.run(env.vsr_run, "--op", "stats", "--sample-size", "64", "-q", "--memory-history",
+                missing)
+    expect_exit(p, 1, "--memory-history into a missing directory")
+    check(not os.path.exists(os.path.dirname(missing)), "nothing written")
+
+
+@case
 def sample_ndvi_follows_the_plan(env):
     for budget in ("auto", SAMPLE_BUDGET):
         out, plan, last = sample_run(env, "ndvi", budget)

@@ -39,6 +39,8 @@ Trace make_large_trace(std::size_t live, std::size_t steps, std::uint64_t seed);
 /// large trace.
 void section_malloc(Report& rep, const Trace& small, const Trace& large, const AllocSizes& z,
                     bool quiet);
+/// Section 1b (with section 1): the small trace with the memory history off and on.
+void section_recording(Report& rep, const Trace& small, const AllocSizes& z, bool quiet);
 /// 2. The pool against cuMemAlloc and cuMemAllocAsync on one stream.
 void section_driver(Report& rep, const Trace& small, const Trace& large, const AllocSizes& z,
                     bool quiet);

@@ -5,6 +5,7 @@
 #include "bench_driver.hpp"
 
 #include <vibespatial/raster/memory.hpp>
+#include <vibespatial/raster/memory_history.hpp>
 
 #include <cmath>
 #include <exception>
@@ -76,6 +77,47 @@ void section_malloc(Report& rep, const Trace& small, const Trace& large, const A
     tab.print(
         "== 1. Pool vs system malloc/free: bookkeeping only (memory never touched), ns per call "
         "(alloc or free), median of interleaved rounds; ratio = median of per-round ratios ==");
+  }
+  section_recording(rep, small, z, quiet);
+}
+
+void section_recording(Report& rep, const Trace& small, const AllocSizes& z, bool quiet) {
+  // The small trace with the memory history off and on (memory_history.hpp), side by side in the
+  // same interleaved rounds: each "on" round starts a new history (the default bound, 100,000
+  // events, so the ring wraps) and stops it after the drain.
+  const std::string label = "1/6 memory history";
+  Table tab({"trace", "live", "steps", "rounds", "off ns/op", "on ns/op", "on/off", "goal", "met"});
+  const char* goal = "<= 2.0";
+  Contender off = contender("recording off", PoolAlloc{});
+  Contender inner = contender("recording on", PoolAlloc{});
+  Contender on{"recording on", [inner](const Trace& t, std::size_t steps) mutable {
+                 vsr::record_memory_history(true);
+                 const double ns = inner.round(t, steps);
+                 vsr::record_memory_history(false);
+                 return ns;
+               }};
+  std::vector<Contender> cs{off, on};
+  std::vector<std::vector<double>> s;
+  if (!run_case(rep, tab, small.name, "memory_history " + small.name,
+                [&] { s = interleave(label, small, z.small_steps, z.rounds, cs); })) {
+    return;
+  }
+  const double ratio = paired_ratio(s[1], s[0]);
+  const std::string met = met_str(ratio, goal);
+  tab.add({small.name, std::to_string(small.fill.size()), std::to_string(z.small_steps),
+           std::to_string(z.rounds), fmt("%.1f", median(s[0])), fmt("%.1f", median(s[1])),
+           fmt("%.3f", ratio), goal, met});
+  rep.summary.push_back({"memory history on/off ns per op, small trace", ratio, goal, met, ""});
+  rep.section_json("{\"section\": \"memory_history\", \"trace\": " + json_string(small.name) +
+                   ", \"steps\": " + std::to_string(z.small_steps) + ", \"rounds\": " +
+                   std::to_string(z.rounds) + ", \"off_ns_per_op\": " + json_num(median(s[0])) +
+                   ", \"on_ns_per_op\": " + json_num(median(s[1])) +
+                   ", \"ratio\": " + json_num(ratio) + ", \"goal\": " + json_string(goal) +
+                   ", \"met\": " + json_string(met) + "}");
+  if (!quiet) {
+    tab.print(
+        "== 1b. Memory history: the small trace with recording off and on, ns per call, median "
+        "of interleaved rounds; ratio = median of per-round ratios ==");
   }
 }
 

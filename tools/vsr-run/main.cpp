@@ -21,15 +21,21 @@
 // --overwrite). The format is tried on a small file before any pixel is read.
 //
 // Exit status: 0 on success, 2 for bad arguments (message on stderr), 1 for any other error; a
-// run ended by a signal dies of that signal.
+// run ended by a signal dies of that signal. --memory-history FILE records the pool's memory
+// history for the run and writes the snapshot (memory_history.hpp) when it ends.
 #include "cli.hpp"
 #include "job.hpp"
 #include "options.hpp"
+
+#include <vibespatial/raster/memory_history.hpp>
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <exception>
 #include <string>
 
+namespace vsr = vibespatial::raster;
 using vsr_cli::printable;
 using vsr_cli::UsageError;
 using vsr_run::Arguments;
@@ -48,13 +54,34 @@ int main(int argc, char** argv) {
     std::fputs(std::string(vsr_run::usage_text).c_str(), stdout);
     return 0;
   }
+  const std::string& history = args.memory_history;
+  if (!history.empty()) {
+    // Refused before the run, not after it.
+    if (!args.overwrite && ::access(history.c_str(), F_OK) == 0) {
+      std::fprintf(stderr, "vsr-run: --memory-history: %s exists (--overwrite replaces it)\n",
+                   printable(history).c_str());
+      return 2;
+    }
+    vsr::record_memory_history(true);
+  }
+  int status = 1;
   try {
-    return vsr_run::Job(args).run();
+    status = vsr_run::Job(args).run();
   } catch (const UsageError& e) {
     std::fprintf(stderr, "vsr-run: %s\n", e.what());
-    return 2;
+    status = 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "vsr-run: error: %s\n", printable(e.what()).c_str());
-    return 1;
+    status = 1;
   }
+  if (!history.empty()) {
+    try {
+      vsr::record_memory_history(false);
+      vsr::dump_memory_snapshot(history, args.overwrite);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "vsr-run: --memory-history: %s\n", printable(e.what()).c_str());
+      if (status == 0) status = 1;
+    }
+  }
+  return status;
 }

@@ -149,6 +149,11 @@ resources:
                      refuse up front a run that needs more host memory than this (default: what
                      is available): a file run's pass (tile, result, GDAL's blocks and block
                      cache), the sample raster and its result, histograms and their text
+  --memory-history FILE
+                     record the device pool's memory history during the run and write it, with
+                     the pool's segments, to FILE as PyTorch's memory snapshot pickle (open it
+                     in pytorch.org/memory_viz; docs/memory-pool.md), also when the run fails;
+                     an existing FILE is refused unless --overwrite
 
 A file run streams: tiles of at most 64 MiB of input over every band when the budget allows and
 the file makes two or more, tile k+1 read while tile k is computed and tile k-1 written (the
@@ -419,6 +424,9 @@ Arguments parse_arguments(int argc, char** argv) {
     } else if (words.is("--diagnostics")) {
       words.flag();
       args.diagnostics = true;
+    } else if (words.is("--memory-history")) {
+      args.memory_history = words.value();
+      if (args.memory_history.empty()) throw UsageError("--memory-history needs a file name");
     } else if (words.is("--host-memory")) {
       args.host_memory = parse_size(option, words.value());
       if (*args.host_memory == 0) throw UsageError("--host-memory must be > 0");

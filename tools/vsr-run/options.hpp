@@ -72,6 +72,7 @@ struct Arguments {
   std::string a_nodata_text;
   bool ignore_mask = false;  ///< --ignore-mask
   bool overwrite = false;
+  std::string memory_history;  ///< --memory-history FILE: the run's memory snapshot; "" none
   int threads = -1;
   bool json = false;
   bool quiet = false;

@@ -51,7 +51,9 @@ enum vsr_status_code {
   VSR_ERROR_NO_DRIVER = 4,        /**< no usable CUDA driver or device */
   VSR_ERROR_OVERFLOW = 5,         /**< a size does not fit in 64 bits */
   VSR_ERROR_OUT_OF_RANGE = 6,     /**< a value is outside its range, e.g. a buffer too small */
-  VSR_ERROR_INTERNAL = 7          /**< any other failure (a bug): please report it */
+  VSR_ERROR_INTERNAL = 7,         /**< any other failure (a bug): please report it */
+  VSR_ERROR_IO = 8                /**< a file could not be written (the message names it and
+                                       the errno's text; see vsr_last_io_errno) */
 };
 
 /** Element types of raster bands, in the order (and with the values) of the C++ DType. */
@@ -305,6 +307,35 @@ VSR_EXPORT vsr_status vsr_memcpy(void* dst, const void* src, size_t bytes, int k
  * completed. Binds device 0's primary context when the calling thread has no current context.
  * Thread-safe. Errors: VSR_ERROR_NO_DRIVER, VSR_ERROR_CUDA. */
 VSR_EXPORT vsr_status vsr_stream_synchronize(void* stream);
+
+/* ---- memory history and snapshots (docs/memory-pool.md, the C++ memory_history.hpp) ---- */
+
+/** Starts (`enabled` nonzero) or stops recording the pool's memory history, keeping the most
+ * recent `max_entries` events (ignored when stopping). Errors: VSR_ERROR_INVALID_ARGUMENT for a
+ * `max_entries` of 0, VSR_ERROR_OUT_OF_RANGE above 16,777,216: nothing changes then. */
+VSR_EXPORT vsr_status vsr_record_memory_history(int enabled, size_t max_entries);
+
+/** Pushes the owner tag `tag` (UTF-8, 1 to 256 bytes) on the calling thread's tag stack: later
+ * events of this thread carry it until vsr_pop_memory_tag. Errors: VSR_ERROR_INVALID_ARGUMENT
+ * for NULL, an empty or longer tag, or one that is not UTF-8; VSR_ERROR_OUT_OF_RANGE when 64 tags
+ * are already pushed. Nothing is pushed then. */
+VSR_EXPORT vsr_status vsr_push_memory_tag(const char* tag);
+
+/** Pops the calling thread's innermost owner tag. Errors: VSR_ERROR_INVALID_ARGUMENT when none
+ * is pushed (nothing changes). */
+VSR_EXPORT vsr_status vsr_pop_memory_tag(void);
+
+/** Writes the snapshot (segments and the recorded history, as a pickle of PyTorch's
+ * torch.cuda.memory._snapshot() dict) to `path`, all or nothing (a temporary file in the same
+ * directory, then moved into place). An existing `path` is refused unless `overwrite` is
+ * nonzero. Errors: VSR_ERROR_INVALID_ARGUMENT for a NULL or empty path; VSR_ERROR_IO when the
+ * file cannot be written (an existing file without overwrite: errno EEXIST; a missing directory:
+ * ENOENT), with no file left behind. */
+VSR_EXPORT vsr_status vsr_dump_memory_snapshot(const char* path, int overwrite);
+
+/** The errno of the last vsr_ call on the calling thread if it failed with VSR_ERROR_IO; 0
+ * otherwise. */
+VSR_EXPORT int vsr_last_io_errno(void);
 
 #ifdef __cplusplus
 }

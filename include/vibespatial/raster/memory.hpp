@@ -93,11 +93,19 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 // CUstream, exactly as <cuda.h> declares it, so this header needs no CUDA headers.
 typedef struct CUstream_st* CUstream;  // NOLINT(modernize-use-using)
 
 namespace vibespatial::raster {
+
+/// Live memory of one owner tag (record_memory_history, memory_history.hpp).
+struct OwnerUsage {
+  std::string owner;
+  std::size_t live_bytes = 0;  ///< requested bytes
+  std::size_t live_count = 0;
+};
 
 /// A snapshot of one device's pool. Keys of the seed are kept: `current_*`, `peak_*`, `total_*`
 /// and `pool_size` for tiers A/B/C (pool_size: A/B only); `used_bytes`, `free_bytes` and
@@ -138,6 +146,10 @@ struct MemoryPoolStats {
   std::size_t oom_recoveries = 0;      ///< B: requests that succeeded only after the OOM chain
   std::size_t granularity = 0;         ///< A/B: the page size in bytes
   std::size_t small_block_limit = 0;   ///< A/B: requests up to this size are small blocks
+  /// Live bytes and counts per owner tag (memory_history.hpp), largest first: the blocks
+  /// allocated on this device while recording was on and not freed since. Empty when nothing
+  /// was recorded.
+  std::vector<OwnerUsage> owners;
 };
 
 /// Configures the pool once per process and returns the tier ("A", "B", "C" or "fallback").

@@ -1,0 +1,316 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Memory snapshots (:func:`vibespatial_raster.memory.snapshot`) without PyTorch.
+
+:func:`check_snapshot` asserts the invariants that PyTorch's readers rely on
+(``torch.cuda._memory_viz.segsum`` and ``trace``, and its MemoryViz viewer): every segment's
+blocks tile it; every ``alloc`` has one ``free_requested`` and one ``free_completed`` after it,
+or is a live block of the snapshot; and, for a history recorded from an empty pool, the pages
+replayed from ``segment_map`` / ``segment_unmap`` are the snapshot's segments.
+
+``python -m vibespatial_raster.memviz snapshot.pickle -o out.html`` draws it as one
+self-contained HTML file (inline SVG, no script, nothing fetched): the timeline of live bytes
+per owner and of the bytes the pool holds mapped, OOMs and trims marked, and the segment map.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SnapshotError", "check_snapshot", "main", "timeline", "to_html"]
+
+_STATES = {"active_allocated", "active_awaiting_free", "inactive"}
+
+
+class SnapshotError(ValueError):
+    """A snapshot breaks an invariant of PyTorch's format; ``problems`` lists each one."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems[:10]) + (" ..." if len(problems) > 10 else ""))
+        self.problems = problems
+
+
+def _segments(snapshot: dict[str, Any], problems: list[str]) -> dict[int, int]:
+    live: dict[int, int] = {}
+    for i, seg in enumerate(snapshot.get("segments", [])):
+        where = f"segment {i} at {seg.get('address', '?'):#x}"
+        cursor = seg["address"]
+        total = allocated = 0
+        for b in seg["blocks"]:
+            if b["state"] not in _STATES:
+                problems.append(f"{where}: a block's state is {b['state']!r}")
+            if b["address"] != cursor:
+                problems.append(f"{where}: a block at {b['address']:#x} does not follow the last")
+            if "frames" not in b:
+                problems.append(f"{where}: a block has no frames")
+            cursor = b["address"] + b["size"]
+            total += b["size"]
+            if b["state"] == "active_allocated":
+                allocated += b["size"]
+                if not 0 < b["requested_size"] <= b["size"]:
+                    problems.append(f"{where}: a live block's requested_size is out of range")
+                live[b["address"]] = b["size"]
+        if total != seg["total_size"]:
+            problems.append(f"{where}: its blocks add up to {total}, not {seg['total_size']}")
+        if allocated != seg["allocated_size"]:
+            problems.append(f"{where}: allocated_size {seg['allocated_size']} != {allocated}")
+    return live
+
+
+def check_snapshot(snapshot: dict[str, Any], *, complete: bool = False) -> None:
+    """Raise :class:`SnapshotError` unless ``snapshot`` holds the invariants above.
+
+    ``complete``: the history was recorded from an empty pool and nothing was dropped, so that a
+    free of a block never allocated, and mapped pages that are not segments, are errors too
+    (otherwise a free may belong to a block allocated before recording started).
+    """
+    problems: list[str] = []
+    live = _segments(snapshot, problems)
+    if complete and snapshot.get("vibespatial", {}).get("dropped_events", 0):
+        problems.append("events were dropped: the history is not complete")
+    for d, trace in enumerate(snapshot.get("device_traces", [])):
+        state: dict[int, str] = {}
+        last_time = 0
+        for k, e in enumerate(trace):
+            where = f"device {d} event {k} ({e.get('action')})"
+            for key in ("action", "size", "stream", "frames", "time_us"):
+                if key not in e:
+                    problems.append(f"{where}: no {key!r}")
+            if e.get("time_us", 0) < last_time:
+                problems.append(f"{where}: earlier than the event before it")
+            last_time = e.get("time_us", last_time)
+            action = e["action"]
+            if action == "oom":
+                if "device_free" not in e:
+                    problems.append(f"{where}: an oom without device_free")
+                continue
+            if action in ("alloc", "free_requested", "free_completed") and "addr" not in e:
+                problems.append(f"{where}: no addr")
+                continue
+            addr = e.get("addr", 0)
+            if action == "alloc":
+                if addr in state:
+                    problems.append(f"{where}: {addr:#x} allocated again before its free")
+                state[addr] = "live"
+            elif action == "free_requested":
+                if addr not in state:
+                    if complete:
+                        problems.append(f"{where}: {addr:#x} freed, never allocated")
+                    state[addr] = "requested"
+                elif state[addr] != "live":
+                    problems.append(f"{where}: {addr:#x} freed twice")
+                state[addr] = "requested"
+            elif action == "free_completed":
+                if state.get(addr) != "requested":
+                    if complete or addr in state:
+                        problems.append(f"{where}: {addr:#x} completed without a request")
+                state.pop(addr, None)
+        for addr, st in state.items():
+            if st == "requested":
+                problems.append(f"device {d}: the free of {addr:#x} never completed")
+            elif addr not in live:
+                problems.append(f"device {d}: {addr:#x} allocated, never freed, and not live")
+    if complete:
+        _check_pages(snapshot, problems)
+    if problems:
+        raise SnapshotError(problems)
+
+
+def _check_pages(snapshot: dict[str, Any], problems: list[str]) -> None:
+    # Pages (in the largest unit dividing every range) mapped by the trace, against the segments:
+    # maps and unmaps need not pair up (an unmap may take the tail of a mapped run).
+    ranges: set[int] = set()
+    unit = 0
+    for trace in snapshot.get("device_traces", []):
+        for e in trace:
+            if e["action"] in ("segment_map", "segment_unmap"):
+                unit = e["size"] if unit == 0 else _gcd(unit, e["size"])
+    for seg in snapshot.get("segments", []):
+        unit = seg["total_size"] if unit == 0 else _gcd(unit, seg["total_size"])
+    if unit == 0:
+        return
+    for trace in snapshot.get("device_traces", []):
+        for e in trace:
+            if e["action"] == "segment_map":
+                for a in range(e["addr"], e["addr"] + e["size"], unit):
+                    if a in ranges:
+                        problems.append(f"page {a:#x} mapped twice")
+                    ranges.add(a)
+            elif e["action"] == "segment_unmap":
+                for a in range(e["addr"], e["addr"] + e["size"], unit):
+                    if a not in ranges:
+                        problems.append(f"page {a:#x} unmapped, never mapped")
+                    ranges.discard(a)
+    pages = {
+        a
+        for seg in snapshot.get("segments", [])
+        for a in range(seg["address"], seg["address"] + seg["total_size"], unit)
+    }
+    if pages != ranges:
+        problems.append("the pages the trace leaves mapped are not the snapshot's segments")
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+# ---- a picture without PyTorch ----
+
+
+def timeline(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
+    """The live bytes per owner and the bytes mapped ("held") over the history of ``device``:
+    ``{"times": [...], "series": {name: [...]}, "marks": [(time, action, text), ...]}``, one
+    point per event, times in microseconds from the first event. Marks are OOMs and trims."""
+    traces = snapshot.get("device_traces", [])
+    trace = traces[device] if device < len(traces) else []
+    owners: dict[int, tuple[str, int]] = {}
+    live: dict[str, int] = {}
+    held = 0
+    times: list[int] = []
+    series: dict[str, list[int]] = {"held": []}
+    marks: list[tuple[int, str, str]] = []
+    t0 = trace[0]["time_us"] if trace else 0
+    for e in trace:
+        action = e["action"]
+        owner = e.get("user_metadata", "user")
+        if action == "alloc":
+            owners[e["addr"]] = (owner, e["size"])
+            live[owner] = live.get(owner, 0) + e["size"]
+        elif action == "free_requested" and e["addr"] in owners:
+            who, size = owners.pop(e["addr"])
+            live[who] -= size
+        elif action == "segment_map":
+            held += e["size"]
+        elif action == "segment_unmap":
+            held -= e["size"]
+        elif action in ("oom", "trim"):
+            text = f"{action}: {e['size']} bytes"
+            if action == "oom":
+                text += f" requested, {e.get('device_free', 0)} free on the device"
+            marks.append((e["time_us"] - t0, action, text))
+        times.append(e["time_us"] - t0)
+        series["held"].append(held)
+        for name in live:
+            series.setdefault(name, [0] * (len(times) - 1)).append(live[name])
+    return {"times": times, "series": series, "marks": marks}
+
+
+_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+            "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def _esc(text: str) -> str:
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace('"', "&quot;"))
+
+
+def to_html(snapshot: dict[str, Any], device: int = 0) -> str:
+    """One self-contained HTML page (inline SVG, no script, nothing fetched): the timeline of
+    live bytes per owner and of the bytes the pool holds mapped, OOMs and trims marked, and the
+    segment map of the snapshot."""
+    tl = timeline(snapshot, device)
+    width, height, pad = 960, 360, 48
+    times = tl["times"] or [0]
+    t_max = max(times[-1], 1)
+    y_max = max([max(v) for v in tl["series"].values() if v] + [1])
+
+    def x(t: int) -> float:
+        return pad + (width - 2 * pad) * t / t_max
+
+    def y(v: int) -> float:
+        return height - pad - (height - 2 * pad) * v / y_max
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'role="img" aria-label="memory timeline">',
+             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>']
+    legend = []
+    for i, (name, values) in enumerate(tl["series"].items()):
+        colour = "#000" if name == "held" else _COLOURS[i % len(_COLOURS)]
+        points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in zip(times, values))
+        dash = ' stroke-dasharray="4 2"' if name == "held" else ""
+        parts.append(f'<polyline class="series" data-name="{_esc(name)}" fill="none" '
+                     f'stroke="{colour}" stroke-width="1.5"{dash} points="{points}"/>')
+        legend.append(f'<li><span style="color:{colour}">&#9632;</span> {_esc(name)} '
+                      f'(peak {max(values) if values else 0:,} bytes)</li>')
+    for t, action, text in tl["marks"]:
+        colour = "#d00" if action == "oom" else "#080"
+        parts.append(f'<line class="mark {action}" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{pad}" '
+                     f'y2="{height - pad}" stroke="{colour}"><title>{_esc(text)}</title></line>')
+    parts.append(f'<text x="{pad}" y="{pad - 12}" font-size="12">{y_max:,} bytes</text>')
+    parts.append(f'<text x="{width - pad}" y="{height - 16}" font-size="12" '
+                 f'text-anchor="end">{t_max:,} µs</text>')
+    parts.append("</svg>")
+    rows = []
+    for seg in snapshot.get("segments", []):
+        if seg.get("device", 0) != device:
+            continue
+        cells = []
+        for b in seg["blocks"]:
+            share = 100.0 * b["size"] / max(seg["total_size"], 1)
+            active = b["state"] == "active_allocated"
+            title = _esc(f"{b['state']} {b['size']} bytes" +
+                         (f" ({b.get('user_metadata', '')})" if active else ""))
+            cells.append(f'<span class="block {"active" if active else "inactive"}" '
+                         f'style="width:{share:.3f}%" title="{title}"></span>')
+        rows.append(f'<div class="segment" title="{seg["segment_type"]} segment at '
+                    f'{seg["address"]:#x}, {seg["total_size"]} bytes">{"".join(cells)}</div>')
+    extra = snapshot.get("vibespatial", {})
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>vibespatial-raster memory snapshot</title>
+<style>
+body {{ font-family: sans-serif; margin: 1em; }}
+.segment {{ display: flex; height: 14px; margin: 2px 0; border: 1px solid #999; }}
+.block.active {{ background: #1f77b4; }}
+.block.inactive {{ background: #eee; }}
+.block {{ height: 100%; box-sizing: border-box; border-right: 1px solid #fff; }}
+</style></head><body>
+<h1>Device {device} memory</h1>
+<p>{len(tl["times"])} events; {len(tl["marks"])} marks (red: OOM, green: trim);
+{extra.get("dropped_events", 0)} events dropped by the bounded history. Lines: live bytes per
+owner; dashed: bytes the pool holds mapped.</p>
+{"".join(parts)}
+<ul class="legend">{"".join(legend)}</ul>
+<h2>Segments ({len(rows)})</h2>
+{"".join(rows)}
+</body></html>
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m vibespatial_raster.memviz snapshot.pickle -o out.html [--device N]``."""
+    import argparse
+    import os
+    import pickle
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="python -m vibespatial_raster.memviz",
+                                     description="Draw a memory snapshot as one HTML file.")
+    parser.add_argument("snapshot", help="a pickle from memory.dump_snapshot")
+    parser.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    args = parser.parse_args(argv)
+    with open(args.snapshot, "rb") as f:
+        data = pickle.load(f)
+    if not isinstance(data, dict) or "segments" not in data:
+        parser.error(f"{args.snapshot} is not a memory snapshot")
+    check_snapshot(data)
+    if os.path.exists(args.output) and not args.overwrite:
+        parser.error(f"{args.output} exists (--overwrite replaces it)")
+    html = to_html(data, args.device)
+    directory = os.path.dirname(os.path.abspath(args.output))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".memviz-", suffix=".html")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(html)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, args.output)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

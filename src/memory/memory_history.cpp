@@ -1,0 +1,771 @@
+// SPDX-License-Identifier: Apache-2.0
+// memory_history.hpp: owner tags (interned once, a thread-local stack of ids), and the recorder:
+// per-thread single-producer buffers of small fixed-size events, drained under one mutex into a
+// bounded ring (docs/memory-pool.md, "Memory history and snapshots").
+//
+// A thread's buffer is a ring with one producer (the thread, no lock: it writes the slot at
+// `head`, then publishes `head` with a release store) and consumers serialised by the recorder's
+// mutex (a drain copies [tail, head) and publishes `tail`). A thread that finds its buffer full
+// drains every thread's buffer, so a drained batch holds everything recorded before it began and
+// is put into the ring in time order. The live-block map behind the owner statistics pairs each
+// free with the latest alloc at its address that is not later than the free, so that a batch that
+// comes late (a free whose time stamp was taken before the pool call and published after) cannot
+// remove a newer block.
+#include "memory/memory_history.hpp"
+
+#include "memory/registry_state.hpp"
+
+#include <algorithm>
+#include <array>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace vibespatial::raster::detail::history {
+
+std::atomic<bool> g_on{false};
+
+namespace {
+
+struct RawEvent {
+  std::uint64_t t;
+  std::uint64_t addr;
+  std::uint64_t size;
+  std::uint64_t stream;
+  std::uint64_t extra;  // oom: the device's free bytes; alloc: the bytes requested
+  std::uint32_t session;
+  std::uint16_t tag;
+  std::uint8_t action;
+  std::uint8_t device;
+};
+static_assert(sizeof(RawEvent) == 48, "events stay small");
+
+constexpr std::uint32_t kChunkEvents = 512;
+
+// Events of one thread, in its order: [begin, end) once handed to the ring.
+struct Chunk {
+  std::uint32_t begin = 0;
+  std::uint32_t end = 0;
+  bool applied = false;  // its allocs and frees are in the live map
+  std::array<RawEvent, kChunkEvents> events;
+};
+
+// A thread's chunk being filled: the thread writes the slot at `head` and publishes `head`; a
+// consumer (under the recorder's mutex) copies [tail, head) out and publishes `tail`. The thread
+// swaps in a fresh chunk under the mutex when it is full.
+struct ThreadBuffer {
+  Chunk* chunk = nullptr;
+  std::atomic<std::uint32_t> head{0};
+  alignas(64) std::atomic<std::uint32_t> tail{0};
+};
+
+struct LiveBlock {
+  std::uint64_t addr;  // 0: an empty slot
+  std::uint64_t t;
+  std::uint64_t size;  // requested
+  std::uint16_t tag;
+  std::uint8_t device;
+};
+
+// The live blocks by address: open addressing with linear probing and backward-shift deletion
+// (no tombstones), so that the drain, which applies every alloc and free, stays cheap.
+class LiveMap {
+ public:
+  template <class F>
+  void for_each(F&& f) const {
+    for (const LiveBlock& b : slots_) {
+      if (b.addr != 0) f(b);
+    }
+  }
+  void clear() noexcept {  // keeps its memory for the next history
+    std::fill(slots_.begin(), slots_.end(), LiveBlock{});
+    count_ = 0;
+  }
+  // Throws std::bad_alloc (then unchanged).
+  void set(const LiveBlock& b) {
+    if ((count_ + 1) * 2 > slots_.size()) grow();
+    std::size_t i = index(b.addr);
+    while (slots_[i].addr != 0 && slots_[i].addr != b.addr) i = (i + 1) & mask();
+    if (slots_[i].addr == 0) ++count_;
+    slots_[i] = b;
+  }
+  // Removes the block at `addr` if it was allocated no later than `t`.
+  void erase(std::uint64_t addr, std::uint64_t t) noexcept {
+    if (slots_.empty()) return;
+    std::size_t i = index(addr);
+    while (slots_[i].addr != addr) {
+      if (slots_[i].addr == 0) return;
+      i = (i + 1) & mask();
+    }
+    if (slots_[i].t > t) return;
+    // Backward shift: move later entries of the probe run into the hole.
+    std::size_t hole = i;
+    for (std::size_t j = (i + 1) & mask(); slots_[j].addr != 0; j = (j + 1) & mask()) {
+      const std::size_t home = index(slots_[j].addr);
+      if (((j - home) & mask()) >= ((j - hole) & mask())) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole].addr = 0;
+    --count_;
+  }
+
+ private:
+  std::size_t mask() const noexcept { return slots_.size() - 1; }
+  std::size_t index(std::uint64_t addr) const noexcept {
+    return static_cast<std::size_t>((addr * 0x9E3779B97F4A7C15ull) >> 20) & mask();
+  }
+  void grow() {
+    std::vector<LiveBlock> old(std::max<std::size_t>(1024, slots_.size() * 2), LiveBlock{});
+    old.swap(slots_);
+    count_ = 0;
+    for (const LiveBlock& b : old) {
+      if (b.addr != 0) set(b);
+    }
+  }
+  std::vector<LiveBlock> slots_;
+  std::size_t count_ = 0;
+};
+
+struct Recorder {
+  std::mutex mutex;
+  std::vector<ThreadBuffer*> buffers;
+  std::deque<Chunk*> ring;      // oldest first, in the order they were handed over
+  std::size_t ring_events = 0;  // events in `ring`
+  std::vector<Chunk*> spare;    // chunks to reuse
+  std::size_t capacity = 0;
+  std::uint64_t dropped = 0;
+  std::atomic<std::uint64_t> lost{0};  // events no buffer could take (host memory)
+  LiveMap live;
+  // The clock: ticks and wall time when recording started.
+  std::uint64_t t0 = 0;
+  std::chrono::steady_clock::time_point steady0;
+  std::uint64_t wall0_us = 0;
+  // Tags: names by id; ids by name.
+  std::mutex tag_mutex;
+  std::vector<std::string> tag_names{"user", "raster", "cupy", "torch", "numba"};
+  std::unordered_map<std::string, std::uint16_t> tag_ids{
+      {"user", 0}, {"raster", 1}, {"cupy", 2}, {"torch", 3}, {"numba", 4}};
+};
+
+Recorder& recorder() {
+  static Recorder* r = new Recorder();  // leaked: threads may exit after static destruction
+  return *r;
+}
+
+constexpr std::size_t kMaxTags = 65000;
+
+struct TagStack {
+  std::array<std::uint16_t, kMaxMemoryTagDepth> ids{};
+  std::size_t depth = 0;
+};
+
+// What record() reads of the calling thread: one constant-initialised thread-local (one TLS
+// lookup per event in a shared library), its destructor kept apart (BufferHolder).
+struct ThreadState {
+  ThreadBuffer* buffer = nullptr;
+  std::uint64_t clock = 0;  // the thread's last time stamp (clock())
+  std::uint32_t events = 0;
+  TagStack tags;
+};
+thread_local ThreadState t_hot;
+
+// The session of the history being recorded (a new one per start), copied into every event.
+std::atomic<std::uint32_t> g_session{0};
+
+Chunk* new_chunk(Recorder& r) noexcept {
+  Chunk* c = nullptr;
+  if (!r.spare.empty()) {
+    c = r.spare.back();
+    r.spare.pop_back();
+  } else {
+    c = new (std::nothrow) Chunk;
+    if (c == nullptr) return nullptr;
+  }
+  c->begin = c->end = 0;
+  c->applied = false;
+  return c;
+}
+
+void recycle(Recorder& r, Chunk* c) noexcept {
+  try {
+    r.spare.push_back(c);
+  } catch (...) {
+    delete c;
+  }
+}
+
+bool earlier(const RawEvent& a, const RawEvent& b) noexcept {
+  return a.t < b.t;
+}
+
+// Applies the allocs and frees of `events` (in time order) to the live map. Mutex held.
+void apply(Recorder& r, const RawEvent* begin, const RawEvent* end) noexcept {
+  const std::uint32_t session = g_session.load(std::memory_order_relaxed);
+  for (const RawEvent* e = begin; e != end; ++e) {
+    if (e->session != session) continue;
+    const auto action = static_cast<MemoryAction>(e->action);
+    try {
+      if (action == MemoryAction::alloc) {
+        r.live.set(LiveBlock{e->addr, e->t, e->extra, e->tag, e->device});
+      } else if (action == MemoryAction::free_requested) {
+        r.live.erase(e->addr, e->t);
+      }
+    } catch (...) {
+      // No host memory: the owner statistics miss this block; the event itself is kept.
+    }
+  }
+}
+
+// Applies every chunk not applied yet, merged in time order. Mutex held.
+void apply_all(Recorder& r) noexcept {
+  std::vector<RawEvent> events;
+  try {
+    for (Chunk* c : r.ring) {
+      if (!c->applied) events.insert(events.end(), &c->events[c->begin], &c->events[c->end]);
+    }
+  } catch (...) {
+    events.clear();
+    for (Chunk* c : r.ring) {  // no memory to merge: chunk by chunk
+      if (!c->applied) apply(r, &c->events[c->begin], &c->events[c->end]);
+      c->applied = true;
+    }
+    return;
+  }
+  std::stable_sort(events.begin(), events.end(), earlier);
+  apply(r, events.data(), events.data() + events.size());
+  for (Chunk* c : r.ring) c->applied = true;
+}
+
+// Lets the oldest chunks go down to the bound. Mutex held.
+void trim_ring(Recorder& r) noexcept {
+  while (r.ring.size() > 1 &&
+         r.ring_events - (r.ring.front()->end - r.ring.front()->begin) >= r.capacity) {
+    Chunk* old = r.ring.front();
+    r.ring.pop_front();
+    const std::uint32_t n = old->end - old->begin;
+    if (!old->applied) apply(r, &old->events[old->begin], &old->events[old->end]);
+    r.ring_events -= n;
+    r.dropped += n;
+    recycle(r, old);
+  }
+}
+
+// Hands `c` to the ring and lets the oldest chunks go while the ring holds a chunk more than
+// the bound (a snapshot keeps exactly the newest `capacity`). Mutex held.
+void hand_over(Recorder& r, Chunk* c) noexcept {
+  if (c->begin == c->end || r.capacity == 0) {
+    recycle(r, c);
+    return;
+  }
+  try {
+    r.ring.push_back(c);
+  } catch (...) {
+    apply(r, &c->events[c->begin], &c->events[c->end]);
+    r.dropped += c->end - c->begin;
+    recycle(r, c);
+    return;
+  }
+  r.ring_events += c->end - c->begin;
+  trim_ring(r);
+}
+
+// Moves what every thread has recorded and not handed over into the ring (copies of the filled
+// part of each thread's chunk). Mutex held.
+void drain_locked(Recorder& r) noexcept {
+  for (ThreadBuffer* b : r.buffers) {
+    const std::uint32_t tail = b->tail.load(std::memory_order_relaxed);
+    const std::uint32_t head = b->head.load(std::memory_order_acquire);
+    if (head <= tail) continue;
+    Chunk* c = new_chunk(r);
+    if (c == nullptr) {
+      r.dropped += head - tail;  // no host memory: lost, and counted
+    } else {
+      std::copy(&b->chunk->events[tail], &b->chunk->events[head], c->events.begin());
+      c->end = head - tail;
+      hand_over(r, c);
+    }
+    b->tail.store(head, std::memory_order_release);
+  }
+}
+
+// The thread's chunk is full: into the ring, and a fresh one. Mutex taken here.
+[[gnu::noinline]] void chunk_full(ThreadBuffer* b) noexcept {
+  Recorder& r = recorder();
+  std::lock_guard lock(r.mutex);
+  Chunk* full = b->chunk;
+  Chunk* fresh = new_chunk(r);
+  full->begin = b->tail.load(std::memory_order_relaxed);
+  full->end = kChunkEvents;
+  if (fresh == nullptr) {  // no host memory: the chunk's events are lost, and counted
+    r.dropped += full->end - full->begin;
+    fresh = full;
+  } else {
+    hand_over(r, full);
+  }
+  fresh->begin = fresh->end = 0;
+  b->chunk = fresh;
+  b->tail.store(0, std::memory_order_relaxed);
+  b->head.store(0, std::memory_order_release);
+}
+
+// Drains and unregisters the thread's buffer when the thread exits (armed with the buffer).
+struct BufferHolder {
+  bool armed = false;
+  ~BufferHolder() {
+    ThreadBuffer* buffer = t_hot.buffer;
+    if (buffer == nullptr || in_forked_child()) return;
+    Recorder& r = recorder();
+    std::lock_guard lock(r.mutex);
+    drain_locked(r);  // a thread that exits keeps its events
+    std::erase(r.buffers, buffer);
+    t_hot.buffer = nullptr;
+    recycle(r, buffer->chunk);
+    delete buffer;
+  }
+};
+thread_local BufferHolder t_holder;
+
+// The calling thread's buffer, registered on first use.
+[[gnu::noinline]] ThreadBuffer* new_thread_buffer() noexcept {
+  try {
+    auto b = std::make_unique<ThreadBuffer>();
+    t_holder.armed = true;  // constructs the holder: its destructor runs at thread exit
+    Recorder& r = recorder();
+    std::lock_guard lock(r.mutex);
+    b->chunk = new_chunk(r);
+    if (b->chunk == nullptr) return nullptr;
+    r.buffers.push_back(b.get());
+    t_hot.buffer = b.release();
+  } catch (...) {
+    return nullptr;
+  }
+  return t_hot.buffer;
+}
+
+// The ring's events, oldest first: the newest `capacity` of them (the rest count as dropped).
+// Mutex held.
+std::vector<RawEvent> ring_events(Recorder& r, std::uint64_t& dropped) {
+  std::vector<RawEvent> events;
+  events.reserve(r.ring_events);
+  const std::uint32_t session = g_session.load(std::memory_order_relaxed);
+  for (Chunk* c : r.ring) {
+    for (std::uint32_t i = c->begin; i < c->end; ++i) {
+      if (c->events[i].session == session) events.push_back(c->events[i]);
+    }
+  }
+  std::stable_sort(events.begin(), events.end(), earlier);
+  dropped = r.dropped;
+  if (events.size() > r.capacity) {
+    const std::size_t extra = events.size() - r.capacity;
+    events.erase(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(extra));
+    dropped += extra;
+  }
+  return events;
+}
+
+// Drops every recorded event (a new history). Mutex held.
+void clear_ring(Recorder& r) noexcept {
+  for (ThreadBuffer* b : r.buffers) {
+    b->tail.store(b->head.load(std::memory_order_acquire), std::memory_order_release);
+  }
+  for (Chunk* c : r.ring) recycle(r, c);
+  r.ring.clear();
+  r.ring_events = 0;
+}
+
+bool valid_utf8(std::string_view s) noexcept {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = 0;
+    std::uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;  // cut short
+    for (std::size_t k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are not text.
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+void check_tag(std::string_view tag, const char* function) {
+  const std::string fn(function);
+  if (tag.empty()) throw std::invalid_argument(fn + ": a memory tag may not be empty");
+  if (tag.size() > kMaxMemoryTagLength) {
+    throw std::invalid_argument(fn + ": a memory tag may hold at most " +
+                                std::to_string(kMaxMemoryTagLength) + " bytes, not " +
+                                std::to_string(tag.size()));
+  }
+  if (tag.find('\0') != std::string_view::npos) {
+    throw std::invalid_argument(fn + ": a memory tag may not hold a NUL byte");
+  }
+  if (!valid_utf8(tag)) throw std::invalid_argument(fn + ": a memory tag must be UTF-8 text");
+}
+
+std::uint16_t intern(std::string_view tag, const char* function) {
+  check_tag(tag, function);
+  Recorder& r = recorder();
+  std::lock_guard lock(r.tag_mutex);
+  const std::string key(tag);
+  if (auto it = r.tag_ids.find(key); it != r.tag_ids.end()) return it->second;
+  if (r.tag_names.size() >= kMaxTags) {
+    throw std::out_of_range(std::string(function) + ": more than " + std::to_string(kMaxTags) +
+                            " distinct memory tags");
+  }
+  const auto id = static_cast<std::uint16_t>(r.tag_names.size());
+  r.tag_names.push_back(key);
+  try {
+    r.tag_ids.emplace(key, id);
+  } catch (...) {
+    r.tag_names.pop_back();
+    throw;
+  }
+  return id;
+}
+
+std::string tag_name(std::uint16_t id) {
+  Recorder& r = recorder();
+  std::lock_guard lock(r.tag_mutex);
+  return id < r.tag_names.size() ? r.tag_names[id] : std::string("user");
+}
+
+void push_id(std::uint16_t id, const char* function) {
+  TagStack& s = t_hot.tags;
+  if (s.depth >= kMaxMemoryTagDepth) {
+    throw std::out_of_range(std::string(function) + ": more than " +
+                            std::to_string(kMaxMemoryTagDepth) + " memory tags pushed");
+  }
+  s.ids[s.depth++] = id;
+}
+
+std::uint64_t to_time_us(const Recorder& r, std::uint64_t t, double us_per_tick) {
+  const double dt = t >= r.t0 ? static_cast<double>(t - r.t0) * us_per_tick
+                              : -static_cast<double>(r.t0 - t) * us_per_tick;
+  const double us = static_cast<double>(r.wall0_us) + dt;
+  return us <= 0 ? 0 : static_cast<std::uint64_t>(us);
+}
+
+}  // namespace
+
+std::uint16_t current_tag() noexcept {
+  const TagStack& s = t_hot.tags;
+  return s.depth == 0 ? kTagUser : s.ids[s.depth - 1];
+}
+
+namespace {
+
+inline void put(ThreadState& st, ThreadBuffer* b, MemoryAction action, int device,
+                std::uint64_t addr, std::uint64_t size, std::uint64_t stream, std::uint64_t t,
+                std::uint64_t extra, std::uint32_t session) noexcept {
+  const std::uint32_t head = b->head.load(std::memory_order_relaxed);
+  RawEvent& e = b->chunk->events[head];
+  e.t = t;
+  e.addr = addr;
+  e.size = size;
+  e.stream = stream;
+  e.extra = extra;
+  e.session = session;
+  e.tag = st.tags.depth == 0 ? kTagUser : st.tags.ids[st.tags.depth - 1];
+  e.action = static_cast<std::uint8_t>(action);
+  e.device = static_cast<std::uint8_t>(device);
+  b->head.store(head + 1, std::memory_order_release);
+  if (head + 1 == kChunkEvents) [[unlikely]]
+    chunk_full(b);
+}
+
+inline ThreadBuffer* buffer_of(ThreadState& st) noexcept {
+  ThreadBuffer* b = st.buffer;
+  if (b == nullptr) [[unlikely]] {
+    b = new_thread_buffer();
+    if (b == nullptr) recorder().lost.fetch_add(1, std::memory_order_relaxed);
+  }
+  return b;
+}
+
+}  // namespace
+
+void record(MemoryAction action, int device, std::uint64_t addr, std::uint64_t size,
+            std::uint64_t stream, std::uint64_t t, std::uint64_t extra) noexcept {
+  ThreadState& st = t_hot;
+  ThreadBuffer* b = buffer_of(st);
+  if (b == nullptr) [[unlikely]]
+    return;
+  if (t > st.clock) st.clock = t;
+  put(st, b, action, device, addr, size, stream, t, extra,
+      g_session.load(std::memory_order_relaxed));
+}
+
+std::uint64_t clock() noexcept {
+  ThreadState& st = t_hot;
+  // A fresh time stamp every 64th event keeps the thread's clock close to the real one.
+  if ((++st.events & 63) == 0) st.clock = std::max(st.clock, ticks());
+  return st.clock;
+}
+
+void touch_clock() noexcept {
+  ThreadState& st = t_hot;
+  st.clock = std::max(st.clock, ticks());
+}
+
+void record_alloc(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t requested,
+                  std::uint64_t stream) noexcept {
+  ThreadState& st = t_hot;
+  ThreadBuffer* b = buffer_of(st);
+  if (b == nullptr) [[unlikely]]
+    return;
+  if ((++st.events & 63) == 0) st.clock = std::max(st.clock, ticks());
+  put(st, b, MemoryAction::alloc, device, addr, size, stream, st.clock, requested,
+      g_session.load(std::memory_order_relaxed));
+}
+
+void record_free(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
+                 std::uint64_t t) noexcept {
+  ThreadState& st = t_hot;
+  ThreadBuffer* b = buffer_of(st);
+  if (b == nullptr) [[unlikely]]
+    return;
+  if (t > st.clock) st.clock = t;
+  const std::uint32_t session = g_session.load(std::memory_order_relaxed);
+  put(st, b, MemoryAction::free_requested, device, addr, size, stream, t, 0, session);
+  put(st, b, MemoryAction::free_completed, device, addr, size, stream, t, 0, session);
+}
+
+std::unordered_map<std::uint64_t, std::string> live_owners() {
+  Recorder& r = recorder();
+  std::unordered_map<std::uint64_t, std::uint16_t> ids;
+  {
+    std::lock_guard lock(r.mutex);
+    drain_locked(r);
+    apply_all(r);
+    r.live.for_each([&](const LiveBlock& b) { ids.emplace(b.addr, b.tag); });
+  }
+  std::unordered_map<std::uint64_t, std::string> out;
+  for (const auto& [addr, id] : ids) out.emplace(addr, tag_name(id));
+  return out;
+}
+
+std::vector<OwnerUsage> owner_usage(int device) {
+  Recorder& r = recorder();
+  std::unordered_map<std::uint16_t, std::pair<std::size_t, std::size_t>> by_tag;
+  {
+    std::lock_guard lock(r.mutex);
+    drain_locked(r);
+    apply_all(r);
+    r.live.for_each([&](const LiveBlock& b) {
+      if (b.device != device) return;
+      auto& [bytes, count] = by_tag[b.tag];
+      bytes += b.size;
+      ++count;
+    });
+  }
+  std::vector<OwnerUsage> out;
+  for (const auto& [tag, usage] : by_tag) out.push_back({tag_name(tag), usage.first, usage.second});
+  std::sort(out.begin(), out.end(), [](const OwnerUsage& a, const OwnerUsage& b) {
+    return a.live_bytes != b.live_bytes ? a.live_bytes > b.live_bytes : a.owner < b.owner;
+  });
+  return out;
+}
+
+void fill_traces(MemorySnapshot& snapshot, int device_count) {
+  Recorder& r = recorder();
+  std::vector<RawEvent> events;
+  double us_per_tick = 0;
+  {
+    std::lock_guard lock(r.mutex);
+    drain_locked(r);
+    events = ring_events(r, snapshot.dropped_events);
+    snapshot.dropped_events += r.lost.load(std::memory_order_relaxed);
+    snapshot.recording = on();
+    const std::uint64_t t1 = ticks();
+    const auto steady1 = std::chrono::steady_clock::now();
+    const double us = std::chrono::duration<double, std::micro>(steady1 - r.steady0).count();
+    us_per_tick = t1 > r.t0 ? us / static_cast<double>(t1 - r.t0) : 0.0;
+  }
+  int devices = std::max(device_count, 1);
+  for (const RawEvent& e : events) devices = std::max(devices, static_cast<int>(e.device) + 1);
+  snapshot.device_traces.assign(static_cast<std::size_t>(devices), {});
+  std::vector<std::string> names;
+  {
+    std::lock_guard lock(r.tag_mutex);
+    names = r.tag_names;
+  }
+  for (const RawEvent& e : events) {
+    MemoryHistoryEvent out;
+    out.action = static_cast<MemoryAction>(e.action);
+    out.device = e.device;
+    out.addr = e.addr;
+    out.size = e.size;
+    out.stream = e.stream;
+    out.time_us = to_time_us(r, e.t, us_per_tick);
+    if (out.action == MemoryAction::oom) out.device_free = e.extra;
+    out.owner = e.tag < names.size() ? names[e.tag] : std::string("user");
+    snapshot.device_traces[e.device].push_back(std::move(out));
+  }
+}
+
+LibraryTag::LibraryTag() noexcept : pushed_(t_hot.tags.depth == 0) {
+  if (pushed_) t_hot.tags.ids[t_hot.tags.depth++] = kTagRaster;
+}
+
+LibraryTag::~LibraryTag() {
+  if (pushed_ && t_hot.tags.depth > 0) --t_hot.tags.depth;
+}
+
+}  // namespace vibespatial::raster::detail::history
+
+namespace vibespatial::raster {
+
+namespace h = detail::history;
+
+void record_memory_history(bool enabled, std::size_t max_entries) {
+  // The recorder's mutex may be held for ever in a child forked from a recording process.
+  if (detail::in_forked_child()) [[unlikely]]
+    detail::throw_forked_child(__func__);
+  h::Recorder& r = h::recorder();
+  if (!enabled) {
+    std::lock_guard lock(r.mutex);
+    h::g_on.store(false, std::memory_order_relaxed);
+    h::drain_locked(r);  // what was recorded so far stays for a snapshot
+    return;
+  }
+  if (max_entries == 0) {
+    throw std::invalid_argument("record_memory_history: max_entries must be at least 1");
+  }
+  if (max_entries > kMaxMemoryHistoryEntries) {
+    throw std::out_of_range("record_memory_history: max_entries " + std::to_string(max_entries) +
+                            " is above the limit of " + std::to_string(kMaxMemoryHistoryEntries));
+  }
+  std::lock_guard lock(r.mutex);
+  if (h::g_on.load(std::memory_order_relaxed)) {
+    h::drain_locked(r);
+    r.capacity = max_entries;
+    h::trim_ring(r);
+    return;
+  }
+  // A new history: events of the previous one still in thread buffers are discarded by session.
+  h::g_session.fetch_add(1, std::memory_order_relaxed);
+  h::clear_ring(r);
+  r.capacity = max_entries;
+  r.dropped = 0;
+  r.lost.store(0, std::memory_order_relaxed);
+  r.live.clear();
+  r.steady0 = std::chrono::steady_clock::now();
+  r.wall0_us = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                              std::chrono::system_clock::now().time_since_epoch())
+                                              .count());
+  r.t0 = h::ticks();
+  h::g_on.store(true, std::memory_order_release);
+}
+
+bool memory_history_enabled() noexcept {
+  return h::on();
+}
+
+void push_memory_tag(std::string_view tag) {
+  const std::uint16_t id = h::intern(tag, "push_memory_tag");
+  h::push_id(id, "push_memory_tag");
+}
+
+void pop_memory_tag() {
+  if (h::t_hot.tags.depth == 0) {
+    throw std::logic_error("pop_memory_tag: no memory tag is pushed on this thread");
+  }
+  --h::t_hot.tags.depth;
+}
+
+std::string current_memory_tag() {
+  return h::tag_name(h::current_tag());
+}
+
+std::size_t memory_tag_depth() noexcept {
+  return h::t_hot.tags.depth;
+}
+
+MemoryTag::MemoryTag(std::string_view tag) : depth_(0) {
+  push_memory_tag(tag);
+  depth_ = h::t_hot.tags.depth;
+}
+
+MemoryTag::~MemoryTag() {
+  // Pops its own level; tags pushed inside it and not popped go with it.
+  if (h::t_hot.tags.depth >= depth_) h::t_hot.tags.depth = depth_ - 1;
+}
+
+DefaultMemoryTag::DefaultMemoryTag(std::string_view tag) : pushed_(false) {
+  if (h::t_hot.tags.depth != 0) return;
+  const std::uint16_t id = h::intern(tag, "DefaultMemoryTag");
+  h::push_id(id, "DefaultMemoryTag");
+  pushed_ = true;
+}
+
+DefaultMemoryTag::~DefaultMemoryTag() {
+  if (pushed_ && h::t_hot.tags.depth > 0) --h::t_hot.tags.depth;
+}
+
+void memory_history_marker(std::string_view name) {
+  const std::uint16_t id = h::intern(name, "memory_history_marker");
+  if (!h::on()) return;
+  h::TagStack& s = h::t_hot.tags;
+  if (s.depth >= kMaxMemoryTagDepth) {
+    throw std::out_of_range("memory_history_marker: the thread's tag stack is full");
+  }
+  s.ids[s.depth++] = id;  // the marker carries its name as its owner
+  h::record_now(MemoryAction::annotate, 0, 0, 0);
+  --s.depth;
+}
+
+const char* memory_action_name(MemoryAction action) noexcept {
+  switch (action) {
+    case MemoryAction::alloc:
+      return "alloc";
+    case MemoryAction::free_requested:
+      return "free_requested";
+    case MemoryAction::free_completed:
+      return "free_completed";
+    case MemoryAction::segment_map:
+      return "segment_map";
+    case MemoryAction::segment_unmap:
+      return "segment_unmap";
+    case MemoryAction::page_create:
+      return "page_create";
+    case MemoryAction::page_release:
+      return "page_release";
+    case MemoryAction::trim:
+      return "trim";
+    case MemoryAction::oom:
+      return "oom";
+    case MemoryAction::annotate:
+      return "annotate";
+  }
+  return "unknown";
+}
+
+}  // namespace vibespatial::raster

@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+// The recorder behind memory_history.hpp, as the pools call it: one relaxed load while recording
+// is off; while on, a small fixed-size event into the calling thread's buffer (no lock), moved
+// into the bounded ring under the recorder's mutex when the buffer fills, for a snapshot or
+// statistics, and when the thread exits. Internal to src/memory (docs/memory-pool.md).
+#pragma once
+
+#include "memory/library_tag.hpp"
+
+#include <vibespatial/raster/memory.hpp>
+#include <vibespatial/raster/memory_history.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
+namespace vibespatial::raster::detail::history {
+
+extern std::atomic<bool> g_on;
+
+/// Whether recording is on (one relaxed load: the only cost while it is off).
+inline bool on() noexcept {
+  return g_on.load(std::memory_order_relaxed);
+}
+
+/// A time stamp: the time-stamp counter where it is cheap (x86-64), else the steady clock in ns.
+inline std::uint64_t ticks() noexcept {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
+}
+
+/// Built-in tag ids.
+inline constexpr std::uint16_t kTagUser = 0;
+inline constexpr std::uint16_t kTagRaster = 1;
+
+/// The calling thread's innermost tag id (kTagUser when none).
+std::uint16_t current_tag() noexcept;
+
+/// Records one event with the calling thread's tag (time stamp `t`, from ticks()); `extra` is
+/// the bytes requested for an alloc, the device's free bytes for an oom. Never throws: an event
+/// that cannot be kept (no memory for the thread's buffer) is counted as dropped.
+void record(MemoryAction action, int device, std::uint64_t addr, std::uint64_t size,
+            std::uint64_t stream, std::uint64_t t, std::uint64_t extra = 0) noexcept;
+
+inline void record_now(MemoryAction action, int device, std::uint64_t addr, std::uint64_t size,
+                       std::uint64_t stream = 0, std::uint64_t extra = 0) noexcept {
+  record(action, device, addr, size, stream, ticks(), extra);
+}
+
+/// The calling thread's clock: its last time stamp, refreshed from ticks() every 64th call and
+/// by every event recorded with a fresh one. Cheaper than ticks(), and enough for allocs: a
+/// block reaches another thread's allocation only through a pool's locked path, which calls
+/// touch_clock(), and a thread's own frees are stamped fresh (a free may follow another
+/// thread's alloc of the block, which this thread's clock has not seen).
+std::uint64_t clock() noexcept;
+/// Refreshes the calling thread's clock from ticks() (a pool's locked paths, while recording).
+void touch_clock() noexcept;
+/// An alloc event (at the thread's clock) and a free's two events (free_requested and
+/// free_completed, at `t`, a ticks() read before the pool was called).
+void record_alloc(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t requested,
+                  std::uint64_t stream) noexcept;
+void record_free(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
+                 std::uint64_t t) noexcept;
+
+/// The owner tag of each live block recorded since recording started (by address).
+std::unordered_map<std::uint64_t, std::string> live_owners();
+
+/// Live bytes and counts per owner tag on `device`, from the recorded history (empty when
+/// nothing was recorded). Largest first.
+std::vector<OwnerUsage> owner_usage(int device);
+
+/// The recorded events, oldest first, and how many the ring let go (into `snapshot`).
+void fill_traces(MemorySnapshot& snapshot, int device_count);
+
+}  // namespace vibespatial::raster::detail::history

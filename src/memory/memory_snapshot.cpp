@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+// memory_history.hpp's snapshot: every pool's segments and the recorded history, as PyTorch's
+// torch.cuda.memory._snapshot() dict, pickled (protocol 2) and written all or nothing
+// (docs/memory-pool.md, "Memory history and snapshots").
+#include "common/expects.hpp"
+#include "memory/memory_history.hpp"
+#include "memory/registry_state.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <system_error>
+
+namespace vibespatial::raster::detail {
+namespace {
+
+// The few pickle opcodes a snapshot needs (protocol 2: Python 2.3 and later read it).
+class Pickler {
+ public:
+  Pickler() { out_ += "\x80\x02"; }
+  std::string finish() {
+    out_ += '.';
+    return std::move(out_);
+  }
+  void str(std::string_view s) {
+    out_ += 'X';
+    u32(static_cast<std::uint32_t>(s.size()));
+    out_.append(s);
+  }
+  void integer(std::uint64_t v) {
+    if (v < (std::uint64_t{1} << 31)) {
+      out_ += 'J';
+      u32(static_cast<std::uint32_t>(v));
+      return;
+    }
+    // LONG1: little-endian two's complement, with a zero byte on top when the high bit is set.
+    std::string bytes;
+    while (v != 0) {
+      bytes += static_cast<char>(v & 0xFF);
+      v >>= 8;
+    }
+    if ((static_cast<unsigned char>(bytes.back()) & 0x80) != 0) bytes += '\0';
+    out_ += '\x8a';
+    out_ += static_cast<char>(bytes.size());
+    out_ += bytes;
+  }
+  void boolean(bool b) { out_ += b ? '\x88' : '\x89'; }
+  void begin_dict() { out_ += "}("; }  // EMPTY_DICT, MARK
+  void end_dict() { out_ += 'u'; }     // SETITEMS
+  void begin_list() { out_ += "]("; }  // EMPTY_LIST, MARK
+  void end_list() { out_ += 'e'; }     // APPENDS
+  void pair(std::uint64_t a, std::uint64_t b) {
+    integer(a);
+    integer(b);
+    out_ += '\x86';  // TUPLE2
+  }
+  void key(std::string_view k) { str(k); }
+
+ private:
+  void u32(std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) out_ += static_cast<char>((v >> (8 * i)) & 0xFF);
+  }
+  std::string out_;
+};
+
+void write_all(int fd, const std::string& data, const std::string& path) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(),
+                              "dump_memory_snapshot: cannot write " + path);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+}  // namespace vibespatial::raster::detail
+
+namespace vibespatial::raster {
+
+MemorySnapshot memory_snapshot() {
+  MemorySnapshot snap;
+  if (detail::in_forked_child()) return snap;
+  // The history first, then the segments: a block allocated in between is live without an alloc
+  // event (as one allocated before recording started).
+  int devices = 1;
+  if (detail::current_tier() != detail::Tier::none) {
+    devices = std::max(1, detail::driver_state().device_count);
+  }
+  detail::history::fill_traces(snap, devices);
+  for (auto& slot : detail::registry().pools) {
+    const detail::DevicePool* p = slot.load(std::memory_order_acquire);
+    if (p != nullptr) p->collect_segments(snap.segments);
+  }
+  const auto owners = detail::history::live_owners();
+  for (MemorySnapshotSegment& seg : snap.segments) {
+    for (MemorySnapshotBlock& b : seg.blocks) {
+      if (!b.active) continue;
+      auto it = owners.find(b.address);
+      if (it != owners.end()) b.owner = it->second;
+    }
+  }
+  return snap;
+}
+
+std::string memory_snapshot_pickle(const MemorySnapshot& snap) {
+  detail::Pickler p;
+  p.begin_dict();
+  p.key("segments");
+  p.begin_list();
+  for (const MemorySnapshotSegment& seg : snap.segments) {
+    p.begin_dict();
+    p.key("device");
+    p.integer(static_cast<std::uint64_t>(seg.device));
+    p.key("address");
+    p.integer(seg.address);
+    p.key("total_size");
+    p.integer(seg.total_size);
+    p.key("allocated_size");
+    p.integer(seg.allocated_size);
+    p.key("active_size");
+    p.integer(seg.allocated_size);
+    std::uint64_t requested = 0;
+    for (const MemorySnapshotBlock& b : seg.blocks) requested += b.requested_size;
+    p.key("requested_size");
+    p.integer(requested);
+    p.key("stream");
+    p.integer(0);
+    p.key("segment_type");
+    p.str(seg.small ? "small" : "large");
+    p.key("segment_pool_id");
+    p.pair(0, 0);
+    p.key("is_expandable");
+    p.boolean(!seg.small);
+    p.key("frames");
+    p.begin_list();
+    p.end_list();
+    p.key("blocks");
+    p.begin_list();
+    for (const MemorySnapshotBlock& b : seg.blocks) {
+      p.begin_dict();
+      p.key("address");
+      p.integer(b.address);
+      p.key("size");
+      p.integer(b.size);
+      p.key("requested_size");
+      p.integer(b.requested_size);
+      p.key("state");
+      p.str(b.active ? "active_allocated" : "inactive");
+      p.key("frames");
+      p.begin_list();
+      p.end_list();
+      if (b.active && !b.owner.empty()) {
+        p.key("user_metadata");
+        p.str(b.owner);
+      }
+      p.end_dict();
+    }
+    p.end_list();
+    p.end_dict();
+  }
+  p.end_list();
+  p.key("device_traces");
+  p.begin_list();
+  for (const auto& trace : snap.device_traces) {
+    p.begin_list();
+    for (const MemoryHistoryEvent& e : trace) {
+      p.begin_dict();
+      p.key("action");
+      p.str(memory_action_name(e.action));
+      if (e.action != MemoryAction::oom) {
+        p.key("addr");
+        p.integer(e.addr);
+      }
+      p.key("size");
+      p.integer(e.size);
+      p.key("stream");
+      p.integer(e.stream);
+      p.key("time_us");
+      p.integer(e.time_us);
+      p.key("frames");
+      p.begin_list();
+      p.end_list();
+      p.key("user_metadata");
+      p.str(e.owner);
+      if (e.action == MemoryAction::oom) {
+        p.key("device_free");
+        p.integer(e.device_free);
+      }
+      p.end_dict();
+    }
+    p.end_list();
+  }
+  p.end_list();
+  p.key("vibespatial");
+  p.begin_dict();
+  p.key("dropped_events");
+  p.integer(snap.dropped_events);
+  p.key("recording");
+  p.boolean(snap.recording);
+  p.end_dict();
+  p.end_dict();
+  return p.finish();
+}
+
+void dump_memory_snapshot(const std::string& path, bool overwrite) {
+  VSR_EXPECTS(!path.empty(), "dump_memory_snapshot: empty path");
+  VSR_EXPECTS(path.find('\0') == std::string::npos, "dump_memory_snapshot: path holds a NUL byte");
+  const std::string data = memory_snapshot_pickle(memory_snapshot());
+  // A temporary file next to the target, then moved into place: a reader never sees a partial
+  // snapshot, and a failure leaves nothing behind.
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  VSR_EXPECTS(!name.empty() && name != "." && name != "..",
+              "dump_memory_snapshot: " + path + " names a directory, not a file");
+  if (!overwrite && ::access(path.c_str(), F_OK) == 0) {
+    throw std::system_error(
+        EEXIST, std::generic_category(),
+        "dump_memory_snapshot: " + path + " exists (pass overwrite to replace it)");
+  }
+  std::string tmp = (slash == std::string::npos ? std::string() : dir) + "." + name + ".XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    throw std::system_error(errno, std::generic_category(),
+                            "dump_memory_snapshot: cannot create a file in " + dir);
+  }
+  // mkstemp makes the file private: a snapshot is readable as an ordinary output.
+  bool written = false;
+  int err = 0;
+  try {
+    detail::write_all(fd, data, path);
+    written = ::fchmod(fd, 0644) == 0 && ::fsync(fd) == 0;
+    if (!written) err = errno;
+  } catch (const std::system_error& e) {
+    err = e.code().value();
+  }
+  if (::close(fd) != 0 && written) {
+    written = false;
+    err = errno;
+  }
+  if (!written) {
+    ::unlink(tmp.c_str());
+    throw std::system_error(err, std::generic_category(),
+                            "dump_memory_snapshot: cannot write " + path);
+  }
+  // Without overwrite: link() never replaces an existing file (one made meanwhile is refused).
+  if (!overwrite) {
+    if (::link(tmp.c_str(), path.c_str()) != 0) {
+      const int link_err = errno;
+      ::unlink(tmp.c_str());
+      throw std::system_error(link_err, std::generic_category(),
+                              link_err == EEXIST ? "dump_memory_snapshot: " + path +
+                                                       " exists (pass overwrite to replace it)"
+                                                 : "dump_memory_snapshot: cannot write " + path);
+    }
+    ::unlink(tmp.c_str());
+    return;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int rename_err = errno;
+    ::unlink(tmp.c_str());
+    throw std::system_error(rename_err, std::generic_category(),
+                            "dump_memory_snapshot: cannot write " + path);
+  }
+}
+
+}  // namespace vibespatial::raster

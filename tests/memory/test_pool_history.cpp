@@ -1,0 +1,462 @@
+// SPDX-License-Identifier: Apache-2.0
+// The memory history and snapshots (memory_history.hpp): recording, owner tags, the snapshot's
+// segments and traces and the invariants PyTorch's readers rely on, fault injection, the
+// pickle and its file.
+#include "pool_fixture.hpp"
+
+#include <vibespatial/raster/memory_history.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+using namespace vibespatial::raster;
+using namespace vsr_test;
+
+namespace {
+
+// Stops recording at scope exit, whatever the test did.
+struct Recording {
+  explicit Recording(std::size_t max_entries = 100000) { record_memory_history(true, max_entries); }
+  ~Recording() { record_memory_history(false); }
+};
+
+std::vector<MemoryHistoryEvent> events_of(const MemorySnapshot& s, int device = 0) {
+  REQUIRE(s.device_traces.size() > static_cast<std::size_t>(device));
+  return s.device_traces[static_cast<std::size_t>(device)];
+}
+
+std::size_t count(const std::vector<MemoryHistoryEvent>& ev, MemoryAction a) {
+  std::size_t n = 0;
+  for (const auto& e : ev) n += e.action == a ? 1 : 0;
+  return n;
+}
+
+// The invariants PyTorch's _memory_viz.segsum and trace, and MemoryViz.js, rely on: blocks tile
+// their segment; every alloc has one free_requested and one free_completed after it, or is a live
+// block of the snapshot; with `complete` (everything was allocated while recording, nothing
+// dropped), every free follows an alloc. Mapped pages replayed from segment_map/segment_unmap
+// are the snapshot's segments (when `complete`). "" when all hold.
+std::string check_snapshot(const MemorySnapshot& s, bool complete) {
+  std::map<std::uint64_t, std::uint64_t> live;  // active blocks: address -> size
+  for (const MemorySnapshotSegment& seg : s.segments) {
+    std::uint64_t sum = 0, cursor = seg.address, allocated = 0;
+    for (const MemorySnapshotBlock& b : seg.blocks) {
+      if (b.address != cursor) return "a block does not start where the previous one ended";
+      cursor += b.size;
+      sum += b.size;
+      if (b.active) {
+        allocated += b.size;
+        if (b.requested_size == 0 || b.requested_size > b.size) return "bad requested_size";
+        live[b.address] = b.size;
+      }
+    }
+    if (sum != seg.total_size) return "a segment's blocks do not add up to its size";
+    if (allocated != seg.allocated_size) return "allocated_size disagrees with its blocks";
+  }
+  for (std::size_t d = 0; d < s.device_traces.size(); ++d) {
+    std::map<std::uint64_t, int> state;  // 1 allocated, 2 free requested
+    for (const MemoryHistoryEvent& e : s.device_traces[d]) {
+      switch (e.action) {
+        case MemoryAction::alloc:
+          if (state.count(e.addr) != 0) return "an alloc of an address still allocated";
+          state[e.addr] = 1;
+          break;
+        case MemoryAction::free_requested:
+          if (state.count(e.addr) == 0) {
+            if (complete) return "a free of an address never allocated";
+            state[e.addr] = 2;
+            break;
+          }
+          if (state[e.addr] != 1) return "two free_requested for one alloc";
+          state[e.addr] = 2;
+          break;
+        case MemoryAction::free_completed:
+          if (state.count(e.addr) == 0 && !complete) break;  // its request was dropped
+          if (state.count(e.addr) == 0 || state[e.addr] != 2) {
+            return "a free_completed without its free_requested";
+          }
+          state.erase(e.addr);
+          break;
+        default:
+          break;
+      }
+    }
+    for (const auto& [addr, st] : state) {
+      if (st != 1) return "a free_requested never completed";
+      if (live.count(addr) == 0) return "an alloc without a free that is not live";
+    }
+  }
+  if (complete) {
+    // Every page mapped while recording (and never unmapped) is in a segment, and the reverse.
+    std::set<std::uint64_t> mapped_pages;
+    const std::size_t page = memory_pool_stats().granularity;
+    for (const auto& trace : s.device_traces) {
+      for (const MemoryHistoryEvent& e : trace) {
+        if (e.action == MemoryAction::segment_map) {
+          for (std::uint64_t a = e.addr; a < e.addr + e.size; a += page) {
+            if (!mapped_pages.insert(a).second) return "a page mapped twice";
+          }
+        } else if (e.action == MemoryAction::segment_unmap) {
+          for (std::uint64_t a = e.addr; a < e.addr + e.size; a += page) {
+            if (mapped_pages.erase(a) == 0) return "a page unmapped that was not mapped";
+          }
+        }
+      }
+    }
+    std::set<std::uint64_t> seg_pages;
+    for (const MemorySnapshotSegment& seg : s.segments) {
+      for (std::uint64_t a = seg.address; a < seg.address + seg.total_size; a += page) {
+        seg_pages.insert(a);
+      }
+    }
+    if (seg_pages != mapped_pages) return "the mapped pages replayed differ from the segments";
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_SUITE("pool") {
+  TEST_CASE("memory history: off by default; bad max_entries is refused and changes nothing") {
+    FreshPool fresh;
+    CHECK_FALSE(memory_history_enabled());
+    CHECK_THROWS_AS(record_memory_history(true, 0), std::invalid_argument);
+    CHECK_THROWS_AS(record_memory_history(true, kMaxMemoryHistoryEntries + 1), std::out_of_range);
+    CHECK_THROWS_AS(record_memory_history(true, static_cast<std::size_t>(-1)), std::out_of_range);
+    CHECK_FALSE(memory_history_enabled());
+    void* p = device_allocate(1000);
+    device_deallocate(p, 1000);
+    const MemorySnapshot s = memory_snapshot();
+    CHECK_FALSE(s.recording);
+    CHECK(count(events_of(s), MemoryAction::alloc) == 0);
+    CHECK(memory_pool_stats().owners.empty());
+    {
+      Recording rec(10);
+      CHECK(memory_history_enabled());
+      CHECK_THROWS_AS(record_memory_history(true, 0), std::invalid_argument);
+      CHECK(memory_history_enabled());  // still recording, bound unchanged
+    }
+    CHECK_FALSE(memory_history_enabled());
+  }
+
+  TEST_CASE("memory history: allocs, frees, pages mapped and owners, in order") {
+    FreshPool fresh;
+    (void)configure_memory_pool();
+    Recording rec;
+    const std::size_t page = [] {
+      void* p = device_allocate(256);
+      device_deallocate(p, 256);
+      return memory_pool_stats().granularity;
+    }();
+    void* small = nullptr;
+    void* large = nullptr;
+    {
+      MemoryTag tag("tile 3");
+      small = device_allocate(1000);
+      large = device_allocate(5 * MiB);
+    }
+    void* user = device_allocate(3000);
+    device_deallocate(small, 1000);
+    MemorySnapshot s = memory_snapshot();
+    CHECK(s.recording);
+    CHECK(check_snapshot(s, true) == "");
+    const auto ev = events_of(s);
+    // The large block's pages were mapped before its alloc event.
+    std::size_t map_at = ev.size(), alloc_at = ev.size();
+    for (std::size_t i = 0; i < ev.size(); ++i) {
+      if (ev[i].action == MemoryAction::segment_map && ev[i].size >= 3 * page &&
+          map_at == ev.size()) {
+        map_at = i;
+      }
+      if (ev[i].action == MemoryAction::alloc &&
+          ev[i].addr == reinterpret_cast<std::uintptr_t>(large)) {
+        alloc_at = i;
+        CHECK(ev[i].size == 3 * page);  // its rounded size
+        CHECK(ev[i].owner == "tile 3");
+      }
+      if (ev[i].action == MemoryAction::alloc &&
+          ev[i].addr == reinterpret_cast<std::uintptr_t>(user)) {
+        CHECK(ev[i].owner == "user");
+      }
+      CHECK(ev[i].time_us > 0);
+      if (i > 0) CHECK(ev[i].time_us >= ev[i - 1].time_us);
+    }
+    REQUIRE(alloc_at < ev.size());
+    CHECK(map_at < alloc_at);
+    CHECK(count(ev, MemoryAction::free_requested) == 2);  // the first 256 B block, then `small`
+    CHECK(count(ev, MemoryAction::free_completed) == 2);
+    // The snapshot's live blocks carry their owners.
+    std::map<std::uint64_t, MemorySnapshotBlock> blocks;
+    for (const auto& seg : s.segments) {
+      for (const auto& b : seg.blocks) {
+        if (b.active) blocks[b.address] = b;
+      }
+    }
+    REQUIRE(blocks.count(reinterpret_cast<std::uintptr_t>(large)) == 1);
+    CHECK(blocks[reinterpret_cast<std::uintptr_t>(large)].owner == "tile 3");
+    CHECK(blocks[reinterpret_cast<std::uintptr_t>(large)].requested_size == 5 * MiB);
+    CHECK(blocks[reinterpret_cast<std::uintptr_t>(user)].requested_size == 3000);
+    CHECK(blocks.count(reinterpret_cast<std::uintptr_t>(small)) == 0);
+    // Owners in the statistics.
+    const MemoryPoolStats st = memory_pool_stats();
+    REQUIRE(st.owners.size() == 2);
+    CHECK(st.owners[0].owner == "tile 3");
+    CHECK(st.owners[0].live_bytes == 5 * MiB);
+    CHECK(st.owners[0].live_count == 1);
+    CHECK(st.owners[1].owner == "user");
+    CHECK(st.owners[1].live_bytes == 3000);
+    device_deallocate(large, 5 * MiB);
+    device_deallocate(user, 3000);
+    free_pool_memory();
+    s = memory_snapshot();
+    CHECK(check_snapshot(s, true) == "");
+    CHECK(s.segments.empty());
+    CHECK(count(events_of(s), MemoryAction::trim) == 1);
+    CHECK(count(events_of(s), MemoryAction::page_create) ==
+          count(events_of(s), MemoryAction::page_release));
+    CHECK(memory_pool_stats().owners.empty());
+  }
+
+  TEST_CASE("memory history: tags, and bad tags are refused") {
+    CHECK(current_memory_tag() == "user");
+    CHECK_THROWS_AS(pop_memory_tag(), std::logic_error);
+    CHECK_THROWS_AS(push_memory_tag(""), std::invalid_argument);
+    CHECK_THROWS_AS(push_memory_tag(std::string(kMaxMemoryTagLength + 1, 'x')),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(push_memory_tag(std::string("a\0b", 3)), std::invalid_argument);
+    CHECK_THROWS_AS(push_memory_tag("\xff\xfe"), std::invalid_argument);
+    CHECK_THROWS_AS(push_memory_tag("\xc3"), std::invalid_argument);  // cut short
+    CHECK(memory_tag_depth() == 0);
+    CHECK_NOTHROW(push_memory_tag(std::string(kMaxMemoryTagLength, 'x')));
+    CHECK_NOTHROW(push_memory_tag("caf\xc3\xa9"));
+    CHECK(current_memory_tag() == "caf\xc3\xa9");
+    pop_memory_tag();
+    pop_memory_tag();
+    {
+      MemoryTag outer("outer");
+      {
+        DefaultMemoryTag d("cupy");  // a tag is set: the caller's wins
+        CHECK(current_memory_tag() == "outer");
+        MemoryTag inner("inner");
+        CHECK(current_memory_tag() == "inner");
+        push_memory_tag("left open");  // popped with `inner`
+      }
+      CHECK(current_memory_tag() == "outer");
+    }
+    CHECK(memory_tag_depth() == 0);
+    {
+      DefaultMemoryTag d("numba");
+      CHECK(current_memory_tag() == "numba");
+    }
+    CHECK(current_memory_tag() == "user");
+    for (std::size_t i = 0; i < kMaxMemoryTagDepth; ++i) push_memory_tag("deep");
+    CHECK_THROWS_AS(push_memory_tag("deep"), std::out_of_range);
+    CHECK(memory_tag_depth() == kMaxMemoryTagDepth);
+    for (std::size_t i = 0; i < kMaxMemoryTagDepth; ++i) pop_memory_tag();
+    CHECK_THROWS_AS(memory_history_marker(""), std::invalid_argument);
+  }
+
+  TEST_CASE("memory history: a thread that exits keeps its events; markers; the bound") {
+    FreshPool fresh;
+    {
+      Recording rec;
+      memory_history_marker("start");
+      std::thread t([] {
+        MemoryTag tag("worker");
+        for (int i = 0; i < 100; ++i) {
+          void* p = device_allocate(512 + static_cast<std::size_t>(i));
+          device_deallocate(p, 512 + static_cast<std::size_t>(i));
+        }
+        void* keep = device_allocate(7000);
+        (void)keep;  // freed below, by the main thread
+      });
+      t.join();
+      const MemorySnapshot s = memory_snapshot();
+      const auto ev = events_of(s);
+      CHECK(count(ev, MemoryAction::alloc) == 101);
+      CHECK(count(ev, MemoryAction::free_completed) == 100);
+      CHECK(count(ev, MemoryAction::annotate) == 1);
+      CHECK(ev.front().action == MemoryAction::annotate);
+      CHECK(ev.front().owner == "start");
+      CHECK(check_snapshot(s, true) == "");
+      void* keep = nullptr;
+      for (const auto& e : ev) {
+        if (e.action == MemoryAction::alloc && e.size >= 7000)
+          keep = reinterpret_cast<void*>(e.addr);
+      }
+      REQUIRE(keep != nullptr);
+      device_deallocate(keep, 7000);
+      const MemorySnapshot after = memory_snapshot();
+      CHECK(check_snapshot(after, true) == "");
+      CHECK(count(events_of(after), MemoryAction::free_completed) == 101);
+    }
+    {
+      // A bound of 50 keeps the newest 50 events and counts the rest.
+      Recording rec(50);
+      for (int i = 0; i < 100; ++i) {
+        void* p = device_allocate(300);
+        device_deallocate(p, 300);
+      }
+      const MemorySnapshot s = memory_snapshot();
+      CHECK(events_of(s).size() == 50);
+      CHECK(s.dropped_events >= 250);
+      CHECK(check_snapshot(s, false) == "");
+      record_memory_history(true, 10);  // shrinking keeps the newest
+      CHECK(events_of(memory_snapshot()).size() == 10);
+    }
+    // Stopped: the history stays for a snapshot; starting again begins a new one.
+    CHECK(events_of(memory_snapshot()).size() == 10);
+    Recording again;
+    CHECK(events_of(memory_snapshot()).empty());
+  }
+
+  TEST_CASE("memory history: an OOM is recorded with the device's free bytes") {
+    FreshPool fresh("VIBESPATIAL_GPU_POOL_ONLY", 64 * MiB);
+    Recording rec;
+    void* a = nullptr;
+    {
+      MemoryTag tag("tile 3");
+      a = device_allocate(40 * MiB);
+    }
+    void* b = device_allocate(3000);
+    // The message says why: the request, the device, what the pool holds and as what, the
+    // largest request it could serve, the top owners.
+    try {
+      device_allocate(40 * MiB);
+      FAIL("expected OutOfMemoryError");
+    } catch (const OutOfMemoryError& e) {
+      const std::string what = e.what();
+      CAPTURE(what);
+      CHECK(what.find("requested 40.00 MiB") != std::string::npos);
+      CHECK(what.find("free of 64.00 MiB") != std::string::npos);
+      CHECK(what.find("live in 2 blocks") != std::string::npos);
+      CHECK(what.find("as free large pages (slack)") != std::string::npos);
+      CHECK(what.find("in free small-block slots") != std::string::npos);
+      CHECK(what.find("the largest request it could serve without new memory is") !=
+            std::string::npos);
+      CHECK(what.find("top owners by live bytes: tile 3 40.00 MiB in 1 block, user 2.93 KiB in "
+                      "1 block") != std::string::npos);
+    }
+    device_deallocate(b, 3000);
+    const MemorySnapshot s = memory_snapshot();
+    const auto ev = events_of(s);
+    REQUIRE(count(ev, MemoryAction::oom) == 1);
+    for (const auto& e : ev) {
+      if (e.action != MemoryAction::oom) continue;
+      CHECK(e.size == 40 * MiB);
+      CHECK(e.device_free < 64 * MiB);
+    }
+    CHECK(count(ev, MemoryAction::alloc) == 2);
+    CHECK(check_snapshot(s, true) == "");
+    device_deallocate(a, 40 * MiB);
+  }
+
+  TEST_CASE("memory history under fault injection: no event lost, nothing leaked") {
+    const char* entries[] = {"cuMemCreate",  "cuMemMap",      "cuMemSetAccess",     "cuMemUnmap",
+                             "cuMemRelease", "cuEventRecord", "cuMemAddressReserve"};
+    int faults = 0;
+    for (const char* entry : entries) {
+      for (int n = 1; n <= 3; ++n) {
+        const std::string spec = std::string(entry) + ":" + std::to_string(n);
+        CAPTURE(spec);
+        FreshPool fresh(nullptr, 64 * MiB);
+        (void)configure_memory_pool();
+        Recording rec;
+        REQUIRE(emulator().set_fail(spec.c_str()) == 0);
+        std::vector<std::pair<void*, std::size_t>> live;
+        int errors = 0;
+        const std::size_t sizes[] = {1000, 5 * MiB, 300, 9 * MiB, 70000, 3 * MiB, 20 * MiB};
+        for (int round = 0; round < 3; ++round) {
+          for (std::size_t size : sizes) {
+            try {
+              live.emplace_back(device_allocate(size), size);
+            } catch (const CudaError&) {
+              ++errors;
+            } catch (const OutOfMemoryError&) {
+              ++errors;
+            }
+          }
+          for (std::size_t i = 0; i < live.size(); i += 2) {
+            try {
+              device_deallocate(live[i].first, live[i].second);
+              live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+            } catch (const CudaError&) {
+              ++errors;
+            }
+          }
+          try {
+            free_pool_memory();
+          } catch (const CudaError&) {
+            ++errors;
+          }
+        }
+        faults += static_cast<int>(faults_fired(entry));
+        emulator().set_fail(nullptr);
+        MemorySnapshot s = memory_snapshot();
+        CHECK(s.dropped_events == 0);
+        CHECK(check_snapshot(s, true) == "");
+        for (auto& [p, size] : live) device_deallocate(p, size);
+        try {
+          free_pool_memory();
+        } catch (const CudaError&) {
+          free_pool_memory();
+        }
+        s = memory_snapshot();
+        CHECK(check_snapshot(s, true) == "");
+        const auto ev = events_of(s);
+        CHECK(count(ev, MemoryAction::alloc) == count(ev, MemoryAction::free_completed));
+        CHECK(*memory_pool_stats().current_count == 0);
+        CHECK(memory_pool_stats().owners.empty());
+        (void)errors;
+      }
+    }
+    CHECK(faults > 0);
+  }
+
+  TEST_CASE("memory snapshot: the pickle, and its file written all or nothing") {
+    FreshPool fresh;
+    Recording rec;
+    void* p = device_allocate(4 * MiB);
+    const std::string pickle = memory_snapshot_pickle(memory_snapshot());
+    CHECK(pickle.substr(0, 2) == std::string("\x80\x02", 2));
+    CHECK(pickle.back() == '.');
+    CHECK(pickle.find("active_allocated") != std::string::npos);
+    CHECK(pickle.find("device_traces") != std::string::npos);
+    char dir_template[] = "/tmp/vsr-history-XXXXXX";
+    const std::string dir = mkdtemp(dir_template);
+    const std::string path = dir + "/snap.pickle";
+    dump_memory_snapshot(path);
+    struct stat st {};
+    REQUIRE(stat(path.c_str(), &st) == 0);
+    CHECK(st.st_size > 100);
+    // An existing file is refused (and kept), unless overwrite.
+    try {
+      dump_memory_snapshot(path);
+      FAIL("an existing file was overwritten");
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == std::errc::file_exists);
+    }
+    CHECK_NOTHROW(dump_memory_snapshot(path, true));
+    // A missing directory.
+    try {
+      dump_memory_snapshot(dir + "/missing/snap.pickle");
+      FAIL("wrote into a missing directory");
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == std::errc::no_such_file_or_directory);
+    }
+    CHECK_THROWS_AS(dump_memory_snapshot(""), std::invalid_argument);
+    CHECK_THROWS_AS(dump_memory_snapshot(dir + "/"), std::invalid_argument);
+    // Nothing but the snapshot is left in the directory (no temporary file).
+    std::remove(path.c_str());
+    CHECK(rmdir(dir.c_str()) == 0);
+    device_deallocate(p, 4 * MiB);
+  }
+}
