@@ -14,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tarfile
 import tempfile
 import textwrap
 
@@ -136,6 +137,19 @@ STUBS = {
         case ",$STUB_FAIL," in *,bench-alloc,*) exit 1 ;; esac
         exit 0
         """,
+    "history": """\
+        #!/bin/sh
+        # vsr-run --diagnostics --memory-history FILE: the table on stderr, the snapshot written.
+        while [ $# -gt 0 ]; do
+          [ "$1" = --memory-history ] && printf 'snapshot' > "$2"
+          shift
+        done
+        echo "[vsr-run] diagnostics: where the time went" >&2
+        echo "  running focal-mean                          2.0000     1.10" >&2
+        echo "    compute (16 tiles)                        1.5000" >&2
+        case ",$STUB_FAIL," in *,history,*) exit 1 ;; esac
+        exit 0
+        """,
     "python": """\
         #!/bin/sh
         case ",$STUB_FAIL," in *,python,*) echo "5 passed, 1 failed, 0 skipped"; exit 1 ;; esac
@@ -245,7 +259,15 @@ with tempfile.TemporaryDirectory() as tmp:
     if data:
         ids = [s["id"] for s in data["steps"]]
         check(ids == ["gpu", "configure", "build", "gpu-suite", "probe", "probe-sticky",
-                      "bench-dispatch", "bench-alloc", "python"], f"pass: step ids {ids}")
+                      "bench-dispatch", "bench-alloc", "history", "python"],
+              f"pass: step ids {ids}")
+        fig = [s["figure"] for s in data["steps"] if s["id"] == "history"][0]
+        check("compute 1.500 s of 2.000 s (75%)" in fig and "snapshot 8 bytes" in fig,
+              f"pass: history figure {fig!r}")
+        with tarfile.open(os.path.join(tmp, "pass", "out", "gpu-check-logs.tar.gz")) as tar:
+            names = tar.getnames()
+        check(any(n.endswith("/memory-history.pickle") for n in names),
+              f"pass: the snapshot among the logs: {names}")
         check(all(s["status"] == "PASS" for s in data["steps"]),
               f"pass: statuses {[s['status'] for s in data['steps']]}")
         check(data["machine"].get("gpu", "").startswith("NVIDIA H200"), "pass: machine.gpu")
@@ -261,7 +283,7 @@ with tempfile.TemporaryDirectory() as tmp:
               f"pass: dispatch key figure {fig!r}")
     row = table_row(summary, "meson test --suite gpu")
     check(row is not None and row[1] == "PASS", f"pass: table row {row}")
-    check(summary.splitlines()[-10].startswith("step "), "pass: the table's header")
+    check(summary.splitlines()[-11].startswith("step "), "pass: the table's header")
     check(r.stdout.strip().endswith(summary.strip().splitlines()[-1]),
           "pass: the table is the last thing printed")
     import tarfile
@@ -301,7 +323,7 @@ with tempfile.TemporaryDirectory() as tmp:
           f"record --flip-seen: {ct}")
 
     # 3. A failing step makes the exit status 1 (the flags were once set in a subshell and lost).
-    for step in ("probe", "gpu-suite", "bench-alloc", "build", "python"):
+    for step in ("probe", "gpu-suite", "bench-alloc", "history", "build", "python"):
         r, files, summary, data, _ = run_check(tmp, "fail-" + step, STUB_FAIL=step)
         check(r.returncode == 1, f"fail {step}: exit status {r.returncode}, expected 1")
         check(files == EXPECTED_FILES, f"fail {step}: files {files}")
