@@ -26,11 +26,15 @@ def scale_out_section() -> str:
 
 
 def test_the_section_documents_clusters_beyond_one_machine():
+    # The README points at docs/dask.md for clusters beyond one machine, which shows them.
     section = scale_out_section()
-    for needle in ("dask scheduler", "dask worker", "LocalCUDACluster", "CUDA_VISIBLE_DEVICES",
-                   "vd.register(client)"):
+    for needle in ("several machines", "LocalCUDACluster", "(docs/dask.md)", "vd.register(client)"):
         assert needle in section, needle
     assert len(re.findall(r"```python\n", section)) == 1
+    dask_doc = (README.parent / "docs" / "dask.md").read_text()
+    for needle in ("dask scheduler", "dask worker", "LocalCUDACluster", "CUDA_VISIBLE_DEVICES",
+                   "vd.register(client)"):
+        assert needle in dask_doc, needle
 
 
 @pytest.mark.skipif(not io.io_available(), reason="built without GDAL")
