@@ -29,37 +29,13 @@ import subprocess
 import sys
 import tempfile
 
-SKIP = 77
 NODATA = -9999.0
 
 
-def find_osgeo_or_skip():
-    try:
-        import numpy  # noqa: F401
-        from osgeo import gdal  # noqa: F401
-        from osgeo_utils import gdal_calc  # noqa: F401
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gdal_calc_python import ensure_gdal_calc_python  # noqa: E402
 
-        return
-    except ImportError as e:
-        missing = str(e)
-    script = shutil.which("gdal_calc.py")
-    if script is None:
-        print("SKIP: gdal_calc.py not found (Debian: apt-get install gdal-bin python3-gdal)")
-        sys.exit(SKIP)
-    if not os.environ.get("VSR_CALC_JUDGE_REEXEC"):
-        with open(script, "rb") as f:
-            first = f.readline().decode("utf-8", "replace").strip()
-        if first.startswith("#!"):
-            interpreter = first[2:].split()
-            if interpreter and os.path.exists(interpreter[0]):
-                os.environ["VSR_CALC_JUDGE_REEXEC"] = "1"
-                argv = interpreter + [os.path.abspath(__file__)] + sys.argv[1:]
-                os.execv(interpreter[0], argv)
-    print(f"SKIP: no Python with numpy and osgeo for gdal_calc.py ({missing})")
-    sys.exit(SKIP)
-
-
-find_osgeo_or_skip()
+ensure_gdal_calc_python(__file__)
 
 import numpy as np  # noqa: E402
 from osgeo import gdal  # noqa: E402
