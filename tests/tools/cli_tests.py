@@ -2060,6 +2060,51 @@ def calc_refuses_mismatched_grids_and_bad_expressions(env):
 
 
 @case
+def pipeline_ends_in_stats_or_histogram(env):
+    # A chain ending in ! stats / ! histogram prints what --op stats / --op histogram print of
+    # the same chain written to a file: the same counts, bounds and bins (means and deviations
+    # to rounding, the tiles merging in another order), whole and tiled, and writes no raster.
+    src = env.make(env.path("in.tif"), "--width", 300, "--height", 200, "--bands", 2,
+                   "--nodata", "-9999")
+    chain = ["pipeline", "read", "A=" + src, "!", "calc", "--calc", "X[1] * 0.5 + X[2]",
+             "--calc", "X[2]", "!", "focal-mean"]
+    written = env.path("chain.tif")
+    run_ok(env, *chain, "!", "write", written, "-q")
+    want_s = json.loads(run_ok(env, "--op", "stats", "-i", written, "--json", "-q").stdout)
+    want_h = json.loads(run_ok(env, "--op", "histogram", "-i", written, "--bins", 7,
+                               "--range", "0,150", "--json", "-q").stdout)
+    for budget in ("auto", "200K"):
+        got = json.loads(run_ok(env, *chain, "!", "stats", "--json", "-q", "--budget",
+                                budget).stdout)
+        check(len(got["bands"]) == 2, got)
+        for g, w in zip(got["bands"], want_s["bands"]):
+            check(g["count"] == w["count"] and g["min"] == w["min"] and g["max"] == w["max"],
+                  (budget, g, w))
+            check(rel_close(g["mean"], w["mean"], 1e-9) and rel_close(g["std"], w["std"], 1e-9),
+                  (budget, g, w))
+        out = env.path("hist-%s.json" % budget)
+        run_ok(env, *chain, "!", "histogram", "--bins", 7, "--range", "0,150", "-o", out, "-q",
+               "--budget", budget)
+        got = json.load(open(out))
+        check([b["counts"] for b in got["bands"]] == [b["counts"] for b in want_h["bands"]],
+              (budget, got, want_h))
+        check([b["edges"] for b in got["bands"]] == [b["edges"] for b in want_h["bands"]], got)
+    # The table form, and nothing else written.
+    text = run_ok(env, *chain, "!", "stats").stdout.decode()
+    check(text.splitlines()[0].split() == ["band", "count", "min", "max", "mean", "std"], text)
+    check("output      the table above" in text, text)
+    # A histogram needs its range; a terminal step takes no -b; write and stats are the ends.
+    p = env.run(env.vsr_run, *chain, "!", "histogram", "--bins", "4")
+    expect_exit(p, 2, "histogram without --range")
+    check(b"--range" in p.stderr, p.stderr)
+    p = env.run(env.vsr_run, *chain, "!", "stats", "-b", "1")
+    expect_exit(p, 2, "stats with -b")
+    p = env.run(env.vsr_run, *chain, "!", "bogus")
+    expect_exit(p, 2, "an unknown last step")
+    check(b"write FILE, stats or histogram" in p.stderr, p.stderr)
+
+
+@case
 def pipeline_equals_its_steps_run_one_after_another(env):
     W, H = 300, 280
     a = env.make(env.path("a.tif"), "--width", W, "--height", H, "--bands", 4, "--dtype",

@@ -618,7 +618,7 @@ void Job::make_plan() {
   vsr::RasterMetadata plan_meta = meta_;
   plan_meta.band_count = static_cast<int>(bands_.size());
   // Reductions hold one buffer per band; the others an input and an output.
-  popts_.buffers_per_band = args_.raster_output() ? 2 : 1;
+  popts_.buffers_per_band = args_.raster_output() || args_.op == Op::pipeline ? 2 : 1;
   plan_ = vsr::plan_from_metadata(plan_meta, popts_);
   tiled_ = plan_.strategy == vsr::TilingStrategy::tiled;
 
@@ -1203,6 +1203,7 @@ void Job::build_pipeline() {
 /// The pipeline's output, tried before any pixel is read: what the chain makes of a tiny raster
 /// of every input's dtype, bands and nodata, written in the format.
 void Job::check_pipeline_output() {
+  if (args_.terminal) return;  // printed, or JSON: its path was checked with the options
   std::vector<vsr::OwnedRasterArray> tiny;
   for (const auto& src : calc_sources_) {
     const vsr::RasterMetadata m = src->metadata();
@@ -1238,7 +1239,58 @@ void Job::print_dry_run() const {
   std::printf("  halo        %d (the sum of the steps')\n", chain_->halo());
   std::printf("  plan        %s\n", plan_text().c_str());
   std::printf("  stages      %s\n", stages_text().c_str());
-  std::printf("  output      %s (%s)\n", printable(args_.output).c_str(), write_.driver.c_str());
+  if (args_.terminal) {
+    std::printf(
+        "  output      %s of the chain's output, %s\n",
+        args_.terminal == Op::stats ? "statistics" : "histograms",
+        args_.output.empty() ? "printed" : ("as JSON in " + printable(args_.output)).c_str());
+  } else {
+    std::printf("  output      %s (%s)\n", printable(args_.output).c_str(), write_.driver.c_str());
+  }
+}
+
+/// A terminal stats or histogram: the chain's output reduced tile by tile, never written. Its
+/// bands are the chain's output bands (1-based), each with its pass's nodata; histograms use
+/// --range (a pipeline has no first pass to find one).
+void Job::reduce_pipeline(const std::vector<vsr::TileSource*>& sources,
+                          const vsr::TileRunOptions& o) {
+  bands_.clear();
+  band_nodata_.clear();
+  stats_.clear();
+  hist_.clear();
+  const auto band_slot = [&](int k, const vsr::OwnedRasterArray& result) {
+    while (static_cast<int>(bands_.size()) <= k) {
+      bands_.push_back(static_cast<int>(bands_.size()) + 1);
+      band_nodata_.push_back(result.exact_nodata());
+      stats_.emplace_back();
+      hist_.emplace_back(static_cast<std::size_t>(args_.bins), 0);
+    }
+    return static_cast<std::size_t>(k);
+  };
+  vsr::VisitTileSink sink([&](const vsr::OwnedRasterArray& result, const vsr::TileInfo& where) {
+    const vsr::OwnedRasterArray host =
+        result.residency() == vsr::Residency::host ? result : result.clone_to(vsr::Residency::host);
+    // The result covers the read window, halo included: only the tile's own pixels count.
+    const vsr::RasterWindow own{where.window.col_off - where.read.col_off,
+                                where.window.row_off - where.read.row_off, where.window.width,
+                                where.window.height};
+    const bool whole = own.col_off == 0 && own.row_off == 0 && own.width == host.width() &&
+                       own.height == host.height();
+    const vsr::OwnedRasterArray tile = whole ? host : vsr::copy_window(host, own);
+    meta_.dtype = tile.dtype();
+    const std::vector<vsr::BandStatistics> s = vsr::band_statistics(tile);
+    for (int b = 0; b < tile.band_count(); ++b) {
+      const std::size_t k = band_slot(where.output_band + b, tile);
+      if (args_.terminal == Op::stats) {
+        stats_[k] = vsr::merge_statistics(stats_[k], s[static_cast<std::size_t>(b)]);
+      } else {
+        const auto h = vsr::histogram(tile.band(b), args_.bins, args_.range->lo, args_.range->hi);
+        for (std::size_t i = 0; i < h[0].size(); ++i) hist_[k][i] += h[0][i];
+      }
+    }
+  });
+  vsr::run_tiles(sources, chain_->tile_op(), sink, plan_, o);
+  hist_range_.assign(bands_.size(), args_.range.value_or(Range{0, 1}));
 }
 
 /// The chain from its sources into the output file (all or nothing), each tile read once with
@@ -1251,6 +1303,10 @@ void Job::run_pipeline() {
   std::string steps;
   for (const std::string& n : chain_->step_names()) steps += (steps.empty() ? "" : " ! ") + n;
   note_ = steps + ", halo " + std::to_string(chain_->halo());
+  if (args_.terminal) {
+    reduce_pipeline(sources, o);
+    return;
+  }
   {
     vsr::RasterFileSink sink(args_.output, write_);
     sink.copy_from(*calc_sources_.front(), vsr::MetadataCopy::none);

@@ -90,6 +90,7 @@ class Job {
   void check_pipeline_output();
   void print_dry_run() const;
   void run_pipeline();
+  void reduce_pipeline(const std::vector<vsr::TileSource*>& sources, const vsr::TileRunOptions& o);
   // report.cpp
   void print_results();
   void print_summary(double seconds) const;

@@ -173,7 +173,10 @@ pipeline: vsr-run pipeline read A=a.tif [B=b.tif ...] ! STEP [options] ! ... ! w
   (--in-range required, --out-range, --ot), clip (--range), fill-nodata (--value), each with the
   matching op's options and output rule; write takes the output options above and --budget,
   --device, -q, --progress, --diagnostics. The steps' halos are summed. --dry-run prints the plan (tiles, halo,
-  steps) from the inputs' headers, reading no pixel and writing nothing
+  steps) from the inputs' headers, reading no pixel and writing nothing.
+  Instead of write FILE, a last step stats [--json] [-o FILE.json] or histogram --range LO,HI
+  [--bins N] [--json] [-o FILE.json] prints the chain's output as those ops print it, writing
+  no raster
 
 BYTES takes a suffix: K, M, G, T (powers of 1000; KB, MB, GB, TB too) or KiB, MiB, GiB, TiB
 (powers of 1024), e.g. 80M = 80000000, 2GiB = 2147483648.
@@ -549,8 +552,10 @@ Arguments parse_pipeline(int argc, char** argv) {
   if (segments.front().empty() || segments.front().front() != "read") {
     throw usage("the first step must be read");
   }
-  if (segments.size() < 2 || segments.back().empty() || segments.back().front() != "write") {
-    throw usage("the last step must be write FILE");
+  if (segments.size() < 2 || segments.back().empty() ||
+      (segments.back().front() != "write" && segments.back().front() != "stats" &&
+       segments.back().front() != "histogram")) {
+    throw usage("the last step must be write FILE, stats or histogram");
   }
   // read NAME=FILE ...: the inputs, as calc's -i.
   std::vector<std::string> inputs;
@@ -569,17 +574,36 @@ Arguments parse_pipeline(int argc, char** argv) {
       write.push_back(segments.back()[k]);
     }
   }
-  if (write.empty() || write.front().starts_with("-")) throw usage("write needs FILE first");
-  write.insert(write.begin(), "-o");
-  // Parsed as a raster op's output options; the op's own options do not apply to write.
-  Arguments args = parse_as_op("fill-nodata", {"--value", "0"}, write);
-  if (args.ot || args.a_nodata || args.edge_given || args.range || args.in_range ||
-      args.out_range || args.nir || args.red || args.bins_given || args.value != 0.0 ||
-      !args.bands.empty() || args.inputs.size() != 0) {
-    throw usage(
-        "write takes FILE and output options (-of, --co, --overwrite, --overviews, "
-        "--resampling, --threads) and the run's (--budget, --device, -q, --progress, "
-        "--diagnostics, --dry-run); a step's options go after the step's name");
+  const std::string last = segments.back().front();
+  Arguments args;
+  if (last == "write") {
+    if (write.empty() || write.front().starts_with("-")) throw usage("write needs FILE first");
+    write.insert(write.begin(), "-o");
+    // Parsed as a raster op's output options; the op's own options do not apply to write.
+    args = parse_as_op("fill-nodata", {"--value", "0"}, write);
+    if (args.ot || args.a_nodata || args.edge_given || args.range || args.in_range ||
+        args.out_range || args.nir || args.red || args.bins_given || args.value != 0.0 ||
+        !args.bands.empty() || args.inputs.size() != 0) {
+      throw usage(
+          "write takes FILE and output options (-of, --co, --overwrite, --overviews, "
+          "--resampling, --threads) and the run's (--budget, --device, -q, --progress, "
+          "--diagnostics, --dry-run); a step's options go after the step's name");
+    }
+  } else {
+    // A terminal stats or histogram: its own options (--json, -o FILE for the JSON, --bins,
+    // --range) and the run's.
+    try {
+      args = parse_as_op(last, {}, write);
+    } catch (const UsageError& e) {
+      throw UsageError("pipeline step " + last + ": " + e.what());
+    }
+    if (!args.bands.empty() || !args.inputs.empty()) {
+      throw usage(last + ": the inputs are read's (-i and -b do not apply to a step)");
+    }
+    if (last == "histogram" && !args.range) {
+      throw usage("histogram needs --range LO,HI in a pipeline (no first pass finds the range)");
+    }
+    args.terminal = last == "stats" ? Op::stats : Op::histogram;
   }
   args.op = Op::pipeline;
   args.op_name = "pipeline";

@@ -50,7 +50,10 @@ struct Arguments {
   bool propagate_nodata = true;   ///< calc: off with --no-propagate-nodata
   /// pipeline: its steps, each parsed as the matching op's options (calc: with the read inputs).
   std::vector<std::shared_ptr<const struct Arguments>> steps;
-  bool dry_run = false;                 ///< pipeline: --dry-run
+  bool dry_run = false;  ///< pipeline: --dry-run
+  /// pipeline: a terminal `! stats` or `! histogram` instead of `! write FILE`: the chain's
+  /// output is reduced and printed (or written as JSON to --output) as that op prints it.
+  std::optional<Op> terminal;
   std::vector<int> bands;               ///< -b
   std::optional<std::uint64_t> budget;  ///< empty: auto
   std::int64_t sample_size = 2048;
@@ -83,7 +86,9 @@ struct Arguments {
   vsr::Placement device = vsr::Placement::automatic;  ///< --device
   bool help = false;
 
-  bool raster_output() const { return op != Op::stats && op != Op::histogram; }
+  bool raster_output() const { return op != Op::stats && op != Op::histogram && !terminal; }
+  /// The op whose results are printed: the terminal step of a pipeline, else the op.
+  Op printed_op() const { return terminal.value_or(op); }
 };
 
 /// The command line, checked: options of other ops, missing values, ranges, mixed options are

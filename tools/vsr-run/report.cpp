@@ -63,7 +63,7 @@ void Job::print_results() {
       text += std::string(b ? ", " : "") + "{\"band\": " + std::to_string(bands_[b]) +
               ", \"nodata\": " +
               (band_nodata_[b] ? vsr_cli::json_string(band_nodata_[b]->to_string()) : "null");
-      if (args_.op == Op::stats) {
+      if (args_.printed_op() == Op::stats) {
         const vsr::BandStatistics& m = stats_[b];
         const bool any = m.count > 0;
         text += ", \"count\": " + std::to_string(m.count) +
@@ -87,7 +87,7 @@ void Job::print_results() {
       text += "}";
     }
     text += "]}\n";
-  } else if (args_.op == Op::stats) {
+  } else if (args_.printed_op() == Op::stats) {
     char line[256];
     std::snprintf(line, sizeof line, "%-5s %12s %14s %14s %14s %14s\n", "band", "count", "min",
                   "max", "mean", "std");
