@@ -2089,7 +2089,9 @@ def pipeline_ends_in_stats_or_histogram(env):
         check([b["counts"] for b in got["bands"]] == [b["counts"] for b in want_h["bands"]],
               (budget, got, want_h))
         check([b["edges"] for b in got["bands"]] == [b["edges"] for b in want_h["bands"]], got)
-    # The table form, and nothing else written.
+    # --dry-run names the last step; the table form, and nothing else written.
+    text = run_ok(env, *chain, "!", "stats", "--dry-run").stdout.decode()
+    check("read ! calc ! focal-mean ! stats" in text, text)
     text = run_ok(env, *chain, "!", "stats").stdout.decode()
     check(text.splitlines()[0].split() == ["band", "count", "min", "max", "mean", "std"], text)
     check("output      the table above" in text, text)

@@ -1235,7 +1235,10 @@ void Job::print_dry_run() const {
   for (const std::string& n : chain_->step_names()) steps += (steps.empty() ? "" : " ! ") + n;
   std::printf("vsr-run pipeline (dry run: no pixel read, nothing written)\n");
   std::printf("  input       %s\n", input_label_.c_str());
-  std::printf("  steps       read ! %s ! write\n", steps.c_str());
+  const char* last = !args_.terminal               ? "write"
+                     : args_.terminal == Op::stats ? "stats"
+                                                   : "histogram";
+  std::printf("  steps       read ! %s ! %s\n", steps.c_str(), last);
   std::printf("  halo        %d (the sum of the steps')\n", chain_->halo());
   std::printf("  plan        %s\n", plan_text().c_str());
   std::printf("  stages      %s\n", stages_text().c_str());
