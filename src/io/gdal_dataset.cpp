@@ -300,21 +300,21 @@ void raster_io(GDALDatasetH ds, GDALRWFlag flag, const RasterWindow& w, void* bu
     auto* bytes = static_cast<unsigned char*>(buf);
     for (std::size_t i = 0; i < bands.size() && err == CE_None; ++i) {
       GDALRasterBandH band = GDALGetRasterBand(ds, bands[i]);
-      err = band == nullptr
-                ? CE_Failure
-                : GDALRasterIOEx(band, flag, static_cast<int>(w.col_off),
-                                 static_cast<int>(w.row_off), static_cast<int>(w.width),
-                                 static_cast<int>(w.height),
-                                 bytes + static_cast<std::ptrdiff_t>(i) * item * band_elems,
-                                 static_cast<int>(w.width), static_cast<int>(w.height),
-                                 gdal_type(dtype), item, item * line_elems, nullptr);
+      err =
+          band == nullptr
+              ? CE_Failure
+              : GDALRasterIOEx(band, flag, static_cast<int>(w.col_off), static_cast<int>(w.row_off),
+                               static_cast<int>(w.width), static_cast<int>(w.height),
+                               bytes + static_cast<std::ptrdiff_t>(i) * item * band_elems,
+                               static_cast<int>(w.width), static_cast<int>(w.height),
+                               gdal_type(dtype), item, item * line_elems, nullptr);
     }
   } else {
-    err = GDALDatasetRasterIOEx(
-        ds, flag, static_cast<int>(w.col_off), static_cast<int>(w.row_off),
-        static_cast<int>(w.width), static_cast<int>(w.height), buf, static_cast<int>(w.width),
-        static_cast<int>(w.height), gdal_type(dtype), static_cast<int>(bands.size()),
-        bands.data(), item, item * line_elems, item * band_elems, nullptr);
+    err = GDALDatasetRasterIOEx(ds, flag, static_cast<int>(w.col_off), static_cast<int>(w.row_off),
+                                static_cast<int>(w.width), static_cast<int>(w.height), buf,
+                                static_cast<int>(w.width), static_cast<int>(w.height),
+                                gdal_type(dtype), static_cast<int>(bands.size()), bands.data(),
+                                item, item * line_elems, item * band_elems, nullptr);
   }
   if (err != CE_None) {
     fail(std::string(flag == GF_Read ? "cannot read" : "cannot write") + " raster '" + shown(path) +

@@ -63,8 +63,8 @@ int child_checks(void* live_small, void* live_large) {
   if (!refused([] { free_pool_memory(); })) failed |= kFreePoolMemory;
   if (!refused([] { add_oom_handler([](std::size_t) { return false; }); })) failed |= kAddHandler;
   if (!refused([] { remove_oom_handler(1); })) failed |= kRemoveHandler;
-  if (!refused([] { record_memory_history(true); }) ||
-      !memory_snapshot().device_traces.empty() || !memory_snapshot().segments.empty()) {
+  if (!refused([] { record_memory_history(true); }) || !memory_snapshot().device_traces.empty() ||
+      !memory_snapshot().segments.empty()) {
     failed |= kHistory;
   }
   const MemoryPoolStats s = memory_pool_stats();
