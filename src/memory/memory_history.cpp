@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -43,13 +44,31 @@ struct RawEvent {
 };
 static_assert(sizeof(RawEvent) == 48, "events stay small");
 
+// The raw action of a free that completes when it is requested (the pools' frees): one event
+// in a thread's buffer for the trace's two entries, free_requested and free_completed, at one
+// time. Not a MemoryAction: only the ring holds it; ring_events() writes the two entries.
+constexpr std::uint8_t kRawFree = 0xFF;
+static_assert(static_cast<std::uint8_t>(MemoryAction::annotate) < kRawFree);
+
+// The trace entries `e` stands for.
+inline std::uint32_t entries_of(const RawEvent& e) noexcept {
+  return e.action == kRawFree ? 2 : 1;
+}
+
+std::uint32_t entries_of(const RawEvent* begin, const RawEvent* end) noexcept {
+  std::uint32_t n = 0;
+  for (const RawEvent* e = begin; e != end; ++e) n += entries_of(*e);
+  return n;
+}
+
 constexpr std::uint32_t kChunkEvents = 512;
 
 // Events of one thread, in its order: [begin, end) once handed to the ring.
 struct Chunk {
   std::uint32_t begin = 0;
   std::uint32_t end = 0;
-  bool applied = false;  // its allocs and frees are in the live map
+  std::uint32_t entries = 0;  // the trace entries of [begin, end) (entries_of), once handed over
+  bool applied = false;       // its allocs and frees are in the live map
   std::array<RawEvent, kChunkEvents> events;
 };
 
@@ -116,12 +135,15 @@ class LiveMap {
 
  private:
   std::size_t mask() const noexcept { return slots_.size() - 1; }
+  // Fibonacci hashing: the product's top bits, which every bit of the address reaches (blocks
+  // are aligned, so an address's low bits say little).
   std::size_t index(std::uint64_t addr) const noexcept {
-    return static_cast<std::size_t>((addr * 0x9E3779B97F4A7C15ull) >> 20) & mask();
+    return static_cast<std::size_t>((addr * 0x9E3779B97F4A7C15ull) >> shift_);
   }
   void grow() {
     std::vector<LiveBlock> old(std::max<std::size_t>(1024, slots_.size() * 2), LiveBlock{});
     old.swap(slots_);
+    shift_ = 64 - std::countr_zero(slots_.size());
     count_ = 0;
     for (const LiveBlock& b : old) {
       if (b.addr != 0) set(b);
@@ -129,13 +151,14 @@ class LiveMap {
   }
   std::vector<LiveBlock> slots_;
   std::size_t count_ = 0;
+  int shift_ = 63;  // 64 - log2(slots_.size())
 };
 
 struct Recorder {
   std::mutex mutex;
   std::vector<ThreadBuffer*> buffers;
   std::deque<Chunk*> ring;      // oldest first, in the order they were handed over
-  std::size_t ring_events = 0;  // events in `ring`
+  std::size_t ring_events = 0;  // trace entries in `ring` (entries_of: what the bound counts)
   std::vector<Chunk*> spare;    // chunks to reuse
   std::size_t capacity = 0;
   std::uint64_t dropped = 0;
@@ -212,7 +235,7 @@ void apply(Recorder& r, const RawEvent* begin, const RawEvent* end) noexcept {
     try {
       if (action == MemoryAction::alloc) {
         r.live.set(LiveBlock{e->addr, e->t, e->extra, e->tag, e->device});
-      } else if (action == MemoryAction::free_requested) {
+      } else if (action == MemoryAction::free_requested || e->action == kRawFree) {
         r.live.erase(e->addr, e->t);
       }
     } catch (...) {
@@ -243,11 +266,10 @@ void apply_all(Recorder& r) noexcept {
 
 // Lets the oldest chunks go down to the bound. Mutex held.
 void trim_ring(Recorder& r) noexcept {
-  while (r.ring.size() > 1 &&
-         r.ring_events - (r.ring.front()->end - r.ring.front()->begin) >= r.capacity) {
+  while (r.ring.size() > 1 && r.ring_events - r.ring.front()->entries >= r.capacity) {
     Chunk* old = r.ring.front();
     r.ring.pop_front();
-    const std::uint32_t n = old->end - old->begin;
+    const std::uint32_t n = old->entries;
     if (!old->applied) apply(r, &old->events[old->begin], &old->events[old->end]);
     r.ring_events -= n;
     r.dropped += n;
@@ -262,15 +284,16 @@ void hand_over(Recorder& r, Chunk* c) noexcept {
     recycle(r, c);
     return;
   }
+  c->entries = entries_of(&c->events[c->begin], &c->events[c->end]);
   try {
     r.ring.push_back(c);
   } catch (...) {
     apply(r, &c->events[c->begin], &c->events[c->end]);
-    r.dropped += c->end - c->begin;
+    r.dropped += c->entries;
     recycle(r, c);
     return;
   }
-  r.ring_events += c->end - c->begin;
+  r.ring_events += c->entries;
   trim_ring(r);
 }
 
@@ -283,7 +306,8 @@ void drain_locked(Recorder& r) noexcept {
     if (head <= tail) continue;
     Chunk* c = new_chunk(r);
     if (c == nullptr) {
-      r.dropped += head - tail;  // no host memory: lost, and counted
+      // No host memory: lost, and counted.
+      r.dropped += entries_of(&b->chunk->events[tail], &b->chunk->events[head]);
     } else {
       std::copy(&b->chunk->events[tail], &b->chunk->events[head], c->events.begin());
       c->end = head - tail;
@@ -302,7 +326,7 @@ void drain_locked(Recorder& r) noexcept {
   full->begin = b->tail.load(std::memory_order_relaxed);
   full->end = kChunkEvents;
   if (fresh == nullptr) {  // no host memory: the chunk's events are lost, and counted
-    r.dropped += full->end - full->begin;
+    r.dropped += entries_of(&full->events[full->begin], &full->events[full->end]);
     fresh = full;
   } else {
     hand_over(r, full);
@@ -355,7 +379,17 @@ std::vector<RawEvent> ring_events(Recorder& r, std::uint64_t& dropped) {
   const std::uint32_t session = g_session.load(std::memory_order_relaxed);
   for (Chunk* c : r.ring) {
     for (std::uint32_t i = c->begin; i < c->end; ++i) {
-      if (c->events[i].session == session) events.push_back(c->events[i]);
+      const RawEvent& e = c->events[i];
+      if (e.session != session) continue;
+      if (e.action != kRawFree) {
+        events.push_back(e);
+        continue;
+      }
+      RawEvent requested = e;  // the stable sort keeps the request before the completion
+      requested.action = static_cast<std::uint8_t>(MemoryAction::free_requested);
+      events.push_back(requested);
+      requested.action = static_cast<std::uint8_t>(MemoryAction::free_completed);
+      events.push_back(requested);
     }
   }
   std::stable_sort(events.begin(), events.end(), earlier);
@@ -482,7 +516,7 @@ std::uint16_t current_tag() noexcept {
 
 namespace {
 
-inline void put(ThreadState& st, ThreadBuffer* b, MemoryAction action, int device,
+inline void put(ThreadState& st, ThreadBuffer* b, std::uint8_t action, int device,
                 std::uint64_t addr, std::uint64_t size, std::uint64_t stream, std::uint64_t t,
                 std::uint64_t extra, std::uint32_t session) noexcept {
   const std::uint32_t head = b->head.load(std::memory_order_relaxed);
@@ -494,7 +528,7 @@ inline void put(ThreadState& st, ThreadBuffer* b, MemoryAction action, int devic
   e.extra = extra;
   e.session = session;
   e.tag = st.tags.depth == 0 ? kTagUser : st.tags.ids[st.tags.depth - 1];
-  e.action = static_cast<std::uint8_t>(action);
+  e.action = action;
   e.device = static_cast<std::uint8_t>(device);
   b->head.store(head + 1, std::memory_order_release);
   if (head + 1 == kChunkEvents) [[unlikely]]
@@ -519,7 +553,7 @@ void record(MemoryAction action, int device, std::uint64_t addr, std::uint64_t s
   if (b == nullptr) [[unlikely]]
     return;
   if (t > st.clock) st.clock = t;
-  put(st, b, action, device, addr, size, stream, t, extra,
+  put(st, b, static_cast<std::uint8_t>(action), device, addr, size, stream, t, extra,
       g_session.load(std::memory_order_relaxed));
 }
 
@@ -542,8 +576,8 @@ void record_alloc(int device, std::uint64_t addr, std::uint64_t size, std::uint6
   if (b == nullptr) [[unlikely]]
     return;
   if ((++st.events & 63) == 0) st.clock = std::max(st.clock, ticks());
-  put(st, b, MemoryAction::alloc, device, addr, size, stream, st.clock, requested,
-      g_session.load(std::memory_order_relaxed));
+  put(st, b, static_cast<std::uint8_t>(MemoryAction::alloc), device, addr, size, stream, st.clock,
+      requested, g_session.load(std::memory_order_relaxed));
 }
 
 void record_free(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
@@ -554,8 +588,7 @@ void record_free(int device, std::uint64_t addr, std::uint64_t size, std::uint64
     return;
   if (t > st.clock) st.clock = t;
   const std::uint32_t session = g_session.load(std::memory_order_relaxed);
-  put(st, b, MemoryAction::free_requested, device, addr, size, stream, t, 0, session);
-  put(st, b, MemoryAction::free_completed, device, addr, size, stream, t, 0, session);
+  put(st, b, kRawFree, device, addr, size, stream, t, 0, session);
 }
 
 std::unordered_map<std::uint64_t, std::string> live_owners() {
