@@ -10,6 +10,7 @@
 
 #include <cuda/std/limits>
 #include <cuda/std/type_traits>
+#include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/transform.h>
 
@@ -258,25 +259,17 @@ struct FocalMeanOp {
   VSR_HD C operator()(long long i) const {
     const long long hw = height * width;
     const long long band = i / hw, p = i - band * hw;
-    const long long y = p / width, x = p - y * width;
-    const T* base = data + band * hw;
+    const long long y = p / width;
+    return at(band, y, p - y * width);
+  }
+  /// The mean of pixel (y, x) of band `band`.
+  VSR_HD C at(long long band, long long y, long long x) const {
+    const long long p = y * width + x;
+    const T* base = data + band * height * width;
+    if (y > 0 && y < height - 1 && x > 0 && x < width - 1) return interior(base + p);
     if (!valid(base[p])) return quiet_nan<C>();
     C sum = C(0);
     int count = 0;
-    if (y > 0 && y < height - 1 && x > 0 && x < width - 1) {
-      // Interior: no edge rule applies. Same order as below; adding 0 for an invalid neighbour
-      // leaves the sum exact (it starts at +0, so it is never -0).
-      const T* c = base + p;
-      for (int dy = -1; dy <= 1; ++dy) {
-        for (int dx = -1; dx <= 1; ++dx) {
-          const T v = c[dy * width + dx];
-          const bool ok = valid(v);
-          sum += ok ? static_cast<C>(v) : C(0);
-          count += ok ? 1 : 0;
-        }
-      }
-      return count == 0 ? quiet_nan<C>() : sum / static_cast<C>(count);
-    }
     for (int dy = -1; dy <= 1; ++dy) {
       const long long yy = edge_index(y + dy, height, edge);
       if (yy < 0) continue;
@@ -290,6 +283,49 @@ struct FocalMeanOp {
       }
     }
     return count == 0 ? quiet_nan<C>() : sum / static_cast<C>(count);
+  }
+  /// The mean at `c`, a pixel whose eight neighbours are all inside its band: no edge rule
+  /// applies.
+  VSR_HD C interior(const T* c) const { return interior(c - width, c, c + width); }
+  /// The same from the pixel above, the pixel and the pixel below: the same order as at()'s
+  /// edge path; adding 0 for an invalid neighbour leaves the sum exact (it starts at +0, so it
+  /// is never -0). No branch on a value (Valid): the host's row loop vectorises.
+  VSR_HD C interior(const T* up, const T* mid, const T* down) const {
+    C sum = C(0);
+    C count = C(0);
+    const T* rows[3] = {up, mid, down};
+    for (int r = 0; r < 3; ++r) {
+      for (int dx = -1; dx <= 1; ++dx) {
+        const T v = rows[r][dx];
+        const bool ok = valid(v);
+        sum += ok ? static_cast<C>(v) : C(0);
+        count += ok ? C(1) : C(0);
+      }
+    }
+    const C mean = sum / (count > C(0) ? count : C(1));
+    return valid(mid[0]) & (count > C(0)) ? mean : quiet_nan<C>();
+  }
+};
+
+/// One output row of FocalMeanOp per call (`row`: band * height + y), for the host's threads.
+template <class T>
+struct FocalMeanRows {
+  using C = compute_t<T>;
+  FocalMeanOp<T> op;
+  C* out;
+  void operator()(long long row) const {
+    const long long band = row / op.height, y = row - band * op.height, w = op.width;
+    C* o = out + row * w;
+    if (y == 0 || y == op.height - 1 || w < 3) {
+      for (long long x = 0; x < w; ++x) o[x] = op.at(band, y, x);
+      return;
+    }
+    const T* mid = op.data + row * w;
+    const T* up = mid - w;
+    const T* down = mid + w;
+    o[0] = op.at(band, y, 0);
+    for (long long x = 1; x < w - 1; ++x) o[x] = op.interior(up + x, mid + x, down + x);
+    o[w - 1] = op.at(band, y, w - 1);
   }
 };
 
@@ -359,7 +395,14 @@ void run_focal_mean(const Policy& policy, const void* in, DType dtype, void* out
     FocalMeanOp<T> op{Valid<T>(nodata), static_cast<const T*>(in), layout.height, layout.width,
                       edge};
     thrust::counting_iterator<long long> first(0);
+#if defined(__CUDACC__)
     thrust::transform(policy, first, first + layout.pixels(), static_cast<C*>(out), op);
+#else
+    // The host walks rows: one index division per row, not per pixel (it cost more than the
+    // window's nine loads); a thread per pixel suits the device.
+    thrust::for_each(policy, first, first + layout.bands * layout.height,
+                     FocalMeanRows<T>{op, static_cast<C*>(out)});
+#endif
   });
 }
 
