@@ -205,41 +205,92 @@ def _esc(text: str) -> str:
             .replace('"', "&quot;"))
 
 
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n:,} bytes"
+    value = n / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            break
+        value /= 1024
+    return f"{value:.1f} {unit}"
+
+
 def to_html(snapshot: dict[str, Any], device: int = 0) -> str:
     """One self-contained HTML page (inline SVG, no script, nothing fetched): the timeline of
     live bytes per owner and of the bytes the pool holds mapped, OOMs and trims marked, and the
     segment map of the snapshot."""
     tl = timeline(snapshot, device)
-    width, height, pad = 960, 360, 48
+    # pad: the margins; left holds the y labels, the top the marks' labels (three rows).
+    width, height, pad, left = 960, 360, 48, 72
     times = tl["times"] or [0]
-    t_max = max(times[-1], 1)
+    # The x axis is the event's place in the trace (as in PyTorch's viewer), not its time: a run's
+    # events come in bursts, and on a time axis the bursts would be drawn as one vertical line.
+    last = max(len(times) - 1, 1)
     y_max = max([max(v) for v in tl["series"].values() if v] + [1])
 
-    def x(t: int) -> float:
-        return pad + (width - 2 * pad) * t / t_max
+    def x(k: int) -> float:
+        return left + (width - left - pad) * k / last
 
     def y(v: int) -> float:
         return height - pad - (height - 2 * pad) * v / y_max
 
+    def steps(values: list[int]) -> str:
+        # A value holds from its event to the next one: a step, not a slope, between events;
+        # points only where it changes, and at both ends.
+        points = [f"{x(0):.1f},{y(values[0]):.1f}"] if values else []
+        for k in range(1, len(values)):
+            if values[k] != values[k - 1]:
+                points.append(f"{x(k):.1f},{y(values[k - 1]):.1f}")
+                points.append(f"{x(k):.1f},{y(values[k]):.1f}")
+        if len(values) > 1:
+            points.append(f"{x(len(values) - 1):.1f},{y(values[-1]):.1f}")
+        return " ".join(points)
+
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'role="img" aria-label="memory timeline">',
-             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>']
+             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>',
+             f'<line x1="{left}" x2="{width - pad}" y1="{height - pad}" y2="{height - pad}" '
+             f'stroke="#999"/>']
     legend = []
     for i, (name, values) in enumerate(tl["series"].items()):
         colour = "#000" if name == "held" else _COLOURS[i % len(_COLOURS)]
-        points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in zip(times, values))
         dash = ' stroke-dasharray="4 2"' if name == "held" else ""
-        parts.append(f'<polyline class="series" data-name="{_esc(name)}" fill="none" '
-                     f'stroke="{colour}" stroke-width="1.5"{dash} points="{points}"/>')
+        kind = "held" if name == "held" else "owner"
+        parts.append(f'<polyline class="series" data-name="{_esc(name)}" data-series="{kind}" '
+                     f'fill="none" stroke="{colour}" stroke-width="1.5"{dash} '
+                     f'points="{steps(values)}"/>')
         legend.append(f'<li><span style="color:{colour}">&#9632;</span> {_esc(name)} '
                       f'(peak {max(values) if values else 0:,} bytes)</li>')
-    for t, action, text in tl["marks"]:
+    traces = snapshot.get("device_traces", [])
+    trace = traces[device] if device < len(traces) else []
+    marked = [k for k, e in enumerate(trace) if e["action"] in ("oom", "trim")]
+    label_end = [float("-inf")] * 3  # where each row of mark labels is taken up to
+    for k, (_, action, text) in zip(marked, tl["marks"]):
         colour = "#d00" if action == "oom" else "#080"
-        parts.append(f'<line class="mark {action}" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{pad}" '
-                     f'y2="{height - pad}" stroke="{colour}"><title>{_esc(text)}</title></line>')
-    parts.append(f'<text x="{pad}" y="{pad - 12}" font-size="12">{y_max:,} bytes</text>')
-    parts.append(f'<text x="{width - pad}" y="{height - 16}" font-size="12" '
-                 f'text-anchor="end">{t_max:,} µs</text>')
+        parts.append(f'<line class="mark {action}" x1="{x(k):.1f}" x2="{x(k):.1f}" y1="{pad}" '
+                     f'y2="{height - pad}" stroke="{colour}" stroke-dasharray="2 2">'
+                     f'<title>{_esc(text)}</title></line>')
+        # A label in the first row it does not overlap (none when all three are taken there:
+        # the line's title still says what it is).
+        word = "OOM" if action == "oom" else "trim"
+        span = 8.0 * len(word)
+        row = next((r for r in range(3) if label_end[r] < x(k) - span / 2), None)
+        if row is not None:
+            label_end[row] = x(k) + span / 2 + 2
+            parts.append(f'<text class="mark-label" x="{x(k):.1f}" y="{pad - 4 - 12 * row}" '
+                         f'font-size="11" text-anchor="middle" fill="{colour}">{word}</text>')
+    parts.append(f'<text x="{left - 4}" y="{height - pad + 4}" font-size="12" '
+                 f'text-anchor="end">0</text>')
+    if tl["times"]:
+        parts.append(f'<text x="{left - 4}" y="{pad + 4}" font-size="12" text-anchor="end">'
+                     f'<title>{y_max:,} bytes</title>{_size(y_max)}</text>')
+        parts.append(f'<text x="{left}" y="{height - 16}" font-size="12">event 1 (0 µs)</text>')
+        parts.append(f'<text x="{width - pad}" y="{height - 16}" font-size="12" '
+                     f'text-anchor="end">event {len(times):,} ({times[-1]:,} µs)</text>')
+    else:
+        parts.append(f'<text x="{(left + width - pad) / 2}" y="{height / 2}" font-size="14" '
+                     f'text-anchor="middle">no events recorded</text>')
     parts.append("</svg>")
     rows = []
     for seg in snapshot.get("segments", []):
@@ -253,14 +304,19 @@ def to_html(snapshot: dict[str, Any], device: int = 0) -> str:
                          (f" ({b.get('user_metadata', '')})" if active else ""))
             cells.append(f'<span class="block {"active" if active else "inactive"}" '
                          f'style="width:{share:.3f}%" title="{title}"></span>')
-        rows.append(f'<div class="segment" title="{seg["segment_type"]} segment at '
-                    f'{seg["address"]:#x}, {seg["total_size"]} bytes">{"".join(cells)}</div>')
+        about = (f'{seg["segment_type"]} segment at {seg["address"]:#x}, '
+                 f'{seg["total_size"]:,} bytes, {seg["allocated_size"]:,} allocated')
+        rows.append(f'<div class="segment-row"><span class="segment-label">'
+                    f'{seg["segment_type"]} {_size(seg["total_size"])}</span>'
+                    f'<div class="segment" title="{about}">{"".join(cells)}</div></div>')
     extra = snapshot.get("vibespatial", {})
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>vibespatial-raster memory snapshot</title>
 <style>
 body {{ font-family: sans-serif; margin: 1em; }}
-.segment {{ display: flex; height: 14px; margin: 2px 0; border: 1px solid #999; }}
+.segment-row {{ display: flex; align-items: center; margin: 2px 0; }}
+.segment-label {{ flex: 0 0 8em; font-size: 12px; }}
+.segment {{ display: flex; flex: 1; height: 14px; border: 1px solid #999; }}
 .block.active {{ background: #1f77b4; }}
 .block.inactive {{ background: #eee; }}
 .block {{ height: 100%; box-sizing: border-box; border-right: 1px solid #fff; }}
@@ -268,7 +324,8 @@ body {{ font-family: sans-serif; margin: 1em; }}
 <h1>Device {device} memory</h1>
 <p>{len(tl["times"])} events; {len(tl["marks"])} marks (red: OOM, green: trim);
 {extra.get("dropped_events", 0)} events dropped by the bounded history. Lines: live bytes per
-owner; dashed: bytes the pool holds mapped.</p>
+owner, event by event (evenly spaced, whatever the time between them); dashed: bytes the pool
+holds mapped.</p>
 {"".join(parts)}
 <ul class="legend">{"".join(legend)}</ul>
 <h2>Segments ({len(rows)})</h2>
