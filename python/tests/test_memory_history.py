@@ -225,6 +225,48 @@ def test_pytorchs_memory_viz_reads_the_snapshot(recording):
         b.close()
 
 
+def test_pytorchs_memory_viz_reads_a_session_with_the_frameworks(
+        tmp_path, fake_cupy, fake_numba, torch_entry_points, recording,  # noqa: F811
+        pool_baseline):
+    # Every kind of event: the stand-ins' blocks, tags, a marker, an OOM, frees, a trim; read
+    # back from the pickle, as PyTorch's readers get it.
+    from vibespatial_raster import OutOfMemoryError
+
+    viz = _torch_memory_viz()
+    malloc, free = torch_entry_points
+    memory.marker("start")
+    with memory.tag("tile 3"):
+        tile = memory.DeviceBuffer(3 * MIB)
+        with pytest.raises(OutOfMemoryError):
+            memory.DeviceBuffer(1 << 40)
+    cp = allocators.cupy_allocator(2 * MIB)
+    allocators.use_numba_allocator()
+    mm = fake_numba[0](context="ctx")
+    mm.initialize()
+    nb = mm.memalloc(MIB)
+    tp = malloc(4 * MIB, 0, None)
+    small = memory.DeviceBuffer(1000)
+    free(tp, 4 * MIB, 0, None)
+    tile.close()
+    memory.free_pool_memory()
+    memory.marker("end")
+    path = tmp_path / "session.pickle"
+    memory.dump_snapshot(path)
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    memviz.check_snapshot(snap)
+    text = viz.segsum(snap)
+    assert f"segments: {len(snap['segments'])}" in text
+    text = viz.trace(snap)
+    assert f"{len(snap['device_traces'][0])} entries" in text
+    assert "raise OutOfMemoryError" in text and "# annotate" in text
+    assert "import {add_local_files}" in viz.trace_plot(snap)
+    del cp, nb
+    small.close()
+    mm.reset()
+    gc.collect()
+
+
 def test_memviz_draws_one_self_contained_html_file(tmp_path, recording):
     import re
     import shutil
