@@ -196,9 +196,13 @@ SERIES = """(() => {
 
 @pytest.fixture
 def page(tmp_path) -> tuple[pathlib.Path, set[str]]:
-    """A memviz page of a history with several owners, an OOM and a trim; and those owners."""
+    """A memviz page of a history with several owners, an OOM and a trim; and those owners.
+    Pages mapped before recording started are unmapped while it records."""
+    memory.free_pool_memory()
+    before = memory.DeviceBuffer(6 * MIB)
     memory.record_memory_history(True, 100_000)
     try:
+        before.close()
         memory.marker("start")
         keep = []
         with memory.tag("tile 1"):

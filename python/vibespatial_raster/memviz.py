@@ -4,8 +4,10 @@
 :func:`check_snapshot` asserts the invariants that PyTorch's readers rely on
 (``torch.cuda._memory_viz.segsum`` and ``trace``, and its MemoryViz viewer): every segment's
 blocks tile it; every ``alloc`` has one ``free_requested`` and one ``free_completed`` after it,
-or is a live block of the snapshot; and, for a history recorded from an empty pool, the pages
-replayed from ``segment_map`` / ``segment_unmap`` are the snapshot's segments.
+or is a live block of the snapshot; replayed back from the snapshot, as the viewer's segment
+view draws each event, every block live at an event starts inside a segment and every
+``segment_map`` takes pages that are in one; and, for a history recorded from an empty pool,
+the pages replayed from ``segment_map`` / ``segment_unmap`` are the snapshot's segments.
 
 ``python -m vibespatial_raster.memviz snapshot.pickle -o out.html`` draws it as one
 self-contained HTML file (inline SVG, no script, nothing fetched): the timeline of live bytes
@@ -111,8 +113,74 @@ def check_snapshot(snapshot: dict[str, Any], *, complete: bool = False) -> None:
                 problems.append(f"device {d}: {addr:#x} allocated, never freed, and not live")
     if complete:
         _check_pages(snapshot, problems)
+    _check_replay(snapshot, problems)
     if problems:
         raise SnapshotError(problems)
+
+
+def _check_replay(snapshot: dict[str, Any], problems: list[str]) -> None:
+    # MemoryViz's segment view draws the state at an event by undoing, from the snapshot back,
+    # every later event: a map takes its pages out of the segments (they must be there), an
+    # unmap puts them back, an alloc takes its block out, a free puts it back; every block then
+    # live must start inside a segment, or the view fails at that event.
+    for d, trace in enumerate(snapshot.get("device_traces", [])):
+        segments = [s for s in snapshot.get("segments", []) if s.get("device", 0) == d]
+        unit = 0
+        for r in [(s["address"], s["total_size"]) for s in segments] + [
+                (e["addr"], e["size"]) for e in trace if e["action"] in _MAPS + _UNMAPS]:
+            for v in r:
+                unit = v if unit == 0 else _gcd(unit, v)
+        if unit == 0:
+            unit = 1
+        mapped = {a for s in segments
+                  for a in range(s["address"], s["address"] + s["total_size"], unit)}
+        starts: dict[int, int] = {}  # page -> live blocks starting in it
+        live = {b_addr: size for b_addr, size in _live_blocks(segments)}
+        for b_addr in live:
+            page = b_addr - b_addr % unit
+            starts[page] = starts.get(page, 0) + 1
+        for k in range(len(trace) - 1, 0, -1):
+            e = trace[k]
+            action = e["action"]
+            where = f"device {d} event {k} ({action})"
+            if action in _MAPS + _UNMAPS:
+                pages = range(e["addr"], e["addr"] + e["size"], unit)
+                if action in _MAPS:
+                    if any(a not in mapped for a in pages):
+                        problems.append(f"{where}: replayed back from the snapshot, its pages "
+                                        "are not all in a segment")
+                    if any(starts.get(a) for a in pages):
+                        problems.append(f"{where}: a block live before it starts in its pages")
+                    mapped.difference_update(pages)
+                else:
+                    if any(a in mapped for a in pages):
+                        problems.append(f"{where}: replayed back from the snapshot, its pages "
+                                        "are still in a segment before it")
+                    mapped.update(pages)
+            elif action == "alloc" and e["addr"] in live:
+                del live[e["addr"]]
+                page = e["addr"] - e["addr"] % unit
+                starts[page] -= 1
+            elif action == "free_completed" and "addr" in e and e["addr"] not in live:
+                page = e["addr"] - e["addr"] % unit
+                if page not in mapped:
+                    problems.append(f"{where}: the block at {e['addr']:#x} is in no segment "
+                                    "while it is live")
+                live[e["addr"]] = e["size"]
+                starts[page] = starts.get(page, 0) + 1
+
+
+_MAPS = ("segment_map", "segment_alloc")
+_UNMAPS = ("segment_unmap", "segment_free")
+
+
+def _live_blocks(segments: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    out = []
+    for seg in segments:
+        for b in seg["blocks"]:
+            if b["state"] in ("active_allocated", "active_awaiting_free"):
+                out.append((b["address"], b["size"]))
+    return out
 
 
 def _check_pages(snapshot: dict[str, Any], problems: list[str]) -> None:
@@ -166,7 +234,15 @@ def timeline(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
     trace = traces[device] if device < len(traces) else []
     owners: dict[int, tuple[str, int]] = {}
     live: dict[str, int] = {}
-    held = 0
+    # What was mapped before the first event: the snapshot's segments less what the trace
+    # mapped, plus what it unmapped (recording may start with pages mapped).
+    held = sum(s["total_size"] for s in snapshot.get("segments", [])
+               if s.get("device", 0) == device)
+    for e in trace:
+        if e["action"] in _MAPS:
+            held -= e["size"]
+        elif e["action"] in _UNMAPS:
+            held += e["size"]
     times: list[int] = []
     series: dict[str, list[int]] = {"held": []}
     marks: list[tuple[int, str, str]] = []
@@ -180,9 +256,9 @@ def timeline(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
         elif action == "free_requested" and e["addr"] in owners:
             who, size = owners.pop(e["addr"])
             live[who] -= size
-        elif action == "segment_map":
+        elif action in _MAPS:
             held += e["size"]
-        elif action == "segment_unmap":
+        elif action in _UNMAPS:
             held -= e["size"]
         elif action in ("oom", "trim"):
             text = f"{action}: {e['size']} bytes"
