@@ -370,6 +370,18 @@ def test_memviz_draws_one_self_contained_html_file(tmp_path, recording):
     assert html.count('class="segment"') == len(memory.snapshot()["segments"])
     p = subprocess.run(cmd, capture_output=True)
     assert p.returncode == 2 and b"exists" in p.stderr  # an existing output is refused
+    with open(snap, "rb") as f:
+        data = pickle.load(f)
+    data["segments"] = []  # as tiers C and fallback write it: drawn, with a warning
+    bare = tmp_path / "bare.pickle"
+    with open(bare, "wb") as f:
+        pickle.dump(data, f)
+    p = subprocess.run(cmd[:3] + [str(bare), "-o", str(tmp_path / "bare.html")],
+                       capture_output=True)
+    assert p.returncode == 0 and b"warning: the snapshot breaks" in p.stderr
+    assert (tmp_path / "bare.html").read_text(encoding="utf-8").count('class="series"') == 3
+    os.unlink(bare)
+    os.unlink(tmp_path / "bare.html")
     subprocess.run(cmd + ["--overwrite"], check=True)
     assert sorted(os.listdir(tmp_path)) == ["out.html", "snap.pickle"]
     browser = shutil.which("chromium") or shutil.which("chromium-browser")

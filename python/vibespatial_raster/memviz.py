@@ -235,14 +235,18 @@ def timeline(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
     owners: dict[int, tuple[str, int]] = {}
     live: dict[str, int] = {}
     # What was mapped before the first event: the snapshot's segments less what the trace
-    # mapped, plus what it unmapped (recording may start with pages mapped).
-    held = sum(s["total_size"] for s in snapshot.get("segments", [])
-               if s.get("device", 0) == device)
+    # mapped, plus what it unmapped (recording may start with pages mapped); never so little
+    # that an unmap would take the line below zero (a snapshot without its segments).
+    net = lowest = 0
     for e in trace:
         if e["action"] in _MAPS:
-            held -= e["size"]
+            net += e["size"]
         elif e["action"] in _UNMAPS:
-            held += e["size"]
+            net -= e["size"]
+            lowest = min(lowest, net)
+    held = sum(s["total_size"] for s in snapshot.get("segments", [])
+               if s.get("device", 0) == device)
+    held = max(held - net, -lowest)
     times: list[int] = []
     series: dict[str, list[int]] = {"held": []}
     marks: list[tuple[int, str, str]] = []
@@ -415,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import os
     import pickle
+    import sys
     import tempfile
 
     parser = argparse.ArgumentParser(prog="python -m vibespatial_raster.memviz",
@@ -428,7 +433,13 @@ def main(argv: list[str] | None = None) -> int:
         data = pickle.load(f)
     if not isinstance(data, dict) or "segments" not in data:
         parser.error(f"{args.snapshot} is not a memory snapshot")
-    check_snapshot(data)
+    try:
+        check_snapshot(data)
+    except SnapshotError as e:
+        # Still drawn: the page needs no segments (tiers C and fallback have none), and it shows
+        # what the trace holds; PyTorch's viewer may refuse the same file.
+        print(f"memviz: warning: the snapshot breaks what PyTorch's readers rely on: {e}",
+              file=sys.stderr)
     if os.path.exists(args.output) and not args.overwrite:
         parser.error(f"{args.output} exists (--overwrite replaces it)")
     html = to_html(data, args.device)
