@@ -4,8 +4,10 @@
 :func:`check_snapshot` asserts the invariants that PyTorch's readers rely on
 (``torch.cuda._memory_viz.segsum`` and ``trace``, and its MemoryViz viewer): every segment's
 blocks tile it; every ``alloc`` has one ``free_requested`` and one ``free_completed`` after it,
-or is a live block of the snapshot; and, for a history recorded from an empty pool, the pages
-replayed from ``segment_map`` / ``segment_unmap`` are the snapshot's segments.
+or is a live block of the snapshot; replayed back from the snapshot, as the viewer's segment
+view draws each event, every block live at an event starts inside a segment and every
+``segment_map`` takes pages that are in one; and, for a history recorded from an empty pool,
+the pages replayed from ``segment_map`` / ``segment_unmap`` are the snapshot's segments.
 
 ``python -m vibespatial_raster.memviz snapshot.pickle -o out.html`` draws it as one
 self-contained HTML file (inline SVG, no script, nothing fetched): the timeline of live bytes
@@ -111,8 +113,74 @@ def check_snapshot(snapshot: dict[str, Any], *, complete: bool = False) -> None:
                 problems.append(f"device {d}: {addr:#x} allocated, never freed, and not live")
     if complete:
         _check_pages(snapshot, problems)
+    _check_replay(snapshot, problems)
     if problems:
         raise SnapshotError(problems)
+
+
+def _check_replay(snapshot: dict[str, Any], problems: list[str]) -> None:
+    # MemoryViz's segment view draws the state at an event by undoing, from the snapshot back,
+    # every later event: a map takes its pages out of the segments (they must be there), an
+    # unmap puts them back, an alloc takes its block out, a free puts it back; every block then
+    # live must start inside a segment, or the view fails at that event.
+    for d, trace in enumerate(snapshot.get("device_traces", [])):
+        segments = [s for s in snapshot.get("segments", []) if s.get("device", 0) == d]
+        unit = 0
+        for r in [(s["address"], s["total_size"]) for s in segments] + [
+                (e["addr"], e["size"]) for e in trace if e["action"] in _MAPS + _UNMAPS]:
+            for v in r:
+                unit = v if unit == 0 else _gcd(unit, v)
+        if unit == 0:
+            unit = 1
+        mapped = {a for s in segments
+                  for a in range(s["address"], s["address"] + s["total_size"], unit)}
+        starts: dict[int, int] = {}  # page -> live blocks starting in it
+        live = {b_addr: size for b_addr, size in _live_blocks(segments)}
+        for b_addr in live:
+            page = b_addr - b_addr % unit
+            starts[page] = starts.get(page, 0) + 1
+        for k in range(len(trace) - 1, 0, -1):
+            e = trace[k]
+            action = e["action"]
+            where = f"device {d} event {k} ({action})"
+            if action in _MAPS + _UNMAPS:
+                pages = range(e["addr"], e["addr"] + e["size"], unit)
+                if action in _MAPS:
+                    if any(a not in mapped for a in pages):
+                        problems.append(f"{where}: replayed back from the snapshot, its pages "
+                                        "are not all in a segment")
+                    if any(starts.get(a) for a in pages):
+                        problems.append(f"{where}: a block live before it starts in its pages")
+                    mapped.difference_update(pages)
+                else:
+                    if any(a in mapped for a in pages):
+                        problems.append(f"{where}: replayed back from the snapshot, its pages "
+                                        "are still in a segment before it")
+                    mapped.update(pages)
+            elif action == "alloc" and e["addr"] in live:
+                del live[e["addr"]]
+                page = e["addr"] - e["addr"] % unit
+                starts[page] -= 1
+            elif action == "free_completed" and "addr" in e and e["addr"] not in live:
+                page = e["addr"] - e["addr"] % unit
+                if page not in mapped:
+                    problems.append(f"{where}: the block at {e['addr']:#x} is in no segment "
+                                    "while it is live")
+                live[e["addr"]] = e["size"]
+                starts[page] = starts.get(page, 0) + 1
+
+
+_MAPS = ("segment_map", "segment_alloc")
+_UNMAPS = ("segment_unmap", "segment_free")
+
+
+def _live_blocks(segments: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    out = []
+    for seg in segments:
+        for b in seg["blocks"]:
+            if b["state"] in ("active_allocated", "active_awaiting_free"):
+                out.append((b["address"], b["size"]))
+    return out
 
 
 def _check_pages(snapshot: dict[str, Any], problems: list[str]) -> None:
@@ -166,7 +234,19 @@ def timeline(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
     trace = traces[device] if device < len(traces) else []
     owners: dict[int, tuple[str, int]] = {}
     live: dict[str, int] = {}
-    held = 0
+    # What was mapped before the first event: the snapshot's segments less what the trace
+    # mapped, plus what it unmapped (recording may start with pages mapped); never so little
+    # that an unmap would take the line below zero (a snapshot without its segments).
+    net = lowest = 0
+    for e in trace:
+        if e["action"] in _MAPS:
+            net += e["size"]
+        elif e["action"] in _UNMAPS:
+            net -= e["size"]
+            lowest = min(lowest, net)
+    held = sum(s["total_size"] for s in snapshot.get("segments", [])
+               if s.get("device", 0) == device)
+    held = max(held - net, -lowest)
     times: list[int] = []
     series: dict[str, list[int]] = {"held": []}
     marks: list[tuple[int, str, str]] = []
@@ -180,9 +260,9 @@ def timeline(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
         elif action == "free_requested" and e["addr"] in owners:
             who, size = owners.pop(e["addr"])
             live[who] -= size
-        elif action == "segment_map":
+        elif action in _MAPS:
             held += e["size"]
-        elif action == "segment_unmap":
+        elif action in _UNMAPS:
             held -= e["size"]
         elif action in ("oom", "trim"):
             text = f"{action}: {e['size']} bytes"
@@ -205,41 +285,92 @@ def _esc(text: str) -> str:
             .replace('"', "&quot;"))
 
 
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n:,} bytes"
+    value = n / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            break
+        value /= 1024
+    return f"{value:.1f} {unit}"
+
+
 def to_html(snapshot: dict[str, Any], device: int = 0) -> str:
     """One self-contained HTML page (inline SVG, no script, nothing fetched): the timeline of
     live bytes per owner and of the bytes the pool holds mapped, OOMs and trims marked, and the
     segment map of the snapshot."""
     tl = timeline(snapshot, device)
-    width, height, pad = 960, 360, 48
+    # pad: the margins; left holds the y labels, the top the marks' labels (three rows).
+    width, height, pad, left = 960, 360, 48, 72
     times = tl["times"] or [0]
-    t_max = max(times[-1], 1)
+    # The x axis is the event's place in the trace (as in PyTorch's viewer), not its time: a run's
+    # events come in bursts, and on a time axis the bursts would be drawn as one vertical line.
+    last = max(len(times) - 1, 1)
     y_max = max([max(v) for v in tl["series"].values() if v] + [1])
 
-    def x(t: int) -> float:
-        return pad + (width - 2 * pad) * t / t_max
+    def x(k: int) -> float:
+        return left + (width - left - pad) * k / last
 
     def y(v: int) -> float:
         return height - pad - (height - 2 * pad) * v / y_max
 
+    def steps(values: list[int]) -> str:
+        # A value holds from its event to the next one: a step, not a slope, between events;
+        # points only where it changes, and at both ends.
+        points = [f"{x(0):.1f},{y(values[0]):.1f}"] if values else []
+        for k in range(1, len(values)):
+            if values[k] != values[k - 1]:
+                points.append(f"{x(k):.1f},{y(values[k - 1]):.1f}")
+                points.append(f"{x(k):.1f},{y(values[k]):.1f}")
+        if len(values) > 1:
+            points.append(f"{x(len(values) - 1):.1f},{y(values[-1]):.1f}")
+        return " ".join(points)
+
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'role="img" aria-label="memory timeline">',
-             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>']
+             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>',
+             f'<line x1="{left}" x2="{width - pad}" y1="{height - pad}" y2="{height - pad}" '
+             f'stroke="#999"/>']
     legend = []
     for i, (name, values) in enumerate(tl["series"].items()):
         colour = "#000" if name == "held" else _COLOURS[i % len(_COLOURS)]
-        points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in zip(times, values))
         dash = ' stroke-dasharray="4 2"' if name == "held" else ""
-        parts.append(f'<polyline class="series" data-name="{_esc(name)}" fill="none" '
-                     f'stroke="{colour}" stroke-width="1.5"{dash} points="{points}"/>')
+        kind = "held" if name == "held" else "owner"
+        parts.append(f'<polyline class="series" data-name="{_esc(name)}" data-series="{kind}" '
+                     f'fill="none" stroke="{colour}" stroke-width="1.5"{dash} '
+                     f'points="{steps(values)}"/>')
         legend.append(f'<li><span style="color:{colour}">&#9632;</span> {_esc(name)} '
                       f'(peak {max(values) if values else 0:,} bytes)</li>')
-    for t, action, text in tl["marks"]:
+    traces = snapshot.get("device_traces", [])
+    trace = traces[device] if device < len(traces) else []
+    marked = [k for k, e in enumerate(trace) if e["action"] in ("oom", "trim")]
+    label_end = [float("-inf")] * 3  # where each row of mark labels is taken up to
+    for k, (_, action, text) in zip(marked, tl["marks"]):
         colour = "#d00" if action == "oom" else "#080"
-        parts.append(f'<line class="mark {action}" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{pad}" '
-                     f'y2="{height - pad}" stroke="{colour}"><title>{_esc(text)}</title></line>')
-    parts.append(f'<text x="{pad}" y="{pad - 12}" font-size="12">{y_max:,} bytes</text>')
-    parts.append(f'<text x="{width - pad}" y="{height - 16}" font-size="12" '
-                 f'text-anchor="end">{t_max:,} µs</text>')
+        parts.append(f'<line class="mark {action}" x1="{x(k):.1f}" x2="{x(k):.1f}" y1="{pad}" '
+                     f'y2="{height - pad}" stroke="{colour}" stroke-dasharray="2 2">'
+                     f'<title>{_esc(text)}</title></line>')
+        # A label in the first row it does not overlap (none when all three are taken there:
+        # the line's title still says what it is).
+        word = "OOM" if action == "oom" else "trim"
+        span = 8.0 * len(word)
+        row = next((r for r in range(3) if label_end[r] < x(k) - span / 2), None)
+        if row is not None:
+            label_end[row] = x(k) + span / 2 + 2
+            parts.append(f'<text class="mark-label" x="{x(k):.1f}" y="{pad - 4 - 12 * row}" '
+                         f'font-size="11" text-anchor="middle" fill="{colour}">{word}</text>')
+    parts.append(f'<text x="{left - 4}" y="{height - pad + 4}" font-size="12" '
+                 f'text-anchor="end">0</text>')
+    if tl["times"]:
+        parts.append(f'<text x="{left - 4}" y="{pad + 4}" font-size="12" text-anchor="end">'
+                     f'<title>{y_max:,} bytes</title>{_size(y_max)}</text>')
+        parts.append(f'<text x="{left}" y="{height - 16}" font-size="12">event 1 (0 µs)</text>')
+        parts.append(f'<text x="{width - pad}" y="{height - 16}" font-size="12" '
+                     f'text-anchor="end">event {len(times):,} ({times[-1]:,} µs)</text>')
+    else:
+        parts.append(f'<text x="{(left + width - pad) / 2}" y="{height / 2}" font-size="14" '
+                     f'text-anchor="middle">no events recorded</text>')
     parts.append("</svg>")
     rows = []
     for seg in snapshot.get("segments", []):
@@ -253,14 +384,19 @@ def to_html(snapshot: dict[str, Any], device: int = 0) -> str:
                          (f" ({b.get('user_metadata', '')})" if active else ""))
             cells.append(f'<span class="block {"active" if active else "inactive"}" '
                          f'style="width:{share:.3f}%" title="{title}"></span>')
-        rows.append(f'<div class="segment" title="{seg["segment_type"]} segment at '
-                    f'{seg["address"]:#x}, {seg["total_size"]} bytes">{"".join(cells)}</div>')
+        about = (f'{seg["segment_type"]} segment at {seg["address"]:#x}, '
+                 f'{seg["total_size"]:,} bytes, {seg["allocated_size"]:,} allocated')
+        rows.append(f'<div class="segment-row"><span class="segment-label">'
+                    f'{seg["segment_type"]} {_size(seg["total_size"])}</span>'
+                    f'<div class="segment" title="{about}">{"".join(cells)}</div></div>')
     extra = snapshot.get("vibespatial", {})
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>vibespatial-raster memory snapshot</title>
 <style>
 body {{ font-family: sans-serif; margin: 1em; }}
-.segment {{ display: flex; height: 14px; margin: 2px 0; border: 1px solid #999; }}
+.segment-row {{ display: flex; align-items: center; margin: 2px 0; }}
+.segment-label {{ flex: 0 0 8em; font-size: 12px; }}
+.segment {{ display: flex; flex: 1; height: 14px; border: 1px solid #999; }}
 .block.active {{ background: #1f77b4; }}
 .block.inactive {{ background: #eee; }}
 .block {{ height: 100%; box-sizing: border-box; border-right: 1px solid #fff; }}
@@ -268,7 +404,8 @@ body {{ font-family: sans-serif; margin: 1em; }}
 <h1>Device {device} memory</h1>
 <p>{len(tl["times"])} events; {len(tl["marks"])} marks (red: OOM, green: trim);
 {extra.get("dropped_events", 0)} events dropped by the bounded history. Lines: live bytes per
-owner; dashed: bytes the pool holds mapped.</p>
+owner, event by event (evenly spaced, whatever the time between them); dashed: bytes the pool
+holds mapped.</p>
 {"".join(parts)}
 <ul class="legend">{"".join(legend)}</ul>
 <h2>Segments ({len(rows)})</h2>
@@ -282,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import os
     import pickle
+    import sys
     import tempfile
 
     parser = argparse.ArgumentParser(prog="python -m vibespatial_raster.memviz",
@@ -295,7 +433,13 @@ def main(argv: list[str] | None = None) -> int:
         data = pickle.load(f)
     if not isinstance(data, dict) or "segments" not in data:
         parser.error(f"{args.snapshot} is not a memory snapshot")
-    check_snapshot(data)
+    try:
+        check_snapshot(data)
+    except SnapshotError as e:
+        # Still drawn: the page needs no segments (tiers C and fallback have none), and it shows
+        # what the trace holds; PyTorch's viewer may refuse the same file.
+        print(f"memviz: warning: the snapshot breaks what PyTorch's readers rely on: {e}",
+              file=sys.stderr)
     if os.path.exists(args.output) and not args.overwrite:
         parser.error(f"{args.output} exists (--overwrite replaces it)")
     html = to_html(data, args.device)
