@@ -1989,6 +1989,10 @@ def bench_files_quick_prints_the_goals_table(env):
         line = [l for l in goals.splitlines() if peer in l]
         check(line and any(w in line[0] for w in ("met", "missed")), (peer, goals))
     check("scipy + rasterio" in goals, goals)  # run, or "not run" with the reason above
+    # The focal mean's whole run against its stages, each run alone.
+    line = [l for l in goals.splitlines() if "its own stages" in l]
+    check(line and any(w in line[0] for w in ("met", "missed")), goals)
+    check("focal mean's stages, each alone" in text, text)
     check(not any(os.path.exists(os.path.join(env.path("bench"), f)) and
                   f.startswith("vsr-bench-files-") for f in os.listdir(env.path("bench"))),
           "the bench left its outputs")
