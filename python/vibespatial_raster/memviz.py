@@ -6,8 +6,9 @@
 blocks tile it; every ``alloc`` has one ``free_requested`` and one ``free_completed`` after it,
 or is a live block of the snapshot; replayed back from the snapshot, as the viewer's segment
 view draws each event, every block live at an event starts inside a segment and every
-``segment_map`` takes pages that are in one; and, for a history recorded from an empty pool,
-the pages replayed from ``segment_map`` / ``segment_unmap`` are the snapshot's segments.
+``segment_map`` or ``segment_alloc`` takes memory that is in one; and, for a history recorded
+from an empty pool, the driver allocations replayed from ``segment_alloc`` / ``segment_free``
+and the pages replayed from ``segment_map`` / ``segment_unmap`` are the snapshot's segments.
 
 ``python -m vibespatial_raster.memviz snapshot.pickle -o out.html`` draws it as one
 self-contained HTML file (inline SVG, no script, nothing fetched): the timeline of live bytes
@@ -16,6 +17,7 @@ per owner and of the bytes the pool holds mapped, OOMs and trims marked, and the
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 __all__ = ["SnapshotError", "check_snapshot", "main", "timeline", "to_html"]
@@ -118,56 +120,85 @@ def check_snapshot(snapshot: dict[str, Any], *, complete: bool = False) -> None:
         raise SnapshotError(problems)
 
 
+class _Ranges:
+    """Disjoint byte ranges [begin, end), sorted, adjacent ones merged."""
+
+    def __init__(self) -> None:
+        self.begins: list[int] = []
+        self.ends: list[int] = []
+
+    def covers(self, a: int, e: int) -> bool:
+        i = bisect.bisect_right(self.begins, a) - 1
+        return i >= 0 and self.ends[i] >= e
+
+    def misses(self, a: int, e: int) -> bool:
+        i = bisect.bisect_right(self.ends, a)  # the first range that ends after a
+        return i == len(self.begins) or self.begins[i] >= e
+
+    def add(self, a: int, e: int) -> None:
+        lo = bisect.bisect_left(self.ends, a)  # ranges that end at a or later ...
+        hi = bisect.bisect_right(self.begins, e)  # ... and begin at e or earlier merge with it
+        if lo < hi:
+            a = min(a, self.begins[lo])
+            e = max(e, self.ends[hi - 1])
+        self.begins[lo:hi] = [a]
+        self.ends[lo:hi] = [e]
+
+    def remove(self, a: int, e: int) -> None:
+        lo = bisect.bisect_right(self.ends, a)  # ranges that end after a ...
+        hi = bisect.bisect_left(self.begins, e)  # ... and begin before e lose [a, e)
+        begins: list[int] = []
+        ends: list[int] = []
+        if lo < hi and self.begins[lo] < a:
+            begins.append(self.begins[lo])
+            ends.append(a)
+        if lo < hi and self.ends[hi - 1] > e:
+            begins.append(e)
+            ends.append(self.ends[hi - 1])
+        self.begins[lo:hi] = begins
+        self.ends[lo:hi] = ends
+
+
 def _check_replay(snapshot: dict[str, Any], problems: list[str]) -> None:
     # MemoryViz's segment view draws the state at an event by undoing, from the snapshot back,
-    # every later event: a map takes its pages out of the segments (they must be there), an
-    # unmap puts them back, an alloc takes its block out, a free puts it back; every block then
-    # live must start inside a segment, or the view fails at that event.
+    # every later event: a map or a segment_alloc takes its range out of the segments (it must be
+    # there), an unmap or a segment_free puts it back, an alloc takes its block out, a free puts
+    # it back; every block then live must start inside a segment, or the view fails at that event.
+    # Ranges in bytes, not pages: a driver allocation (tiers C and fallback) has any size.
     for d, trace in enumerate(snapshot.get("device_traces", [])):
         segments = [s for s in snapshot.get("segments", []) if s.get("device", 0) == d]
-        unit = 0
-        for r in [(s["address"], s["total_size"]) for s in segments] + [
-                (e["addr"], e["size"]) for e in trace if e["action"] in _MAPS + _UNMAPS]:
-            for v in r:
-                unit = v if unit == 0 else _gcd(unit, v)
-        if unit == 0:
-            unit = 1
-        mapped = {a for s in segments
-                  for a in range(s["address"], s["address"] + s["total_size"], unit)}
-        starts: dict[int, int] = {}  # page -> live blocks starting in it
+        mapped = _Ranges()
+        for s in segments:
+            mapped.add(s["address"], s["address"] + s["total_size"])
         live = {b_addr: size for b_addr, size in _live_blocks(segments)}
-        for b_addr in live:
-            page = b_addr - b_addr % unit
-            starts[page] = starts.get(page, 0) + 1
+        starts = sorted(live)  # the live blocks' addresses
         for k in range(len(trace) - 1, 0, -1):
             e = trace[k]
             action = e["action"]
             where = f"device {d} event {k} ({action})"
             if action in _MAPS + _UNMAPS:
-                pages = range(e["addr"], e["addr"] + e["size"], unit)
+                begin, end = e["addr"], e["addr"] + e["size"]
                 if action in _MAPS:
-                    if any(a not in mapped for a in pages):
+                    if not mapped.covers(begin, end):
                         problems.append(f"{where}: replayed back from the snapshot, its pages "
                                         "are not all in a segment")
-                    if any(starts.get(a) for a in pages):
+                    if bisect.bisect_left(starts, begin) != bisect.bisect_left(starts, end):
                         problems.append(f"{where}: a block live before it starts in its pages")
-                    mapped.difference_update(pages)
+                    mapped.remove(begin, end)
                 else:
-                    if any(a in mapped for a in pages):
+                    if not mapped.misses(begin, end):
                         problems.append(f"{where}: replayed back from the snapshot, its pages "
                                         "are still in a segment before it")
-                    mapped.update(pages)
+                    mapped.add(begin, end)
             elif action == "alloc" and e["addr"] in live:
                 del live[e["addr"]]
-                page = e["addr"] - e["addr"] % unit
-                starts[page] -= 1
+                del starts[bisect.bisect_left(starts, e["addr"])]
             elif action == "free_completed" and "addr" in e and e["addr"] not in live:
-                page = e["addr"] - e["addr"] % unit
-                if page not in mapped:
+                if not mapped.covers(e["addr"], e["addr"] + 1):
                     problems.append(f"{where}: the block at {e['addr']:#x} is in no segment "
                                     "while it is live")
                 live[e["addr"]] = e["size"]
-                starts[page] = starts.get(page, 0) + 1
+                bisect.insort(starts, e["addr"])
 
 
 _MAPS = ("segment_map", "segment_alloc")
@@ -184,15 +215,35 @@ def _live_blocks(segments: list[dict[str, Any]]) -> list[tuple[int, int]]:
 
 
 def _check_pages(snapshot: dict[str, Any], problems: list[str]) -> None:
-    # Pages (in the largest unit dividing every range) mapped by the trace, against the segments:
-    # maps and unmaps need not pair up (an unmap may take the tail of a mapped run).
+    # Driver allocations (segment_alloc / segment_free: tiers C and fallback) are whole segments:
+    # each one got and not given back is a segment of the snapshot, at its address and of its size.
+    got: dict[int, int] = {}
+    for trace in snapshot.get("device_traces", []):
+        for e in trace:
+            if e["action"] == "segment_alloc":
+                if e["addr"] in got:
+                    problems.append(f"segment {e['addr']:#x} got twice")
+                got[e["addr"]] = e["size"]
+            elif e["action"] == "segment_free":
+                if got.pop(e["addr"], None) != e["size"]:
+                    problems.append(f"segment {e['addr']:#x} given back, never got")
+    segments = []
+    for seg in snapshot.get("segments", []):
+        if not seg.get("is_expandable") and got.get(seg["address"]) == seg["total_size"]:
+            del got[seg["address"]]
+        else:
+            segments.append(seg)
+    for addr in got:
+        problems.append(f"segment {addr:#x} was got and not given back, and is not in the snapshot")
+    # Pages (in the largest unit dividing every range) mapped by the trace, against the other
+    # segments: maps and unmaps need not pair up (an unmap may take the tail of a mapped run).
     ranges: set[int] = set()
     unit = 0
     for trace in snapshot.get("device_traces", []):
         for e in trace:
             if e["action"] in ("segment_map", "segment_unmap"):
                 unit = e["size"] if unit == 0 else _gcd(unit, e["size"])
-    for seg in snapshot.get("segments", []):
+    for seg in segments:
         unit = seg["total_size"] if unit == 0 else _gcd(unit, seg["total_size"])
     if unit == 0:
         return
@@ -210,7 +261,7 @@ def _check_pages(snapshot: dict[str, Any], problems: list[str]) -> None:
                     ranges.discard(a)
     pages = {
         a
-        for seg in snapshot.get("segments", [])
+        for seg in segments
         for a in range(seg["address"], seg["address"] + seg["total_size"], unit)
     }
     if pages != ranges:
@@ -436,8 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_snapshot(data)
     except SnapshotError as e:
-        # Still drawn: the page needs no segments (tiers C and fallback have none), and it shows
-        # what the trace holds; PyTorch's viewer may refuse the same file.
+        # Still drawn: the page needs no segments, and it shows what the trace holds; PyTorch's
+        # viewer may refuse the same file.
         print(f"memviz: warning: the snapshot breaks what PyTorch's readers rely on: {e}",
               file=sys.stderr)
     if os.path.exists(args.output) and not args.overwrite:

@@ -25,6 +25,24 @@ void expect_live_block(const void* ptr, const std::size_t* allocated, std::size_
                                        std::to_string(freed));
 }
 
+MemorySnapshotSegment driver_allocation_segment(int device, CUdeviceptr ptr, std::size_t size,
+                                                std::size_t requested) {
+  MemorySnapshotSegment seg;
+  seg.device = device;
+  seg.address = ptr;
+  seg.total_size = size;
+  seg.allocated_size = requested != 0 ? size : 0;
+  seg.small = size <= (std::size_t{1} << 20);  // PyTorch's small pool: blocks of 1 MiB at most
+  seg.expandable = false;
+  MemorySnapshotBlock b;
+  b.address = ptr;
+  b.size = size;
+  b.requested_size = requested;
+  b.active = requested != 0;
+  seg.blocks.push_back(std::move(b));
+  return seg;
+}
+
 void UsageCounters::on_allocate(std::size_t bytes) noexcept {
   const auto b = static_cast<std::int64_t>(bytes);
   atomic_max(peak_bytes, current_bytes.fetch_add(b, std::memory_order_relaxed) + b);

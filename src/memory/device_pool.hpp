@@ -3,6 +3,7 @@
 #pragma once
 
 #include "driver/cuda_driver.hpp"
+#include "memory/memory_history.hpp"
 
 #include <vibespatial/raster/memory.hpp>
 #include <vibespatial/raster/memory_history.hpp>
@@ -115,6 +116,23 @@ void atomic_max(std::atomic<std::int64_t>& target, std::int64_t value) noexcept;
 /// std::invalid_argument (VSR_EXPECTS) saying which, so that every tier words it alike.
 void expect_live_block(const void* ptr, const std::size_t* allocated, std::size_t freed);
 
+/// The snapshot segment of one allocation got from the driver (tiers C and fallback, as PyTorch's
+/// classic allocator shows each cudaMalloc): `size` bytes at `ptr` holding one block, live
+/// (active_allocated, `requested` bytes asked for) when `requested` > 0, else inactive (cached,
+/// or waiting for its stream's work before cuMemFree).
+MemorySnapshotSegment driver_allocation_segment(int device, CUdeviceptr ptr, std::size_t size,
+                                                std::size_t requested);
+
+/// Records that a pool got (`action` segment_alloc) or gave back (segment_free) the driver
+/// allocation of `size` bytes at `ptr`, after the driver call succeeded: one relaxed load while
+/// recording is off. Called with the pool's mutex held, so that the history's order of a
+/// segment's events and its blocks' events is the order they happened in.
+inline void note_driver_allocation(MemoryAction action, int device, CUdeviceptr ptr,
+                                   std::size_t size) noexcept {
+  if (history::on()) [[unlikely]]
+    history::record_now(action, device, ptr, size);
+}
+
 /// One device's pool of one tier.
 class DevicePool {
  public:
@@ -147,8 +165,8 @@ class DevicePool {
   virtual void teardown() noexcept = 0;
   /// The bytes a block of `bytes` occupies (its rounded size): the size of its history events.
   virtual std::size_t block_size(std::size_t bytes) const noexcept { return bytes; }
-  /// Appends this pool's segments to `out` (memory_history.hpp): tiers A and B; none otherwise.
-  virtual void collect_segments(std::vector<MemorySnapshotSegment>& /*out*/) const {}
+  /// Appends this pool's segments to `out` (memory_history.hpp), under the pool's lock.
+  virtual void collect_segments(std::vector<MemorySnapshotSegment>& out) const = 0;
   int device() const noexcept { return device_; }
 
  protected:

@@ -4,8 +4,11 @@
 // slightly smaller one (at most 1/8 of the block is wasted), on its freeing stream at once, on
 // another once its mark completed or, rather than a new cuMemAlloc, behind a wait for the mark;
 // on OOM every cached block is freed (after its freeing work) and the request retried once.
+// In a snapshot each cuMemAlloc is a segment of one block (memory_history.hpp): active_allocated
+// while live, inactive while cached; the history records it as segment_alloc and segment_free.
 #include "memory/device_pool.hpp"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -57,6 +60,7 @@ class FallbackPool final : public DevicePool {
     }
     if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{bytes};
     if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemAlloc", __FILE__, __LINE__);
+    note_driver_allocation(MemoryAction::segment_alloc, device_, p, rounded);
     return hand_out(p, rounded, bytes);
   }
 
@@ -87,7 +91,10 @@ class FallbackPool final : public DevicePool {
   void trim() override {
     std::lock_guard lock(mutex_);
     ScopedDeviceContext scope(device_);
+    const std::size_t held_before = cached_bytes_;
     release_cached();
+    if (history::on())
+      history::record_now(MemoryAction::trim, device_, 0, held_before - cached_bytes_);
     if (!cached_.empty()) {
       throw CudaError(CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN",
                       "free_pool_memory: some cached blocks could not be freed");
@@ -102,6 +109,19 @@ class FallbackPool final : public DevicePool {
     for (auto& [size, c] : cached_) {
       if (c.mark && c.mark->stream == key) c.mark->stream = forgotten_stream();
     }
+  }
+
+  void collect_segments(std::vector<MemorySnapshotSegment>& out) const override {
+    std::lock_guard lock(mutex_);
+    const std::size_t first = out.size();
+    for (const auto& [p, b] : live_)
+      out.push_back(driver_allocation_segment(device_, p, b.size, b.bytes));
+    for (const auto& [size, c] : cached_)
+      out.push_back(driver_allocation_segment(device_, c.ptr, size, 0));
+    std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
+              [](const MemorySnapshotSegment& a, const MemorySnapshotSegment& b) {
+                return a.address < b.address;
+              });
   }
 
   void fill_stats(MemoryPoolStats& s) const noexcept override {
@@ -178,6 +198,7 @@ class FallbackPool final : public DevicePool {
         ++it;
         continue;
       }
+      note_driver_allocation(MemoryAction::segment_free, device_, it->second.ptr, it->first);
       cached_bytes_ -= it->first;
       it = cached_.erase(it);
     }

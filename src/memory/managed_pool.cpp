@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tier C (VIBESPATIAL_GPU_MANAGED_MEMORY): no pooling, one cuMemAllocManaged per request.
+// Tier C (VIBESPATIAL_GPU_MANAGED_MEMORY): no pooling, one cuMemAllocManaged per request. In a
+// snapshot each allocation is a segment of one block (memory_history.hpp), got and given back
+// as segment_alloc and segment_free in the history.
 #include "memory/device_pool.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -33,6 +36,7 @@ class ManagedPool final : public DevicePool {
     if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{bytes};
     if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemAllocManaged", __FILE__, __LINE__);
     live_.emplace(p, bytes);
+    note_driver_allocation(MemoryAction::segment_alloc, device_, p, bytes);
     usage_.on_allocate(bytes);
     return reinterpret_cast<void*>(p);
   }
@@ -47,8 +51,9 @@ class ManagedPool final : public DevicePool {
     MarkRef mark = marks_.record(stream, stream_key(stream));  // may throw: nothing changed
     if (mark->complete) {
       VSR_CU_TRY(driver().cuMemFree(it->first));  // may throw: the block is still live
+      note_driver_allocation(MemoryAction::segment_free, device_, it->first, it->second);
     } else {
-      pending_.push_back({it->first, std::move(mark)});  // may throw: likewise
+      pending_.push_back({it->first, it->second, std::move(mark)});  // may throw: likewise
     }
     live_.erase(it);
     usage_.on_free(bytes);
@@ -63,7 +68,10 @@ class ManagedPool final : public DevicePool {
   void trim() override {
     std::lock_guard lock(mutex_);
     ScopedDeviceContext scope(device_);
+    const std::size_t held_before = pending_bytes();
     free_completed(true);
+    if (history::on())
+      history::record_now(MemoryAction::trim, device_, 0, held_before - pending_bytes());
     if (!pending_.empty()) {
       throw CudaError(CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN",
                       "free_pool_memory: some freed managed blocks could not be released");
@@ -71,6 +79,21 @@ class ManagedPool final : public DevicePool {
   }
 
   void forget(CUstream /*stream*/) override {}  // pending frees hold events, not streams
+
+  void collect_segments(std::vector<MemorySnapshotSegment>& out) const override {
+    std::lock_guard lock(mutex_);
+    const std::size_t first = out.size();
+    for (const auto& [p, bytes] : live_) {
+      out.push_back(driver_allocation_segment(device_, p, bytes, bytes));
+    }
+    for (const Pending& f : pending_) {
+      out.push_back(driver_allocation_segment(device_, f.ptr, f.bytes, 0));
+    }
+    std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
+              [](const MemorySnapshotSegment& a, const MemorySnapshotSegment& b) {
+                return a.address < b.address;
+              });
+  }
 
   void fill_stats(MemoryPoolStats& s) const noexcept override {
     s.current_bytes = static_cast<std::size_t>(usage_.current_bytes.load());
@@ -111,8 +134,15 @@ class ManagedPool final : public DevicePool {
  private:
   struct Pending {
     CUdeviceptr ptr;
+    std::size_t bytes;
     MarkRef mark;
   };
+
+  std::size_t pending_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const Pending& f : pending_) n += f.bytes;
+    return n;
+  }
 
   // cuMemFree of the pending blocks whose marks have completed (with `wait`, of all, after
   // waiting). A failing call keeps the block pending, for a later try. Mutex held, in context.
@@ -128,7 +158,9 @@ class ManagedPool final : public DevicePool {
       } catch (...) {
         return false;
       }
-      return api.cuMemFree(f.ptr) == CUDA_SUCCESS;
+      if (api.cuMemFree(f.ptr) != CUDA_SUCCESS) return false;
+      note_driver_allocation(MemoryAction::segment_free, device_, f.ptr, f.bytes);
+      return true;
     });
   }
 

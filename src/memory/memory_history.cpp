@@ -48,7 +48,7 @@ static_assert(sizeof(RawEvent) == 48, "events stay small");
 // in a thread's buffer for the trace's two entries, free_requested and free_completed, at one
 // time. Not a MemoryAction: only the ring holds it; ring_events() writes the two entries.
 constexpr std::uint8_t kRawFree = 0xFF;
-static_assert(static_cast<std::uint8_t>(MemoryAction::annotate) < kRawFree);
+static_assert(static_cast<std::uint8_t>(MemoryAction::segment_free) < kRawFree);
 
 // The trace entries `e` stands for.
 inline std::uint32_t entries_of(const RawEvent& e) noexcept {
@@ -797,6 +797,10 @@ const char* memory_action_name(MemoryAction action) noexcept {
       return "oom";
     case MemoryAction::annotate:
       return "annotate";
+    case MemoryAction::segment_alloc:
+      return "segment_alloc";
+    case MemoryAction::segment_free:
+      return "segment_free";
   }
   return "unknown";
 }

@@ -138,7 +138,7 @@ std::string memory_snapshot_pickle(const MemorySnapshot& snap) {
     p.key("segment_pool_id");
     p.pair(0, 0);
     p.key("is_expandable");
-    p.boolean(!seg.small);
+    p.boolean(seg.expandable);
     p.key("frames");
     p.begin_list();
     p.end_list();

@@ -55,6 +55,7 @@ void VmmPool::collect_segments(std::vector<MemorySnapshotSegment>& out) const {
         seg.address = region.base + i * page_;
         seg.total_size = (end - i) * page_;
         seg.small = false;
+        seg.expandable = true;
         const CUdeviceptr seg_end = seg.address + seg.total_size;
         CUdeviceptr cursor = seg.address;
         auto live = live_large_.lower_bound(seg.address);

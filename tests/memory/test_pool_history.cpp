@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <system_error>
@@ -39,11 +40,104 @@ std::size_t count(const std::vector<MemoryHistoryEvent>& ev, MemoryAction a) {
   return n;
 }
 
+// Byte ranges [begin, end) as disjoint intervals, adjacent ones merged.
+class Ranges {
+ public:
+  bool covers(std::uint64_t a, std::uint64_t e) const {
+    auto it = map_.upper_bound(a);
+    if (it == map_.begin()) return false;
+    --it;
+    return it->second >= e;
+  }
+  bool misses(std::uint64_t a, std::uint64_t e) const {
+    auto it = map_.lower_bound(a);
+    if (it != map_.end() && it->first < e) return false;
+    return it == map_.begin() || std::prev(it)->second <= a;
+  }
+  void add(std::uint64_t a, std::uint64_t e) {
+    auto it = map_.lower_bound(a);
+    if (it != map_.begin() && std::prev(it)->second == a) {
+      a = std::prev(it)->first;
+      map_.erase(std::prev(it));
+    }
+    if (it != map_.end() && it->first == e) {
+      e = it->second;
+      map_.erase(it);
+    }
+    map_[a] = e;
+  }
+  void remove(std::uint64_t a, std::uint64_t e) {  // covers(a, e) must hold
+    auto it = std::prev(map_.upper_bound(a));
+    const std::uint64_t b = it->first, f = it->second;
+    map_.erase(it);
+    if (b < a) map_[b] = a;
+    if (e < f) map_[e] = f;
+  }
+
+ private:
+  std::map<std::uint64_t, std::uint64_t> map_;
+};
+
+// MemoryViz.js's segment view draws the state at an event by undoing, from the snapshot back,
+// every later event: a segment_alloc or segment_map takes its range out of the segments (it must
+// be in one, and no block live then may start in it), a segment_free or segment_unmap puts it
+// back (it must be in none), an alloc takes its block out, a free_completed puts it back (it must
+// start inside a segment, or the view fails at that event). "" when every event replays.
+std::string check_replay(const MemorySnapshot& s) {
+  for (std::size_t d = 0; d < s.device_traces.size(); ++d) {
+    Ranges segments;
+    std::map<std::uint64_t, std::uint64_t> live;  // live blocks: address -> size
+    for (const MemorySnapshotSegment& seg : s.segments) {
+      if (static_cast<std::size_t>(seg.device) != d) continue;
+      segments.add(seg.address, seg.address + seg.total_size);
+      for (const MemorySnapshotBlock& b : seg.blocks) {
+        if (b.active) live[b.address] = b.size;
+      }
+    }
+    const auto& trace = s.device_traces[d];
+    for (std::size_t k = trace.size(); k-- > 0;) {
+      const MemoryHistoryEvent& e = trace[k];
+      const std::uint64_t end = e.addr + e.size;
+      switch (e.action) {
+        case MemoryAction::segment_alloc:
+        case MemoryAction::segment_map:
+          if (!segments.covers(e.addr, end)) return "a segment replayed back is in no segment";
+          if (live.lower_bound(e.addr) != live.lower_bound(end)) {
+            return "a block live before its segment was got starts in it";
+          }
+          segments.remove(e.addr, end);
+          break;
+        case MemoryAction::segment_free:
+        case MemoryAction::segment_unmap:
+          if (!segments.misses(e.addr, end)) {
+            return "a segment replayed back is still in a segment before it was given back";
+          }
+          segments.add(e.addr, end);
+          break;
+        case MemoryAction::alloc:
+          live.erase(e.addr);
+          break;
+        case MemoryAction::free_completed:
+          if (live.count(e.addr) != 0) break;
+          if (!segments.covers(e.addr, e.addr + 1))
+            return "a block live at an event is in no segment";
+          live[e.addr] = e.size;
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  return "";
+}
+
 // The invariants PyTorch's _memory_viz.segsum and trace, and MemoryViz.js, rely on: blocks tile
 // their segment; every alloc has one free_requested and one free_completed after it, or is a live
 // block of the snapshot; with `complete` (everything was allocated while recording, nothing
-// dropped), every free follows an alloc. Mapped pages replayed from segment_map/segment_unmap
-// are the snapshot's segments (when `complete`). "" when all hold.
+// dropped), every free follows an alloc; replayed back from the snapshot, every block live at an
+// event lies in a segment (check_replay). With `complete`, the driver allocations replayed from
+// segment_alloc/segment_free and the pages from segment_map/segment_unmap are the snapshot's
+// segments. "" when all hold.
 std::string check_snapshot(const MemorySnapshot& s, bool complete) {
   std::map<std::uint64_t, std::uint64_t> live;  // active blocks: address -> size
   for (const MemorySnapshotSegment& seg : s.segments) {
@@ -94,12 +188,32 @@ std::string check_snapshot(const MemorySnapshot& s, bool complete) {
       if (live.count(addr) == 0) return "an alloc without a free that is not live";
     }
   }
+  if (const std::string replay = check_replay(s); !replay.empty()) return replay;
   if (complete) {
-    // Every page mapped while recording (and never unmapped) is in a segment, and the reverse.
+    // Every driver allocation got while recording (and not given back) is a segment, and every
+    // page mapped (and not unmapped) is in one; and the reverse.
+    std::map<std::uint64_t, std::uint64_t> driver_segments;  // address -> size
+    for (const auto& trace : s.device_traces) {
+      for (const MemoryHistoryEvent& e : trace) {
+        if (e.action == MemoryAction::segment_alloc) {
+          if (!driver_segments.emplace(e.addr, e.size).second) return "a segment got twice";
+        } else if (e.action == MemoryAction::segment_free) {
+          auto it = driver_segments.find(e.addr);
+          if (it == driver_segments.end() || it->second != e.size) {
+            return "a segment given back that was not got";
+          }
+          driver_segments.erase(it);
+        }
+      }
+    }
     std::set<std::uint64_t> mapped_pages;
     const std::size_t page = memory_pool_stats().granularity;
     for (const auto& trace : s.device_traces) {
       for (const MemoryHistoryEvent& e : trace) {
+        if (page == 0 &&
+            (e.action == MemoryAction::segment_map || e.action == MemoryAction::segment_unmap)) {
+          return "pages mapped by a tier without pages";
+        }
         if (e.action == MemoryAction::segment_map) {
           for (std::uint64_t a = e.addr; a < e.addr + e.size; a += page) {
             if (!mapped_pages.insert(a).second) return "a page mapped twice";
@@ -113,13 +227,198 @@ std::string check_snapshot(const MemorySnapshot& s, bool complete) {
     }
     std::set<std::uint64_t> seg_pages;
     for (const MemorySnapshotSegment& seg : s.segments) {
+      auto it = driver_segments.find(seg.address);
+      if (!seg.expandable && it != driver_segments.end() && it->second == seg.total_size) {
+        driver_segments.erase(it);
+        continue;
+      }
+      if (page == 0) return "a segment that was never got";
       for (std::uint64_t a = seg.address; a < seg.address + seg.total_size; a += page) {
         seg_pages.insert(a);
       }
     }
     if (seg_pages != mapped_pages) return "the mapped pages replayed differ from the segments";
+    if (!driver_segments.empty()) return "a segment got and not given back is not in the snapshot";
   }
   return "";
+}
+
+// A stream of the test's, resumed (if paused), synchronised and destroyed at scope exit, so that
+// a failed check does not leave the pool's teardown waiting for it.
+struct TestStream {
+  CUstream stream = new_stream();
+  TestStream() = default;
+  TestStream(const TestStream&) = delete;
+  TestStream& operator=(const TestStream&) = delete;
+  ~TestStream() {
+    emulator().stream_pause(stream, 0);
+    detail::driver().cuStreamSynchronize(stream);
+    detail::driver().cuStreamDestroy(stream);
+  }
+};
+
+// The block at `addr` in the snapshot and its segment (nullptr: in none).
+std::pair<const MemorySnapshotSegment*, const MemorySnapshotBlock*> find_block(
+    const MemorySnapshot& s, const void* addr) {
+  const auto a = reinterpret_cast<std::uintptr_t>(addr);
+  for (const MemorySnapshotSegment& seg : s.segments) {
+    for (const MemorySnapshotBlock& b : seg.blocks) {
+      if (b.address == a) return {&seg, &b};
+    }
+  }
+  return {nullptr, nullptr};
+}
+
+// Tiers C and fallback: each driver allocation is a segment of one block, got (segment_alloc)
+// before the block's alloc event and given back (segment_free) after its free; a block freed on
+// a stream with queued work stays as an inactive block (tier C: until cuMemFree; fallback:
+// cached), and so does a cached one.
+void check_driver_allocation_segments(const char* tier_env, const char* vmm, const char* tier) {
+  FreshPool fresh(tier_env, 64 * MiB, vmm);
+  REQUIRE(configure_memory_pool() == tier);
+  const bool caching = std::string(tier) == "fallback";
+  TestStream test_stream;
+  CUstream busy = test_stream.stream;
+  {
+    Recording rec;
+    void* a = nullptr;
+    {
+      MemoryTag tag("tile 3");
+      a = device_allocate(3 * MiB);
+    }
+    void* b = device_allocate(1000);
+    void* c = device_allocate(5000, busy);
+    device_deallocate(a, 3 * MiB);  // before the pause: the emulator's cuMemFree waits for streams
+    emulator().stream_pause(busy, 1);
+    REQUIRE(detail::driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(c), 1, 5000, busy) ==
+            CUDA_SUCCESS);
+    device_deallocate(c, 5000, busy);  // its stream's work is still queued
+    MemorySnapshot s = memory_snapshot();
+    CHECK(check_snapshot(s, true) == "");
+    // Every live block lies in a segment of its own, which its blocks tile.
+    auto [seg_b, block_b] = find_block(s, b);
+    REQUIRE(seg_b != nullptr);
+    CHECK(block_b->active);
+    CHECK(block_b->requested_size == 1000);
+    CHECK(block_b->size == (caching ? 1024u : 1000u));
+    CHECK(block_b->owner == "user");
+    CHECK(seg_b->address == reinterpret_cast<std::uintptr_t>(b));
+    CHECK(seg_b->total_size == block_b->size);
+    CHECK(seg_b->allocated_size == block_b->size);
+    CHECK(seg_b->small);
+    CHECK_FALSE(seg_b->expandable);
+    for (const MemorySnapshotSegment& seg : s.segments) {
+      std::uint64_t sum = 0;
+      for (const MemorySnapshotBlock& blk : seg.blocks) sum += blk.size;
+      CHECK(sum == seg.total_size);
+      CHECK(seg.blocks.size() == 1);
+    }
+    // `c` waits for its stream (tier C) or is cached (fallback): held from the driver, inactive.
+    auto [seg_c, block_c] = find_block(s, c);
+    REQUIRE(seg_c != nullptr);
+    CHECK_FALSE(block_c->active);
+    CHECK(seg_c->allocated_size == 0);
+    // `a`: given back at once (tier C, its stream was idle) or cached (fallback), a large segment.
+    auto [seg_a, block_a] = find_block(s, a);
+    if (caching) {
+      REQUIRE(seg_a != nullptr);
+      CHECK_FALSE(block_a->active);
+      CHECK_FALSE(seg_a->small);
+    } else {
+      CHECK(seg_a == nullptr);
+    }
+    const auto ev = events_of(s);
+    CHECK(count(ev, MemoryAction::segment_alloc) == 3);
+    CHECK(count(ev, MemoryAction::segment_free) == (caching ? 0u : 1u));
+    CHECK(s.segments.size() == (caching ? 3u : 2u));
+    // Got before the block's alloc event, given back after its free.
+    std::size_t got = ev.size(), alloc_at = ev.size(), freed_at = ev.size(), given = ev.size();
+    for (std::size_t i = 0; i < ev.size(); ++i) {
+      if (ev[i].addr != reinterpret_cast<std::uintptr_t>(a)) continue;
+      if (ev[i].action == MemoryAction::segment_alloc) got = i;
+      if (ev[i].action == MemoryAction::alloc) alloc_at = i;
+      if (ev[i].action == MemoryAction::free_completed) freed_at = i;
+      if (ev[i].action == MemoryAction::segment_free) given = i;
+    }
+    REQUIRE(alloc_at < ev.size());
+    CHECK(got < alloc_at);
+    CHECK(ev[got].size == 3 * MiB);
+    REQUIRE(freed_at < ev.size());
+    if (!caching) CHECK(freed_at < given);
+    // The pickle says what kind of segment it is.
+    const std::string pickle = memory_snapshot_pickle(s);
+    CHECK(pickle.find("segment_alloc") != std::string::npos);
+    emulator().stream_pause(busy, 0);
+    REQUIRE(detail::driver().cuStreamSynchronize(busy) == CUDA_SUCCESS);
+    device_deallocate(b, 1000);
+    free_pool_memory();
+    s = memory_snapshot();
+    CHECK(check_snapshot(s, true) == "");
+    CHECK(s.segments.empty());
+    const auto after = events_of(s);
+    CHECK(count(after, MemoryAction::segment_free) == 3);
+    CHECK(count(after, MemoryAction::trim) == 1);
+  }
+}
+
+// Under fault injection of the calls that get and give back driver memory and mark streams, the
+// snapshot's segments are what the history replays to, and the pool gives everything back.
+void check_driver_allocation_faults(const char* tier_env, const char* vmm,
+                                    std::initializer_list<const char*> entries) {
+  int faults = 0;
+  for (const char* entry : entries) {
+    for (int n = 1; n <= 3; ++n) {
+      const std::string spec = std::string(entry) + ":" + std::to_string(n);
+      CAPTURE(spec);
+      FreshPool fresh(tier_env, 64 * MiB, vmm);
+      (void)configure_memory_pool();
+      TestStream test_stream;
+      CUstream busy = test_stream.stream;
+      Recording rec;
+      REQUIRE(emulator().set_fail(spec.c_str()) == 0);
+      std::vector<std::pair<void*, std::size_t>> live;
+      const std::size_t sizes[] = {1000, 5 * MiB, 300, 9 * MiB, 70000, 3 * MiB, 20 * MiB};
+      for (int round = 0; round < 3; ++round) {
+        for (std::size_t size : sizes) {
+          try {
+            live.emplace_back(device_allocate(size, round == 1 ? busy : nullptr), size);
+            if (round == 1) {  // queued work on the freeing stream: its free needs a mark
+              detail::driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(live.back().first), 1,
+                                               size, busy);
+            }
+          } catch (const CudaError&) {
+          } catch (const OutOfMemoryError&) {
+          }
+        }
+        for (std::size_t i = 0; i < live.size(); i += 2) {
+          try {
+            device_deallocate(live[i].first, live[i].second, round == 1 ? busy : nullptr);
+            live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+          } catch (const CudaError&) {
+          }
+        }
+        try {
+          free_pool_memory();
+        } catch (const CudaError&) {
+        }
+      }
+      faults += static_cast<int>(faults_fired(entry));
+      emulator().set_fail(nullptr);
+      MemorySnapshot s = memory_snapshot();
+      CHECK(s.dropped_events == 0);
+      CHECK(check_snapshot(s, true) == "");
+      for (auto& [p, size] : live) device_deallocate(p, size);
+      REQUIRE(detail::driver().cuStreamSynchronize(busy) == CUDA_SUCCESS);
+      free_pool_memory();
+      s = memory_snapshot();
+      CHECK(check_snapshot(s, true) == "");
+      CHECK(s.segments.empty());
+      const auto ev = events_of(s);
+      CHECK(count(ev, MemoryAction::segment_alloc) == count(ev, MemoryAction::segment_free));
+      CHECK(count(ev, MemoryAction::alloc) == count(ev, MemoryAction::free_completed));
+    }
+  }
+  CHECK(faults > 0);
 }
 
 }  // namespace
@@ -458,5 +757,22 @@ TEST_SUITE("pool") {
     std::remove(path.c_str());
     CHECK(rmdir(dir.c_str()) == 0);
     device_deallocate(p, 4 * MiB);
+  }
+
+  TEST_CASE("memory history: tier C shows each cuMemAllocManaged as a segment") {
+    check_driver_allocation_segments("VIBESPATIAL_GPU_MANAGED_MEMORY", "1", "C");
+  }
+
+  TEST_CASE("memory history: the fallback tier shows each cuMemAlloc as a segment") {
+    check_driver_allocation_segments(nullptr, "0", "fallback");
+  }
+
+  TEST_CASE("memory history under fault injection, tier C: the segments replay") {
+    check_driver_allocation_faults("VIBESPATIAL_GPU_MANAGED_MEMORY", "1",
+                                   {"cuMemAllocManaged", "cuMemFree", "cuEventRecord"});
+  }
+
+  TEST_CASE("memory history under fault injection, fallback: the segments replay") {
+    check_driver_allocation_faults(nullptr, "0", {"cuMemAlloc", "cuMemFree", "cuEventRecord"});
   }
 }

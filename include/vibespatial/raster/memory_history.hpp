@@ -4,11 +4,11 @@
 //
 // Recording is off by default; while it is off the pool pays one relaxed load and a predictable
 // branch per call. record_memory_history(true) starts it: from then on every allocation, free,
-// page mapped or unmapped, page created or released, trim and OOM of every device's pool (tiers A
-// and B; allocations and frees of every tier) is recorded with its time, device, stream, address,
-// size and owner tag, into a buffer of the calling thread (no lock) that is moved into one
-// bounded ring (the most recent `max_entries` events are kept) when it fills, when a snapshot or
-// statistics are taken, and when the thread exits.
+// page mapped or unmapped, page created or released (tiers A and B), driver allocation got or
+// given back (tiers C and fallback), trim and OOM of every device's pool is recorded with its
+// time, device, stream, address, size and owner tag, into a buffer of the calling thread (no
+// lock) that is moved into one bounded ring (the most recent `max_entries` events are kept) when
+// it fills, when a snapshot or statistics are taken, and when the thread exits.
 //
 // Owner tags: each thread has a stack of tags; an event carries the innermost one, or "user" when
 // the stack is empty. The library's own buffers and temporaries carry "raster" when the caller
@@ -102,11 +102,14 @@ enum class MemoryAction : std::uint8_t {
   trim,            ///< free_pool_memory() on a pool (size: bytes it released)
   oom,             ///< a request failed (size: requested; device_free: the driver's free bytes)
   annotate,        ///< a user marker (the owner field is its name)
+  segment_alloc,   ///< memory got from the driver at addr (size bytes): a new segment (tiers C
+                   ///< and fallback: a cuMemAllocManaged or cuMemAlloc)
+  segment_free,    ///< the segment at addr given back to the driver (cuMemFree)
 };
 /// The action's name in a snapshot's trace: PyTorch's ("alloc", "free_requested",
-/// "free_completed", "segment_map", "segment_unmap", "oom", "annotate"), and "page_create",
-/// "page_release" and "trim", which PyTorch's readers pass over (a page has no address until it
-/// is mapped, so it is no "segment_alloc").
+/// "free_completed", "segment_map", "segment_unmap", "segment_alloc", "segment_free", "oom",
+/// "annotate"), and "page_create", "page_release" and "trim", which PyTorch's readers pass over
+/// (a page has no address until it is mapped, so it is no "segment_alloc").
 VSR_EXPORT const char* memory_action_name(MemoryAction action) noexcept;
 
 struct MemoryHistoryEvent {
@@ -129,13 +132,18 @@ struct MemorySnapshotBlock {
   std::string owner;                 ///< the live block's owner tag, when it was recorded
 };
 
-/// One segment: a run of mapped large pages, or a mapped page of small blocks.
+/// One segment: a run of mapped large pages or a mapped page of small blocks (tiers A and B), or
+/// one allocation got from the driver (tiers C and fallback: a cuMemAllocManaged or cuMemAlloc).
 struct MemorySnapshotSegment {
   int device = 0;
   std::uint64_t address = 0;
   std::uint64_t total_size = 0;
   std::uint64_t allocated_size = 0;  ///< bytes of live blocks (their block sizes)
-  bool small = false;                ///< "small" (a page of slabs) or "large"
+  /// "small" (a page of slabs; a driver allocation of 1 MiB at most) or "large".
+  bool small = false;
+  /// A run of mapped pages that grows and shrinks by segment_map / segment_unmap (PyTorch's
+  /// expandable segments: tiers A and B's large segments); false for a driver allocation.
+  bool expandable = false;
   std::vector<MemorySnapshotBlock> blocks;
 };
 
@@ -147,9 +155,10 @@ struct MemorySnapshot {
   bool recording = false;
 };
 
-/// The segments of every device's pool (tiers A and B; none for the other tiers) and the
-/// recorded history. Blocks freed into a thread's cache are inactive. Thread-safe; consistent per
-/// pool (each pool's lock is held while its segments are read).
+/// The segments of every device's pool and the recorded history. Blocks freed into a thread's
+/// cache, or cached by the fallback tier, are inactive; so are tier C's freed blocks that wait
+/// for their stream's work before cuMemFree. Thread-safe; consistent per pool (each pool's lock
+/// is held while its segments are read).
 /// @throws std::bad_alloc.
 VSR_EXPORT MemorySnapshot memory_snapshot();
 
