@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Running an op on one block: the task every chunk runs, and the first result that fixes what
-every chunk's result must be."""
+"""Running an op on one block: the chunk grid the blocks come from (shared with map_pipeline),
+the task every chunk runs, and the first result that fixes what every chunk's result must be."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,6 +18,75 @@ from ._plugin import _client_or_none
 
 BandOp = Callable[[OwnedRasterArray], OwnedRasterArray]
 
+
+def _starts(sizes: Sequence[int]) -> tuple[int, ...]:
+    """The first index of each chunk of an axis of chunks ``sizes``."""
+    out, acc = [], 0
+    for s in sizes:
+        out.append(acc)
+        acc += s
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class _ChunkGrid:
+    """The spatial chunks a task runs on (map_tiles, map_bands and map_pipeline): their row and
+    column sizes, and the halo each chunk's block carries on the sides that have neighbours."""
+    halo: int
+    row_starts: tuple[int, ...]
+    col_starts: tuple[int, ...]
+    row_sizes: tuple[int, ...]
+    col_sizes: tuple[int, ...]
+
+    @classmethod
+    def of(cls, halo: int, rows: Any, cols: Any) -> _ChunkGrid:
+        """The grid of chunks of ``rows`` by ``cols`` pixels (Dask's chunk sizes of an axis)."""
+        rows, cols = tuple(rows), tuple(cols)
+        return cls(halo, _starts(rows), _starts(cols), rows, cols)
+
+    def grown(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The row and column sizes of the blocks with their halo (map_overlap's chunks)."""
+        h = self.halo
+
+        def grown(sizes: tuple[int, ...]) -> tuple[int, ...]:
+            n = len(sizes)
+            return tuple(s + (h if k > 0 else 0) + (h if k < n - 1 else 0)
+                         for k, s in enumerate(sizes))
+
+        return grown(self.row_sizes), grown(self.col_sizes)
+
+    def block_origin(self, loc: tuple[int, ...], *blocks: np.ndarray) -> tuple[int, int]:
+        """(row, column) of the raster where the block of chunk ``loc`` (its last two indices
+        the chunk's row and column) starts, halo included; every one of ``blocks`` must be the
+        chunk with its halo."""
+        i, j = loc[-2], loc[-1]
+        h = self.halo
+        row0 = self.row_starts[i] - (h if i > 0 else 0)
+        col0 = self.col_starts[j] - (h if j > 0 else 0)
+        expect = (self.row_sizes[i] + (h if i > 0 else 0)
+                  + (h if i < len(self.row_sizes) - 1 else 0),
+                  self.col_sizes[j] + (h if j > 0 else 0)
+                  + (h if j < len(self.col_sizes) - 1 else 0))
+        for b in blocks:
+            if tuple(b.shape[-2:]) != expect:
+                raise RuntimeError(f"block {loc} is {b.shape[-2:]} with its halo, expected "
+                                   f"{expect}: Dask rechunked the overlap")
+        return row0, col0
+
+
+def _sample_side(halo: int) -> int:
+    """Height and width of the sample block the first result is inferred from."""
+    return 8 + 2 * min(halo, 64)  # a halo wider than any chunk must not size it
+
+
+def _on_cluster(client: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a worker (where the tasks will run, GPU or CPU), or here without one."""
+    client = _client_or_none(client)
+    if client is None:
+        return fn(*args)
+    return client.submit(fn, *args, pure=False).result()
+
+
 @dataclass(frozen=True)
 class _TaskSpec:
     device: str
@@ -28,11 +97,7 @@ class _TaskSpec:
     affine: tuple[float, ...]
     crs: str | None
     two_d: bool
-    halo: int
-    row_starts: tuple[int, ...]
-    col_starts: tuple[int, ...]
-    row_sizes: tuple[int, ...]
-    col_sizes: tuple[int, ...]
+    grid: _ChunkGrid
     out_bands: int | None = None
     # What the first result (the op on a small block at submission) had: every chunk's result
     # must agree, or the array's declared dtype and the written file's nodata would be wrong.
@@ -111,15 +176,7 @@ def _run_block(block: np.ndarray, op: BandOp, spec: _TaskSpec,
     """The task: ``block`` (with its halo on the sides that have neighbours) through ``op``."""
     assert block_info is not None
     loc = block_info[0]["chunk-location"]
-    i, j = loc[-2], loc[-1]
-    h = spec.halo
-    row0 = spec.row_starts[i] - (h if i > 0 else 0)
-    col0 = spec.col_starts[j] - (h if j > 0 else 0)
-    expect = (spec.row_sizes[i] + (h if i > 0 else 0) + (h if i < len(spec.row_sizes) - 1 else 0),
-              spec.col_sizes[j] + (h if j > 0 else 0) + (h if j < len(spec.col_sizes) - 1 else 0))
-    if tuple(block.shape[-2:]) != expect:
-        raise RuntimeError(f"block {loc} is {block.shape[-2:]} with its halo, expected {expect}: "
-                           "Dask rechunked the overlap")
+    row0, col0 = spec.grid.block_origin(loc, block)
     block3 = block[np.newaxis] if spec.two_d else block
     out = _execute(block3, op, spec, row0, col0)
     _checked_result(out, spec, (col0, row0, int(block.shape[-1]), int(block.shape[-2])),
@@ -151,7 +208,7 @@ def _sample_fill(nodata: Any, dtype: np.dtype) -> Any:
 
 def _infer(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype) -> _ResultInfo:
     """What ``op`` returns for a small block of ``bands`` bands: dtype, bands, nodata."""
-    side = 8 + 2 * min(spec.halo, 64)  # a halo wider than any chunk must not size it
+    side = _sample_side(spec.grid.halo)
     sample = np.full((bands, side, side), _sample_fill(spec.nodata, dtype), dtype=dtype)
     out = _execute(sample, op, spec, 0, 0)
     rule = _checked_result(out, spec, (0, 0, side, side), _SAMPLE)
@@ -161,7 +218,4 @@ def _infer(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype) -> _ResultI
 def _infer_on_cluster(op: BandOp, spec: _TaskSpec, bands: int, dtype: np.dtype,
                       client: Any) -> _ResultInfo:
     """:func:`_infer` on a worker (where the op will run, GPU or CPU), or here without one."""
-    client = _client_or_none(client)
-    if client is None:
-        return _infer(op, spec, bands, dtype)
-    return client.submit(_infer, op, spec, bands, dtype, pure=False).result()
+    return _on_cluster(client, _infer, op, spec, bands, dtype)

@@ -28,10 +28,10 @@ import numpy as np
 from .. import _core
 from .. import io as _io
 from ..buffers import OwnedRasterArray, RasterMetadata, TilingStrategy
-from ._block import BandOp
+from ._block import BandOp, _starts
 from ._chunks import _dask_chunks, _file_block_shape, _split, chunk_plan
 from ._georef import _UNSET, _affine6, _crs_text
-from ._map import _map, _prepare, _starts
+from ._map import _map, _prepare
 from ._plugin import _client_or_none
 
 try:

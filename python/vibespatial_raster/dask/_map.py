@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +11,7 @@ import numpy as np
 
 from .._dtypes import raster_dtype
 from ..buffers import TilingStrategy, _checked_nodata
-from ._block import BandOp, _infer_on_cluster, _ResultInfo, _run_block, _TaskSpec
+from ._block import BandOp, _ChunkGrid, _infer_on_cluster, _ResultInfo, _run_block, _TaskSpec
 from ._chunks import _dask_chunks, _int_arg, _split, chunk_plan, plan_chunks
 from ._georef import _IDENTITY, _UNSET, _affine6, _check_dims, _crs_text, _georef_of, _is_dataarray
 from ._placement import _check_device
@@ -70,14 +69,6 @@ def _wrap_result(src: Any, result: Any, info: _ResultInfo) -> Any:
     return xr.DataArray(result, dims=src.dims, coords=coords, attrs=attrs, name=src.name)
 
 
-def _starts(sizes: Sequence[int]) -> tuple[int, ...]:
-    out, acc = [], 0
-    for s in sizes:
-        out.append(acc)
-        acc += s
-    return tuple(out)
-
-
 def _map(data: Any, op: BandOp, *, who: str, halo: int, each_band: bool, per_band: bool,
          chunks: Any, nodata: Any,
          affine: tuple[float, ...], crs: str | None, device: str, buffers_per_band: int,
@@ -106,8 +97,9 @@ def _map(data: Any, op: BandOp, *, who: str, halo: int, each_band: bool, per_ban
         if tuple(fixed) != data.chunks:
             data = data.rechunk(tuple(fixed))
     rows, cols = data.chunks[-2], data.chunks[-1]
+    grid = _ChunkGrid.of(halo, rows, cols)
     spec = _TaskSpec(device, each_band, buffers, scratch, nodata, affine, crs, data.ndim == 2,
-                     halo, _starts(rows), _starts(cols), tuple(rows), tuple(cols), who=who)
+                     grid, who=who)
     in_bands = 1 if data.ndim == 2 else max(data.chunks[0])
     info = _infer_on_cluster(op, spec, in_bands, np.dtype(data.dtype), client)
     if data.ndim == 3 and info.bands != in_bands:
@@ -119,11 +111,6 @@ def _map(data: Any, op: BandOp, *, who: str, halo: int, each_band: bool, per_ban
         raise ValueError(f"the op returns {info.bands} bands for a 2D (single-band) array")
     spec = replace(spec, out_bands=info.bands, out_dtype=info.dtype.name,
                    out_nodata=info.exact_nodata)
-
-    def grown(sizes: Sequence[int]) -> tuple[int, ...]:
-        n = len(sizes)
-        return tuple(s + (halo if k > 0 else 0) + (halo if k < n - 1 else 0)
-                     for k, s in enumerate(sizes))
 
     band_chunks: tuple[tuple[int, ...], ...] = ()
     if data.ndim == 3:
@@ -138,7 +125,7 @@ def _map(data: Any, op: BandOp, *, who: str, halo: int, each_band: bool, per_ban
             depth[0] = 0
         result = da.map_overlap(_run_block, data, op=op, spec=spec, depth=depth,
                                 boundary="none", trim=True,
-                                chunks=band_chunks + (grown(rows), grown(cols)),
+                                chunks=band_chunks + grid.grown(),
                                 dtype=info.dtype, meta=meta, token=token)
     else:
         result = da.map_blocks(_run_block, data, op=op, spec=spec,

@@ -13,12 +13,12 @@ import numpy as np
 from .. import _core
 from ..buffers import OwnedRasterArray, RasterMetadata, Residency
 from ..ops import Pipeline
-from ._block import _checked_result, _ResultInfo, _sample_fill
+from ._block import (_checked_result, _ChunkGrid, _on_cluster, _ResultInfo, _sample_fill,
+                     _sample_side)
 from ._chunks import _dask_chunks, _int_arg, _split, plan_chunks
 from ._georef import _UNSET
-from ._map import _prepare, _starts, _wrap_result
+from ._map import _prepare, _wrap_result
 from ._placement import _check_device, _resolve_device
-from ._plugin import _client_or_none
 
 
 @dataclass(frozen=True)
@@ -29,11 +29,7 @@ class _PipelineSpec:
     affine: tuple[float, ...]
     crs: str | None
     device: str
-    halo: int
-    row_starts: tuple[int, ...]
-    col_starts: tuple[int, ...]
-    row_sizes: tuple[int, ...]
-    col_sizes: tuple[int, ...]
+    grid: _ChunkGrid
     out_bands: int | None = None
     out_dtype: str | None = None
     out_nodata: Any = None
@@ -60,18 +56,9 @@ def _run_pipeline_block(*blocks: np.ndarray, spec: _PipelineSpec,
     """The task: every input's block (with the halo on the sides that have neighbours)."""
     assert block_info is not None
     loc = block_info[0]["chunk-location"]
-    i, j = loc[-2], loc[-1]
-    h = spec.halo
-    row0 = spec.row_starts[i] - (h if i > 0 else 0)
-    col0 = spec.col_starts[j] - (h if j > 0 else 0)
-    expect = (spec.row_sizes[i] + (h if i > 0 else 0) + (h if i < len(spec.row_sizes) - 1 else 0),
-              spec.col_sizes[j] + (h if j > 0 else 0) + (h if j < len(spec.col_sizes) - 1 else 0))
-    for b in blocks:
-        if tuple(b.shape[-2:]) != expect:
-            raise RuntimeError(f"block {loc} is {b.shape[-2:]} with its halo, expected "
-                               f"{expect}: Dask rechunked the overlap")
+    row0, col0 = spec.grid.block_origin(loc, *blocks)
     out = _run_chain(list(blocks), spec, row0, col0)
-    _checked_result(out, spec, (col0, row0, int(expect[1]), int(expect[0])),
+    _checked_result(out, spec, (col0, row0, int(blocks[0].shape[-1]), int(blocks[0].shape[-2])),
                     f"chunk {tuple(loc)} (pixels from row {row0}, column {col0})")
     return np.asarray(out.to_numpy()).reshape(out.band_count, out.height, out.width)
 
@@ -84,7 +71,7 @@ def _infer_chain(spec: _PipelineSpec, bands: tuple[int, ...],
                  dtypes: tuple[np.dtype, ...]) -> tuple[np.dtype, int, Any, Any]:
     """(dtype, bands, nodata as the raster shows it, nodata as the runtime holds it) of the
     chain's result on a small window of every input."""
-    side = 8 + 2 * min(spec.halo, 64)
+    side = _sample_side(spec.grid.halo)
     blocks = [_sample(nd, dt, b, side) for nd, dt, b in zip(spec.nodata, dtypes, bands)]
     out = _run_chain(blocks, spec, 0, 0)
     rule = _checked_result(out, spec, (0, 0, side, side),
@@ -190,29 +177,21 @@ def map_pipeline(pipeline: Pipeline, array: Any = None, *, nodata: Any = _UNSET,
         if min(cols) < halo:
             cols = _split(width, max(max(cols), halo), halo)
     datas = [d.rechunk(((d.shape[0],), rows, cols)) for d in datas]
+    grid = _ChunkGrid.of(halo, rows, cols)
     spec = _PipelineSpec(pipeline, tuple(names), tuple(p[4] for p in prepared), aff0, crs0,
-                         device, halo, _starts(rows), _starts(cols), rows, cols)
+                         device, grid)
     bands = tuple(d.shape[0] for d in datas)
     dtypes = tuple(np.dtype(d.dtype) for d in datas)
-    c = _client_or_none(client)
-    if c is None:
-        out_dtype, out_bands, shown_nodata, exact_nodata = _infer_chain(spec, bands, dtypes)
-    else:
-        out_dtype, out_bands, shown_nodata, exact_nodata = c.submit(
-            _infer_chain, spec, bands, dtypes, pure=False).result()
+    out_dtype, out_bands, shown_nodata, exact_nodata = _on_cluster(client, _infer_chain, spec,
+                                                                   bands, dtypes)
     spec = replace(spec, out_bands=out_bands, out_dtype=out_dtype.name, out_nodata=exact_nodata)
     meta = np.empty((0, 0, 0), dtype=out_dtype)
     depth = {0: 0, 1: halo if len(rows) > 1 else 0, 2: halo if len(cols) > 1 else 0}
     out_chunks = ((out_bands,), rows, cols)
     if depth[1] or depth[2]:
-        def grown(sizes: tuple[int, ...]) -> tuple[int, ...]:
-            n = len(sizes)
-            return tuple(s + (halo if k > 0 else 0) + (halo if k < n - 1 else 0)
-                         for k, s in enumerate(sizes))
-
         result = da.map_overlap(_run_pipeline_block, *datas, spec=spec, depth=depth,
                                 boundary="none", trim=True, align_arrays=False,
-                                chunks=((out_bands,), grown(rows), grown(cols)),
+                                chunks=((out_bands,),) + grid.grown(),
                                 dtype=out_dtype, meta=meta, token="vsr-pipeline")
     else:
         result = da.map_blocks(_run_pipeline_block, *datas, spec=spec, chunks=out_chunks,
