@@ -4,6 +4,7 @@
 #include "common/byte_text.hpp"
 #include "common/expects.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -41,6 +42,13 @@ MemorySnapshotSegment driver_allocation_segment(int device, CUdeviceptr ptr, std
   b.active = requested != 0;
   seg.blocks.push_back(std::move(b));
   return seg;
+}
+
+void sort_by_address(std::vector<MemorySnapshotSegment>& out, std::size_t first) {
+  std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
+            [](const MemorySnapshotSegment& a, const MemorySnapshotSegment& b) {
+              return a.address < b.address;
+            });
 }
 
 void UsageCounters::on_allocate(std::size_t bytes) noexcept {

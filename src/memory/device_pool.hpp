@@ -123,6 +123,9 @@ void expect_live_block(const void* ptr, const std::size_t* allocated, std::size_
 MemorySnapshotSegment driver_allocation_segment(int device, CUdeviceptr ptr, std::size_t size,
                                                 std::size_t requested);
 
+/// Sorts the segments `out` holds from index `first` on by address (a pool's collect_segments).
+void sort_by_address(std::vector<MemorySnapshotSegment>& out, std::size_t first);
+
 /// Records that a pool got (`action` segment_alloc) or gave back (segment_free) the driver
 /// allocation of `size` bytes at `ptr`, after the driver call succeeded: one relaxed load while
 /// recording is off. Called with the pool's mutex held, so that the history's order of a

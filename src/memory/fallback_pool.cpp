@@ -8,7 +8,6 @@
 // while live, inactive while cached; the history records it as segment_alloc and segment_free.
 #include "memory/device_pool.hpp"
 
-#include <algorithm>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -118,10 +117,7 @@ class FallbackPool final : public DevicePool {
       out.push_back(driver_allocation_segment(device_, p, b.size, b.bytes));
     for (const auto& [size, c] : cached_)
       out.push_back(driver_allocation_segment(device_, c.ptr, size, 0));
-    std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
-              [](const MemorySnapshotSegment& a, const MemorySnapshotSegment& b) {
-                return a.address < b.address;
-              });
+    sort_by_address(out, first);
   }
 
   void fill_stats(MemoryPoolStats& s) const noexcept override {

@@ -4,7 +4,6 @@
 // as segment_alloc and segment_free in the history.
 #include "memory/device_pool.hpp"
 
-#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -68,9 +67,10 @@ class ManagedPool final : public DevicePool {
   void trim() override {
     std::lock_guard lock(mutex_);
     ScopedDeviceContext scope(device_);
-    const std::size_t held_before = pending_bytes();
+    const bool recording = history::on();
+    const std::size_t held_before = recording ? pending_bytes() : 0;
     free_completed(true);
-    if (history::on())
+    if (recording)
       history::record_now(MemoryAction::trim, device_, 0, held_before - pending_bytes());
     if (!pending_.empty()) {
       throw CudaError(CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN",
@@ -89,10 +89,7 @@ class ManagedPool final : public DevicePool {
     for (const Pending& f : pending_) {
       out.push_back(driver_allocation_segment(device_, f.ptr, f.bytes, 0));
     }
-    std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
-              [](const MemorySnapshotSegment& a, const MemorySnapshotSegment& b) {
-                return a.address < b.address;
-              });
+    sort_by_address(out, first);
   }
 
   void fill_stats(MemoryPoolStats& s) const noexcept override {
