@@ -170,6 +170,12 @@ class DevicePool {
   virtual std::size_t block_size(std::size_t bytes) const noexcept { return bytes; }
   /// Appends this pool's segments to `out` (memory_history.hpp), under the pool's lock.
   virtual void collect_segments(std::vector<MemorySnapshotSegment>& out) const = 0;
+  /// Appends each live block whose owner stamp is of history session `session` to `out`, under
+  /// the pool's lock (memory_owners.hpp). A pool records a block's alloc event and keeps the
+  /// stamp history::record_alloc returns while recording (history::on()), before the block can
+  /// reach another thread.
+  virtual void collect_owned(std::uint16_t session,
+                             std::vector<history::OwnedBlock>& out) const = 0;
   int device() const noexcept { return device_; }
 
  protected:

@@ -38,7 +38,7 @@ class FallbackPool final : public DevicePool {
       const std::size_t size = it->first;
       cached_.erase(it);
       cached_bytes_ -= size;
-      return hand_out(p, size, bytes);
+      return hand_out(p, size, bytes, stream);
     };
     const auto end = cached_.upper_bound(rounded + rounded / 8);
     for (auto it = cached_.lower_bound(rounded); it != end; ++it) {
@@ -60,7 +60,7 @@ class FallbackPool final : public DevicePool {
     if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{bytes};
     if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemAlloc", __FILE__, __LINE__);
     note_driver_allocation(MemoryAction::segment_alloc, device_, p, rounded);
-    return hand_out(p, rounded, bytes);
+    return hand_out(p, rounded, bytes, stream);
   }
 
   void deallocate(void* ptr, std::size_t bytes, CUstream stream) override {
@@ -120,6 +120,15 @@ class FallbackPool final : public DevicePool {
     sort_by_address(out, first);
   }
 
+  void collect_owned(std::uint16_t session, std::vector<history::OwnedBlock>& out) const override {
+    std::lock_guard lock(mutex_);
+    for (const auto& [p, b] : live_) {
+      if (b.owner != 0 && history::stamp_session(b.owner) == session) {
+        out.push_back({p, b.bytes, history::stamp_tag(b.owner)});
+      }
+    }
+  }
+
   void fill_stats(MemoryPoolStats& s) const noexcept override {
     std::lock_guard lock(mutex_);
     s.used_bytes = used_bytes_;
@@ -165,16 +174,22 @@ class FallbackPool final : public DevicePool {
 
  private:
   struct Live {
-    std::size_t size;   // rounded
-    std::size_t bytes;  // requested
+    std::size_t size;         // rounded
+    std::size_t bytes;        // requested
+    std::uint32_t owner = 0;  // its owner stamp, when allocated while recording
   };
   struct Cached {
     CUdeviceptr ptr;
     MarkRef mark;
   };
 
-  void* hand_out(CUdeviceptr p, std::size_t size, std::size_t bytes) {
-    live_.emplace(p, Live{size, bytes});
+  // Mutex held.
+  void* hand_out(CUdeviceptr p, std::size_t size, std::size_t bytes, CUstream stream) {
+    Live& block = live_.emplace(p, Live{size, bytes}).first->second;
+    if (history::on()) {  // a fresh time stamp: this tier does not keep the thread's clock fresh
+      block.owner = history::record_alloc(device_, p, size, bytes,
+                                          reinterpret_cast<std::uintptr_t>(stream), true);
+    }
     used_bytes_ += size;
     usage_.on_allocate(bytes);
     return reinterpret_cast<void*>(p);

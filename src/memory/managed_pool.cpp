@@ -20,7 +20,7 @@ class ManagedPool final : public DevicePool {
   explicit ManagedPool(int device) : DevicePool(device), marks_(device) {}
   ~ManagedPool() override { teardown(); }
 
-  void* allocate(std::size_t bytes, CUstream /*stream*/) override {
+  void* allocate(std::size_t bytes, CUstream stream) override {
     if (bytes > (std::size_t{1} << 50)) throw DeviceFull{bytes};
     const DriverApi& api = driver();
     std::lock_guard lock(mutex_);
@@ -34,8 +34,12 @@ class ManagedPool final : public DevicePool {
     }
     if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{bytes};
     if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemAllocManaged", __FILE__, __LINE__);
-    live_.emplace(p, bytes);
+    Live& block = live_.emplace(p, Live{bytes}).first->second;
     note_driver_allocation(MemoryAction::segment_alloc, device_, p, bytes);
+    if (history::on()) {  // a fresh time stamp: this tier does not keep the thread's clock fresh
+      block.owner = history::record_alloc(device_, p, bytes, bytes,
+                                          reinterpret_cast<std::uintptr_t>(stream), true);
+    }
     usage_.on_allocate(bytes);
     return reinterpret_cast<void*>(p);
   }
@@ -43,16 +47,16 @@ class ManagedPool final : public DevicePool {
   void deallocate(void* ptr, std::size_t bytes, CUstream stream) override {
     std::lock_guard lock(mutex_);
     auto it = live_.find(reinterpret_cast<CUdeviceptr>(ptr));
-    expect_live_block(ptr, it == live_.end() ? nullptr : &it->second, bytes);
+    expect_live_block(ptr, it == live_.end() ? nullptr : &it->second.bytes, bytes);
     if (stream == CU_STREAM_LEGACY) stream = nullptr;
     ScopedDeviceContext scope(device_);
     // The work queued on `stream` so far may still use the block.
     MarkRef mark = marks_.record(stream, stream_key(stream));  // may throw: nothing changed
     if (mark->complete) {
       VSR_CU_TRY(driver().cuMemFree(it->first));  // may throw: the block is still live
-      note_driver_allocation(MemoryAction::segment_free, device_, it->first, it->second);
+      note_driver_allocation(MemoryAction::segment_free, device_, it->first, it->second.bytes);
     } else {
-      pending_.push_back({it->first, it->second, std::move(mark)});  // may throw: likewise
+      pending_.push_back({it->first, it->second.bytes, std::move(mark)});  // may throw: likewise
     }
     live_.erase(it);
     usage_.on_free(bytes);
@@ -83,13 +87,22 @@ class ManagedPool final : public DevicePool {
   void collect_segments(std::vector<MemorySnapshotSegment>& out) const override {
     std::lock_guard lock(mutex_);
     const std::size_t first = out.size();
-    for (const auto& [p, bytes] : live_) {
-      out.push_back(driver_allocation_segment(device_, p, bytes, bytes));
+    for (const auto& [p, b] : live_) {
+      out.push_back(driver_allocation_segment(device_, p, b.bytes, b.bytes));
     }
     for (const Pending& f : pending_) {
       out.push_back(driver_allocation_segment(device_, f.ptr, f.bytes, 0));
     }
     sort_by_address(out, first);
+  }
+
+  void collect_owned(std::uint16_t session, std::vector<history::OwnedBlock>& out) const override {
+    std::lock_guard lock(mutex_);
+    for (const auto& [p, b] : live_) {
+      if (b.owner != 0 && history::stamp_session(b.owner) == session) {
+        out.push_back({p, b.bytes, history::stamp_tag(b.owner)});
+      }
+    }
   }
 
   void fill_stats(MemoryPoolStats& s) const noexcept override {
@@ -129,6 +142,10 @@ class ManagedPool final : public DevicePool {
   }
 
  private:
+  struct Live {
+    std::size_t bytes;
+    std::uint32_t owner = 0;  // its owner stamp, when allocated while recording
+  };
   struct Pending {
     CUdeviceptr ptr;
     std::size_t bytes;
@@ -162,7 +179,7 @@ class ManagedPool final : public DevicePool {
   }
 
   mutable std::mutex mutex_;
-  std::unordered_map<CUdeviceptr, std::size_t> live_;
+  std::unordered_map<CUdeviceptr, Live> live_;
   std::vector<Pending> pending_;
   UsageCounters usage_;
   MarkFactory marks_;

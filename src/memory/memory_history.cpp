@@ -7,12 +7,11 @@
 // `head`, then publishes `head` with a release store) and consumers serialised by the recorder's
 // mutex (a drain copies [tail, head) and publishes `tail`). A thread that finds its buffer full
 // drains every thread's buffer, so a drained batch holds everything recorded before it began and
-// is put into the ring in time order. The live-block map behind the owner statistics pairs each
-// free with the latest alloc at its address that is not later than the free, so that a batch that
-// comes late (a free whose time stamp was taken before the pool call and published after) cannot
-// remove a newer block.
+// is put into the ring in time order. Owners of live blocks are not tracked here: each pool keeps
+// an owner stamp with every block allocated while recording (memory_owners.cpp reads them).
 #include "memory/memory_history.hpp"
 
+#include "memory/memory_owners.hpp"
 #include "memory/registry_state.hpp"
 
 #include <algorithm>
@@ -68,7 +67,6 @@ struct Chunk {
   std::uint32_t begin = 0;
   std::uint32_t end = 0;
   std::uint32_t entries = 0;  // the trace entries of [begin, end) (entries_of), once handed over
-  bool applied = false;       // its allocs and frees are in the live map
   std::array<RawEvent, kChunkEvents> events;
 };
 
@@ -81,79 +79,6 @@ struct ThreadBuffer {
   alignas(64) std::atomic<std::uint32_t> tail{0};
 };
 
-struct LiveBlock {
-  std::uint64_t addr;  // 0: an empty slot
-  std::uint64_t t;
-  std::uint64_t size;  // requested
-  std::uint16_t tag;
-  std::uint8_t device;
-};
-
-// The live blocks by address: open addressing with linear probing and backward-shift deletion
-// (no tombstones), so that the drain, which applies every alloc and free, stays cheap.
-class LiveMap {
- public:
-  template <class F>
-  void for_each(F&& f) const {
-    for (const LiveBlock& b : slots_) {
-      if (b.addr != 0) f(b);
-    }
-  }
-  void clear() noexcept {  // keeps its memory for the next history
-    std::fill(slots_.begin(), slots_.end(), LiveBlock{});
-    count_ = 0;
-  }
-  // Throws std::bad_alloc (then unchanged).
-  void set(const LiveBlock& b) {
-    if ((count_ + 1) * 2 > slots_.size()) grow();
-    std::size_t i = index(b.addr);
-    while (slots_[i].addr != 0 && slots_[i].addr != b.addr) i = (i + 1) & mask();
-    if (slots_[i].addr == 0) ++count_;
-    slots_[i] = b;
-  }
-  // Removes the block at `addr` if it was allocated no later than `t`.
-  void erase(std::uint64_t addr, std::uint64_t t) noexcept {
-    if (slots_.empty()) return;
-    std::size_t i = index(addr);
-    while (slots_[i].addr != addr) {
-      if (slots_[i].addr == 0) return;
-      i = (i + 1) & mask();
-    }
-    if (slots_[i].t > t) return;
-    // Backward shift: move later entries of the probe run into the hole.
-    std::size_t hole = i;
-    for (std::size_t j = (i + 1) & mask(); slots_[j].addr != 0; j = (j + 1) & mask()) {
-      const std::size_t home = index(slots_[j].addr);
-      if (((j - home) & mask()) >= ((j - hole) & mask())) {
-        slots_[hole] = slots_[j];
-        hole = j;
-      }
-    }
-    slots_[hole].addr = 0;
-    --count_;
-  }
-
- private:
-  std::size_t mask() const noexcept { return slots_.size() - 1; }
-  // Fibonacci hashing: the product's top bits, which every bit of the address reaches (blocks
-  // are aligned, so an address's low bits say little).
-  std::size_t index(std::uint64_t addr) const noexcept {
-    return static_cast<std::size_t>((addr * 0x9E3779B97F4A7C15ull) >> shift_);
-  }
-  void grow() {
-    std::vector<LiveBlock> old(std::max<std::size_t>(1024, slots_.size() * 2), LiveBlock{});
-    old.swap(slots_);
-    shift_ = 64 - std::countr_zero(slots_.size());
-    count_ = 0;
-    for (const LiveBlock& b : old) {
-      if (b.addr != 0) set(b);
-    }
-  }
-  std::vector<LiveBlock> slots_;
-  std::size_t count_ = 0;
-  int shift_ = 63;  // 64 - log2(slots_.size())
-};
-
 struct Recorder {
   std::mutex mutex;
   std::vector<ThreadBuffer*> buffers;
@@ -163,7 +88,6 @@ struct Recorder {
   std::size_t capacity = 0;
   std::uint64_t dropped = 0;
   std::atomic<std::uint64_t> lost{0};  // events no buffer could take (host memory)
-  LiveMap live;
   // The clock: ticks and wall time when recording started.
   std::uint64_t t0 = 0;
   std::chrono::steady_clock::time_point steady0;
@@ -197,8 +121,15 @@ struct ThreadState {
 };
 thread_local ThreadState t_hot;
 
-// The session of the history being recorded (a new one per start), copied into every event.
+// The session of the history being recorded (a new one per start, whose low 16 bits are never
+// 0: owner stamps carry them), copied into every event.
 std::atomic<std::uint32_t> g_session{0};
+
+// The stamp of a block the calling thread allocates now.
+inline std::uint32_t stamp_of(const ThreadState& st, std::uint32_t session) noexcept {
+  const std::uint16_t tag = st.tags.depth == 0 ? kTagUser : st.tags.ids[st.tags.depth - 1];
+  return (session << 16) | tag;
+}
 
 Chunk* new_chunk(Recorder& r) noexcept {
   Chunk* c = nullptr;
@@ -210,7 +141,6 @@ Chunk* new_chunk(Recorder& r) noexcept {
     if (c == nullptr) return nullptr;
   }
   c->begin = c->end = 0;
-  c->applied = false;
   return c;
 }
 
@@ -226,51 +156,12 @@ bool earlier(const RawEvent& a, const RawEvent& b) noexcept {
   return a.t < b.t;
 }
 
-// Applies the allocs and frees of `events` (in time order) to the live map. Mutex held.
-void apply(Recorder& r, const RawEvent* begin, const RawEvent* end) noexcept {
-  const std::uint32_t session = g_session.load(std::memory_order_relaxed);
-  for (const RawEvent* e = begin; e != end; ++e) {
-    if (e->session != session) continue;
-    const auto action = static_cast<MemoryAction>(e->action);
-    try {
-      if (action == MemoryAction::alloc) {
-        r.live.set(LiveBlock{e->addr, e->t, e->extra, e->tag, e->device});
-      } else if (action == MemoryAction::free_requested || e->action == kRawFree) {
-        r.live.erase(e->addr, e->t);
-      }
-    } catch (...) {
-      // No host memory: the owner statistics miss this block; the event itself is kept.
-    }
-  }
-}
-
-// Applies every chunk not applied yet, merged in time order. Mutex held.
-void apply_all(Recorder& r) noexcept {
-  std::vector<RawEvent> events;
-  try {
-    for (Chunk* c : r.ring) {
-      if (!c->applied) events.insert(events.end(), &c->events[c->begin], &c->events[c->end]);
-    }
-  } catch (...) {
-    events.clear();
-    for (Chunk* c : r.ring) {  // no memory to merge: chunk by chunk
-      if (!c->applied) apply(r, &c->events[c->begin], &c->events[c->end]);
-      c->applied = true;
-    }
-    return;
-  }
-  std::stable_sort(events.begin(), events.end(), earlier);
-  apply(r, events.data(), events.data() + events.size());
-  for (Chunk* c : r.ring) c->applied = true;
-}
-
 // Lets the oldest chunks go down to the bound. Mutex held.
 void trim_ring(Recorder& r) noexcept {
   while (r.ring.size() > 1 && r.ring_events - r.ring.front()->entries >= r.capacity) {
     Chunk* old = r.ring.front();
     r.ring.pop_front();
     const std::uint32_t n = old->entries;
-    if (!old->applied) apply(r, &old->events[old->begin], &old->events[old->end]);
     r.ring_events -= n;
     r.dropped += n;
     recycle(r, old);
@@ -288,7 +179,6 @@ void hand_over(Recorder& r, Chunk* c) noexcept {
   try {
     r.ring.push_back(c);
   } catch (...) {
-    apply(r, &c->events[c->begin], &c->events[c->end]);
     r.dropped += c->entries;
     recycle(r, c);
     return;
@@ -569,15 +459,21 @@ void touch_clock() noexcept {
   st.clock = std::max(st.clock, ticks());
 }
 
-void record_alloc(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t requested,
-                  std::uint64_t stream) noexcept {
+std::uint32_t record_alloc(int device, std::uint64_t addr, std::uint64_t size,
+                           std::uint64_t requested, std::uint64_t stream, bool fresh) noexcept {
   ThreadState& st = t_hot;
+  const std::uint32_t session = g_session.load(std::memory_order_relaxed);
   ThreadBuffer* b = buffer_of(st);
   if (b == nullptr) [[unlikely]]
-    return;
-  if ((++st.events & 63) == 0) st.clock = std::max(st.clock, ticks());
+    return stamp_of(st, session);
+  if (fresh || (++st.events & 63) == 0) st.clock = std::max(st.clock, ticks());
   put(st, b, static_cast<std::uint8_t>(MemoryAction::alloc), device, addr, size, stream, st.clock,
-      requested, g_session.load(std::memory_order_relaxed));
+      requested, session);
+  return stamp_of(st, session);
+}
+
+std::uint16_t current_session() noexcept {
+  return static_cast<std::uint16_t>(g_session.load(std::memory_order_relaxed));
 }
 
 void record_free(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
@@ -591,39 +487,33 @@ void record_free(int device, std::uint64_t addr, std::uint64_t size, std::uint64
   put(st, b, kRawFree, device, addr, size, stream, t, 0, session);
 }
 
-std::unordered_map<std::uint64_t, std::string> live_owners() {
-  Recorder& r = recorder();
-  std::unordered_map<std::uint64_t, std::uint16_t> ids;
-  {
-    std::lock_guard lock(r.mutex);
-    drain_locked(r);
-    apply_all(r);
-    r.live.for_each([&](const LiveBlock& b) { ids.emplace(b.addr, b.tag); });
-  }
-  std::unordered_map<std::uint64_t, std::string> out;
-  for (const auto& [addr, id] : ids) out.emplace(addr, tag_name(id));
-  return out;
-}
-
-std::vector<OwnerUsage> owner_usage(int device) {
-  Recorder& r = recorder();
+std::vector<OwnerUsage> usage_by_owner(const std::vector<OwnedBlock>& blocks) {
   std::unordered_map<std::uint16_t, std::pair<std::size_t, std::size_t>> by_tag;
-  {
-    std::lock_guard lock(r.mutex);
-    drain_locked(r);
-    apply_all(r);
-    r.live.for_each([&](const LiveBlock& b) {
-      if (b.device != device) return;
-      auto& [bytes, count] = by_tag[b.tag];
-      bytes += b.size;
-      ++count;
-    });
+  for (const OwnedBlock& b : blocks) {
+    auto& [bytes, count] = by_tag[b.tag];
+    bytes += b.bytes;
+    ++count;
   }
   std::vector<OwnerUsage> out;
   for (const auto& [tag, usage] : by_tag) out.push_back({tag_name(tag), usage.first, usage.second});
   std::sort(out.begin(), out.end(), [](const OwnerUsage& a, const OwnerUsage& b) {
     return a.live_bytes != b.live_bytes ? a.live_bytes > b.live_bytes : a.owner < b.owner;
   });
+  return out;
+}
+
+std::unordered_map<std::uint64_t, std::string> owners_by_address(
+    const std::vector<OwnedBlock>& blocks) {
+  std::vector<std::string> names;
+  {
+    Recorder& r = recorder();
+    std::lock_guard lock(r.tag_mutex);
+    names = r.tag_names;
+  }
+  std::unordered_map<std::uint64_t, std::string> out;
+  for (const OwnedBlock& b : blocks) {
+    out.emplace(b.addr, b.tag < names.size() ? names[b.tag] : std::string("user"));
+  }
   return out;
 }
 
@@ -683,10 +573,20 @@ void record_memory_history(bool enabled, std::size_t max_entries) {
   if (detail::in_forked_child()) [[unlikely]]
     detail::throw_forked_child(__func__);
   h::Recorder& r = h::recorder();
+  // Orders starts and stops with the owners kept at a stop (memory_owners.hpp), which are read
+  // from the pools under their locks: never under the recorder's mutex, which the pools take
+  // under theirs.
+  static std::mutex control;
   if (!enabled) {
-    std::lock_guard lock(r.mutex);
-    h::g_on.store(false, std::memory_order_relaxed);
-    h::drain_locked(r);  // what was recorded so far stays for a snapshot
+    std::lock_guard order(control);
+    bool was_on = false;
+    {
+      std::lock_guard lock(r.mutex);
+      was_on = h::g_on.load(std::memory_order_relaxed);
+      h::g_on.store(false, std::memory_order_relaxed);
+      h::drain_locked(r);  // what was recorded so far stays for a snapshot
+    }
+    if (was_on) detail::keep_owned_blocks();  // the owners too, as they were at the stop
     return;
   }
   if (max_entries == 0) {
@@ -696,6 +596,7 @@ void record_memory_history(bool enabled, std::size_t max_entries) {
     throw std::out_of_range("record_memory_history: max_entries " + std::to_string(max_entries) +
                             " is above the limit of " + std::to_string(kMaxMemoryHistoryEntries));
   }
+  std::lock_guard order(control);
   std::lock_guard lock(r.mutex);
   if (h::g_on.load(std::memory_order_relaxed)) {
     h::drain_locked(r);
@@ -703,13 +604,16 @@ void record_memory_history(bool enabled, std::size_t max_entries) {
     h::trim_ring(r);
     return;
   }
-  // A new history: events of the previous one still in thread buffers are discarded by session.
-  h::g_session.fetch_add(1, std::memory_order_relaxed);
+  // A new history: events of the previous one still in thread buffers are discarded by session,
+  // and blocks stamped in it are not owned in this one.
+  std::uint32_t session = h::g_session.load(std::memory_order_relaxed) + 1;
+  if ((session & 0xFFFF) == 0) ++session;  // a stamp's session is never 0
+  h::g_session.store(session, std::memory_order_relaxed);
+  detail::forget_owned_blocks();
   h::clear_ring(r);
   r.capacity = max_entries;
   r.dropped = 0;
   r.lost.store(0, std::memory_order_relaxed);
-  r.live.clear();
   r.steady0 = std::chrono::steady_clock::now();
   r.wall0_us = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                               std::chrono::system_clock::now().time_since_epoch())

@@ -66,19 +66,44 @@ inline void record_now(MemoryAction action, int device, std::uint64_t addr, std:
 std::uint64_t clock() noexcept;
 /// Refreshes the calling thread's clock from ticks() (a pool's locked paths, while recording).
 void touch_clock() noexcept;
-/// An alloc event (at the thread's clock) and a free's two events (free_requested and
-/// free_completed, at `t`, a ticks() read before the pool was called).
-void record_alloc(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t requested,
-                  std::uint64_t stream) noexcept;
+/// An alloc event (at the thread's clock; with `fresh`, at ticks(), for pools that do not keep
+/// the thread's clock fresh) and a free's two events (free_requested and free_completed, at
+/// `t`, a ticks() read before the pool was called). record_alloc returns the block's owner stamp
+/// (even when the event could not be kept), which the pool stores with the block; a pool calls
+/// it while recording, before the block can reach another thread.
+std::uint32_t record_alloc(int device, std::uint64_t addr, std::uint64_t size,
+                           std::uint64_t requested, std::uint64_t stream,
+                           bool fresh = false) noexcept;
 void record_free(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
                  std::uint64_t t) noexcept;
 
-/// The owner tag of each live block recorded since recording started (by address).
-std::unordered_map<std::uint64_t, std::string> live_owners();
+/// Owner stamps: what a pool keeps with each block allocated while recording, so that the owner
+/// statistics and the snapshot's owners come from the pools' own records of their live blocks
+/// (no map of live blocks beside them). A stamp holds the history's session (the low 16 bits of
+/// a number that grows at every start, never 0 there) and the allocating thread's tag id: a
+/// block is owned in the current history when its stamp's session is the current one, since
+/// every allocation of a session stamps its block while the session records.
+inline std::uint16_t stamp_session(std::uint32_t stamp) noexcept {
+  return static_cast<std::uint16_t>(stamp >> 16);
+}
+inline std::uint16_t stamp_tag(std::uint32_t stamp) noexcept {
+  return static_cast<std::uint16_t>(stamp & 0xFFFF);
+}
+/// The session a stamp of the history being recorded carries (0 before the first start).
+std::uint16_t current_session() noexcept;
 
-/// Live bytes and counts per owner tag on `device`, from the recorded history (empty when
-/// nothing was recorded). Largest first.
-std::vector<OwnerUsage> owner_usage(int device);
+/// A live block a pool stamped in the current session: its address, requested bytes and tag.
+struct OwnedBlock {
+  std::uint64_t addr;
+  std::uint64_t bytes;
+  std::uint16_t tag;
+};
+
+/// Live bytes and counts per owner tag of `blocks`, largest first.
+std::vector<OwnerUsage> usage_by_owner(const std::vector<OwnedBlock>& blocks);
+/// The owner tag of each of `blocks`, by address.
+std::unordered_map<std::uint64_t, std::string> owners_by_address(
+    const std::vector<OwnedBlock>& blocks);
 
 /// The recorded events, oldest first, and how many the ring let go (into `snapshot`).
 void fill_traces(MemorySnapshot& snapshot, int device_count);

@@ -4,6 +4,7 @@
 // (docs/memory-pool.md, "Memory history and snapshots").
 #include "common/expects.hpp"
 #include "memory/memory_history.hpp"
+#include "memory/memory_owners.hpp"
 #include "memory/registry_state.hpp"
 
 #include <fcntl.h>
@@ -99,7 +100,7 @@ MemorySnapshot memory_snapshot() {
     const detail::DevicePool* p = slot.load(std::memory_order_acquire);
     if (p != nullptr) p->collect_segments(snap.segments);
   }
-  const auto owners = detail::history::live_owners();
+  const auto owners = detail::live_owners();
   for (MemorySnapshotSegment& seg : snap.segments) {
     for (MemorySnapshotBlock& b : seg.blocks) {
       if (!b.active) continue;

@@ -5,6 +5,7 @@
 #include "common/byte_text.hpp"
 #include "common/expects.hpp"
 #include "memory/memory_history.hpp"
+#include "memory/memory_owners.hpp"
 #include "memory/registry_state.hpp"
 
 #include <vibespatial/raster/memory.hpp>
@@ -38,7 +39,7 @@ std::string driver_memory(int device) {
 std::string owners(int device) {
   std::vector<OwnerUsage> top;
   try {
-    top = history::owner_usage(device);
+    top = owner_usage(device);
   } catch (const std::exception&) {
     top.clear();
   }

@@ -4,6 +4,7 @@
 // forked child inherits.
 #include "common/expects.hpp"
 #include "memory/memory_history.hpp"
+#include "memory/memory_owners.hpp"
 #include "memory/registry_state.hpp"
 #include "memory/vmm_pool_impl.hpp"
 
@@ -229,7 +230,7 @@ MemoryPoolStats memory_pool_stats(int device) noexcept {
   }
   p->fill_stats(s);
   try {
-    s.owners = detail::history::owner_usage(device);
+    s.owners = detail::owner_usage(device);
   } catch (...) {
     s.owners.clear();  // no host memory: the statistics without the owners
   }
@@ -250,14 +251,6 @@ MemoryPoolStats memory_pool_stats() noexcept {
 }
 
 namespace {
-
-// The history's alloc event: after the pool returned, so after any page it mapped for the block.
-template <class Pool>
-void note_alloc(const Pool& pool, void* p, std::size_t bytes, CUstream stream) noexcept {
-  detail::history::record_alloc(pool.device(), reinterpret_cast<std::uintptr_t>(p),
-                                pool.block_size(bytes), bytes,
-                                reinterpret_cast<std::uintptr_t>(stream));
-}
 
 // The history's free events, stamped with the clock read before the pool call (`t`): the block
 // may be handed out again (and its alloc recorded, on another thread) before the call returns.
@@ -281,19 +274,11 @@ void* device_allocate(std::size_t bytes, CUstream stream) {
   std::optional<detail::DeviceFull> full;
   if (direct != nullptr && detail::t_context_bound && bytes != 0) [[likely]] {
     try {
-      void* p = direct->allocate(bytes, stream);
-      if (detail::history::on()) [[unlikely]]
-        note_alloc(*direct, p, bytes, stream);
-      return p;
+      return direct->allocate(bytes, stream);  // records its alloc event while recording
     } catch (const detail::DeviceFull& f) {
       full = f;
     }
-    void* p = detail::allocate_after_full(*direct, bytes, stream, *full);
-    if (detail::history::on()) {
-      detail::history::touch_clock();
-      note_alloc(*direct, p, bytes, stream);
-    }
-    return p;
+    return detail::allocate_after_full(*direct, bytes, stream, *full);
   }
   if (detail::in_forked_child()) [[unlikely]]
     detail::throw_forked_child(__func__);
@@ -307,10 +292,6 @@ void* device_allocate(std::size_t bytes, CUstream stream) {
     full = f;
   }
   if (full) p = detail::allocate_after_full(pool, bytes, stream, *full);
-  if (detail::history::on()) {
-    detail::history::touch_clock();  // the other tiers do not keep the thread's clock fresh
-    note_alloc(pool, p, bytes, stream);
-  }
   return p;
 }
 

@@ -256,7 +256,10 @@ void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
       }
     }
   }
-  live_large_.emplace(addr, LargeBlock{pages, bytes});
+  const auto block = live_large_.emplace(addr, LargeBlock{pages, bytes}).first;
+  if (history::on()) [[unlikely]]  // after the pages were mapped for it
+    block->second.owner = history::record_alloc(device_, addr, pages * page_, bytes,
+                                                reinterpret_cast<std::uintptr_t>(stream));
   large_live_pages_ += pages;
   usage_.on_allocate(bytes);
   debug_check("allocate_large");

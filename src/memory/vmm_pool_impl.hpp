@@ -108,6 +108,9 @@ struct Slab {
   // free path's compare-exchange on it is what detects double frees and wrong sizes without a
   // lock. 32 bits keep this hot, randomly accessed array small.
   SlotRecords requested;
+  // The owner stamp of each slot's block (memory_history.hpp), written when it is allocated
+  // while recording, before `requested`: a live slot's stamp is read after its `requested`.
+  SlotRecords owners;
 
   /// The slot that `p` (inside this slab) falls in. Exact for offsets below 2^32.
   std::size_t slot_of(CUdeviceptr p) const noexcept {
@@ -172,6 +175,7 @@ struct StuckMapping {
 struct LargeBlock {
   std::size_t pages = 0;
   std::size_t bytes = 0;
+  std::uint32_t owner = 0;  // its owner stamp, when allocated while recording
 };
 
 struct FreeRange {
@@ -275,6 +279,7 @@ class VmmPool final : public DevicePool {
     return bytes <= small_limit_ ? size_class_bytes(size_class_of(bytes)) : round_up_pages(bytes);
   }
   void collect_segments(std::vector<MemorySnapshotSegment>& out) const override;
+  void collect_owned(std::uint16_t session, std::vector<history::OwnedBlock>& out) const override;
 
   void retire_cache(ThreadCache& cache) noexcept;
 
@@ -462,6 +467,14 @@ class VmmPool final : public DevicePool {
   static void note_locked() noexcept {
     if (history::on()) [[unlikely]]
       history::touch_clock();
+  }
+  // A small block's alloc event and owner stamp, while recording: before its `requested` store.
+  void note_small_alloc(Slab& slab, std::size_t slot, void* ptr, std::size_t bytes,
+                        CUstream stream) const noexcept {
+    slab.owners[slot].store(
+        history::record_alloc(device_, reinterpret_cast<std::uintptr_t>(ptr), slab.slot_size, bytes,
+                              reinterpret_cast<std::uintptr_t>(stream)),
+        std::memory_order_relaxed);
   }
   void note_pages(MemoryAction action, CUdeviceptr addr, std::size_t pages) const noexcept {
     if (history::on()) [[unlikely]]

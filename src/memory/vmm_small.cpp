@@ -66,8 +66,10 @@ void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
     if (bin.entries[static_cast<std::size_t>(i)].stream != stream) continue;
     const CacheEntry e = bin.entries[static_cast<std::size_t>(i)];
     bin.entries[static_cast<std::size_t>(i)] = bin.entries[static_cast<std::size_t>(--bin.count)];
-    e.slab->requested[e.slab->slot_of(reinterpret_cast<CUdeviceptr>(e.ptr))].store(
-        static_cast<std::uint32_t>(bytes), std::memory_order_release);
+    const std::size_t slot = e.slab->slot_of(reinterpret_cast<CUdeviceptr>(e.ptr));
+    if (history::on()) [[unlikely]]
+      note_small_alloc(*e.slab, slot, e.ptr, bytes, stream);
+    e.slab->requested[slot].store(static_cast<std::uint32_t>(bytes), std::memory_order_release);
     cache.add(static_cast<std::int64_t>(bytes), 1);
     if (++cache.ops >= kStatFlushOps ||
         cache.bytes.load(std::memory_order_relaxed) > kStatFlushBytes) {
@@ -219,8 +221,10 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
   const CacheEntry result = bin.entries[0];
   std::copy(bin.entries.begin() + 1, bin.entries.begin() + bin.count, bin.entries.begin());
   --bin.count;
-  result.slab->requested[result.slab->slot_of(reinterpret_cast<CUdeviceptr>(result.ptr))].store(
-      static_cast<std::uint32_t>(bytes), std::memory_order_release);
+  const std::size_t slot = result.slab->slot_of(reinterpret_cast<CUdeviceptr>(result.ptr));
+  if (history::on()) [[unlikely]]
+    note_small_alloc(*result.slab, slot, result.ptr, bytes, stream);
+  result.slab->requested[slot].store(static_cast<std::uint32_t>(bytes), std::memory_order_release);
   usage_.on_allocate(bytes);
   debug_check("refill");
   return result.ptr;
@@ -265,6 +269,7 @@ Slab* VmmPool::new_slab(int size_class, ThreadCache* owner, bool create) {
   slab->slot_count = static_cast<std::uint32_t>(slab->spans * span_ / slab->slot_size);
   slab->slot_reciprocal = ~std::uint64_t{0} / slab->slot_size + 1;
   slab->requested.reset(slab->slot_count);
+  slab->owners.reset(slab->slot_count);
   slab->owner = owner;
   std::vector<Slab*>& slabs = classes_[static_cast<std::size_t>(size_class)].slabs;
   if (slabs.size() == slabs.capacity()) slabs.reserve(2 * slabs.size() + 1);

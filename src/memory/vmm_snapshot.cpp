@@ -118,3 +118,29 @@ void VmmPool::collect_segments(std::vector<MemorySnapshotSegment>& out) const {
 }
 
 }  // namespace vibespatial::raster::detail::vmm
+
+namespace vibespatial::raster::detail::vmm {
+
+void VmmPool::collect_owned(std::uint16_t session, std::vector<history::OwnedBlock>& out) const {
+  std::lock_guard lock(mutex_);
+  for (const auto& [addr, block] : live_large_) {
+    if (block.owner != 0 && history::stamp_session(block.owner) == session) {
+      out.push_back({addr, block.bytes, history::stamp_tag(block.owner)});
+    }
+  }
+  for (const ClassState& state : classes_) {
+    for (const Slab* slab : state.slabs) {
+      auto& requested = const_cast<SlotRecords&>(slab->requested);
+      auto& owners = const_cast<SlotRecords&>(slab->owners);
+      for (std::uint32_t s = 0; s < slab->carved; ++s) {
+        const std::uint32_t bytes = requested[s].load(std::memory_order_acquire);
+        if (bytes == 0) continue;  // free, or in a thread's cache
+        const std::uint32_t stamp = owners[s].load(std::memory_order_relaxed);
+        if (history::stamp_session(stamp) != session) continue;
+        out.push_back({slab->base + s * slab->slot_size, bytes, history::stamp_tag(stamp)});
+      }
+    }
+  }
+}
+
+}  // namespace vibespatial::raster::detail::vmm
