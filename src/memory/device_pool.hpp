@@ -166,8 +166,6 @@ class DevicePool {
   }
   /// Returns everything to the driver, live blocks included. Never throws.
   virtual void teardown() noexcept = 0;
-  /// The bytes a block of `bytes` occupies (its rounded size): the size of its history events.
-  virtual std::size_t block_size(std::size_t bytes) const noexcept { return bytes; }
   /// Appends this pool's segments to `out` (memory_history.hpp), under the pool's lock.
   virtual void collect_segments(std::vector<MemorySnapshotSegment>& out) const = 0;
   /// Appends each live block whose owner stamp is of history session `session` to `out`, under

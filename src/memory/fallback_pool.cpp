@@ -23,9 +23,6 @@ class FallbackPool final : public DevicePool {
  public:
   explicit FallbackPool(int device) : DevicePool(device), marks_(device) {}
   ~FallbackPool() override { teardown(); }
-  std::size_t block_size(std::size_t bytes) const noexcept override {
-    return (bytes + kRounding - 1) / kRounding * kRounding;
-  }
 
   void* allocate(std::size_t bytes, CUstream stream) override {
     if (bytes > (std::size_t{1} << 50)) throw DeviceFull{bytes};
@@ -75,6 +72,10 @@ class FallbackPool final : public DevicePool {
     used_bytes_ -= size;
     usage_.on_free(bytes);
     live_.erase(it);
+    if (history::on()) {  // under the mutex: before the block can be reused
+      history::record_free(device_, reinterpret_cast<std::uintptr_t>(ptr), bytes,
+                           reinterpret_cast<std::uintptr_t>(stream), history::ticks());
+    }
   }
 
   bool owns(const void* ptr) const noexcept override {
@@ -176,7 +177,7 @@ class FallbackPool final : public DevicePool {
   struct Live {
     std::size_t size;         // rounded
     std::size_t bytes;        // requested
-    std::uint32_t owner = 0;  // its owner stamp, when allocated while recording
+    std::uint64_t owner = 0;  // its owner stamp, when allocated while recording
   };
   struct Cached {
     CUdeviceptr ptr;
@@ -187,8 +188,8 @@ class FallbackPool final : public DevicePool {
   void* hand_out(CUdeviceptr p, std::size_t size, std::size_t bytes, CUstream stream) {
     Live& block = live_.emplace(p, Live{size, bytes}).first->second;
     if (history::on()) {  // a fresh time stamp: this tier does not keep the thread's clock fresh
-      block.owner = history::record_alloc(device_, p, size, bytes,
-                                          reinterpret_cast<std::uintptr_t>(stream), true);
+      block.owner =
+          history::record_alloc(device_, p, bytes, reinterpret_cast<std::uintptr_t>(stream), true);
     }
     used_bytes_ += size;
     usage_.on_allocate(bytes);

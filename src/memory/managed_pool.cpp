@@ -37,8 +37,8 @@ class ManagedPool final : public DevicePool {
     Live& block = live_.emplace(p, Live{bytes}).first->second;
     note_driver_allocation(MemoryAction::segment_alloc, device_, p, bytes);
     if (history::on()) {  // a fresh time stamp: this tier does not keep the thread's clock fresh
-      block.owner = history::record_alloc(device_, p, bytes, bytes,
-                                          reinterpret_cast<std::uintptr_t>(stream), true);
+      block.owner =
+          history::record_alloc(device_, p, bytes, reinterpret_cast<std::uintptr_t>(stream), true);
     }
     usage_.on_allocate(bytes);
     return reinterpret_cast<void*>(p);
@@ -52,6 +52,8 @@ class ManagedPool final : public DevicePool {
     ScopedDeviceContext scope(device_);
     // The work queued on `stream` so far may still use the block.
     MarkRef mark = marks_.record(stream, stream_key(stream));  // may throw: nothing changed
+    // The free's time stamp before cuMemFree: its events come before the segment's free.
+    const std::uint64_t t = history::on() ? history::ticks() : 0;
     if (mark->complete) {
       VSR_CU_TRY(driver().cuMemFree(it->first));  // may throw: the block is still live
       note_driver_allocation(MemoryAction::segment_free, device_, it->first, it->second.bytes);
@@ -60,6 +62,10 @@ class ManagedPool final : public DevicePool {
     }
     live_.erase(it);
     usage_.on_free(bytes);
+    if (t != 0) {
+      history::record_free(device_, reinterpret_cast<std::uintptr_t>(ptr), bytes,
+                           reinterpret_cast<std::uintptr_t>(stream), t);
+    }
     free_completed(false);
   }
 
@@ -144,7 +150,7 @@ class ManagedPool final : public DevicePool {
  private:
   struct Live {
     std::size_t bytes;
-    std::uint32_t owner = 0;  // its owner stamp, when allocated while recording
+    std::uint64_t owner = 0;  // its owner stamp, when allocated while recording
   };
   struct Pending {
     CUdeviceptr ptr;

@@ -30,35 +30,61 @@ std::atomic<bool> g_on{false};
 
 namespace {
 
+// One event in a thread's buffer, packed into 32 bytes (two per cache line: what recording
+// costs is mostly these bytes): the time stamp, the address with the action and the device in
+// its top 16 bits, the size with the owner tag in its top 16 bits, and the stream handle. An
+// address or a size of 2^48 or more (no device has such memory; a request may ask for it) is
+// written as a wide event: the flag kWide in the action, the address and size 0, and the next
+// slot holding the whole address (in `t`) and size (in `addr_word`). The two slots are
+// published together, so a drain never splits them.
 struct RawEvent {
   std::uint64_t t;
-  std::uint64_t addr;
-  std::uint64_t size;
+  std::uint64_t addr_word;  // address (oom: the device's free bytes) | action << 48 | device << 56
+  std::uint64_t size_word;  // size | tag << 48
   std::uint64_t stream;
-  std::uint64_t extra;  // oom: the device's free bytes; alloc: the bytes requested
-  std::uint32_t session;
-  std::uint16_t tag;
-  std::uint8_t action;
-  std::uint8_t device;
 };
-static_assert(sizeof(RawEvent) == 48, "events stay small");
+static_assert(sizeof(RawEvent) == 32, "events stay small");
+
+constexpr int kFieldBits = 48;
+constexpr std::uint64_t kFieldMask = (std::uint64_t{1} << kFieldBits) - 1;
+constexpr std::uint8_t kWide = 0x80;
 
 // The raw action of a free that completes when it is requested (the pools' frees): one event
 // in a thread's buffer for the trace's two entries, free_requested and free_completed, at one
 // time. Not a MemoryAction: only the ring holds it; ring_events() writes the two entries.
-constexpr std::uint8_t kRawFree = 0xFF;
+constexpr std::uint8_t kRawFree = 0x7F;
 static_assert(static_cast<std::uint8_t>(MemoryAction::segment_free) < kRawFree);
+static_assert(kMaxDevices <= 256, "a device fits in a byte");
+
+inline std::uint8_t action_of(const RawEvent& e) noexcept {
+  return static_cast<std::uint8_t>((e.addr_word >> kFieldBits) & 0x7F);
+}
+inline bool wide(const RawEvent& e) noexcept {
+  return ((e.addr_word >> kFieldBits) & kWide) != 0;
+}
 
 // The trace entries `e` stands for.
 inline std::uint32_t entries_of(const RawEvent& e) noexcept {
-  return e.action == kRawFree ? 2 : 1;
+  return action_of(e) == kRawFree ? 2 : 1;
 }
 
+// The trace entries of the events in [begin, end), which ends after a whole event.
 std::uint32_t entries_of(const RawEvent* begin, const RawEvent* end) noexcept {
   std::uint32_t n = 0;
-  for (const RawEvent* e = begin; e != end; ++e) n += entries_of(*e);
+  for (const RawEvent* e = begin; e < end; e += wide(*e) ? 2 : 1) n += entries_of(*e);
   return n;
 }
+
+// An event as the ring's reader uses it (ring_events).
+struct Event {
+  std::uint64_t t;
+  std::uint64_t addr;
+  std::uint64_t size;
+  std::uint64_t stream;
+  std::uint16_t tag;
+  std::uint8_t action;
+  std::uint8_t device;
+};
 
 constexpr std::uint32_t kChunkEvents = 512;
 
@@ -117,18 +143,34 @@ struct ThreadState {
   ThreadBuffer* buffer = nullptr;
   std::uint64_t clock = 0;  // the thread's last time stamp (clock())
   std::uint32_t events = 0;
+  std::uint32_t id = 0;  // thread_id(), once assigned
   TagStack tags;
 };
 thread_local ThreadState t_hot;
 
 // The session of the history being recorded (a new one per start, whose low 16 bits are never
-// 0: owner stamps carry them), copied into every event.
+// 0: owner stamps carry them).
 std::atomic<std::uint32_t> g_session{0};
+std::atomic<std::uint32_t> g_next_thread{0};
+
+inline std::uint16_t tag_of(const ThreadState& st) noexcept {
+  return st.tags.depth == 0 ? kTagUser : st.tags.ids[st.tags.depth - 1];
+}
+
+[[gnu::noinline]] std::uint32_t assign_thread_id(ThreadState& st) noexcept {
+  std::uint32_t id = g_next_thread.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (id == 0) id = g_next_thread.fetch_add(1, std::memory_order_relaxed) + 1;  // 2^32 threads on
+  st.id = id;
+  return id;
+}
+
+inline std::uint32_t id_of(ThreadState& st) noexcept {
+  return st.id != 0 ? st.id : assign_thread_id(st);
+}
 
 // The stamp of a block the calling thread allocates now.
-inline std::uint32_t stamp_of(const ThreadState& st, std::uint32_t session) noexcept {
-  const std::uint16_t tag = st.tags.depth == 0 ? kTagUser : st.tags.ids[st.tags.depth - 1];
-  return (session << 16) | tag;
+inline std::uint64_t stamp_of(ThreadState& st, std::uint32_t session) noexcept {
+  return (std::uint64_t{session & 0xFFFF} << 48) | (std::uint64_t{tag_of(st)} << 32) | id_of(st);
 }
 
 Chunk* new_chunk(Recorder& r) noexcept {
@@ -152,7 +194,7 @@ void recycle(Recorder& r, Chunk* c) noexcept {
   }
 }
 
-bool earlier(const RawEvent& a, const RawEvent& b) noexcept {
+bool earlier(const Event& a, const Event& b) noexcept {
   return a.t < b.t;
 }
 
@@ -207,14 +249,15 @@ void drain_locked(Recorder& r) noexcept {
   }
 }
 
-// The thread's chunk is full: into the ring, and a fresh one. Mutex taken here.
+// The thread's chunk is full (or has no room for a wide event): into the ring, and a fresh one.
+// Mutex taken here.
 [[gnu::noinline]] void chunk_full(ThreadBuffer* b) noexcept {
   Recorder& r = recorder();
   std::lock_guard lock(r.mutex);
   Chunk* full = b->chunk;
   Chunk* fresh = new_chunk(r);
   full->begin = b->tail.load(std::memory_order_relaxed);
-  full->end = kChunkEvents;
+  full->end = b->head.load(std::memory_order_relaxed);
   if (fresh == nullptr) {  // no host memory: the chunk's events are lost, and counted
     r.dropped += entries_of(&full->events[full->begin], &full->events[full->end]);
     fresh = full;
@@ -263,23 +306,33 @@ thread_local BufferHolder t_holder;
 
 // The ring's events, oldest first: the newest `capacity` of them (the rest count as dropped).
 // Mutex held.
-std::vector<RawEvent> ring_events(Recorder& r, std::uint64_t& dropped) {
-  std::vector<RawEvent> events;
+std::vector<Event> ring_events(Recorder& r, std::uint64_t& dropped) {
+  std::vector<Event> events;
   events.reserve(r.ring_events);
-  const std::uint32_t session = g_session.load(std::memory_order_relaxed);
   for (Chunk* c : r.ring) {
     for (std::uint32_t i = c->begin; i < c->end; ++i) {
       const RawEvent& e = c->events[i];
-      if (e.session != session) continue;
-      if (e.action != kRawFree) {
-        events.push_back(e);
+      Event out{e.t,
+                e.addr_word & kFieldMask,
+                e.size_word & kFieldMask,
+                e.stream,
+                static_cast<std::uint16_t>(e.size_word >> kFieldBits),
+                action_of(e),
+                static_cast<std::uint8_t>(e.addr_word >> 56)};
+      if (wide(e)) {  // the whole address and size are in the next slot
+        ++i;
+        out.addr = c->events[i].t;
+        out.size = c->events[i].addr_word;
+      }
+      if (out.action != kRawFree) {
+        events.push_back(out);
         continue;
       }
-      RawEvent requested = e;  // the stable sort keeps the request before the completion
-      requested.action = static_cast<std::uint8_t>(MemoryAction::free_requested);
-      events.push_back(requested);
-      requested.action = static_cast<std::uint8_t>(MemoryAction::free_completed);
-      events.push_back(requested);
+      // The stable sort keeps the request before the completion.
+      out.action = static_cast<std::uint8_t>(MemoryAction::free_requested);
+      events.push_back(out);
+      out.action = static_cast<std::uint8_t>(MemoryAction::free_completed);
+      events.push_back(out);
     }
   }
   std::stable_sort(events.begin(), events.end(), earlier);
@@ -406,20 +459,39 @@ std::uint16_t current_tag() noexcept {
 
 namespace {
 
-inline void put(ThreadState& st, ThreadBuffer* b, std::uint8_t action, int device,
-                std::uint64_t addr, std::uint64_t size, std::uint64_t stream, std::uint64_t t,
-                std::uint64_t extra, std::uint32_t session) noexcept {
+[[gnu::noinline]] void put_wide(ThreadState& st, ThreadBuffer* b, std::uint8_t action, int device,
+                                std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
+                                std::uint64_t t) noexcept {
+  if (b->head.load(std::memory_order_relaxed) + 2 > kChunkEvents) chunk_full(b);
   const std::uint32_t head = b->head.load(std::memory_order_relaxed);
   RawEvent& e = b->chunk->events[head];
   e.t = t;
-  e.addr = addr;
-  e.size = size;
+  e.addr_word = (std::uint64_t{static_cast<std::uint8_t>(action | kWide)} << kFieldBits) |
+                (std::uint64_t{static_cast<std::uint8_t>(device)} << 56);
+  e.size_word = std::uint64_t{tag_of(st)} << kFieldBits;
   e.stream = stream;
-  e.extra = extra;
-  e.session = session;
-  e.tag = st.tags.depth == 0 ? kTagUser : st.tags.ids[st.tags.depth - 1];
-  e.action = action;
-  e.device = static_cast<std::uint8_t>(device);
+  RawEvent& whole = b->chunk->events[head + 1];
+  whole.t = addr;
+  whole.addr_word = size;
+  whole.size_word = whole.stream = 0;
+  b->head.store(head + 2, std::memory_order_release);
+  if (head + 2 == kChunkEvents) chunk_full(b);
+}
+
+inline void put(ThreadState& st, ThreadBuffer* b, std::uint8_t action, int device,
+                std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
+                std::uint64_t t) noexcept {
+  if (((addr | size) >> kFieldBits) != 0) [[unlikely]] {
+    put_wide(st, b, action, device, addr, size, stream, t);
+    return;
+  }
+  const std::uint32_t head = b->head.load(std::memory_order_relaxed);
+  RawEvent& e = b->chunk->events[head];
+  e.t = t;
+  e.addr_word = addr | (std::uint64_t{action} << kFieldBits) |
+                (std::uint64_t{static_cast<std::uint8_t>(device)} << 56);
+  e.size_word = size | (std::uint64_t{tag_of(st)} << kFieldBits);
+  e.stream = stream;
   b->head.store(head + 1, std::memory_order_release);
   if (head + 1 == kChunkEvents) [[unlikely]]
     chunk_full(b);
@@ -443,8 +515,8 @@ void record(MemoryAction action, int device, std::uint64_t addr, std::uint64_t s
   if (b == nullptr) [[unlikely]]
     return;
   if (t > st.clock) st.clock = t;
-  put(st, b, static_cast<std::uint8_t>(action), device, addr, size, stream, t, extra,
-      g_session.load(std::memory_order_relaxed));
+  if (action == MemoryAction::oom) addr = extra;  // an oom has no address
+  put(st, b, static_cast<std::uint8_t>(action), device, addr, size, stream, t);
 }
 
 std::uint64_t clock() noexcept {
@@ -459,16 +531,20 @@ void touch_clock() noexcept {
   st.clock = std::max(st.clock, ticks());
 }
 
-std::uint32_t record_alloc(int device, std::uint64_t addr, std::uint64_t size,
-                           std::uint64_t requested, std::uint64_t stream, bool fresh) noexcept {
+std::uint32_t thread_id() noexcept {
+  return id_of(t_hot);
+}
+
+std::uint64_t record_alloc(int device, std::uint64_t addr, std::uint64_t requested,
+                           std::uint64_t stream, bool fresh) noexcept {
   ThreadState& st = t_hot;
   const std::uint32_t session = g_session.load(std::memory_order_relaxed);
   ThreadBuffer* b = buffer_of(st);
-  if (b == nullptr) [[unlikely]]
-    return stamp_of(st, session);
-  if (fresh || (++st.events & 63) == 0) st.clock = std::max(st.clock, ticks());
-  put(st, b, static_cast<std::uint8_t>(MemoryAction::alloc), device, addr, size, stream, st.clock,
-      requested, session);
+  if (b != nullptr) [[likely]] {
+    if (fresh || (++st.events & 63) == 0) st.clock = std::max(st.clock, ticks());
+    put(st, b, static_cast<std::uint8_t>(MemoryAction::alloc), device, addr, requested, stream,
+        st.clock);
+  }
   return stamp_of(st, session);
 }
 
@@ -476,15 +552,14 @@ std::uint16_t current_session() noexcept {
   return static_cast<std::uint16_t>(g_session.load(std::memory_order_relaxed));
 }
 
-void record_free(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
+void record_free(int device, std::uint64_t addr, std::uint64_t requested, std::uint64_t stream,
                  std::uint64_t t) noexcept {
   ThreadState& st = t_hot;
   ThreadBuffer* b = buffer_of(st);
   if (b == nullptr) [[unlikely]]
     return;
   if (t > st.clock) st.clock = t;
-  const std::uint32_t session = g_session.load(std::memory_order_relaxed);
-  put(st, b, kRawFree, device, addr, size, stream, t, 0, session);
+  put(st, b, kRawFree, device, addr, requested, stream, t == 0 ? st.clock : t);
 }
 
 std::vector<OwnerUsage> usage_by_owner(const std::vector<OwnedBlock>& blocks) {
@@ -519,7 +594,7 @@ std::unordered_map<std::uint64_t, std::string> owners_by_address(
 
 void fill_traces(MemorySnapshot& snapshot, int device_count) {
   Recorder& r = recorder();
-  std::vector<RawEvent> events;
+  std::vector<Event> events;
   double us_per_tick = 0;
   {
     std::lock_guard lock(r.mutex);
@@ -533,14 +608,14 @@ void fill_traces(MemorySnapshot& snapshot, int device_count) {
     us_per_tick = t1 > r.t0 ? us / static_cast<double>(t1 - r.t0) : 0.0;
   }
   int devices = std::max(device_count, 1);
-  for (const RawEvent& e : events) devices = std::max(devices, static_cast<int>(e.device) + 1);
+  for (const Event& e : events) devices = std::max(devices, static_cast<int>(e.device) + 1);
   snapshot.device_traces.assign(static_cast<std::size_t>(devices), {});
   std::vector<std::string> names;
   {
     std::lock_guard lock(r.tag_mutex);
     names = r.tag_names;
   }
-  for (const RawEvent& e : events) {
+  for (const Event& e : events) {
     MemoryHistoryEvent out;
     out.action = static_cast<MemoryAction>(e.action);
     out.device = e.device;
@@ -548,7 +623,10 @@ void fill_traces(MemorySnapshot& snapshot, int device_count) {
     out.size = e.size;
     out.stream = e.stream;
     out.time_us = to_time_us(r, e.t, us_per_tick);
-    if (out.action == MemoryAction::oom) out.device_free = e.extra;
+    if (out.action == MemoryAction::oom) {  // its address field holds the device's free bytes
+      out.device_free = e.addr;
+      out.addr = 0;
+    }
     out.owner = e.tag < names.size() ? names[e.tag] : std::string("user");
     snapshot.device_traces[e.device].push_back(std::move(out));
   }
@@ -604,8 +682,9 @@ void record_memory_history(bool enabled, std::size_t max_entries) {
     h::trim_ring(r);
     return;
   }
-  // A new history: events of the previous one still in thread buffers are discarded by session,
-  // and blocks stamped in it are not owned in this one.
+  // A new history: events of the previous one still in thread buffers are discarded (clear_ring;
+  // only an event being written by a thread that saw recording on before the stop can slip in,
+  // as an event of the start's moment), and blocks stamped in it are not owned in this one.
   std::uint32_t session = h::g_session.load(std::memory_order_relaxed) + 1;
   if ((session & 0xFFFF) == 0) ++session;  // a stamp's session is never 0
   h::g_session.store(session, std::memory_order_relaxed);

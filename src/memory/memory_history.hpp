@@ -48,8 +48,9 @@ inline constexpr std::uint16_t kTagRaster = 1;
 std::uint16_t current_tag() noexcept;
 
 /// Records one event with the calling thread's tag (time stamp `t`, from ticks()); `extra` is
-/// the bytes requested for an alloc, the device's free bytes for an oom. Never throws: an event
-/// that cannot be kept (no memory for the thread's buffer) is counted as dropped.
+/// the device's free bytes for an oom (which has no address). Sizes are requested bytes for
+/// allocs and frees (as PyTorch's trace has them), else bytes. Never throws: an event that
+/// cannot be kept (no memory for the thread's buffer) is counted as dropped.
 void record(MemoryAction action, int device, std::uint64_t addr, std::uint64_t size,
             std::uint64_t stream, std::uint64_t t, std::uint64_t extra = 0) noexcept;
 
@@ -59,38 +60,56 @@ inline void record_now(MemoryAction action, int device, std::uint64_t addr, std:
 }
 
 /// The calling thread's clock: its last time stamp, refreshed from ticks() every 64th call and
-/// by every event recorded with a fresh one. Cheaper than ticks(), and enough for allocs: a
-/// block reaches another thread's allocation only through a pool's locked path, which calls
-/// touch_clock(), and a thread's own frees are stamped fresh (a free may follow another
-/// thread's alloc of the block, which this thread's clock has not seen).
+/// by every event recorded with a fresh one; it never goes back. Cheaper than ticks(), and
+/// enough for events whose order other threads' events depend on only through a pool's locked
+/// paths, which call touch_clock(): a thread's allocs, and its frees of blocks it allocated
+/// (free_time). A free of a block another thread allocated needs a fresh stamp: the other
+/// thread's alloc may be later than this thread's clock.
 std::uint64_t clock() noexcept;
 /// Refreshes the calling thread's clock from ticks() (a pool's locked paths, while recording).
 void touch_clock() noexcept;
-/// An alloc event (at the thread's clock; with `fresh`, at ticks(), for pools that do not keep
-/// the thread's clock fresh) and a free's two events (free_requested and free_completed, at
-/// `t`, a ticks() read before the pool was called). record_alloc returns the block's owner stamp
-/// (even when the event could not be kept), which the pool stores with the block; a pool calls
-/// it while recording, before the block can reach another thread.
-std::uint32_t record_alloc(int device, std::uint64_t addr, std::uint64_t size,
-                           std::uint64_t requested, std::uint64_t stream,
-                           bool fresh = false) noexcept;
-void record_free(int device, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
-                 std::uint64_t t) noexcept;
+/// The calling thread's id in the history (never 0; assigned on first use, never reused).
+std::uint32_t thread_id() noexcept;
 
 /// Owner stamps: what a pool keeps with each block allocated while recording, so that the owner
 /// statistics and the snapshot's owners come from the pools' own records of their live blocks
-/// (no map of live blocks beside them). A stamp holds the history's session (the low 16 bits of
-/// a number that grows at every start, never 0 there) and the allocating thread's tag id: a
-/// block is owned in the current history when its stamp's session is the current one, since
-/// every allocation of a session stamps its block while the session records.
-inline std::uint16_t stamp_session(std::uint32_t stamp) noexcept {
-  return static_cast<std::uint16_t>(stamp >> 16);
+/// (no map of live blocks beside them), and a free knows whether its thread allocated the block.
+/// A stamp holds the history's session (the low 16 bits of a number that grows at every start,
+/// never 0 there), the allocating thread's tag id and its thread_id(); 0 for a block never
+/// stamped. A block is owned in the current history when its stamp's session is the current
+/// one, since every allocation of a session stamps its block while the session records.
+inline std::uint16_t stamp_session(std::uint64_t stamp) noexcept {
+  return static_cast<std::uint16_t>(stamp >> 48);
 }
-inline std::uint16_t stamp_tag(std::uint32_t stamp) noexcept {
-  return static_cast<std::uint16_t>(stamp & 0xFFFF);
+inline std::uint16_t stamp_tag(std::uint64_t stamp) noexcept {
+  return static_cast<std::uint16_t>(stamp >> 32);
+}
+inline std::uint32_t stamp_thread(std::uint64_t stamp) noexcept {
+  return static_cast<std::uint32_t>(stamp);
 }
 /// The session a stamp of the history being recorded carries (0 before the first start).
 std::uint16_t current_session() noexcept;
+
+/// An alloc event at the thread's clock (with `fresh`, at ticks(): for pools whose locked paths
+/// do not keep the thread's clock fresh), for `requested` bytes. Returns the block's owner stamp
+/// (even when the event could not be kept), which the pool stores with the block. A pool calls
+/// it while recording, after any page it mapped for the block and before the block can reach
+/// another thread.
+std::uint64_t record_alloc(int device, std::uint64_t addr, std::uint64_t requested,
+                           std::uint64_t stream, bool fresh = false) noexcept;
+
+/// The time stamp a pool takes for the free of a block whose owner stamp is `stamp`, by the
+/// thread with history id `self`, before the block can be reused: 0 (the thread's clock, read
+/// by record_free) when that thread allocated it, else ticks(). The thread's clock is then at
+/// least the alloc's stamp, and no other thread can see the block before the free is done.
+inline std::uint64_t free_time(std::uint64_t stamp, std::uint32_t self) noexcept {
+  return stamp_thread(stamp) == self ? 0 : ticks();
+}
+/// A free's two events, free_requested and free_completed, at `t` (free_time(), or a ticks()
+/// read before the block could be reused; 0: the thread's clock), for `requested` bytes. A pool
+/// calls it after the free succeeded.
+void record_free(int device, std::uint64_t addr, std::uint64_t requested, std::uint64_t stream,
+                 std::uint64_t t) noexcept;
 
 /// A live block a pool stamped in the current session: its address, requested bytes and tag.
 struct OwnedBlock {

@@ -250,20 +250,6 @@ MemoryPoolStats memory_pool_stats() noexcept {
   return memory_pool_stats(device);
 }
 
-namespace {
-
-// The history's free events, stamped with the clock read before the pool call (`t`): the block
-// may be handed out again (and its alloc recorded, on another thread) before the call returns.
-// The pool can reuse a freed block on its own stream at once, so the free completes with it.
-template <class Pool>
-void note_free(const Pool& pool, std::uint64_t t, void* p, std::size_t bytes,
-               CUstream stream) noexcept {
-  detail::history::record_free(pool.device(), reinterpret_cast<std::uintptr_t>(p),
-                               pool.block_size(bytes), reinterpret_cast<std::uintptr_t>(stream), t);
-}
-
-}  // namespace
-
 void* device_allocate(std::size_t bytes, CUstream stream) {
   // The direct path (g_direct_pool): one pointer, one thread-local flag, then the pool.
   detail::vmm::VmmPool* direct = detail::g_direct_pool.load(std::memory_order_acquire);
@@ -316,15 +302,8 @@ void forget_stream(CUstream stream) {
 void device_deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   detail::vmm::VmmPool* direct = detail::g_direct_pool.load(std::memory_order_acquire);
   if (direct != nullptr && ptr != nullptr) [[likely]] {
-    if (detail::history::on()) [[unlikely]] {
-      // A fresh stamp: the block may have been allocated by another thread, at a time this
-      // thread's clock has not seen.
-      const std::uint64_t t = detail::history::ticks();
-      direct->deallocate(ptr, bytes, stream);  // throws: nothing is recorded
-      note_free(*direct, t, ptr, bytes, stream);
-      return;
-    }
-    direct->deallocate(ptr, bytes, stream);  // the only pool, so the pointer's if anyone's
+    // The only pool, so the pointer's if anyone's; it records the free while recording.
+    direct->deallocate(ptr, bytes, stream);
     return;
   }
   if (detail::in_forked_child()) [[unlikely]]
@@ -334,10 +313,7 @@ void device_deallocate(void* ptr, std::size_t bytes, CUstream stream) {
               "device_deallocate: null pointer with a size of " + std::to_string(bytes) + " bytes");
   VSR_EXPECTS(detail::current_tier() != Tier::none,
               "device_deallocate: the pool is not configured, so it never allocated this pointer");
-  detail::DevicePool& pool = detail::pool_of(ptr);
-  const std::uint64_t t = detail::history::on() ? detail::history::ticks() : 0;
-  pool.deallocate(ptr, bytes, stream);
-  if (detail::history::on()) note_free(pool, t, ptr, bytes, stream);
+  detail::pool_of(ptr).deallocate(ptr, bytes, stream);
 }
 
 }  // namespace vibespatial::raster

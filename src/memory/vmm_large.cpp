@@ -258,8 +258,8 @@ void* VmmPool::allocate_large(std::size_t bytes, CUstream stream) {
   }
   const auto block = live_large_.emplace(addr, LargeBlock{pages, bytes}).first;
   if (history::on()) [[unlikely]]  // after the pages were mapped for it
-    block->second.owner = history::record_alloc(device_, addr, pages * page_, bytes,
-                                                reinterpret_cast<std::uintptr_t>(stream));
+    block->second.owner =
+        history::record_alloc(device_, addr, bytes, reinterpret_cast<std::uintptr_t>(stream));
   large_live_pages_ += pages;
   usage_.on_allocate(bytes);
   debug_check("allocate_large");
@@ -282,6 +282,8 @@ void VmmPool::deallocate_large(CUdeviceptr p, std::size_t bytes, CUstream stream
   usage_.on_free(bytes);
   insert_free(p, pages, {std::move(mark)});
   mark_pending(stream, key);
+  if (history::on()) [[unlikely]]  // under the mutex, at the clock the lock freshened
+    history::record_free(device_, p, bytes, reinterpret_cast<std::uintptr_t>(stream), 0);
 }
 
 }  // namespace vibespatial::raster::detail::vmm

@@ -46,23 +46,25 @@ constexpr std::size_t kMaxForgetLog = 256;  // forget_stream() entries before ca
 class ThreadCache;
 
 // Per-slot records in whole cache lines of their own: slabs are shared between threads, and a
-// record array must not share a line with anything another thread writes.
-class SlotRecords {
+// record array must not share a line with anything another thread writes. Zero when made.
+template <typename T>
+class BasicSlotRecords {
  public:
   void reset(std::size_t slots) {
     lines_ = std::make_unique<Line[]>((slots + kPerLine - 1) / kPerLine);
   }
-  std::atomic<std::uint32_t>& operator[](std::size_t slot) noexcept {
+  std::atomic<T>& operator[](std::size_t slot) noexcept {
     return lines_[slot / kPerLine].record[slot % kPerLine];
   }
 
  private:
-  static constexpr std::size_t kPerLine = 16;
+  static constexpr std::size_t kPerLine = 64 / sizeof(T);
   struct alignas(64) Line {
-    std::atomic<std::uint32_t> record[kPerLine];
+    std::atomic<T> record[kPerLine];
   };
   std::unique_ptr<Line[]> lines_;
 };
+using SlotRecords = BasicSlotRecords<std::uint32_t>;
 
 // Small blocks freed on one stream that reached the shared lists, with the mark that covers them
 // once one is recorded. Its slots are reusable at once on the stream with key `key`, and on any
@@ -110,7 +112,7 @@ struct Slab {
   SlotRecords requested;
   // The owner stamp of each slot's block (memory_history.hpp), written when it is allocated
   // while recording, before `requested`: a live slot's stamp is read after its `requested`.
-  SlotRecords owners;
+  BasicSlotRecords<std::uint64_t> owners;
 
   /// The slot that `p` (inside this slab) falls in. Exact for offsets below 2^32.
   std::size_t slot_of(CUdeviceptr p) const noexcept {
@@ -175,7 +177,7 @@ struct StuckMapping {
 struct LargeBlock {
   std::size_t pages = 0;
   std::size_t bytes = 0;
-  std::uint32_t owner = 0;  // its owner stamp, when allocated while recording
+  std::uint64_t owner = 0;  // its owner stamp, when allocated while recording
 };
 
 struct FreeRange {
@@ -204,6 +206,8 @@ class alignas(64) ThreadCache {
   std::uint64_t epoch = 0;
   // The owning thread's per-thread default stream as a key (its bins hold CU_STREAM_PER_THREAD).
   CUstream per_thread_key = nullptr;
+  // The owning thread's history::thread_id(): whether a block it frees is one it allocated.
+  std::uint32_t history_id = 0;
   // The pool's forget epoch this cache has applied to its bins (VmmPool::sync_forgotten). Read on
   // the fast path by the owner; written under the mutex by the owner or, after the handshake
   // below, by a thread that takes the cache's blocks.
@@ -275,9 +279,6 @@ class VmmPool final : public DevicePool {
   std::string check_invariants() const override;
   std::pair<std::uintptr_t, std::uintptr_t> slab_extent(const void* ptr) const override;
   void teardown() noexcept override;
-  std::size_t block_size(std::size_t bytes) const noexcept override {
-    return bytes <= small_limit_ ? size_class_bytes(size_class_of(bytes)) : round_up_pages(bytes);
-  }
   void collect_segments(std::vector<MemorySnapshotSegment>& out) const override;
   void collect_owned(std::uint16_t session, std::vector<history::OwnedBlock>& out) const override;
 
@@ -471,10 +472,9 @@ class VmmPool final : public DevicePool {
   // A small block's alloc event and owner stamp, while recording: before its `requested` store.
   void note_small_alloc(Slab& slab, std::size_t slot, void* ptr, std::size_t bytes,
                         CUstream stream) const noexcept {
-    slab.owners[slot].store(
-        history::record_alloc(device_, reinterpret_cast<std::uintptr_t>(ptr), slab.slot_size, bytes,
-                              reinterpret_cast<std::uintptr_t>(stream)),
-        std::memory_order_relaxed);
+    slab.owners[slot].store(history::record_alloc(device_, reinterpret_cast<std::uintptr_t>(ptr),
+                                                  bytes, reinterpret_cast<std::uintptr_t>(stream)),
+                            std::memory_order_relaxed);
   }
   void note_pages(MemoryAction action, CUdeviceptr addr, std::size_t pages) const noexcept {
     if (history::on()) [[unlikely]]

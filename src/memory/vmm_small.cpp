@@ -32,6 +32,7 @@ ThreadCache& VmmPool::thread_cache() {
     slot->pool = this;
     slot->epoch = epoch_;
     slot->per_thread_key = per_thread_stream_key();
+    slot->history_id = history::thread_id();
     std::lock_guard lock(mutex_);
     slot->forget_seen = forget_epoch_.value.load(std::memory_order_relaxed);  // nothing to apply
     caches_.push_back(slot.get());
@@ -97,31 +98,44 @@ void VmmPool::deallocate_small(Slab* slab, void* ptr, std::size_t bytes, CUstrea
   }
   ThreadCache& cache = thread_cache();
   Bin& bin = cache.bins[static_cast<std::size_t>(slab->size_class)];
-  if (enter_fast_path(cache)) [[likely]] {
-    if (bin.count < kBinCapacity) [[likely]] {
+  // Into the thread's cache bin with no lock and no driver call, or under the mutex when the bin
+  // is full or being drained.
+  auto release = [&] {
+    if (enter_fast_path(cache)) [[likely]] {
+      if (bin.count < kBinCapacity) [[likely]] {
+        bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
+        cache.add(-static_cast<std::int64_t>(bytes), -1);
+        leave_fast_path(cache);
+        return;
+      }
+      leave_fast_path(cache);
+    }
+    // The bin is full, another thread is draining it, or a forget_stream() call is to be applied
+    // first: under the mutex, which such a thread holds.
+    try {
+      std::lock_guard lock(mutex_);
+      note_locked();
+      sync_forgotten(cache);
+      const bool flushed = bin.count == kBinCapacity;
+      if (flushed) flush_bin(cache, slab->size_class, kBinCapacity / 2);
       bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
       cache.add(-static_cast<std::int64_t>(bytes), -1);
-      leave_fast_path(cache);
-      return;
+      if (flushed) mark_pending(stream, key_in(cache, stream));  // a call on `stream`
+    } catch (...) {
+      slab->requested[slot].store(static_cast<std::uint32_t>(bytes),
+                                  std::memory_order_release);  // changes nothing
+      throw;
     }
-    leave_fast_path(cache);
+  };
+  if (history::on()) [[unlikely]] {
+    // The free's time stamp before the block can be reused; its events once it is free.
+    const std::uint64_t t =
+        history::free_time(slab->owners[slot].load(std::memory_order_relaxed), cache.history_id);
+    release();  // throws: nothing is recorded
+    history::record_free(device_, p, bytes, reinterpret_cast<std::uintptr_t>(stream), t);
+    return;
   }
-  // The bin is full, another thread is draining it, or a forget_stream() call is to be applied
-  // first: under the mutex, which such a thread holds.
-  try {
-    std::lock_guard lock(mutex_);
-    note_locked();
-    sync_forgotten(cache);
-    const bool flushed = bin.count == kBinCapacity;
-    if (flushed) flush_bin(cache, slab->size_class, kBinCapacity / 2);
-    bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
-    cache.add(-static_cast<std::int64_t>(bytes), -1);
-    if (flushed) mark_pending(stream, key_in(cache, stream));  // a call on `stream`
-  } catch (...) {
-    slab->requested[slot].store(static_cast<std::uint32_t>(bytes),
-                                std::memory_order_release);  // changes nothing
-    throw;
-  }
+  release();
 }
 
 void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes,

@@ -131,11 +131,11 @@ void VmmPool::collect_owned(std::uint16_t session, std::vector<history::OwnedBlo
   for (const ClassState& state : classes_) {
     for (const Slab* slab : state.slabs) {
       auto& requested = const_cast<SlotRecords&>(slab->requested);
-      auto& owners = const_cast<SlotRecords&>(slab->owners);
+      auto& owners = const_cast<BasicSlotRecords<std::uint64_t>&>(slab->owners);
       for (std::uint32_t s = 0; s < slab->carved; ++s) {
         const std::uint32_t bytes = requested[s].load(std::memory_order_acquire);
         if (bytes == 0) continue;  // free, or in a thread's cache
-        const std::uint32_t stamp = owners[s].load(std::memory_order_relaxed);
+        const std::uint64_t stamp = owners[s].load(std::memory_order_relaxed);
         if (history::stamp_session(stamp) != session) continue;
         out.push_back({slab->base + s * slab->slot_size, bytes, history::stamp_tag(stamp)});
       }

@@ -478,7 +478,7 @@ TEST_SUITE("pool") {
       if (ev[i].action == MemoryAction::alloc &&
           ev[i].addr == reinterpret_cast<std::uintptr_t>(large)) {
         alloc_at = i;
-        CHECK(ev[i].size == 3 * page);  // its rounded size
+        CHECK(ev[i].size == 5 * MiB);  // the bytes asked for, as PyTorch's trace has them
         CHECK(ev[i].owner == "tile 3");
       }
       if (ev[i].action == MemoryAction::alloc &&
@@ -615,6 +615,112 @@ TEST_SUITE("pool") {
     CHECK(events_of(memory_snapshot()).size() == 10);
     Recording again;
     CHECK(events_of(memory_snapshot()).empty());
+  }
+
+  TEST_CASE("memory history: a block freed by another thread is freed after its alloc") {
+    FreshPool fresh;
+    Recording rec;
+    // The main thread's clock stops here; the worker's allocs are stamped later.
+    void* first = device_allocate(600);
+    device_deallocate(first, 600);
+    std::vector<std::pair<void*, std::size_t>> blocks;
+    std::thread worker([&] {
+      for (int i = 0; i < 10; ++i) {
+        const std::size_t size = i % 2 == 0 ? 700 + static_cast<std::size_t>(i) : 3 * MiB;
+        blocks.emplace_back(device_allocate(size), size);
+      }
+    });
+    worker.join();
+    for (auto& [p, size] : blocks) device_deallocate(p, size);
+    const MemorySnapshot s = memory_snapshot();
+    CHECK(check_snapshot(s, true) == "");
+    const auto ev = events_of(s);
+    CHECK(count(ev, MemoryAction::alloc) == 11);
+    CHECK(count(ev, MemoryAction::free_completed) == 11);
+    std::map<std::uint64_t, std::size_t> alloc_at;
+    for (std::size_t i = 0; i < ev.size(); ++i) {
+      if (ev[i].action == MemoryAction::alloc) alloc_at[ev[i].addr] = i;
+      if (ev[i].action == MemoryAction::free_requested) {
+        CAPTURE(i);
+        REQUIRE(alloc_at.count(ev[i].addr) == 1);
+        CHECK(alloc_at[ev[i].addr] < i);
+        CHECK(ev[i].time_us >= ev[alloc_at[ev[i].addr]].time_us);
+      }
+    }
+  }
+
+  TEST_CASE("memory history: owners are kept at a stop; a new history owns no older block") {
+    FreshPool fresh;
+    void* before = device_allocate(900);  // allocated while not recording: no owner
+    void* kept = nullptr;
+    void* large = nullptr;
+    {
+      Recording rec;
+      MemoryTag tag("kept");
+      kept = device_allocate(1000);
+      large = device_allocate(5 * MiB);
+      const auto owners = memory_pool_stats().owners;
+      REQUIRE(owners.size() == 1);
+      CHECK(owners[0].owner == "kept");
+      CHECK(owners[0].live_bytes == 5 * MiB + 1000);
+      CHECK(owners[0].live_count == 2);
+    }
+    // Stopped: the owners as they were at the stop, whatever is allocated or freed since.
+    void* later = device_allocate(800);
+    device_deallocate(kept, 1000);
+    void* reused = device_allocate(1000);  // may take the slot of `kept`: no owner is written
+    auto owners = memory_pool_stats().owners;
+    REQUIRE(owners.size() == 1);
+    CHECK(owners[0].owner == "kept");
+    CHECK(owners[0].live_count == 2);
+    {
+      // A new history: the blocks stamped in the last one are not owned in this one.
+      Recording rec;
+      CHECK(memory_pool_stats().owners.empty());
+      MemoryTag tag("new");
+      void* fresh_block = device_allocate(1000);
+      owners = memory_pool_stats().owners;
+      REQUIRE(owners.size() == 1);
+      CHECK(owners[0].owner == "new");
+      CHECK(owners[0].live_bytes == 1000);
+      const MemorySnapshot s = memory_snapshot();
+      std::size_t owned = 0;
+      for (const auto& seg : s.segments) {
+        for (const auto& b : seg.blocks) {
+          if (!b.active) continue;
+          if (b.address == reinterpret_cast<std::uintptr_t>(fresh_block)) {
+            CHECK(b.owner == "new");
+            ++owned;
+          } else {
+            CHECK(b.owner.empty());
+          }
+        }
+      }
+      CHECK(owned == 1);
+      device_deallocate(fresh_block, 1000);
+      CHECK(memory_pool_stats().owners.empty());
+    }
+    for (auto [p, size] :
+         {std::pair{before, std::size_t{900}}, std::pair{large, 5 * MiB},
+          std::pair{later, std::size_t{800}}, std::pair{reused, std::size_t{1000}}}) {
+      device_deallocate(p, size);
+    }
+  }
+
+  TEST_CASE("memory history: sizes of 2^48 bytes and more are kept whole") {
+    FreshPool fresh;
+    Recording rec;
+    const std::size_t huge = (std::size_t{1} << 49) + 12345;
+    CHECK_THROWS_AS(device_allocate(huge), OutOfMemoryError);
+    void* p = device_allocate(4000);
+    device_deallocate(p, 4000);
+    const auto ev = events_of(memory_snapshot());
+    REQUIRE(count(ev, MemoryAction::oom) == 1);
+    for (const auto& e : ev) {
+      if (e.action == MemoryAction::oom) CHECK(e.size == huge);
+      if (e.action == MemoryAction::alloc) CHECK(e.size == 4000);
+    }
+    CHECK(count(ev, MemoryAction::free_completed) == 1);
   }
 
   TEST_CASE("memory history: an OOM is recorded with the device's free bytes") {
