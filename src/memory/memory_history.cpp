@@ -5,10 +5,10 @@
 //
 // A thread's buffer is a ring with one producer (the thread, no lock: it writes the slot at
 // `head`, then publishes `head` with a release store) and consumers serialised by the recorder's
-// mutex (a drain copies [tail, head) and publishes `tail`). A thread that finds its buffer full
-// drains every thread's buffer, so a drained batch holds everything recorded before it began and
-// is put into the ring in time order. Owners of live blocks are not tracked here: each pool keeps
-// an owner stamp with every block allocated while recording (memory_owners.cpp reads them).
+// mutex (a drain copies [tail, head) and publishes `tail`). A thread whose chunk is full hands it
+// to the ring whole and takes a fresh one; a snapshot sorts the ring's events by time stamp
+// (stable: one thread's events keep their order). Owners of live blocks are not tracked here:
+// each pool keeps an owner stamp with every block allocated while recording (memory_owners.cpp).
 #include "memory/memory_history.hpp"
 
 #include "memory/memory_owners.hpp"
