@@ -137,15 +137,24 @@ struct TagStack {
   std::size_t depth = 0;
 };
 
+}  // namespace
+
 // What record() reads of the calling thread: one constant-initialised thread-local (one TLS
-// lookup per event in a shared library), its destructor kept apart (BufferHolder).
+// lookup per event in a shared library, none where a pool's thread cache keeps its address),
+// its destructor kept apart (BufferHolder).
 struct ThreadState {
   ThreadBuffer* buffer = nullptr;
   std::uint64_t clock = 0;  // the thread's last time stamp (clock())
   std::uint32_t events = 0;
   std::uint32_t id = 0;  // thread_id(), once assigned
+  // Trace entries put into `buffer`'s chunk since it was installed (exact while its tail is 0:
+  // no drain copied part of it), so that a full chunk is handed over without a count.
+  std::uint32_t chunk_entries = 0;
   TagStack tags;
 };
+
+namespace {
+
 thread_local ThreadState t_hot;
 
 // The session of the history being recorded (a new one per start, whose low 16 bits are never
@@ -210,14 +219,15 @@ void trim_ring(Recorder& r) noexcept {
   }
 }
 
-// Hands `c` to the ring and lets the oldest chunks go while the ring holds a chunk more than
-// the bound (a snapshot keeps exactly the newest `capacity`). Mutex held.
-void hand_over(Recorder& r, Chunk* c) noexcept {
+// Hands `c`, whose events [begin, end) stand for `entries` trace entries, to the ring and lets
+// the oldest chunks go while the ring holds a chunk more than the bound (a snapshot keeps
+// exactly the newest `capacity`). Mutex held.
+void hand_over(Recorder& r, Chunk* c, std::uint32_t entries) noexcept {
   if (c->begin == c->end || r.capacity == 0) {
     recycle(r, c);
     return;
   }
-  c->entries = entries_of(&c->events[c->begin], &c->events[c->end]);
+  c->entries = entries;
   try {
     r.ring.push_back(c);
   } catch (...) {
@@ -243,7 +253,7 @@ void drain_locked(Recorder& r) noexcept {
     } else {
       std::copy(&b->chunk->events[tail], &b->chunk->events[head], c->events.begin());
       c->end = head - tail;
-      hand_over(r, c);
+      hand_over(r, c, entries_of(&c->events[0], &c->events[c->end]));
     }
     b->tail.store(head, std::memory_order_release);
   }
@@ -251,18 +261,23 @@ void drain_locked(Recorder& r) noexcept {
 
 // The thread's chunk is full (or has no room for a wide event): into the ring, and a fresh one.
 // Mutex taken here.
-[[gnu::noinline]] void chunk_full(ThreadBuffer* b) noexcept {
+[[gnu::noinline]] void chunk_full(ThreadState& st, ThreadBuffer* b) noexcept {
   Recorder& r = recorder();
   std::lock_guard lock(r.mutex);
   Chunk* full = b->chunk;
   Chunk* fresh = new_chunk(r);
   full->begin = b->tail.load(std::memory_order_relaxed);
   full->end = b->head.load(std::memory_order_relaxed);
+  // Counted as they were put, unless a drain (or a new history) took the events before `tail`.
+  const std::uint32_t entries =
+      full->begin == 0 ? st.chunk_entries
+                       : entries_of(&full->events[full->begin], &full->events[full->end]);
+  st.chunk_entries = 0;
   if (fresh == nullptr) {  // no host memory: the chunk's events are lost, and counted
-    r.dropped += entries_of(&full->events[full->begin], &full->events[full->end]);
+    r.dropped += entries;
     fresh = full;
   } else {
-    hand_over(r, full);
+    hand_over(r, full, entries);
   }
   fresh->begin = fresh->end = 0;
   b->chunk = fresh;
@@ -297,6 +312,7 @@ thread_local BufferHolder t_holder;
     b->chunk = new_chunk(r);
     if (b->chunk == nullptr) return nullptr;
     r.buffers.push_back(b.get());
+    t_hot.chunk_entries = 0;
     t_hot.buffer = b.release();
   } catch (...) {
     return nullptr;
@@ -462,7 +478,7 @@ namespace {
 [[gnu::noinline]] void put_wide(ThreadState& st, ThreadBuffer* b, std::uint8_t action, int device,
                                 std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
                                 std::uint64_t t) noexcept {
-  if (b->head.load(std::memory_order_relaxed) + 2 > kChunkEvents) chunk_full(b);
+  if (b->head.load(std::memory_order_relaxed) + 2 > kChunkEvents) chunk_full(st, b);
   const std::uint32_t head = b->head.load(std::memory_order_relaxed);
   RawEvent& e = b->chunk->events[head];
   e.t = t;
@@ -474,8 +490,9 @@ namespace {
   whole.t = addr;
   whole.addr_word = size;
   whole.size_word = whole.stream = 0;
+  st.chunk_entries += action == kRawFree ? 2 : 1;
   b->head.store(head + 2, std::memory_order_release);
-  if (head + 2 == kChunkEvents) chunk_full(b);
+  if (head + 2 == kChunkEvents) chunk_full(st, b);
 }
 
 inline void put(ThreadState& st, ThreadBuffer* b, std::uint8_t action, int device,
@@ -492,9 +509,10 @@ inline void put(ThreadState& st, ThreadBuffer* b, std::uint8_t action, int devic
                 (std::uint64_t{static_cast<std::uint8_t>(device)} << 56);
   e.size_word = size | (std::uint64_t{tag_of(st)} << kFieldBits);
   e.stream = stream;
+  st.chunk_entries += action == kRawFree ? 2 : 1;
   b->head.store(head + 1, std::memory_order_release);
   if (head + 1 == kChunkEvents) [[unlikely]]
-    chunk_full(b);
+    chunk_full(st, b);
 }
 
 inline ThreadBuffer* buffer_of(ThreadState& st) noexcept {
@@ -535,9 +553,17 @@ std::uint32_t thread_id() noexcept {
   return id_of(t_hot);
 }
 
+ThreadState& thread_state() noexcept {
+  return t_hot;
+}
+
 std::uint64_t record_alloc(int device, std::uint64_t addr, std::uint64_t requested,
                            std::uint64_t stream, bool fresh) noexcept {
-  ThreadState& st = t_hot;
+  return record_alloc(t_hot, device, addr, requested, stream, fresh);
+}
+
+std::uint64_t record_alloc(ThreadState& st, int device, std::uint64_t addr, std::uint64_t requested,
+                           std::uint64_t stream, bool fresh) noexcept {
   const std::uint32_t session = g_session.load(std::memory_order_relaxed);
   ThreadBuffer* b = buffer_of(st);
   if (b != nullptr) [[likely]] {
@@ -554,7 +580,11 @@ std::uint16_t current_session() noexcept {
 
 void record_free(int device, std::uint64_t addr, std::uint64_t requested, std::uint64_t stream,
                  std::uint64_t t) noexcept {
-  ThreadState& st = t_hot;
+  record_free(t_hot, device, addr, requested, stream, t);
+}
+
+void record_free(ThreadState& st, int device, std::uint64_t addr, std::uint64_t requested,
+                 std::uint64_t stream, std::uint64_t t) noexcept {
   ThreadBuffer* b = buffer_of(st);
   if (b == nullptr) [[unlikely]]
     return;

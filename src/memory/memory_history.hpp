@@ -71,6 +71,12 @@ void touch_clock() noexcept;
 /// The calling thread's id in the history (never 0; assigned on first use, never reused).
 std::uint32_t thread_id() noexcept;
 
+/// The calling thread's recorder state. A pool's per-thread cache keeps its address and passes
+/// it to record_alloc and record_free, which then skip the thread-local lookup (one call into
+/// the C library per event in a shared library). Only that thread may pass it, while it runs.
+struct ThreadState;
+ThreadState& thread_state() noexcept;
+
 /// Owner stamps: what a pool keeps with each block allocated while recording, so that the owner
 /// statistics and the snapshot's owners come from the pools' own records of their live blocks
 /// (no map of live blocks beside them), and a free knows whether its thread allocated the block.
@@ -97,6 +103,10 @@ std::uint16_t current_session() noexcept;
 /// another thread.
 std::uint64_t record_alloc(int device, std::uint64_t addr, std::uint64_t requested,
                            std::uint64_t stream, bool fresh = false) noexcept;
+/// record_alloc for the thread whose thread_state() is `self` (the calling thread's).
+std::uint64_t record_alloc(ThreadState& self, int device, std::uint64_t addr,
+                           std::uint64_t requested, std::uint64_t stream,
+                           bool fresh = false) noexcept;
 
 /// The time stamp a pool takes for the free of a block whose owner stamp is `stamp`, by the
 /// thread with history id `self`, before the block can be reused: 0 (the thread's clock, read
@@ -110,6 +120,9 @@ inline std::uint64_t free_time(std::uint64_t stamp, std::uint32_t self) noexcept
 /// calls it after the free succeeded.
 void record_free(int device, std::uint64_t addr, std::uint64_t requested, std::uint64_t stream,
                  std::uint64_t t) noexcept;
+/// record_free for the thread whose thread_state() is `self` (the calling thread's).
+void record_free(ThreadState& self, int device, std::uint64_t addr, std::uint64_t requested,
+                 std::uint64_t stream, std::uint64_t t) noexcept;
 
 /// A live block a pool stamped in the current session: its address, requested bytes and tag.
 struct OwnedBlock {

@@ -206,8 +206,10 @@ class alignas(64) ThreadCache {
   std::uint64_t epoch = 0;
   // The owning thread's per-thread default stream as a key (its bins hold CU_STREAM_PER_THREAD).
   CUstream per_thread_key = nullptr;
-  // The owning thread's history::thread_id(): whether a block it frees is one it allocated.
+  // The owning thread's history::thread_id() (whether a block it frees is one it allocated) and
+  // recorder state (its record calls, with no thread-local lookup).
   std::uint32_t history_id = 0;
+  history::ThreadState* history_state = nullptr;
   // The pool's forget epoch this cache has applied to its bins (VmmPool::sync_forgotten). Read on
   // the fast path by the owner; written under the mutex by the owner or, after the handshake
   // below, by a thread that takes the cache's blocks.
@@ -470,11 +472,12 @@ class VmmPool final : public DevicePool {
       history::touch_clock();
   }
   // A small block's alloc event and owner stamp, while recording: before its `requested` store.
-  void note_small_alloc(Slab& slab, std::size_t slot, void* ptr, std::size_t bytes,
-                        CUstream stream) const noexcept {
-    slab.owners[slot].store(history::record_alloc(device_, reinterpret_cast<std::uintptr_t>(ptr),
-                                                  bytes, reinterpret_cast<std::uintptr_t>(stream)),
-                            std::memory_order_relaxed);
+  void note_small_alloc(ThreadCache& cache, Slab& slab, std::size_t slot, void* ptr,
+                        std::size_t bytes, CUstream stream) const noexcept {
+    slab.owners[slot].store(
+        history::record_alloc(*cache.history_state, device_, reinterpret_cast<std::uintptr_t>(ptr),
+                              bytes, reinterpret_cast<std::uintptr_t>(stream)),
+        std::memory_order_relaxed);
   }
   void note_pages(MemoryAction action, CUdeviceptr addr, std::size_t pages) const noexcept {
     if (history::on()) [[unlikely]]

@@ -33,6 +33,7 @@ ThreadCache& VmmPool::thread_cache() {
     slot->epoch = epoch_;
     slot->per_thread_key = per_thread_stream_key();
     slot->history_id = history::thread_id();
+    slot->history_state = &history::thread_state();
     std::lock_guard lock(mutex_);
     slot->forget_seen = forget_epoch_.value.load(std::memory_order_relaxed);  // nothing to apply
     caches_.push_back(slot.get());
@@ -69,7 +70,7 @@ void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
     bin.entries[static_cast<std::size_t>(i)] = bin.entries[static_cast<std::size_t>(--bin.count)];
     const std::size_t slot = e.slab->slot_of(reinterpret_cast<CUdeviceptr>(e.ptr));
     if (history::on()) [[unlikely]]
-      note_small_alloc(*e.slab, slot, e.ptr, bytes, stream);
+      note_small_alloc(cache, *e.slab, slot, e.ptr, bytes, stream);
     e.slab->requested[slot].store(static_cast<std::uint32_t>(bytes), std::memory_order_release);
     cache.add(static_cast<std::int64_t>(bytes), 1);
     if (++cache.ops >= kStatFlushOps ||
@@ -132,7 +133,8 @@ void VmmPool::deallocate_small(Slab* slab, void* ptr, std::size_t bytes, CUstrea
     const std::uint64_t t =
         history::free_time(slab->owners[slot].load(std::memory_order_relaxed), cache.history_id);
     release();  // throws: nothing is recorded
-    history::record_free(device_, p, bytes, reinterpret_cast<std::uintptr_t>(stream), t);
+    history::record_free(*cache.history_state, device_, p, bytes,
+                         reinterpret_cast<std::uintptr_t>(stream), t);
     return;
   }
   release();
@@ -237,7 +239,7 @@ void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size
   --bin.count;
   const std::size_t slot = result.slab->slot_of(reinterpret_cast<CUdeviceptr>(result.ptr));
   if (history::on()) [[unlikely]]
-    note_small_alloc(*result.slab, slot, result.ptr, bytes, stream);
+    note_small_alloc(cache, *result.slab, slot, result.ptr, bytes, stream);
   result.slab->requested[slot].store(static_cast<std::uint32_t>(bytes), std::memory_order_release);
   usage_.on_allocate(bytes);
   debug_check("refill");

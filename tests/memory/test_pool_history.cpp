@@ -617,6 +617,24 @@ TEST_SUITE("pool") {
     CHECK(events_of(memory_snapshot()).empty());
   }
 
+  TEST_CASE("memory history: the bound keeps the newest entries and counts every other one") {
+    FreshPool fresh;
+    // Over many of a thread's buffers, with snapshots between (each takes part of one): the
+    // newest 5000 entries are kept and every other one is counted as dropped, exactly (an alloc
+    // is one entry, a free two: free_requested and free_completed).
+    for (int i = 0; i < 3; ++i) device_deallocate(device_allocate(300), 300);  // no page events
+    Recording rec(5000);
+    for (int round = 1; round <= 3; ++round) {
+      for (int i = 0; i < 1500; ++i) device_deallocate(device_allocate(300), 300);
+      const MemorySnapshot s = memory_snapshot();
+      const std::size_t recorded = 4500 * static_cast<std::size_t>(round);
+      const std::size_t kept = events_of(s).size();
+      CHECK(kept == std::min<std::size_t>(5000, recorded));
+      CHECK(kept + s.dropped_events == recorded);
+      CHECK(check_snapshot(s, false) == "");
+    }
+  }
+
   TEST_CASE("memory history: a block freed by another thread is freed after its alloc") {
     FreshPool fresh;
     Recording rec;
