@@ -64,8 +64,13 @@ inline bool wide(const RawEvent& e) noexcept {
 }
 
 // The trace entries `e` stands for.
+// The trace entries an event of `action` stands for: a free is two (free_requested and
+// free_completed), every other action one.
+constexpr std::uint32_t entries_for(std::uint8_t action) noexcept {
+  return action == kRawFree ? 2 : 1;
+}
 inline std::uint32_t entries_of(const RawEvent& e) noexcept {
-  return action_of(e) == kRawFree ? 2 : 1;
+  return entries_for(action_of(e));
 }
 
 // The trace entries of the events in [begin, end), which ends after a whole event.
@@ -490,7 +495,7 @@ namespace {
   whole.t = addr;
   whole.addr_word = size;
   whole.size_word = whole.stream = 0;
-  st.chunk_entries += action == kRawFree ? 2 : 1;
+  st.chunk_entries += entries_for(action);
   b->head.store(head + 2, std::memory_order_release);
   if (head + 2 == kChunkEvents) chunk_full(st, b);
 }
@@ -509,7 +514,7 @@ inline void put(ThreadState& st, ThreadBuffer* b, std::uint8_t action, int devic
                 (std::uint64_t{static_cast<std::uint8_t>(device)} << 56);
   e.size_word = size | (std::uint64_t{tag_of(st)} << kFieldBits);
   e.stream = stream;
-  st.chunk_entries += action == kRawFree ? 2 : 1;
+  st.chunk_entries += entries_for(action);
   b->head.store(head + 1, std::memory_order_release);
   if (head + 1 == kChunkEvents) [[unlikely]]
     chunk_full(st, b);
