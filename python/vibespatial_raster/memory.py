@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -332,8 +331,9 @@ def snapshot() -> dict:
     has the mapping), readable by PyTorch's ``torch.cuda._memory_viz`` and its viewer, and by
     :mod:`vibespatial_raster.memviz`. An extra key ``"vibespatial"`` holds
     ``dropped_events`` (events the bounded history let go) and ``recording``."""
-    data: dict = pickle.loads(_core.memory_snapshot_pickle())
-    return data
+    from .memviz import loads_snapshot  # the one reader of snapshot pickles
+
+    return loads_snapshot(_core.memory_snapshot_pickle())
 
 
 def dump_snapshot(path: str | os.PathLike[str], overwrite: bool = False) -> None:
