@@ -260,3 +260,42 @@ def test_an_error_in_the_page_is_caught(browser, tmp_path, page, injected, expec
     errors, series = load_page(browser, tmp_path / "profile", broken, SERIES)
     assert len(errors) == 1 and expected in errors[0], errors
     assert len(series) == len(owners) + 1  # the page itself still drew
+
+
+def test_a_snapshots_markup_is_shown_not_run(browser, tmp_path):
+    # Every string of the snapshot (the segment's type, the owners of blocks and events) holds
+    # markup that would run a script: the page loads with none run, and shows them as text.
+    import pickle
+
+    memory.free_pool_memory()
+    memory.record_memory_history(True, 1000)
+    try:
+        with memory.tag("tile"):
+            keep = memory.DeviceBuffer(3 * MIB)
+        snap = memory.snapshot()
+    finally:
+        memory.record_memory_history(False)
+        keep.close()
+    run = "<script>console.error('ran from the snapshot')</script>"
+    on_error = "<img src=x onerror=\"console.error('ran from the snapshot')\">"
+    for seg in snap["segments"]:
+        seg["segment_type"] = run
+        for b in seg["blocks"]:
+            b["user_metadata"] = on_error
+    for e in snap["device_traces"][0]:
+        e["user_metadata"] = "tile " + run
+    snapshot = tmp_path / "hostile.pickle"
+    snapshot.write_bytes(pickle.dumps(snap))
+    out = tmp_path / "hostile.html"
+    subprocess.run([sys.executable, "-m", "vibespatial_raster.memviz", str(snapshot), "-o",
+                    str(out)], check=True)
+    errors, text = load_page(browser, tmp_path / "profile", out,
+                             "[document.body.innerText, document.scripts.length, "
+                             "document.images.length, "
+                             "[...document.querySelectorAll('[data-series]')]"
+                             ".map(el => el.dataset.name)]")
+    assert errors == []
+    body, scripts, images, names = text
+    assert scripts == 0 and images == 0
+    assert run in body  # drawn as text
+    assert "tile " + run in names

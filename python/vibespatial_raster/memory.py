@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -241,24 +240,28 @@ def _check_tag(function: str, name: object) -> str:
 class tag:  # noqa: N801 (a context manager named like a function, as contextlib's)
     """``with memory.tag("tile 3"):`` makes ``"tile 3"`` the owner of the device memory the
     calling thread allocates inside the block (in the memory history, :func:`snapshot` and
-    ``memory_pool_stats()["owners"]``). Tags nest; the innermost wins. A tag belongs to the
-    thread that entered it.
+    ``memory_pool_stats()["owners"]``). Tags nest; the innermost wins.
+
+    One ``tag`` object may be entered again inside its own block, used again afterwards, and
+    shared by threads (a module-level ``tag`` entered by many threads at once): each entry
+    pushes the name on the calling thread's own stack of tags (at most 64 deep), and its exit
+    pops what that entry pushed, with any tag pushed inside it and left unpopped, also when the
+    block ends in an exception. Nothing of a thread's tags is seen by another thread.
 
     Raises:
         TypeError: ``name`` is not a str.
         ValueError: ``name`` is empty, longer than 256 bytes of UTF-8, or holds a NUL.
-        RuntimeError: the block is left on another thread than the one that entered it.
+        IndexError: on entry, the thread already has 64 tags pushed (nothing is pushed).
+        RuntimeError: on exit, the tag was not entered on this thread (it is left on another
+            thread than the one that entered it, or left more often than entered).
     """
 
     def __init__(self, name: str) -> None:
         self._name = _check_tag("memory.tag", name)
-        self._thread: int | None = None
-        self._depth = 0
 
     def __enter__(self) -> "tag":
         _core.push_memory_tag(self._name)
-        self._thread = threading.get_ident()
-        self._depth = _core.memory_tag_depth()
+        _thread_entries().append(_Entry(self, _core.memory_tag_depth()))
         return self
 
     def __exit__(
@@ -267,12 +270,53 @@ class tag:  # noqa: N801 (a context manager named like a function, as contextlib
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._thread != threading.get_ident():
-            raise RuntimeError("memory.tag: left on another thread than the one that entered it")
-        # Pops back to below this tag (tags pushed inside it and not popped go with it).
-        while _core.memory_tag_depth() >= self._depth > 0:
-            _core.pop_memory_tag()
-        self._thread = None
+        _leave(self)
+
+
+class _Entry:
+    """One entry of a tag on a thread: the tag, and the depth of the thread's stack with its
+    name pushed."""
+
+    __slots__ = ("tag", "depth")
+
+    def __init__(self, owner: tag, depth: int) -> None:
+        self.tag = owner
+        self.depth = depth
+
+
+_tag_state = threading.local()
+
+
+def _thread_entries() -> list[_Entry]:
+    """The calling thread's open entries of tags, outermost first."""
+    try:
+        return _tag_state.entries  # type: ignore[no-any-return]
+    except AttributeError:
+        _tag_state.entries = []
+        _tag_state.taken = []  # entries popped by an outer entry's exit, not yet left
+        return _tag_state.entries  # type: ignore[no-any-return]
+
+
+def _leave(owner: tag) -> None:
+    # The innermost open entry of `owner` on this thread is the one a `with` leaves (entries of
+    # one thread are left innermost first). An entry an outer exit already popped (a generator's
+    # block left after the block around it) pops nothing when it is left.
+    entries = _thread_entries()
+    for i in range(len(entries) - 1, -1, -1):
+        if entries[i].tag is owner:
+            depth = entries[i].depth
+            _tag_state.taken.extend(e.tag for e in entries[i + 1:])
+            del entries[i:]
+            while _core.memory_tag_depth() >= depth:
+                _core.pop_memory_tag()
+            return
+    taken: list[tag] = _tag_state.taken
+    for i in range(len(taken) - 1, -1, -1):
+        if taken[i] is owner:
+            del taken[i]
+            return
+    raise RuntimeError("memory.tag: left on a thread that did not enter it (a tag is left on "
+                       "the thread that entered it, once per entry)")
 
 
 def marker(name: str) -> None:
@@ -287,8 +331,9 @@ def snapshot() -> dict:
     has the mapping), readable by PyTorch's ``torch.cuda._memory_viz`` and its viewer, and by
     :mod:`vibespatial_raster.memviz`. An extra key ``"vibespatial"`` holds
     ``dropped_events`` (events the bounded history let go) and ``recording``."""
-    data: dict = pickle.loads(_core.memory_snapshot_pickle())
-    return data
+    from .memviz import loads_snapshot  # the one reader of snapshot pickles
+
+    return loads_snapshot(_core.memory_snapshot_pickle())
 
 
 def dump_snapshot(path: str | os.PathLike[str], overwrite: bool = False) -> None:
