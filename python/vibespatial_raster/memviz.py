@@ -471,7 +471,6 @@ def main(argv: list[str] | None = None) -> int:
     import os
     import pickle
     import sys
-    import tempfile
 
     parser = argparse.ArgumentParser(prog="python -m vibespatial_raster.memviz",
                                      description="Draw a memory snapshot as one HTML file.")
@@ -494,16 +493,15 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(args.output) and not args.overwrite:
         parser.error(f"{args.output} exists (--overwrite replaces it)")
     html = to_html(data, args.device)
-    directory = os.path.dirname(os.path.abspath(args.output))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".memviz-", suffix=".html")
+    # The library's writer (outputs.hpp): all or nothing, never over a FIFO, a device or the
+    # snapshot drawn.
+    from . import _core
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, args.output)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        _core.write_file_atomically(args.output, html.encode("utf-8"), args.overwrite,
+                                    [("the snapshot", args.snapshot)])
+    except (ValueError, FileExistsError, FileNotFoundError, NotADirectoryError,
+            PermissionError) as e:
+        parser.error(str(e))
     return 0
 
 
