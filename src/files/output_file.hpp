@@ -8,8 +8,9 @@
 // Glossary
 // - target: the path the caller asked for (a symbolic link is followed, also one whose file does
 //   not exist yet: the file it names is replaced or made, the link stays). It must be a regular
-//   file or not exist, and never one of the run's kept files (KeptFile: its inputs and other
-//   outputs), by any spelling (same_file).
+//   file or not exist. A caller that keeps files (KeptFile: a run's inputs, its other outputs)
+//   has them refused as targets, by any spelling, before the PendingOutput is made
+//   (refuse_kept, same_file).
 // - temporary directory: "<dir>/.<name>.vsr-XXXXXX" in the target's directory (so the renames
 //   stay on one file system), made by mkdtemp(3): unique, mode 0700. It holds
 //   - "data/": where the writer writes. The output file is "data/<name>", under the target's
