@@ -194,6 +194,8 @@ def pipeline_command_line_errors_exit_2(env):
             (["read", "A=" + src, "!", "focal-mean", "!", "histogram", "--range", "1,0"],
              "--range"),
             (["read", "!", "focal-mean", "!", "write", out], "read needs"),
+            (["read", "A=" + src, "--budget", "5", "!", "focal-mean", "!", "write", out],
+             "read takes only NAME=FILE"),
             (["read", "A=" + src, "!", "!", "write", out], "empty")):
         text = refused(env, "pipeline %s" % " ".join(words), "pipeline", *words)
         check(says in text, "%s: %s" % (words, text))

@@ -563,8 +563,13 @@ Arguments parse_pipeline(int argc, char** argv) {
   // read NAME=FILE ...: the inputs, as calc's -i.
   std::vector<std::string> inputs;
   for (std::size_t k = 1; k < segments.front().size(); ++k) {
+    const std::string& word = segments.front()[k];
+    if (word.starts_with("-")) {
+      throw usage("read takes only NAME=FILE (or FILE, input A), not '" + word +
+                  "': the run's options go after write FILE");
+    }
     inputs.push_back("-i");
-    inputs.push_back(segments.front()[k]);
+    inputs.push_back(word);
   }
   if (inputs.empty()) throw usage("read needs NAME=FILE (or FILE, input A)");
   // write FILE [output options]: the run's own options.
@@ -590,7 +595,8 @@ Arguments parse_pipeline(int argc, char** argv) {
       throw usage(
           "write takes FILE and output options (-of, --co, --overwrite, --overviews, "
           "--resampling, --threads) and the run's (--budget, --device, -q, --progress, "
-          "--diagnostics, --dry-run); a step's options go after the step's name");
+          "--diagnostics, --memory-history, --dry-run); a step's options go after the step's "
+          "name");
     }
   } else {
     // A terminal stats or histogram: its own options (--json, -o FILE for the JSON, --bins,
