@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // vibespatial_raster._core: raster files through GDAL (headers, windowed reads, writes, the
-// streamed run over a file).
+// streamed run over a file), and the library's all-or-nothing writer for any bytes.
 #include "bindings.hpp"
 
 #include <vibespatial/raster/io.hpp>
+#include <vibespatial/raster/outputs.hpp>
 
 #include <array>
 #include <cstdint>
@@ -33,6 +34,18 @@ vsr::WriteOptions write_options(const std::string& driver, const std::string& co
 }  // namespace
 
 void bind_io(nb::module_& m) {
+  // ---- outputs (outputs.hpp): any bytes, all or nothing, with the target's rules ----
+  m.def(
+      "write_file_atomically",
+      [](const std::string& path, const nb::bytes& data, bool overwrite,
+         const std::vector<std::pair<std::string, std::string>>& keep) {
+        const std::string bytes(data.c_str(), data.size());
+        std::vector<vsr::KeptFile> kept;
+        for (const auto& [role, file] : keep) kept.push_back({role, file});
+        GilRelease release;
+        vsr::write_file_atomically(path, bytes, overwrite, kept);
+      },
+      "path"_a, "data"_a, "overwrite"_a, "keep"_a);
   // ---- I/O ----
   m.def("io_available", &vsr::io_available);
   m.def(

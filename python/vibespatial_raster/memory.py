@@ -338,15 +338,15 @@ def snapshot() -> dict:
 
 def dump_snapshot(path: str | os.PathLike[str], overwrite: bool = False) -> None:
     """Write :func:`snapshot` as a pickle to ``path`` (what ``torch.cuda.memory._dump_snapshot``
-    writes; PyTorch's viewer opens it), all or nothing: a temporary file in the same directory,
-    then moved into place.
+    writes; PyTorch's viewer opens it), all or nothing, by the library's writer of every output:
+    a private temporary directory beside ``path``, its file renamed into place when complete.
 
     An existing ``path`` is refused unless ``overwrite`` is true (as the package's other
-    outputs).
+    outputs); a FIFO, socket or device is never replaced, with ``overwrite`` too.
 
     Raises:
         TypeError: ``path`` is not a str or path-like, or ``overwrite`` not a bool.
-        ValueError: ``path`` is empty or names a directory.
+        ValueError: ``path`` is empty, names a directory, or is a FIFO, socket or device.
         FileExistsError: ``path`` exists and ``overwrite`` is false (the file is kept).
         FileNotFoundError: the directory does not exist. No file is left behind on any error.
     """

@@ -757,7 +757,6 @@ def main(argv: list[str] | None = None) -> int:
     one line on stderr, status 2 (as for a bad command line), and no page written."""
     import argparse
     import sys
-    import tempfile
 
     parser = argparse.ArgumentParser(prog="python -m vibespatial_raster.memviz",
                                      description="Draw a memory snapshot as one HTML file.")
@@ -781,16 +780,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memviz: warning: the snapshot breaks what PyTorch's readers rely on: "
               f"{_printable(e)}", file=sys.stderr)
     html = to_html(data, args.device)
-    directory = os.path.dirname(os.path.abspath(args.output))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".memviz-", suffix=".html")
+    # The library's writer (outputs.hpp): all or nothing, never over a FIFO, a device or the
+    # snapshot drawn.
+    from . import _core
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, args.output)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        _core.write_file_atomically(args.output, html.encode("utf-8"), args.overwrite,
+                                    [("the snapshot", args.snapshot)])
+    except (ValueError, FileExistsError, FileNotFoundError, NotADirectoryError,
+            IsADirectoryError, PermissionError) as e:
+        print(f"memviz: {_printable(e)}", file=sys.stderr)  # refused: as a bad command line
+        return 2
+    except OSError as e:  # a failed write (a full disk, ...): nothing was left behind
+        print(f"memviz: {_printable(e)}", file=sys.stderr)
+        return 1
     return 0
 
 

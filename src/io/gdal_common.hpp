@@ -6,7 +6,7 @@
 #pragma once
 
 #include "common/text_escape.hpp"
-#include "io/output_file.hpp"
+#include "files/output_file.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/io.hpp>
@@ -33,7 +33,9 @@ void register_drivers();
 /// Silences GDAL's default stderr error printing for the current thread during one call and
 /// records every failure GDAL reports meanwhile, also those that do not show in a call's return
 /// value (a dirty block written back when the cache evicts it, a flush inside GDALClose): check()
-/// turns them into an exception. The last message stays available (CPLGetLastErrorMsg).
+/// turns them into an exception. The last message stays available (CPLGetLastErrorMsg). GDAL's
+/// messages name the files it was given: they are recorded with the private paths of outputs
+/// in progress replaced by their targets (PendingOutput::without_temporaries).
 class QuietErrors {
  public:
   QuietErrors() {
@@ -51,18 +53,31 @@ class QuietErrors {
   }
 
   /// The warnings GDAL reported since construction, joined with "; " (printable).
-  std::string warnings() const { return detail::printable(warnings_); }
+  std::string warnings() const { return warnings_since(0); }
+  /// How many warnings GDAL reported since construction: a mark for warnings_since.
+  std::size_t warning_count() const noexcept { return warnings_.size(); }
+  /// Every warning since construction, in order, as GDAL wrote it (not made printable).
+  const std::vector<std::string>& warning_list() const noexcept { return warnings_; }
+  /// The warnings from the @p mark-th on, joined with "; " (printable).
+  std::string warnings_since(std::size_t mark) const {
+    std::string out;
+    for (std::size_t i = mark; i < warnings_.size(); ++i) {
+      out.append(out.empty() ? "" : "; ").append(detail::printable(warnings_[i]));
+    }
+    return out;
+  }
 
  private:
   static void CPL_STDCALL record(CPLErr type, CPLErrorNum /*num*/, const char* msg) {
     auto* self = static_cast<QuietErrors*>(CPLGetErrorHandlerUserData());
     if (self == nullptr) return;
-    const char* text = msg != nullptr ? msg : "unknown GDAL error";
     try {
+      std::string text =
+          PendingOutput::without_temporaries(msg != nullptr ? msg : "unknown GDAL error");
       if (type == CE_Warning) {
-        self->warnings_.append(self->warnings_.empty() ? "" : "; ").append(text);
+        self->warnings_.push_back(std::move(text));
       } else if ((type == CE_Failure || type == CE_Fatal) && self->failures_++ == 0) {
-        self->first_ = text;
+        self->first_ = std::move(text);
       }
     } catch (...) {
     }
@@ -70,14 +85,15 @@ class QuietErrors {
 
   int failures_ = 0;
   std::string first_;
-  std::string warnings_;
+  std::vector<std::string> warnings_;
 };
 
 /// @p text (a path, a driver name, a CRS) as it goes into an exception message: printable, so
 /// every message is valid UTF-8 without terminal control characters.
 std::string shown(const std::string& text);
 
-/// ": <GDAL's last message>", or "" when it has none.
+/// ": <GDAL's last message>" (the private paths of outputs in progress replaced by their
+/// targets), or "" when it has none.
 std::string gdal_message();
 
 /// Throws std::runtime_error(@p what + GDAL's last message).
@@ -149,11 +165,22 @@ CPLStringList creation_options(GDALDriverH driver, const std::string& driver_nam
                                const WriteOptions& options, DType dtype, int band_count,
                                const char* who);
 
-/// Creates the dataset @p file (the temporary file of @p path, which messages name), as @p who.
+/// Creates the dataset @p file (the temporary file of @p path, which messages name), as @p who;
+/// a creation option the driver warned about while it created the file (refuse_ignored_options,
+/// over what @p errors recorded) is refused.
 Dataset create_dataset(const std::string& file, const std::string& path, DType dtype,
                        int band_count, std::int64_t height, std::int64_t width,
                        const std::optional<NodataValue>& nodata, const Affine* affine,
-                       const std::string& crs, const WriteOptions& options, const char* who);
+                       const std::string& crs, const WriteOptions& options,
+                       const QuietErrors& errors, const char* who);
+
+/// Refuses (std::invalid_argument, as @p who, naming @p path) a creation option of @p options that
+/// a warning GDAL reported since @p mark names ("ZLEVEL=99 value not recognised, ignoring"): the
+/// driver took the file but ignores the value, which GDALValidateCreationOptions cannot tell from
+/// the driver's option list (GTiff's ZLEVEL lists no range; COG's LEVEL=99 becomes ZLEVEL=99).
+void refuse_ignored_options(const QuietErrors& errors, std::size_t mark,
+                            const WriteOptions& options, const std::string& driver_name,
+                            const std::string& path, const char* who);
 
 /// Checks the closed output @p file of @p path before it is committed: it opens as written, and
 /// each band keeps the nodata written to it. @throws std::runtime_error when it does not.
@@ -202,9 +229,10 @@ class Output {
   void check(DType dtype, int band_count) const;
   /// Creates the dataset written into (see the class) and sets the georeferencing and, when
   /// given, every band's nodata.
+  /// Creation options the driver ignores are refused (refuse_ignored_options over @p errors).
   GDALDatasetH create(DType dtype, int band_count, std::int64_t height, std::int64_t width,
                       const std::optional<NodataValue>& nodata, const Affine* affine,
-                      const std::string& crs);
+                      const std::string& crs, const QuietErrors& errors);
   GDALDatasetH dataset() const noexcept { return ds_.get(); }
   /// Whether the file written into keeps one nodata for all bands (a GeoTIFF, staged or not).
   bool one_nodata() const noexcept { return staged_ || driver_name_ == "GTiff"; }

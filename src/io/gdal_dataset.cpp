@@ -42,7 +42,8 @@ std::string shown(const std::string& text) {
 
 std::string gdal_message() {
   const char* msg = CPLGetLastErrorMsg();
-  return (msg != nullptr && *msg != '\0') ? ": " + detail::printable(msg) : std::string();
+  if (msg == nullptr || *msg == '\0') return {};
+  return ": " + detail::printable(PendingOutput::without_temporaries(msg));
 }
 
 [[noreturn]] void fail(const std::string& what) {

@@ -6,8 +6,8 @@
 #include "common/checked_math.hpp"
 #include "common/expects.hpp"
 #include "common/text_escape.hpp"
+#include "files/output_file.hpp"
 #include "io/gdal_common.hpp"
-#include "io/output_file.hpp"
 
 #include <vibespatial/raster/io.hpp>
 #include <vibespatial/raster/tiles.hpp>
@@ -424,7 +424,7 @@ void RasterFileSink::begin(const TileOutput& output) {
   s.dtype = output.dtype;
   GDALDatasetH dst =
       s.out->create(output.dtype, output.band_count, output.height, output.width, std::nullopt,
-                    s.georeferenced ? &output.affine : nullptr, output.crs);
+                    s.georeferenced ? &output.affine : nullptr, output.crs, quiet);
   apply_copied_metadata(s.copied, dst, output.band_count);
   s.written.assign(static_cast<std::size_t>(output.band_count), std::nullopt);
   quiet.check("cannot create '" + shown(s.path) + "'");

@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Raster files through GDAL, writing: output drivers, creation options, whole-file writes and
-// the checks of an output before any work (io.hpp).
+// Raster files through GDAL, writing: output drivers, creation options and whole-file writes
+// (io.hpp); the checks of an output before any work are output_checks.cpp.
 #include "common/byte_text.hpp"
 #include "common/checked_math.hpp"
 #include "common/expects.hpp"
 #include "common/text_escape.hpp"
 #include "io/gdal_common.hpp"
-#include "io/output_file.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/io.hpp>
@@ -49,6 +48,54 @@ void validate_creation_options(GDALDriverH driver, const std::string& driver_nam
     throw std::invalid_argument(std::string(who) + ": GDAL's " + shown(driver_name) +
                                 " driver refuses the creation options: " +
                                 (why.empty() ? std::string("invalid creation option") : why));
+  }
+}
+
+namespace {
+
+/// @p text in upper case (ASCII).
+std::string upper_case(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return text;
+}
+
+bool word_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+}
+
+/// Whether @p text (upper case) holds @p word as a word of its own, or @p pair ("KEY=VALUE",
+/// upper case) not followed by more of a value (COG passes LEVEL=99 on as ZLEVEL=99).
+bool names_option(const std::string& text, const std::string& word, const std::string& pair) {
+  for (std::size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) {
+    const std::size_t end = at + word.size();
+    if ((at == 0 || !word_char(text[at - 1])) && (end == text.size() || !word_char(text[end]))) {
+      return true;
+    }
+  }
+  for (std::size_t at = text.find(pair); at != std::string::npos; at = text.find(pair, at + 1)) {
+    const std::size_t end = at + pair.size();
+    if (end == text.size() || !word_char(text[end])) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void refuse_ignored_options(const QuietErrors& errors, std::size_t mark,
+                            const WriteOptions& options, const std::string& driver_name,
+                            const std::string& path, const char* who) {
+  const std::vector<std::string>& warnings = errors.warning_list();
+  for (std::size_t i = mark; i < warnings.size(); ++i) {
+    const std::string text = upper_case(warnings[i]);
+    for (const std::string& kv : options.creation_options) {
+      const std::size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) continue;
+      if (!names_option(text, upper_case(kv.substr(0, eq)), upper_case(kv))) continue;
+      throw std::invalid_argument(std::string(who) + ": GDAL's " + shown(driver_name) +
+                                  " driver does not take the creation option " + shown(kv) +
+                                  " for '" + shown(path) +
+                                  "' (it would write without it): " + shown(warnings[i]));
+    }
   }
 }
 
@@ -295,7 +342,8 @@ CPLStringList creation_options(GDALDriverH driver, const std::string& driver_nam
 Dataset create_dataset(const std::string& file, const std::string& path, DType dtype,
                        int band_count, std::int64_t height, std::int64_t width,
                        const std::optional<NodataValue>& nodata, const Affine* affine,
-                       const std::string& crs, const WriteOptions& options, const char* who) {
+                       const std::string& crs, const WriteOptions& options,
+                       const QuietErrors& errors, const char* who) {
   register_drivers();
   if (height > INT_MAX || width > INT_MAX) {
     throw std::invalid_argument(std::string(who) + ": " + std::to_string(width) + " x " +
@@ -325,10 +373,13 @@ Dataset create_dataset(const std::string& file, const std::string& path, DType d
   }
 
   const CPLStringList opts = creation_options(driver, name, options, dtype, band_count, who);
+  const std::size_t mark = errors.warning_count();
   GDALDatasetH ds = GDALCreate(driver, file.c_str(), static_cast<int>(width),
                                static_cast<int>(height), band_count, gdal_type(dtype), opts.List());
   if (ds == nullptr) fail("cannot create raster '" + shown(path) + "'");
   Dataset owned(ds);
+  // A value the driver's list gives no range for (GTiff's ZLEVEL=99): it warns and ignores it.
+  refuse_ignored_options(errors, mark, options, name, path, who);
   // A driver that made a directory there (Zarr) writes no file to rename into place: refused
   // now, before any pixel is written. One that made nothing yet may write at close (PDS4's
   // label): the file is verified after the close (verify_written, PendingOutput::commit).
@@ -468,16 +519,16 @@ void Output::check(DType dtype, int band_count) const {
 
 GDALDatasetH Output::create(DType dtype, int band_count, std::int64_t height, std::int64_t width,
                             const std::optional<NodataValue>& nodata, const Affine* affine,
-                            const std::string& crs) {
+                            const std::string& crs, const QuietErrors& errors) {
   check(dtype, band_count);
   dtype_ = dtype;
   band_count_ = band_count;
   height_ = height;
   width_ = width;
   ds_ = staged_ ? create_dataset(stage_, path_, dtype, band_count, height, width, nodata, affine,
-                                 crs, staged_options(options_), who_)
+                                 crs, staged_options(options_), errors, who_)
                 : create_dataset(pending_->path(), path_, dtype, band_count, height, width, nodata,
-                                 affine, crs, options_, who_);
+                                 affine, crs, options_, errors, who_);
   return ds_.get();
 }
 
@@ -521,12 +572,14 @@ const std::string& Output::complete(const QuietErrors& errors,
     const CPLStringList opts =
         creation_options(driver_, driver_name_, options_, dtype_, band_count_, who_);
     // Strict: a driver that cannot hold the data as it is fails instead of approximating it.
+    const std::size_t mark = errors.warning_count();
     Dataset out(
         GDALCreateCopy(driver_, file.c_str(), src.get(), TRUE, opts.List(), nullptr, nullptr));
     if (!out) {
       fail("cannot write '" + shown(path_) + "': GDAL's " + shown(driver_name_) +
            " driver cannot convert the staged GeoTIFF");
     }
+    refuse_ignored_options(errors, mark, options_, driver_name_, path_, who_);
     close_checked(out, path_, errors);
     src.reset();
     // The staged file is not needed any more: its space is freed before the commit.
@@ -597,170 +650,6 @@ std::vector<int> all_bands(int n) {
 
 using namespace detail::gdal;
 
-void check_write_options(const WriteOptions& options) {
-  static constexpr const char* who = "check_write_options";
-  QuietErrors quiet;
-  (void)check_output_options(options, who);
-}
-
-void check_output_file(const std::string& path, const WriteOptions& options, DType dtype,
-                       int band_count, const std::optional<NodataValue>& nodata,
-                       const std::string& crs) {
-  static constexpr const char* who = "check_output_file";
-  VSR_EXPECTS(band_count >= 1,
-              std::string(who) + ": band_count " + std::to_string(band_count) + " < 1");
-  QuietErrors quiet;
-  std::string name;
-  (void)check_output_options(options, who, &name);
-  // The trial raster: small, so that drivers that fill a new file up front write little, in
-  // small GeoTIFF tiles (the block options were checked above; a 256 x 256 block per band of a
-  // 500-band trial would hold 128 MiB; COG's smallest is 128).
-  constexpr std::int64_t side = 16;
-  WriteOptions trial = options;
-  trial.block = name == "COG" ? 128 : 16;
-  std::erase_if(trial.creation_options, [](const std::string& kv) {
-    return kv.rfind("BLOCKXSIZE=", 0) == 0 || kv.rfind("BLOCKYSIZE=", 0) == 0 ||
-           kv.rfind("BLOCKSIZE=", 0) == 0;
-  });
-  // Band b holds 10 + 10 * (b % 11) (3 more where the nodata is one of those), a value every
-  // dtype holds: what reads back tells a band lost, swapped or filled with other memory (MRF
-  // pixel-interleaved, written band by band) from a lossy codec's small error.
-  const double shift = nodata && std::fmod(nodata->to_double(), 10.0) == 0.0 &&
-                               nodata->to_double() >= 10 && nodata->to_double() <= 110
-                           ? 3.0
-                           : 0.0;
-  const auto band_value = [&](int b) { return 10.0 + 10.0 * (b % 11) + shift; };
-  // With a nodata, every 5th pixel is nodata, amid valid ones: a driver that does not give them
-  // back exactly (a lossy codec blurs them into their neighbours) would turn nodata pixels into
-  // valid values.
-  const auto is_nodata_pixel = [&](std::int64_t k) { return nodata && k % 5 == 2; };
-  const double nodata_value = nodata ? nodata->to_double() : 0.0;
-  const std::string wrote = std::to_string(band_count) + " band(s) of " +
-                            std::string(to_string(dtype)) +
-                            (nodata ? " with nodata " + nodata->to_string() : std::string());
-  {
-    Output out(path, trial, who);  // never committed: removed
-    out.check(dtype, band_count);
-    try {
-      // Georeferenced, as most outputs are (GPKG needs a geotransform).
-      const Affine affine{1, 0, 0, 0, -1, side};
-      GDALDatasetH ds = out.create(dtype, band_count, side, side, nodata, &affine, crs);
-      // 8-byte cells: float64, or the dataset's own type for 64-bit integers (so that their
-      // nodata, e.g. INT64_MAX, is written and compared exactly).
-      const GDALDataType cell = dtype == DType::int64    ? GDT_Int64
-                                : dtype == DType::uint64 ? GDT_UInt64
-                                                         : GDT_Float64;
-      std::vector<std::uint64_t> pixels(static_cast<std::size_t>(side * side * band_count));
-      const auto put = [&](std::size_t i, double v) {
-        if (cell == GDT_Int64) {
-          pixels[i] = static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
-        } else if (cell == GDT_UInt64) {
-          pixels[i] = static_cast<std::uint64_t>(v);
-        } else {
-          std::memcpy(&pixels[i], &v, sizeof v);
-        }
-      };
-      const auto put_nodata = [&](std::size_t i) {
-        if (cell == GDT_Int64) {
-          pixels[i] = static_cast<std::uint64_t>(nodata->as_int64().value_or(0));
-        } else if (cell == GDT_UInt64) {
-          pixels[i] = nodata->as_uint64().value_or(0);
-        } else {
-          put(i, nodata_value);
-        }
-      };
-      const auto value_at = [&](std::size_t i) {
-        if (cell == GDT_Int64) return static_cast<double>(static_cast<std::int64_t>(pixels[i]));
-        if (cell == GDT_UInt64) return static_cast<double>(pixels[i]);
-        double v = 0;
-        std::memcpy(&v, &pixels[i], sizeof v);
-        return v;
-      };
-      const auto nodata_at = [&](std::size_t i) {
-        if (cell == GDT_Int64) {
-          return nodata->as_int64() == static_cast<std::int64_t>(pixels[i]);
-        }
-        if (cell == GDT_UInt64) return nodata->as_uint64() == pixels[i];
-        const double v = value_at(i);
-        return v == nodata_value || (std::isnan(v) && std::isnan(nodata_value));
-      };
-      for (int b = 0; b < band_count; ++b) {
-        for (std::int64_t k = 0; k < side * side; ++k) {
-          const auto i = static_cast<std::size_t>(b * side * side + k);
-          if (is_nodata_pixel(k)) {
-            put_nodata(i);
-          } else {
-            put(i, band_value(b));
-          }
-        }
-      }
-      std::vector<int> bands = all_bands(band_count);
-      const auto io = [&](GDALDatasetH h, GDALRWFlag flag) {
-        return GDALDatasetRasterIOEx(h, flag, 0, 0, static_cast<int>(side), static_cast<int>(side),
-                                     pixels.data(), static_cast<int>(side), static_cast<int>(side),
-                                     cell, band_count, bands.data(), 8, 8 * side, 8 * side * side,
-                                     nullptr);
-      };
-      // Band by band, each flushed before the next, as a per-band streamed run writes (a pass
-      // of one band, its blocks evicted from GDAL's cache before the next pass).
-      for (int b = 0; b < band_count; ++b) {
-        const CPLErr err = GDALRasterIO(
-            GDALGetRasterBand(ds, b + 1), GF_Write, 0, 0, static_cast<int>(side),
-            static_cast<int>(side), pixels.data() + static_cast<std::ptrdiff_t>(b * side * side),
-            static_cast<int>(side), static_cast<int>(side), cell, 0, 0);
-        if (err != CE_None) fail("cannot write raster '" + shown(path) + "'");
-        GDALFlushCache(ds);
-      }
-      const std::string& file = out.complete(
-          quiet,
-          std::vector<std::optional<NodataValue>>(static_cast<std::size_t>(band_count), nodata));
-      CPLStringList allowed;
-      allowed.AddString(out.reading_driver().c_str());
-      Dataset back(GDALOpenEx(file.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY, allowed.List(),
-                              nullptr, nullptr));
-      for (std::size_t i = 0; i < pixels.size(); ++i)
-        put(i, cell == GDT_Float64 ? std::nan("") : 1);
-      if (!back || io(back.get(), GF_Read) != CE_None) {
-        fail("cannot write '" + shown(path) + "': GDAL's " + shown(name) +
-             " driver cannot read back the pixels it wrote");
-      }
-      for (int b = 0; b < band_count; ++b) {
-        for (std::int64_t k = 0; k < side * side; ++k) {
-          const auto i = static_cast<std::size_t>(b * side * side + k);
-          const double got = value_at(i);
-          if (is_nodata_pixel(k)) {
-            if (nodata_at(i)) continue;
-            char text[160];
-            std::snprintf(text, sizeof text,
-                          "reads back %.17g in band %d where its nodata %s was written", got, b + 1,
-                          nodata->to_string().c_str());
-            throw std::runtime_error("GDAL's " + shown(name) + " driver " + text +
-                                     ": it does not keep the nodata pixels of " + wrote +
-                                     " (a lossy compression?), which would read as valid values");
-          }
-          if (!(std::fabs(got - band_value(b)) <= 3.0) || (nodata && nodata_at(i))) {
-            char text[120];
-            std::snprintf(text, sizeof text, "reads back %.17g in band %d where %g was written",
-                          got, b + 1, band_value(b));
-            throw std::runtime_error("GDAL's " + shown(name) + " driver " + text +
-                                     ": it does not keep the pixels of " + wrote);
-          }
-        }
-      }
-    } catch (const std::invalid_argument&) {
-      throw;
-    } catch (const std::runtime_error& e) {
-      // GDAL refused the raster itself (a band count or size the format cannot hold).
-      std::string why = e.what();
-      const std::string prefix = "cannot write '" + shown(path) + "': ";
-      if (why.rfind(prefix, 0) == 0) why.erase(0, prefix.size());
-      throw std::invalid_argument(std::string(who) + ": GDAL's " + shown(name) +
-                                  " driver cannot write " + wrote + " to '" + shown(path) +
-                                  "': " + why);
-    }
-  }
-}
-
 void write_raster(const std::string& path, const OwnedRasterArray& raster,
                   const WriteOptions& options) {
   static constexpr const char* who = "write_raster";
@@ -771,7 +660,7 @@ void write_raster(const std::string& path, const OwnedRasterArray& raster,
   std::vector<std::byte> scratch;
   const void* pixels = host_pixels(raster, scratch, who);
   GDALDatasetH ds = out.create(raster.dtype(), raster.band_count(), raster.height(), raster.width(),
-                               raster.exact_nodata(), &raster.affine(), raster.crs());
+                               raster.exact_nodata(), &raster.affine(), raster.crs(), quiet);
   std::vector<int> bands = all_bands(raster.band_count());
   raster_io(ds, GF_Write, RasterWindow{0, 0, raster.width(), raster.height()},
             const_cast<void*>(pixels), raster.dtype(), bands, raster.width(),

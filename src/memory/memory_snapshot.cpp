@@ -1,20 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // memory_history.hpp's snapshot: every pool's segments and the recorded history, as PyTorch's
-// torch.cuda.memory._snapshot() dict, pickled (protocol 2) and written all or nothing
-// (docs/memory-pool.md, "Memory history and snapshots").
+// torch.cuda.memory._snapshot() dict, pickled (protocol 2) and written all or nothing by the
+// output writer (files/output_file.hpp; docs/memory-pool.md, "Memory history and snapshots").
 #include "common/expects.hpp"
+#include "files/output_file.hpp"
 #include "memory/memory_history.hpp"
 #include "memory/memory_owners.hpp"
 #include "memory/registry_state.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <string>
-#include <system_error>
 
 namespace vibespatial::raster::detail {
 namespace {
@@ -67,19 +61,6 @@ class Pickler {
   }
   std::string out_;
 };
-
-void write_all(int fd, const std::string& data, const std::string& path) {
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw std::system_error(errno, std::generic_category(),
-                              "dump_memory_snapshot: cannot write " + path);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-}
 
 }  // namespace
 }  // namespace vibespatial::raster::detail
@@ -214,63 +195,10 @@ std::string memory_snapshot_pickle(const MemorySnapshot& snap) {
 void dump_memory_snapshot(const std::string& path, bool overwrite) {
   VSR_EXPECTS(!path.empty(), "dump_memory_snapshot: empty path");
   VSR_EXPECTS(path.find('\0') == std::string::npos, "dump_memory_snapshot: path holds a NUL byte");
-  const std::string data = memory_snapshot_pickle(memory_snapshot());
-  // A temporary file next to the target, then moved into place: a reader never sees a partial
-  // snapshot, and a failure leaves nothing behind.
-  const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  VSR_EXPECTS(!name.empty() && name != "." && name != "..",
-              "dump_memory_snapshot: " + path + " names a directory, not a file");
-  if (!overwrite && ::access(path.c_str(), F_OK) == 0) {
-    throw std::system_error(
-        EEXIST, std::generic_category(),
-        "dump_memory_snapshot: " + path + " exists (pass overwrite to replace it)");
-  }
-  std::string tmp = (slash == std::string::npos ? std::string() : dir) + "." + name + ".XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) {
-    throw std::system_error(errno, std::generic_category(),
-                            "dump_memory_snapshot: cannot create a file in " + dir);
-  }
-  // mkstemp makes the file private: a snapshot is readable as an ordinary output.
-  bool written = false;
-  int err = 0;
-  try {
-    detail::write_all(fd, data, path);
-    written = ::fchmod(fd, 0644) == 0 && ::fsync(fd) == 0;
-    if (!written) err = errno;
-  } catch (const std::system_error& e) {
-    err = e.code().value();
-  }
-  if (::close(fd) != 0 && written) {
-    written = false;
-    err = errno;
-  }
-  if (!written) {
-    ::unlink(tmp.c_str());
-    throw std::system_error(err, std::generic_category(),
-                            "dump_memory_snapshot: cannot write " + path);
-  }
-  // Without overwrite: link() never replaces an existing file (one made meanwhile is refused).
-  if (!overwrite) {
-    if (::link(tmp.c_str(), path.c_str()) != 0) {
-      const int link_err = errno;
-      ::unlink(tmp.c_str());
-      throw std::system_error(link_err, std::generic_category(),
-                              link_err == EEXIST ? "dump_memory_snapshot: " + path +
-                                                       " exists (pass overwrite to replace it)"
-                                                 : "dump_memory_snapshot: cannot write " + path);
-    }
-    ::unlink(tmp.c_str());
-    return;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int rename_err = errno;
-    ::unlink(tmp.c_str());
-    throw std::system_error(rename_err, std::generic_category(),
-                            "dump_memory_snapshot: cannot write " + path);
-  }
+  // The writer of every output: the target checked first (a directory, FIFO or device is never
+  // replaced), a private temporary beside it renamed into place when complete.
+  detail::write_output_file("dump_memory_snapshot", path, memory_snapshot_pickle(memory_snapshot()),
+                            overwrite);
 }
 
 }  // namespace vibespatial::raster

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MIB ((size_t)1 << 20)
@@ -719,6 +720,8 @@ static void test_memory_history(void) {
   char dir[] = "/tmp/vsr-capi-history-XXXXXX";
   char path[256];
   char missing[256];
+  char fifo[256];
+  struct stat st;
   void* p = NULL;
   void* q = NULL;
   FILE* f;
@@ -743,6 +746,7 @@ static void test_memory_history(void) {
   CHECK(mkdtemp(dir) != NULL);
   snprintf(path, sizeof path, "%s/snap.pickle", dir);
   snprintf(missing, sizeof missing, "%s/missing/snap.pickle", dir);
+  snprintf(fifo, sizeof fifo, "%s/pipe", dir);
   CHECK_OK(vsr_dump_memory_snapshot(path, 0));
   f = fopen(path, "rb");
   CHECK(f != NULL);
@@ -755,6 +759,13 @@ static void test_memory_history(void) {
   CHECK(vsr_last_io_errno() == 0);
   CHECK_FAILS(vsr_dump_memory_snapshot(missing, 0), VSR_ERROR_IO, "vsr_dump_memory_snapshot");
   CHECK(vsr_last_io_errno() == ENOENT);
+  /* A FIFO (or a device) is never replaced, even with overwrite: its reader would wait forever. */
+  CHECK(mkfifo(fifo, 0600) == 0);
+  CHECK_FAILS(vsr_dump_memory_snapshot(fifo, 1), VSR_ERROR_INVALID_ARGUMENT,
+              "vsr_dump_memory_snapshot");
+  CHECK(strstr(vsr_last_error_message(), "not a regular file") != NULL);
+  CHECK(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+  CHECK(remove(fifo) == 0);
   CHECK_FAILS(vsr_dump_memory_snapshot(NULL, 0), VSR_ERROR_INVALID_ARGUMENT,
               "vsr_dump_memory_snapshot");
   CHECK(remove(path) == 0);

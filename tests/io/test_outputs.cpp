@@ -3,7 +3,7 @@
 // temporaries, every Create-capable GDAL driver, an unavailable GTiff, stale temporaries of
 // killed writers (and live ones kept), targets that are not regular files, concurrent writers,
 // and host memory (streamed runs hold no tile list). Inputs are made with GDAL's own C API.
-#include "io/output_file.hpp"
+#include "files/output_file.hpp"
 #include "temp_dir.hpp"
 
 #include <vibespatial/raster/buffers.hpp>

@@ -16,7 +16,6 @@
 #include <vibespatial/raster/ops.hpp>
 #include <vibespatial/raster/tiles.hpp>
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,11 +78,6 @@ auto on_compute(vsr::Residency where, const vsr::OwnedRasterArray& piece, Fn&& f
     return fn(piece);
   }
   return fn(piece.clone_to(vsr::Residency::device));
-}
-
-bool file_exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
 }
 
 /// Whether @p v is exactly a value of @p t (and of a double, as convert_dtype takes it).
@@ -360,10 +354,12 @@ void Job::check_output() {
                              ": this vsr-run was built without GDAL (install libgdal-dev and "
                              "rebuild); run without --input/--output to use the sample raster");
   }
-  if (!args_.output.empty() && file_exists(args_.output) && !args_.overwrite) {
-    throw UsageError("--output: '" + args_.output +
-                     "' exists; add --overwrite to replace it (it is replaced only once the new "
-                     "file is complete)");
+  // The target of any output (a directory, FIFO or device, a directory that takes no
+  // temporary, an existing file without --overwrite): a usage error before anything is read. A
+  // raster may replace its input (in place); JSON never does.
+  if (!args_.output.empty()) {
+    check_target("--output", args_.output, args_.overwrite,
+                 args_.raster_output() ? std::vector<vsr::KeptFile>{} : files_read(args_));
   }
   if (!args_.output.empty() && args_.raster_output()) {
     write_.driver = args_.format.empty() ? vsr::output_driver_for(args_.output) : args_.format;
@@ -408,14 +404,6 @@ void Job::check_output() {
                                        ? "a " + write_.driver + " output has none by default"
                                        : "--overviews none") +
                        "): give --overviews auto or a list of factors");
-    }
-  } else if (!args_.output.empty()) {
-    // A JSON output: its path is checked now (a directory, a FIFO, a read-only directory), not
-    // after the run.
-    try {
-      vsr::check_output_path(args_.output, args_.overwrite);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError("--output: " + std::string(e.what()));
     }
   }
   open_.allow_virtual = args_.allow_virtual;
@@ -1171,7 +1159,11 @@ void Job::build_pipeline() {
   for (std::size_t k = 0; k < calc_sources_.size(); ++k) {
     inputs.push_back({calc_names_[k], static_cast<int>(calc_sources_[k]->bands().size())});
   }
-  chain_.emplace(inputs);
+  try {
+    chain_.emplace(inputs);  // refuses an input named X, the previous step's output
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("pipeline: read: " + std::string(e.what()));
+  }
   for (std::size_t s = 0; s < args_.steps.size(); ++s) {
     const std::shared_ptr<const Arguments> step = args_.steps[s];
     try {

@@ -22,14 +22,13 @@
 //
 // Exit status: 0 on success, 2 for bad arguments (message on stderr), 1 for any other error; a
 // run ended by a signal dies of that signal. --memory-history FILE records the pool's memory
-// history for the run and writes the snapshot (memory_history.hpp) when it ends.
+// history for the run and writes the snapshot (memory_history.hpp) when it ends; FILE is checked
+// as an output before the run (never an input or the output).
 #include "cli.hpp"
 #include "job.hpp"
 #include "options.hpp"
 
 #include <vibespatial/raster/memory_history.hpp>
-
-#include <unistd.h>
 
 #include <cstdio>
 #include <exception>
@@ -56,11 +55,16 @@ int main(int argc, char** argv) {
   }
   const std::string& history = args.memory_history;
   if (!history.empty()) {
-    // Refused before the run, not after it.
-    if (!args.overwrite && ::access(history.c_str(), F_OK) == 0) {
-      std::fprintf(stderr, "vsr-run: --memory-history: %s exists (--overwrite replaces it)\n",
-                   printable(history).c_str());
+    // Refused before the run, not after it: the output's rules, and never a file of the run.
+    try {
+      vsr_run::check_target("--memory-history", history, args.overwrite,
+                            vsr_run::files_of_the_run(args));
+    } catch (const UsageError& e) {
+      std::fprintf(stderr, "vsr-run: %s\n", e.what());
       return 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "vsr-run: --memory-history: %s\n", printable(e.what()).c_str());
+      return 1;
     }
     vsr::record_memory_history(true);
   }

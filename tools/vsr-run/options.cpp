@@ -5,12 +5,14 @@
 #include "cli.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace vsr_run {
@@ -153,7 +155,8 @@ resources:
                      record the device pool's memory history during the run and write it, with
                      the pool's segments, to FILE as PyTorch's memory snapshot pickle (open it
                      in pytorch.org/memory_viz; docs/memory-pool.md), also when the run fails;
-                     an existing FILE is refused unless --overwrite
+                     FILE follows --output's rules, checked before the run: an existing FILE is
+                     refused unless --overwrite, and FILE is never an input or the output
 
 A file run streams: tiles of at most 64 MiB of input over every band when the budget allows and
 the file makes two or more, tile k+1 read while tile k is computed and tile k-1 written (the
@@ -560,8 +563,13 @@ Arguments parse_pipeline(int argc, char** argv) {
   // read NAME=FILE ...: the inputs, as calc's -i.
   std::vector<std::string> inputs;
   for (std::size_t k = 1; k < segments.front().size(); ++k) {
+    const std::string& word = segments.front()[k];
+    if (word.starts_with("-")) {
+      throw usage("read takes only NAME=FILE (or FILE, input A), not '" + word +
+                  "': the run's options go after write FILE");
+    }
     inputs.push_back("-i");
-    inputs.push_back(segments.front()[k]);
+    inputs.push_back(word);
   }
   if (inputs.empty()) throw usage("read needs NAME=FILE (or FILE, input A)");
   // write FILE [output options]: the run's own options.
@@ -587,7 +595,8 @@ Arguments parse_pipeline(int argc, char** argv) {
       throw usage(
           "write takes FILE and output options (-of, --co, --overwrite, --overviews, "
           "--resampling, --threads) and the run's (--budget, --device, -q, --progress, "
-          "--diagnostics, --dry-run); a step's options go after the step's name");
+          "--diagnostics, --memory-history, --dry-run); a step's options go after the step's "
+          "name");
     }
   } else {
     // A terminal stats or histogram: its own options (--json, -o FILE for the JSON, --bins,
@@ -650,6 +659,42 @@ Arguments parse_pipeline(int argc, char** argv) {
   }
   if (args.steps.empty()) throw usage("no step between read and write");
   return args;
+}
+
+std::vector<vsr::KeptFile> files_read(const Arguments& args) {
+  std::vector<vsr::KeptFile> kept;
+  for (const auto& [name, path] : args.calc_inputs) kept.push_back({"input " + name, path});
+  if (args.calc_inputs.empty() && !args.input.empty()) kept.push_back({"the input", args.input});
+  return kept;
+}
+
+std::vector<vsr::KeptFile> files_of_the_run(const Arguments& args) {
+  std::vector<vsr::KeptFile> kept = files_read(args);
+  if (!args.output.empty()) kept.push_back({"the output", args.output});
+  return kept;
+}
+
+void check_target(const std::string& option, const std::string& path, bool overwrite,
+                  const std::vector<vsr::KeptFile>& kept) {
+  try {
+    vsr::check_output_path(path, overwrite, kept);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(option + ": " + e.what());
+  } catch (const std::system_error& e) {
+    const int err = e.code().value();
+    if (e.code().category() != std::generic_category()) throw;
+    if (err == EEXIST) {
+      throw UsageError(option + ": '" + path +
+                       "' exists; add --overwrite to replace it (it is replaced only once the "
+                       "new file is complete)");
+    }
+    // The path the command line gave names no place to write: a missing or read-only directory.
+    if (err == ENOENT || err == ENOTDIR || err == EACCES || err == EPERM || err == EROFS ||
+        err == ENAMETOOLONG || err == ELOOP || err == EISDIR) {
+      throw UsageError(option + ": " + e.what());
+    }
+    throw;
+  }
 }
 
 }  // namespace vsr_run

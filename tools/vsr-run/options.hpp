@@ -4,6 +4,7 @@
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/ops.hpp>
+#include <vibespatial/raster/outputs.hpp>
 #include <vibespatial/raster/tiles.hpp>
 
 #include <cstdint>
@@ -98,5 +99,18 @@ Arguments parse_arguments(int argc, char** argv);
 /// `vsr-run pipeline read A=a.tif ... ! STEP [options] ! ... ! write FILE [output options]`
 /// (argv[0] is "pipeline"): the steps parsed as their ops' options. UsageError as above.
 Arguments parse_pipeline(int argc, char** argv);
+
+/// The files a run reads (its input, or each of calc's and read's inputs), for a target that
+/// must replace none of them (vsr::check_output_path).
+std::vector<vsr::KeptFile> files_read(const Arguments& args);
+/// files_read and the run's --output.
+std::vector<vsr::KeptFile> files_of_the_run(const Arguments& args);
+
+/// Checks the output target @p path of @p option before anything is read (vsr::check_output_path
+/// with @p kept): what it refuses about the target (a directory, FIFO or device, a kept file, a
+/// missing or read-only directory, an existing file without --overwrite) is a UsageError naming
+/// @p option; other failures (a file system error) are rethrown.
+void check_target(const std::string& option, const std::string& path, bool overwrite,
+                  const std::vector<vsr::KeptFile>& kept = {});
 
 }  // namespace vsr_run

@@ -326,11 +326,13 @@ VSR_EXPORT vsr_status vsr_push_memory_tag(const char* tag);
 VSR_EXPORT vsr_status vsr_pop_memory_tag(void);
 
 /** Writes the snapshot (segments and the recorded history, as a pickle of PyTorch's
- * torch.cuda.memory._snapshot() dict) to `path`, all or nothing (a temporary file in the same
- * directory, then moved into place). An existing `path` is refused unless `overwrite` is
- * nonzero. Errors: VSR_ERROR_INVALID_ARGUMENT for a NULL or empty path; VSR_ERROR_IO when the
- * file cannot be written (an existing file without overwrite: errno EEXIST; a missing directory:
- * ENOENT), with no file left behind. */
+ * torch.cuda.memory._snapshot() dict) to `path`, all or nothing, by the library's writer of every
+ * output (a private temporary directory beside `path`, its file renamed into place when
+ * complete). An existing `path` is refused unless `overwrite` is nonzero. Errors:
+ * VSR_ERROR_INVALID_ARGUMENT for a NULL or empty path, or one that names a directory, FIFO,
+ * socket or device (never replaced, with overwrite too); VSR_ERROR_IO when the file cannot be
+ * written (an existing file without overwrite: errno EEXIST; a missing directory: ENOENT), with
+ * no file left behind. */
 VSR_EXPORT vsr_status vsr_dump_memory_snapshot(const char* path, int overwrite);
 
 /** The errno of the last vsr_ call on the calling thread if it failed with VSR_ERROR_IO; 0

@@ -24,8 +24,9 @@
 //   OpenOptions says otherwise. VRT (whose XML names other files to read, any file on the
 //   machine), GDAL's virtual file systems (/vsicurl/, /vsizip/, ...) and URLs need
 //   OpenOptions::allow_virtual: a file named "x.tif" holding VRT XML is refused, not followed.
-// - Outputs are all or nothing: write_raster, process_raster_streamed, process_raster_file,
-//   merge_raster_parts and write_file_atomically write into a private temporary directory beside
+// - Outputs are all or nothing, through the writer of outputs.hpp (whose rules the target keeps):
+//   write_raster, process_raster_streamed, process_raster_file and merge_raster_parts write into
+//   a private temporary directory beside
 //   the target (same directory, a unique hidden name ".<name>.vsr-XXXXXX", mode 0700), under the
 //   target's own file name, check GDAL's errors on every write, the flush and the close, check that
 //   the driver wrote a regular, non-empty file under that name and that GDAL reads it back with the
@@ -61,6 +62,7 @@
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/export.hpp>
+#include <vibespatial/raster/outputs.hpp>
 #include <vibespatial/raster/tiles.hpp>
 
 #include <cstdint>
@@ -136,18 +138,6 @@ class VSR_EXPORT HostMemoryLimitError : public std::runtime_error {
  */
 VSR_EXPORT std::uint64_t available_host_memory() noexcept;
 
-/**
- * @brief Installs handlers for SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE, SIGXCPU and SIGXFSZ
- * (each only where its disposition is the default) that remove the temporary files of this
- * process's writes in progress (unlink, async-signal-safe; a child of fork without exec leaves
- * its parent's alone) and then re-raise the signal with its default
- * action, so the process still dies of it (exit status as before, e.g. 130 in a shell for
- * SIGINT) and the targets stay untouched. For programs: a library call never installs handlers
- * on its own. Idempotent and thread-safe; throws nothing. Up to 64 writes in progress at once
- * are covered; more still work but their temporary files may survive a signal.
- */
-VSR_EXPORT void remove_partial_outputs_on_signals() noexcept;
-
 /// How write_raster creates a file.
 struct WriteOptions {
   /// A GDAL raster driver that writes a file (short name, any case), with Create() or with
@@ -189,28 +179,6 @@ struct WriteOptions {
  * std::bad_alloc (and "" in a build without GDAL).
  */
 VSR_EXPORT std::string output_driver_for(const std::string& path);
-
-/**
- * @brief Checks that @p path can take an output (see "Outputs" above) without writing it: it is
- * a regular file or does not exist (and with @p overwrite false does not exist), and its
- * directory takes a temporary directory (one is made and removed; stale temporaries of earlier
- * writes to @p path are removed as a write would). For a tool to refuse an output before it
- * computes anything. Works without GDAL.
- * @throws std::invalid_argument for a path with a NUL byte, that names no file, or a directory,
- *         FIFO, socket or device; std::runtime_error when the directory takes no temporary
- *         (naming errno, e.g. a read-only or missing directory) or @p path exists and
- *         @p overwrite is false.
- */
-VSR_EXPORT void check_output_path(const std::string& path, bool overwrite = true);
-
-/**
- * @brief Writes @p bytes to @p path all or nothing (a temporary file beside it, renamed into
- * place; see "Outputs" above), for text outputs such as statistics. With @p overwrite false an
- * existing @p path is refused.
- * @throws std::runtime_error when the file cannot be written or exists (overwrite false).
- */
-VSR_EXPORT void write_file_atomically(const std::string& path, const std::string& bytes,
-                                      bool overwrite = true);
 
 /// A raster file's header with what varies per band.
 struct RasterFileInfo {

@@ -163,11 +163,13 @@ struct MemorySnapshot {
 VSR_EXPORT MemorySnapshot memory_snapshot();
 
 /// Writes memory_snapshot() as a pickle of PyTorch's snapshot dict (docs/memory-pool.md) to
-/// `path`, all or nothing: a temporary file in the same directory, then moved into place. An
-/// existing `path` is refused unless `overwrite`.
-/// @throws std::system_error with the errno: std::errc::file_exists for an existing path without
-///         `overwrite`, no_such_file_or_directory for a missing directory, and so on; no file is
-///         left behind.
+/// `path`, all or nothing, by the writer of every output (outputs.hpp): a private temporary
+/// directory beside `path`, its file renamed into place when complete. An existing `path` is
+/// refused unless `overwrite`; a FIFO, socket or device is never replaced.
+/// @throws std::invalid_argument for an empty path, one that names no file, a directory, FIFO,
+///         socket or device; std::system_error with the errno: std::errc::file_exists for an
+///         existing path without `overwrite`, no_such_file_or_directory for a missing directory,
+///         and so on; no file is left behind.
 VSR_EXPORT void dump_memory_snapshot(const std::string& path, bool overwrite = false);
 
 /// PyTorch's snapshot dict of `snapshot`, pickled (protocol 2).

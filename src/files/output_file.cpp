@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // All-or-nothing output files, the signal handlers that remove partial ones, and the removal of
-// stale ones (output_file.hpp).
-#include "io/output_file.hpp"
+// stale ones (output_file.hpp); the rules of a target and the public calls are output_target.cpp.
+#include "files/output_file.hpp"
 
 #include "common/text_escape.hpp"
 
-#include <vibespatial/raster/io.hpp>
+#include <vibespatial/raster/outputs.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -172,10 +173,6 @@ void remove_partial_outputs_and_reraise(int sig) {
 
 // ---- owner records -----------------------------------------------------------------------------
 
-std::string errno_text(int err) {
-  return std::error_code(err, std::generic_category()).message();
-}
-
 /// The first line of @p path (at most 255 bytes), "" when it cannot be read.
 std::string first_line(const char* path) {
   std::FILE* f = std::fopen(path, "re");
@@ -311,43 +308,55 @@ void sync_path(const std::string& path, int flags) noexcept {
   }
 }
 
+/// The outputs in progress whose paths without_temporaries replaces. Never destroyed: an output
+/// may outlive the statics of the program (one held by a static object).
+std::mutex& live_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::vector<const PendingOutput*>& live_outputs() {
+  static auto* v = new std::vector<const PendingOutput*>;
+  return *v;
+}
+
+[[noreturn]] void throw_errno(int err, const std::string& what) {
+  throw std::system_error(err, std::generic_category(), what);
+}
+
 }  // namespace
 
-PendingOutput::PendingOutput(const std::string& target, bool overwrite) {
+PendingOutput::PendingOutput(const std::string& target, bool overwrite, const char* who)
+    : given_(target), who_(who) {
   namespace fs = std::filesystem;
   // The system calls would stop the path at the NUL and replace another file.
   if (target.find('\0') != std::string::npos) {
-    throw std::invalid_argument("cannot write '" + printable(target) +
-                                "': the path holds a NUL byte");
+    throw std::invalid_argument(cannot_write() + ": the path holds a NUL byte");
   }
   std::error_code ec;
   fs::path t(target);
-  // Replace the file a symbolic link names, not the link.
-  if (fs::is_symlink(fs::symlink_status(t, ec))) {
-    const fs::path resolved = fs::weakly_canonical(t, ec);
-    if (!ec) t = resolved;
-  }
+  // Replace (or make) the file a symbolic link names, not the link.
+  if (fs::is_symlink(fs::symlink_status(t, ec))) t = resolved_path(target);
   target_ = t.string();
   dir_ = t.has_parent_path() ? t.parent_path().string() : std::string(".");
   name_ = t.filename().string();
   if (name_.empty() || name_ == "." || name_ == "..") {
-    throw std::invalid_argument("cannot write '" + printable(target) + "': not a file name");
+    throw std::invalid_argument(cannot_write() + ": not a file name");
   }
 
   struct stat st {};
   target_existed_ = ::stat(target_.c_str(), &st) == 0;
   if (target_existed_ && S_ISDIR(st.st_mode)) {
-    throw std::invalid_argument("cannot write '" + printable(target) + "': it is a directory");
+    throw std::invalid_argument(cannot_write() + ": it is a directory");
   }
   // A FIFO, socket or device (/dev/null) would be replaced by a regular file: its readers
   // would wait forever, or the system would lose the device node.
   if (target_existed_ && !S_ISREG(st.st_mode)) {
-    throw std::invalid_argument("cannot write '" + printable(target) +
-                                "': not a regular file (a FIFO, socket or device), which an "
+    throw std::invalid_argument(cannot_write() +
+                                ": not a regular file (a FIFO, socket or device), which an "
                                 "output never replaces");
   }
   if (target_existed_ && !overwrite) {
-    throw std::runtime_error("'" + printable(target) + "' exists (overwriting was not asked for)");
+    throw_errno(EEXIST, cannot_write() + ": it exists (overwriting was not asked for)");
   }
   target_mode_ = st.st_mode;
 
@@ -356,11 +365,12 @@ PendingOutput::PendingOutput(const std::string& target, bool overwrite) {
   prefix.append(name_, 0, temp_name_bytes).append(temp_marker);
   remove_stale_temporaries(dir_, prefix);
 
+  const std::string cannot_make = std::string(who_ != nullptr ? who_ : "") +
+                                  (who_ != nullptr ? ": " : "") +
+                                  "cannot create a temporary directory in '" + printable(dir_) +
+                                  "' to write '" + printable(target) + "'";
   std::string templ = (fs::path(dir_) / (prefix + std::string(temp_random, 'X'))).string();
-  if (::mkdtemp(templ.data()) == nullptr) {
-    throw std::runtime_error("cannot create a temporary directory in '" + printable(dir_) +
-                             "' to write '" + printable(target) + "': " + errno_text(errno));
-  }
+  if (::mkdtemp(templ.data()) == nullptr) throw_errno(errno, cannot_make);
   temp_ = templ;
   data_ = temp_ + "/" + data_dir;
   file_ = data_ + "/" + name_;
@@ -369,8 +379,7 @@ PendingOutput::PendingOutput(const std::string& target, bool overwrite) {
     const int err = errno;
     remove_files();
     withdraw(slot_);
-    throw std::runtime_error("cannot create a temporary directory in '" + printable(dir_) +
-                             "' to write '" + printable(target) + "': " + errno_text(err));
+    throw_errno(err, cannot_make);
   }
   // The owner record, locked before it gets its name: a cleaner never sees it unlocked while
   // this process lives. Without flock (some network file systems) there is no record, and
@@ -396,12 +405,67 @@ PendingOutput::PendingOutput(const std::string& target, bool overwrite) {
       ::unlink(fresh.c_str());
     }
   }
+  try {
+    const std::lock_guard<std::mutex> lock(live_mutex());
+    live_outputs().push_back(this);
+    listed_ = true;
+  } catch (...) {
+    // Out of memory: the output is written all the same; its messages may name its temporary.
+  }
 }
 
 PendingOutput::~PendingOutput() {
+  if (listed_) {
+    const std::lock_guard<std::mutex> lock(live_mutex());
+    auto& live = live_outputs();
+    live.erase(std::remove(live.begin(), live.end(), this), live.end());
+  }
   if (!committed_) remove_files();
   withdraw(slot_);
   if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+std::string PendingOutput::cannot_write() const {
+  return std::string(who_ != nullptr ? who_ : "") + (who_ != nullptr ? ": " : "") +
+         "cannot write '" + printable(given_) + "'";
+}
+
+std::string PendingOutput::without_temporaries(std::string text) {
+  if (text.find(temp_marker) == std::string::npos) return text;
+  const std::string data = std::string("/") + data_dir + "/";
+  const std::lock_guard<std::mutex> lock(live_mutex());
+  for (const PendingOutput* p : live_outputs()) {
+    if (text.find(p->temp_) == std::string::npos) continue;
+    // Sidecars are named as they will be, beside the target.
+    const std::string beside =
+        p->dir_ == "." && p->target_.find('/') == std::string::npos ? "" : p->dir_ + "/";
+    std::string out;
+    std::size_t at = 0;
+    for (std::size_t i; (i = text.find(p->temp_, at)) != std::string::npos;) {
+      out.append(text, at, i - at);
+      std::size_t j = i + p->temp_.size();
+      if (text.compare(j, data.size() + p->name_.size(), data + p->name_) == 0 &&
+          (j + data.size() + p->name_.size() == text.size() ||
+           text[j + data.size() + p->name_.size()] != '.')) {
+        out += p->given_;
+        j += data.size() + p->name_.size();
+      } else if (text.compare(j, data.size(), data) == 0) {
+        out += beside;
+        j += data.size();
+      } else {
+        // Another file of the temporary directory (a staged copy): the target it is made for.
+        out += p->given_;
+        if (j < text.size() && text[j] == '/') {
+          ++j;
+          while (j < text.size() && std::strchr(" :'\"`,;()[]", text[j]) == nullptr) ++j;
+        }
+      }
+      at = j;
+    }
+    out.append(text, at, std::string::npos);
+    text = std::move(out);
+  }
+  return text;
 }
 
 void PendingOutput::remove_files() noexcept {
@@ -409,10 +473,11 @@ void PendingOutput::remove_files() noexcept {
 }
 
 void PendingOutput::commit(bool overwrite, bool may_be_empty) {
-  // Removes the temporary files; the exception to throw.
-  const auto failure = [&](const std::string& why) {
+  // Removes the temporary files, then throws: std::system_error with @p err when there is one.
+  const auto fail = [&](const std::string& why, int err = 0) {
     remove_files();
-    return std::runtime_error("cannot write '" + printable(target_) + "': " + why);
+    if (err != 0) throw_errno(err, cannot_write() + ": " + why);
+    throw std::runtime_error(cannot_write() + ": " + why);
   };
   // What the writer left in data/: names and their types, read before anything is judged.
   std::vector<std::pair<std::string, struct stat>> entries;
@@ -436,9 +501,9 @@ void PendingOutput::commit(bool overwrite, bool may_be_empty) {
   std::string others;
   for (const auto& [n, st] : entries) {
     if (!S_ISREG(st.st_mode)) {
-      throw failure("the writer made '" + printable(n) +
-                    "', which is not a regular file (outputs are files; a directory output is not "
-                    "supported): nothing was replaced");
+      fail("the writer made '" + printable(n) +
+           "', which is not a regular file (outputs are files; a directory output is not "
+           "supported): nothing was replaced");
     }
     if (n == name_) {
       main = &st;
@@ -448,12 +513,12 @@ void PendingOutput::commit(bool overwrite, bool may_be_empty) {
     }
   }
   if (main == nullptr) {
-    throw failure("the writer wrote no file under its name" +
-                  (others.empty() ? std::string(" (nothing at all)") : " (only " + others + ")") +
-                  ": nothing was replaced");
+    fail("the writer wrote no file under its name" +
+         (others.empty() ? std::string(" (nothing at all)") : " (only " + others + ")") +
+         ": nothing was replaced");
   }
   if (main->st_size == 0 && !may_be_empty) {
-    throw failure("the writer left it empty (0 bytes): nothing was replaced");
+    fail("the writer left it empty (0 bytes): nothing was replaced");
   }
   for (const std::string& n : sidecars) sync_path(data_ + "/" + n, O_RDONLY);
   sync_path(file_, O_RDONLY);
@@ -477,14 +542,13 @@ void PendingOutput::commit(bool overwrite, bool may_be_empty) {
     for (const std::string& n : sidecars) {
       const std::string from = data_ + "/" + n, to = dir_ + "/" + n;
       if (::rename(from.c_str(), to.c_str()) != 0) {
-        throw failure("cannot rename '" + printable(from) + "' to '" + printable(to) +
-                      "': " + errno_text(errno));
+        fail("cannot rename its sidecar into place as '" + printable(to) + "'", errno);
       }
     }
     // A stale .aux.xml or .ovr of the old file would otherwise apply to the new one.
     remove_stale_read_along();
     if (::rename(file_.c_str(), target_.c_str()) != 0) {
-      throw failure("cannot rename '" + printable(file_) + "' to it: " + errno_text(errno));
+      fail("cannot rename the written file over it", errno);
     }
   } else {
     // link(2) never replaces: a target that appeared meanwhile is kept and the write fails. The
@@ -492,9 +556,9 @@ void PendingOutput::commit(bool overwrite, bool may_be_empty) {
     // undoes the write.
     if (::link(file_.c_str(), target_.c_str()) != 0) {
       const int err = errno;
-      throw failure(err == EEXIST
-                        ? std::string("it exists (overwriting was not asked for)")
-                        : "cannot link '" + printable(file_) + "' to it: " + errno_text(err));
+      fail(err == EEXIST ? std::string("it exists (overwriting was not asked for)")
+                         : std::string("cannot link the written file into place"),
+           err);
     }
     std::vector<std::string> linked;
     for (const std::string& n : sidecars) {
@@ -506,9 +570,10 @@ void PendingOutput::commit(bool overwrite, bool may_be_empty) {
         const int err = errno;
         for (const std::string& l : linked) ::unlink(l.c_str());
         ::unlink(target_.c_str());
-        throw failure("its sidecar '" + printable(to) + "' " +
-                      (err == EEXIST ? std::string("exists (overwriting was not asked for)")
-                                     : "cannot be written: " + errno_text(err)));
+        fail("its sidecar '" + printable(to) + "' " +
+                 (err == EEXIST ? std::string("exists (overwriting was not asked for)")
+                                : std::string("cannot be written")),
+             err);
       }
       if (!read_along(n)) linked.push_back(to);
     }
@@ -520,36 +585,6 @@ void PendingOutput::commit(bool overwrite, bool may_be_empty) {
 }
 
 }  // namespace detail
-
-void write_file_atomically(const std::string& path, const std::string& bytes, bool overwrite) {
-  detail::PendingOutput pending(path, overwrite);
-  const int fd =
-      ::open(pending.path().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0)
-    throw std::runtime_error("cannot write '" + detail::printable(path) +
-                             "': " + detail::errno_text(errno));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      throw std::runtime_error("cannot write '" + detail::printable(path) +
-                               "': " + detail::errno_text(err));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::close(fd) != 0) {
-    throw std::runtime_error("cannot write '" + detail::printable(path) +
-                             "': " + detail::errno_text(errno));
-  }
-  pending.commit(overwrite, bytes.empty());
-}
-
-void check_output_path(const std::string& path, bool overwrite) {
-  const detail::PendingOutput pending(path, overwrite);  // never committed: removed
-}
 
 void remove_partial_outputs_on_signals() noexcept {
   static std::atomic<bool> installed{false};
