@@ -3,9 +3,12 @@
 // tile executor (run_tiles).
 #include "common/expects.hpp"
 
+#include <vibespatial/raster/diagnostics.hpp>
+#include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/pipeline.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <stdexcept>
@@ -84,7 +87,7 @@ Pipeline& Pipeline::calc(const std::vector<std::string>& expressions, const Calc
     in.reserve(tiles.size() + 1);
     for (std::size_t i = 0; i < tiles.size(); ++i) in.push_back({input_names[i], tiles[i]});
     in.push_back({"X", x});
-    return raster::calc(program, in, options);
+    return raster::calc(program, in, options, current_op_stream());
   };
   steps_.push_back(std::move(step));
   bands_ = static_cast<int>(expressions.size());

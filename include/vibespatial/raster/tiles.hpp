@@ -482,10 +482,12 @@ struct PlacementDecision {
 
 /**
  * @brief The one placement rule. automatic: the device when a real (not emulated) driver with a
- * device is there and the ops were built with CUDA (ops_built_with_cuda), else the host (the
- * emulator runs no kernels). gpu: the device whenever a driver is usable (a test on the
- * emulator exercises the device path). cpu: the host. Configures the memory pool when a driver
- * is usable.
+ * device is there and the ops were built with CUDA (ops_built_with_cuda), else the host (on the
+ * host emulator the device ops are the emulated device backend: host work queued on the
+ * emulator's streams, never faster than the host ops). gpu: the device whenever a driver is
+ * usable; on the emulator the ops then run on the emulated device backend, so the whole device
+ * path (residency moves, pinned staging, streams and events, the pool) runs as on a GPU. cpu:
+ * the host. Configures the memory pool when a driver is usable.
  * @throws DriverUnavailableError for gpu without a usable driver; what configure_memory_pool
  *         throws. Thread-safe.
  */
