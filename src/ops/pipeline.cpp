@@ -39,6 +39,24 @@ std::string step_label(std::size_t index, const std::string& name) {
   return std::string(kName) + ": step " + std::to_string(index + 1) + " (" + name + ")";
 }
 
+/// Records step @p index's run in @p result's log: "Pipeline: step N (name) on the device" (or
+/// "on the host"), with the seconds it took to return (a device step's work is then queued, not
+/// done). Never throws: a log that cannot grow loses the event.
+void record_step(const OwnedRasterArray& result, std::size_t index, const std::string& name,
+                 std::chrono::steady_clock::time_point start) noexcept {
+  try {
+    RasterDiagnosticEvent e;
+    e.kind = RasterDiagnosticKind::runtime;
+    e.residency = result.residency();
+    e.elapsed_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    e.detail = step_label(index, name) +
+               (e.residency == Residency::device ? " on the device" : " on the host");
+    result.diagnostics()->record(std::move(e));
+  } catch (...) {
+  }
+}
+
 }  // namespace
 
 Pipeline::Pipeline(std::vector<CalcInputBands> inputs) : inputs_(std::move(inputs)) {
@@ -202,11 +220,16 @@ OwnedRasterArray Pipeline::apply(const std::vector<OwnedRasterArray>& tiles) con
   for (std::size_t i = 0; i < steps_.size(); ++i) {
     const detail::PipelineStep& s = *steps_[i];
     try {
+      const auto start = std::chrono::steady_clock::now();
       OwnedRasterArray next = s.run(x, tiles);
       VSR_EXPECTS(next.height() == x.height() && next.width() == x.width(),
                   "its result is " + std::to_string(next.width()) + " x " +
                       std::to_string(next.height()) + " pixels, its input " +
                       std::to_string(x.width()) + " x " + std::to_string(x.height()));
+      // One log for the chain's results (the inputs' stay theirs): each step's event, where
+      // it ran, in the result's diagnostics.
+      if (i > 0) next.adopt_diagnostics(x.diagnostics());
+      record_step(next, i, s.name, start);
       x = std::move(next);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(step_label(i, s.name) + ": " + e.what());

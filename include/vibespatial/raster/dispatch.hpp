@@ -171,6 +171,11 @@ struct GpuDispatchOptions {
   /// caller that prints or logs its plan gives it here, so the device goes as it said.
   /// A `tiled` plan, or bands_per_pass < 1, is rejected. Empty: planned from the budget.
   std::optional<RasterPlan> plan;
+  /// Where the stacked output goes. Empty: on the device when it fits the budget beside the
+  /// passes in flight, else on the host (each band's result through pinned staging). The tile
+  /// executor asks for the host: it holds a tile's result while the next tile goes through the
+  /// device, which the budget of one call does not count.
+  std::optional<Residency> output;
 };
 
 /** @brief What one dispatch_per_band_gpu call did (for benchmarks and tests). */
