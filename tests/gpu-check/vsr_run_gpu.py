@@ -104,7 +104,7 @@ def check_peak(result, args, what):
     budget = budget_of(args)
     if budget is None:
         return
-    peak = peak_bytes(result.stdout)
+    peak = peak_bytes(result.stdout + result.stderr)  # with --json the summary is on stderr
     check(peak is not None and peak <= budget,
           "%s: the pool's peak %s is within the budget %d" % (what, peak, budget))
 
@@ -132,6 +132,17 @@ for b in hs:
         check(len(g) == 5 and a[:3] == g[:3] and all(close(x, y) for x, y in zip(a[3:], g[3:])),
               "stats band %d on the GPU (%s) == host: %s vs %s" % (b, name, g, a))
 check_peak(tiled, common + ["--budget", "2M"], "stats, tiled")
+
+# Histograms (with their range from a first pass), whole and tiled: the same counts.
+if emulated:
+    for budget in ([], ["--budget", "2M"]):
+        args = ["--op", "histogram", "--bands", "3", "--sample-size", "1024", "--bins", "64",
+                "--json"] + budget
+        h, g = run(args, gpu=False), run(args, gpu=True)
+        check(h.returncode == 0 and g.returncode == 0 and h.stdout == g.stdout
+              and '"counts"' in g.stdout,
+              "histogram %s on the GPU == host" % " ".join(budget))
+        check_peak(g, args, "histogram " + " ".join(budget))
 
 # Rescale per band (whole, and in band batches) and the tiled focal mean: they run on the GPU.
 for args, plan in ((["--op", "rescale", "--bands", "8", "--sample-size", "1024"], ""),
