@@ -113,18 +113,19 @@ TEST_SUITE("tiles-device") {
     detail::set_dispatch_observer([&](const detail::DispatchStep& s) {
       std::lock_guard lock(m);
       steps.emplace_back(static_cast<int>(s.kind), s.batch);
-      if (s.kind == detail::DispatchStep::computed && s.batch == 0) {
-        // Tile 0's op is queued: hold the compute stream so that it cannot end.
-        computed0 = s.event;
+      if (s.kind == detail::DispatchStep::staged && s.batch == 0) {
+        // Tile 0 is uploaded, its op not yet queued: hold the compute stream so that the op
+        // cannot end.
         compute = s.compute;
         held = emulator().stream_pause(compute, 1) == 0;
         // Released after a while whatever happens, so that a run that waited does not hang.
         releaser = std::thread([&emu = emulator(), compute] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          std::this_thread::sleep_for(std::chrono::milliseconds(2000));
           (void)emu.stream_pause(compute, 0);
         });
       }
-      if (s.kind == detail::DispatchStep::staged && s.batch == 1 && held) {
+      if (s.kind == detail::DispatchStep::computed && s.batch == 0) computed0 = s.event;
+      if (s.kind == detail::DispatchStep::staged && s.batch == 1 && held && computed0) {
         queued_before_end = detail::driver().cuEventQuery(computed0) == CUDA_ERROR_NOT_READY;
         (void)emulator().stream_pause(compute, 0);
       }
@@ -139,8 +140,9 @@ TEST_SUITE("tiles-device") {
           bytes_of(run(raster, chain_op, tiled(16, 64, 1, 1), Residency::host, false, 1)));
   }
 
-  TEST_CASE("per-band tiles of several bands (dispatch_per_band_gpu): the op's nodata, not the "
-            "source's") {
+  TEST_CASE(
+      "per-band tiles of several bands (dispatch_per_band_gpu): the op's nodata, not the "
+      "source's") {
     FreshPool fresh(nullptr, 256u << 20);
     const OwnedRasterArray raster = sample(3, 48, 40);
     const BandOp fill = [](const OwnedRasterArray& t) { return fill_nodata(t, 7); };

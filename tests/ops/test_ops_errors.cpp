@@ -230,3 +230,39 @@ TEST_SUITE("ops-errors-queued-fault" * doctest::skip()) {
     (void)detail::driver().cuStreamDestroy(s);
   }
 }
+
+// ---- a real driver (the emulator behind tests/driver's hiding driver, which is not the emulator
+// to the library): device rasters go to the CUDA backend, or are refused without it -------------
+
+// Run alone (tests/ops/meson.build, ops-errors-real-driver), with that driver.
+TEST_SUITE("ops-errors-real-driver" * doctest::skip()) {
+  TEST_CASE("on a driver that is not the emulator: the CUDA backend's errors, or no CUDA") {
+    REQUIRE_FALSE(detail::driver_state().emulated);
+    std::vector<float> v(16 * 16, 1.5f);
+    auto dev = OwnedRasterArray::from_host(v.data(), DType::float32, 1, 16, 16);
+    dev.move_to(Residency::device);
+    if (!ops_built_with_cuda()) {
+      CHECK_THROWS_WITH_AS(band_statistics(dev), doctest::Contains("built without CUDA"),
+                           std::runtime_error);
+      CHECK_THROWS_WITH_AS(focal_mean_3x3(dev), doctest::Contains("built without CUDA"),
+                           std::runtime_error);
+      return;
+    }
+    // The CUDA runtime finds no real driver behind this one: every op fails on the device, each
+    // with a CudaError carrying the runtime's code and the op's name.
+    for (const auto& [name, op] : std::vector<std::pair<std::string, std::function<void()>>>{
+             {"statistics", [&] { (void)band_statistics(dev); }},
+             {"rescale", [&] { (void)rescale(dev, 0, 2, 0, 1, DType::float32); }},
+             {"focal_mean_3x3", [&] { (void)focal_mean_3x3(dev); }},
+             {"calc", [&] {
+                (void)calc({"A * 2"}, {{"A", dev}});
+              }}}) {
+      CAPTURE(name);
+      const std::string what = thrown(op);
+      CAPTURE(what);
+      CHECK(what.rfind("CudaError ", 0) == 0);
+      CHECK(what.find("CudaError 0:") == std::string::npos);  // a runtime error, with its code
+      CHECK(what.find(name) != std::string::npos);
+    }
+  }
+}
