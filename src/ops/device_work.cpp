@@ -34,13 +34,21 @@ std::atomic<const char*> g_last_queued{nullptr};
 void before_device_work(const char* op, CUstream stream, Work work) {
   if (emulated_device()) emulated::take_failed_work();
   const DriverApi& api = driver();
-  (void)bind_current_device();
-  const CUresult r =
-      work == Work::waited ? api.cuStreamSynchronize(stream) : api.cuStreamQuery(stream);
+  CUresult r = CUDA_SUCCESS;
+  const char* call = work == Work::waited ? "cuStreamSynchronize" : "cuStreamQuery";
+  try {
+    (void)bind_current_device();
+    r = work == Work::waited ? api.cuStreamSynchronize(stream) : api.cuStreamQuery(stream);
+  } catch (const CudaError& e) {
+    // A sticky error (7xx) of the context: earlier work faulted, found by the context's calls.
+    if (e.code() < 700 || e.code() > 799) throw;
+    r = static_cast<CUresult>(e.code());
+    call = "cuCtxGetDevice";
+  }
   if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY) return;
   const char* last = g_last_queued.load();
   device_fault(
-      r, work == Work::waited ? "cuStreamSynchronize" : "cuStreamQuery",
+      r, call,
       std::string("device work queued before it failed") +
           (last != nullptr ? std::string(": the last operation queued on the device was ") + last
                            : std::string()) +
