@@ -169,8 +169,14 @@ void calc(const CalcLaunch& launch, CUstream stream) {
   VSR_CU_TRY(api().cuMemcpyHtoDAsync(to_device_ptr(tables.get()), packed->bytes.data(),
                                      packed->bytes.size(), stream));
   const CalcLaunch on_device = packed->at(launch, tables.get());
-  queue("calc: cuLaunchHostFunc", stream,
-        [on_device, packed, stream] { host::calc(on_device, stream); });
+  try {
+    queue("calc: cuLaunchHostFunc", stream,
+          [on_device, packed, stream] { host::calc(on_device, stream); });
+  } catch (...) {
+    // The copy is queued and reads `packed` when it runs: wait for it before `packed` goes.
+    (void)api().cuStreamSynchronize(stream);
+    throw;
+  }
 }
 
 }  // namespace vibespatial::raster::detail::ops::emulated
