@@ -95,10 +95,20 @@ def rescale_op(lo: float, hi: float):
 
 
 def staged_focal(r: OwnedRasterArray) -> OwnedRasterArray:
-    """A device op for the emulator: the tile arrives in pool memory and is brought back to run
-    the host focal mean (the emulator runs no kernels)."""
+    """A device op that holds only its input on the device: the tile arrives in pool memory and
+    is brought back to run the host focal mean (so that the chunk alone is what the budget
+    counts)."""
     assert r.residency == "device"
     return ops.focal_mean_3x3(r.move_to("host"))
+
+
+def device_focal(r: OwnedRasterArray) -> OwnedRasterArray:
+    """The focal mean on the device tile itself (the emulated device backend on the emulator):
+    its result stays on the device until the task reads it back."""
+    assert r.residency == "device"
+    out = ops.focal_mean_3x3(r)
+    assert out.residency == "device"
+    return out
 
 
 def assert_same(a: np.ndarray, b: np.ndarray) -> None:
@@ -393,7 +403,8 @@ def test_workers_report_budgets_and_plans_use_the_smallest(client):
     assert budgets[addr[BIG]] == int(BIG * 0.85)
     stats = vd.memory_pool_stats(client)
     assert {s["tier"] for s in stats.values()} == {"B"}
-    assert {s["mode"] for s in stats.values()} == {"cpu"}  # the emulator runs no kernels
+    # auto keeps the host ops on the emulator (its device ops are host work queued on streams)
+    assert {s["mode"] for s in stats.values()} == {"cpu"}
     m = meta(4, 1024, 1024)
     cp = vd.chunk_plan(m, halo=1, per_band=False, client=client)
     assert cp.budget == budgets[addr[SMALL]] and cp.worker_budgets == budgets
@@ -548,6 +559,24 @@ def test_device_tasks_stay_within_the_smallest_budget_and_pools_return(client):
     freed = vd.free_pool_memory(client)
     assert sum(freed.values()) > 0
     assert all(s["pool_free_bytes"] == 0 for s in vd.memory_pool_stats(client).values())
+
+
+def test_device_placement_runs_the_ops_on_the_device_and_equals_the_cpu_run(client):
+    data = sample(2, 512)
+    arr = da.from_array(data, chunks=(2, 256, 256))
+    cpu = vd.map_tiles(arr, ops.focal_mean_3x3, halo=1, nodata=NAN, device="cpu").compute()
+    gpu = vd.map_tiles(arr, device_focal, halo=1, nodata=NAN, device="gpu").compute()
+    assert_same(gpu, cpu)
+    assert_same(cpu, whole_focal(data))
+
+    def device_band(band):
+        assert band.residency == "device"
+        return ops.rescale(band, 0, 1000, 0, 1, np.float32)
+
+    assert_same(vd.map_bands(data, device_band, nodata=NAN, device="gpu").compute(),
+                vd.map_bands(data, rescale_op(0, 1000), nodata=NAN, device="cpu").compute())
+    stats = vd.memory_pool_stats(client)
+    assert all(s["current_bytes"] == s["baseline_bytes"] for s in stats.values())
 
 
 def hold_pool_memory_while_busy():

@@ -44,7 +44,7 @@ def test_the_placement_rule_on_given_facts():
     assert _core.placed("auto", {}, True)[0] == "host"
     with pytest.raises(_errors.DriverUnavailableError, match="no usable CUDA driver"):
         _core.placed("gpu", {"available": False, "reason": "none here"}, True)
-    # Without facts, the process's own: the emulator runs no kernels.
+    # Without facts, the process's own: auto keeps the host ops on the emulator.
     if _core.driver_info()["emulated"]:
         residency, reason, emulated = _core.placed("auto")
         assert residency == "host" and emulated and "emulator" in reason

@@ -41,6 +41,8 @@ struct RasterStorage {
   std::unique_ptr<unsigned char[]> host;
   void* device = nullptr;
   int device_id = 0;
+  /// The stream `device` is pool memory for, and is given back on (nullptr: the legacy stream).
+  CUstream stream = nullptr;
   /// The diagnostic log (never null); replaced only under `mutex`.
   std::shared_ptr<RasterDiagnostics> log = std::make_shared<RasterDiagnostics>();
 
@@ -49,16 +51,18 @@ struct RasterStorage {
   RasterStorage& operator=(const RasterStorage&) = delete;
   ~RasterStorage() { release_device(); }
 
-  /// Returns the device buffer to the pool (in its device's context). Never throws: a failure
-  /// here leaks the block rather than aborting a destructor.
+  /// Returns the device buffer to the pool (in its device's context), in the order of the stream
+  /// it was allocated for: work queued there on it runs before anything reuses it. Never throws:
+  /// a failure here leaks the block rather than aborting a destructor.
   void release_device() noexcept {
     if (device == nullptr) return;
     try {
       ScopedDeviceContext ctx(device_id);
-      device_deallocate(device, total_bytes, nullptr);
+      device_deallocate(device, total_bytes, stream);
     } catch (...) {
     }
     device = nullptr;
+    stream = nullptr;
   }
 };
 
@@ -211,14 +215,22 @@ OwnedRasterArray OwnedRasterArray::allocate(Residency where, DType dtype, int ba
                                             std::int64_t height, std::int64_t width,
                                             std::optional<double> nodata, Affine affine,
                                             std::string crs) {
+  return allocate(where, dtype, bands, height, width, nodata, affine, std::move(crs), nullptr);
+}
+
+OwnedRasterArray OwnedRasterArray::allocate(Residency where, DType dtype, int bands,
+                                            std::int64_t height, std::int64_t width,
+                                            std::optional<double> nodata, Affine affine,
+                                            std::string crs, CUstream stream) {
   auto s = make_storage("allocate", dtype, bands, height, width, nodata);
   if (where == Residency::device) {
     detail::driver();
     s->device_id = detail::bind_current_device();
     {
       detail::history::LibraryTag tag;
-      s->device = device_allocate(s->total_bytes, nullptr);
+      s->device = device_allocate(s->total_bytes, stream);
     }
+    s->stream = stream;
     s->residency = Residency::device;
   } else {
     s->host = std::make_unique_for_overwrite<unsigned char[]>(s->total_bytes);

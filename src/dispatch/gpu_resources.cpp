@@ -2,6 +2,7 @@
 #include "dispatch/gpu_resources.hpp"
 
 #include <vibespatial/raster/dispatch.hpp>
+#include <vibespatial/raster/memory.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -38,7 +39,14 @@ CUresult destroy_pipeline(Pipeline* p) noexcept {
       if (first == CUDA_SUCCESS) first = r;
     };
     for (CUstream s : {p->copy, p->compute}) {
-      if (s != nullptr) note(api.cuStreamDestroy(s));
+      if (s == nullptr) continue;
+      // Pool memory was freed on the stream (ops' temporaries, tiles' rasters): its handle value
+      // must not pass for a later stream's.
+      try {
+        forget_stream(s);
+      } catch (...) {
+      }
+      note(api.cuStreamDestroy(s));
     }
     for (CUevent e : p->copied) {
       if (e != nullptr) note(api.cuEventDestroy(e));

@@ -369,7 +369,8 @@ void GpuDispatch::take_result(const OwnedRasterArray& result, int band, int slot
                                                 "dispatch_per_band_gpu: output byte count");
     // The stack stays on the device only if it fits beside the passes in flight.
     const std::uint64_t held = pass_bytes_ * static_cast<std::uint64_t>(depth_);
-    out_on_device_ = held <= budget_ && out_total <= budget_ - held;
+    out_on_device_ = o_.output ? *o_.output == Residency::device
+                               : held <= budget_ && out_total <= budget_ - held;
     out_ = OwnedRasterArray::allocate(out_on_device_ ? Residency::device : Residency::host,
                                       result.dtype(), bands_, height_, width_, raster_.nodata(),
                                       raster_.affine(), raster_.crs());

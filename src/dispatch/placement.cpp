@@ -58,7 +58,8 @@ PlacementDecision placed(Placement want, const DriverInfo& info, bool ops_with_c
     }
     d.residency = Residency::device;
     d.reason = info.emulated ? "emulator (" + detail::printable(info.library) +
-                                   "): device memory on the host emulator, as asked"
+                                   "): device memory on the host emulator, as asked (emulated "
+                                   "device ops)"
                              : "GPU " + device + ": device memory, as asked" +
                                    (ops_with_cuda ? " (CUDA ops)" : "");
   } else if (want == Placement::cpu) {

@@ -2,6 +2,7 @@
 // The tile executor (tiles.hpp): passes, the walk, placement, the first-result rule.
 #include "common/checked_math.hpp"
 #include "common/expects.hpp"
+#include "dispatch/tile_device.hpp"
 
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/tiles.hpp>
@@ -11,6 +12,8 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -123,6 +126,8 @@ std::string tile_text(const TileInfo& where) {
 /// run's plan.
 GpuDispatchOptions band_batches(const TileRunOptions& options, const RasterPlan& plan) {
   GpuDispatchOptions gpu = options.gpu;
+  // The run holds a result while the next tile is on the device: results go to the host.
+  if (!gpu.output) gpu.output = Residency::host;
   if (!gpu.plan) {
     RasterPlan batches = plan;
     batches.strategy = TilingStrategy::band_batches;
@@ -294,6 +299,39 @@ struct Stop {
   std::vector<OwnedRasterArray> inputs;  ///< read, until computed
   std::optional<OwnedRasterArray> result;
   std::optional<TileOutput> begin;  ///< set on the run's first result: the sink begins with it
+  std::unique_ptr<detail::DeviceTile> device;  ///< on the device end: from upload to write
+};
+
+/// The device end of a run with device placement, made on first use (on the thread that runs
+/// the ops), for the tiles `takes` says go through it.
+class DeviceEnd {
+ public:
+  DeviceEnd(const RasterPlan& plan, const TileRunOptions& options,
+            std::function<bool(const TileInfo&)> takes)
+      : depth_(options.placement == Residency::device
+                   ? detail::DeviceTiles::depth_for(plan, options)
+                   : 0),
+        takes_(std::move(takes)) {}
+  /// Null for a tile that does not go through the device end.
+  detail::DeviceTiles* for_tile(const TileInfo& where) {
+    if (depth_ == 0 || !takes_(where)) return nullptr;
+    std::lock_guard lock(mutex_);
+    if (!tiles_) tiles_.emplace(depth_);
+    return &*tiles_;
+  }
+  detail::DeviceTiles* get() {
+    std::lock_guard lock(mutex_);
+    return tiles_ ? &*tiles_ : nullptr;
+  }
+  void abort() noexcept {
+    if (detail::DeviceTiles* t = get()) t->abort();
+  }
+
+ private:
+  int depth_;
+  std::function<bool(const TileInfo&)> takes_;
+  std::mutex mutex_;
+  std::optional<detail::DeviceTiles> tiles_;
 };
 
 /// The executor's loop over the tiles of @p w: @p read(where) reads a tile's inputs, @p compute
@@ -301,8 +339,8 @@ struct Stop {
 /// With options.overlap > 0 reading and writing run on threads of their own, queues of
 /// options.overlap tiles between the stages, while the calling thread computes.
 template <class Read, class Compute>
-void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Read&& read,
-                Compute&& compute) {
+void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, DeviceEnd& device,
+                Read&& read, Compute&& compute) {
   const std::string& who = options.name;
   VSR_EXPECTS(options.overlap >= 0 && options.overlap <= 64,
               who + ": overlap " + std::to_string(options.overlap) + " is not in [0, 64]");
@@ -341,7 +379,15 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
     {
       // The inputs are released before the result is written.
       std::vector<OwnedRasterArray> inputs = std::move(s.inputs);
-      s.result.emplace(compute(s.where, inputs));
+      if (detail::DeviceTiles* dev = device.for_tile(s.where)) {
+        s.device = dev->upload(s.where.index, std::move(inputs));
+        dev->run(*s.device, [&](const std::vector<OwnedRasterArray>& on_device) {
+          return compute(s.where, on_device);
+        });
+        s.result.emplace(*s.device->result());
+      } else {
+        s.result.emplace(compute(s.where, inputs));
+      }
     }
     stage_done(s.where, TileStage::compute);
     const OwnedRasterArray& result = *s.result;
@@ -368,8 +414,15 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
       s.begin = out;
       begun = true;
     }
+    // A device tile's result stays with its DeviceTile alone, which frees it on this thread.
+    if (s.device) s.result.reset();
   };
   const auto write_stop = [&](Stop& s) {
+    if (s.device) {
+      // The tile's work on the device done, its result on the host.
+      s.result.emplace(device.get()->finish(*s.device));
+      s.device.reset();
+    }
     if (s.begin) sink.begin(*s.begin);
     if (s.first_of_pass) {
       sink.begin_pass(s.where.output_band, s.result->band_count(), s.result->exact_nodata());
@@ -409,6 +462,7 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
     }
     to_compute.close(true);
     to_write.close(true);
+    device.abort();
   };
   std::thread reader([&] {
     try {
@@ -446,34 +500,38 @@ void walk_tiles(const Walk& w, TileSink& sink, const TileRunOptions& options, Re
   sink.finish();
 }
 
-/// @p tile where options.placement says (one copy to the device).
-OwnedRasterArray placed_tile(OwnedRasterArray tile, const TileRunOptions& options) {
-  if (options.placement != Residency::device || tile.residency() == Residency::device) {
-    return tile;
-  }
-  return tile.clone_to(Residency::device);
-}
-
 }  // namespace
 
 void run_tiles(TileSource& source, const BandOp& op, TileSink& sink, const RasterPlan& plan,
                const TileRunOptions& options) {
   VSR_EXPECTS(op, options.name + ": empty op");
   const Walk w = walk_of({&source}, plan, options);
+  // A per-band tile of several bands goes to dispatch_per_band_gpu, which stages the bands
+  // itself, in batches the plan decided; every other device tile through the device end.
+  const auto batched = [&w](const TileInfo& where) { return w.per_band && where.band_count > 1; };
+  DeviceEnd device(plan, options, [&](const TileInfo& where) { return !batched(where); });
   walk_tiles(
-      w, sink, options,
+      w, sink, options, device,
       [&](const TileInfo& where) {
         std::vector<OwnedRasterArray> in;
         in.push_back(source.read(where.read, where.first_band, where.band_count));
         return in;
       },
-      [&](const TileInfo&, const std::vector<OwnedRasterArray>& in) {
+      [&](const TileInfo& where, const std::vector<OwnedRasterArray>& in) {
         if (options.placement == Residency::device && in[0].residency() != Residency::device &&
-            w.per_band && in[0].band_count() > 1) {
-          // dispatch_per_band_gpu stages the bands itself, in batches the plan decided.
-          return dispatch_per_band_gpu(in[0], op, band_batches(options, plan));
+            batched(where)) {
+          // The stack takes the nodata the op gives (the bands of a pass share theirs), as the
+          // op on the whole tile would, not the source's, as dispatch_per_band_gpu's stack does.
+          std::optional<std::optional<NodataValue>> nodata;
+          const BandOp each = [&](const OwnedRasterArray& band) {
+            OwnedRasterArray r = op(band);
+            if (!nodata) nodata = r.exact_nodata();
+            return r;
+          };
+          OwnedRasterArray out = dispatch_per_band_gpu(in[0], each, band_batches(options, plan));
+          return nodata ? out.with_nodata(*nodata) : out;
         }
-        return op(placed_tile(in[0], options));
+        return op(in[0]);
       });
 }
 
@@ -481,8 +539,9 @@ void run_tiles(const std::vector<TileSource*>& sources, const MultiTileOp& op, T
                const RasterPlan& plan, const TileRunOptions& options) {
   VSR_EXPECTS(op, options.name + ": empty op");
   const Walk w = walk_of(sources, plan, options);
+  DeviceEnd device(plan, options, [](const TileInfo&) { return true; });
   walk_tiles(
-      w, sink, options,
+      w, sink, options, device,
       [&](const TileInfo& where) {
         std::vector<OwnedRasterArray> tiles;
         tiles.reserve(sources.size());
@@ -493,10 +552,7 @@ void run_tiles(const std::vector<TileSource*>& sources, const MultiTileOp& op, T
         return tiles;
       },
       [&](const TileInfo& where, const std::vector<OwnedRasterArray>& in) {
-        std::vector<OwnedRasterArray> tiles;
-        tiles.reserve(in.size());
-        for (const OwnedRasterArray& t : in) tiles.push_back(placed_tile(t, options));
-        return op(tiles, where);
+        return op(in, where);
       });
 }
 

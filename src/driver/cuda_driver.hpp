@@ -82,7 +82,8 @@ enum class EntryKind {
   X(cuMemAllocAsync, 11020, optional)             \
   X(cuMemFreeAsync, 11020, optional)              \
   X(cuMemsetD8, 3020, optional)                   \
-  X(cuMemsetD8Async, 3020, optional)
+  X(cuMemsetD8Async, 3020, optional)              \
+  X(cuLaunchHostFunc, 10000, optional)
 
 /// The resolved entry points, one member per VSR_DRIVER_ENTRIES row, named as the driver names
 /// them. Optional and VMM entries are null when the driver lacks them.

@@ -15,7 +15,10 @@
 
 #include <vibespatial/raster/buffers.hpp>
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 namespace vibespatial::raster::detail::ops {
 
@@ -110,6 +113,45 @@ struct CalcLaunch {
   std::int64_t pixels = 0;  ///< pixels per band
   bool compute_float32 = false;
   bool propagate_nodata = true;
+};
+
+/// A launch's tables (instructions, constants, slots, outputs) packed into one buffer, each at a
+/// 16-byte aligned offset, for a device backend to copy in one piece: the pixels stay where they
+/// are, the tables go where the device reads them.
+struct CalcTables {
+  std::vector<unsigned char> bytes;
+  std::size_t at_constants = 0, at_slots = 0, at_outputs = 0;
+
+  explicit CalcTables(const CalcLaunch& launch) {
+    const auto aligned = [](std::size_t n) { return (n + 15) / 16 * 16; };
+    const std::size_t code = sizeof(CalcInstr) * static_cast<std::size_t>(launch.code_size);
+    const std::size_t constants = sizeof(double) * static_cast<std::size_t>(launch.constant_count);
+    const std::size_t slots = sizeof(CalcSlot) * static_cast<std::size_t>(launch.slot_count);
+    const std::size_t outputs =
+        sizeof(CalcOutputBand) * static_cast<std::size_t>(launch.output_count);
+    at_constants = aligned(code);
+    at_slots = at_constants + aligned(constants);
+    at_outputs = at_slots + aligned(slots);
+    bytes.assign(at_outputs + aligned(outputs), 0);
+    const auto put = [&](std::size_t at, const void* src, std::size_t n) {
+      if (n > 0) std::memcpy(bytes.data() + at, src, n);
+    };
+    put(0, launch.code, code);
+    put(at_constants, launch.constants, constants);
+    put(at_slots, launch.slots, slots);
+    put(at_outputs, launch.outputs, outputs);
+  }
+
+  /// @p launch with its tables read from @p base, where a copy of `bytes` lives.
+  CalcLaunch at(const CalcLaunch& launch, const void* base) const {
+    const auto* b = static_cast<const unsigned char*>(base);
+    CalcLaunch out = launch;
+    out.code = reinterpret_cast<const CalcInstr*>(b);
+    out.constants = reinterpret_cast<const double*>(b + at_constants);
+    out.slots = reinterpret_cast<const CalcSlot*>(b + at_slots);
+    out.outputs = reinterpret_cast<const CalcOutputBand*>(b + at_outputs);
+    return out;
+  }
 };
 
 }  // namespace vibespatial::raster::detail::ops

@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// The band operations' facade: argument checks, the backend chosen by residency, output rasters.
-// Plain C++ (no Thrust): the work happens in ops_host.cpp or ops_cuda.cu.
+// The band operations' facade: argument checks, the backend chosen by residency (and, for device
+// rasters, by the driver: the emulated device backend on the host emulator, the CUDA one on a
+// real driver), output rasters. Plain C++ (no Thrust): the work happens in ops_host.cpp,
+// ops_emulated.cpp or ops_cuda.cu.
 #include "common/expects.hpp"
 #include "common/text_escape.hpp"
+#include "ops/device_work.hpp"
 #include "ops/expression.hpp"
 #include "ops/ops_backend.hpp"
 
+#include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/ops.hpp>
 
@@ -17,12 +21,15 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace vibespatial::raster {
 
 namespace {
 
 namespace be = detail::ops;
+using be::emulated_device;
+using be::Work;
 
 /// The [lowest, max] range of an integer dtype, as doubles (int64/uint64 max round up to 2^63 /
 /// 2^64, which are therefore excluded by the strict comparisons below).
@@ -85,14 +92,15 @@ be::Layout layout_of(const OwnedRasterArray& r) {
 
 [[noreturn, maybe_unused]] void no_cuda() {
   throw std::runtime_error(
-      "the raster is device-resident but the library was built without CUDA: "
-      "move it to the host (move_to(Residency::host)) or rebuild with -Dcuda=enabled");
+      "the raster is device-resident but the library was built without CUDA, whose device ops "
+      "a real GPU needs: move it to the host (move_to(Residency::host)) or rebuild with "
+      "-Dcuda=enabled");
 }
 
 bool on_device(const OwnedRasterArray& r) {
   if (r.residency() != Residency::device) return false;
 #if !defined(VSR_OPS_HAVE_CUDA)
-  no_cuda();
+  if (!emulated_device()) no_cuda();
 #endif
   return true;
 }
@@ -105,9 +113,13 @@ void* mutable_pixels(OwnedRasterArray& r) {
   return r.residency() == Residency::device ? r.device_data() : r.mutable_host_data();
 }
 
-OwnedRasterArray like(const OwnedRasterArray& r, DType dtype, std::optional<NodataValue> nodata) {
+/// A new raster of @p r's shape and residency, for an op's result written on @p stream: its device
+/// memory is the pool's for that stream, so it is never a block another stream's queued work may
+/// still use without @p stream waiting for that work.
+OwnedRasterArray like(const OwnedRasterArray& r, DType dtype, std::optional<NodataValue> nodata,
+                      CUstream stream) {
   return OwnedRasterArray::allocate(r.residency(), dtype, r.band_count(), r.height(), r.width(),
-                                    std::nullopt, r.affine(), r.crs())
+                                    std::nullopt, r.affine(), r.crs(), stream)
       .with_nodata(nodata);
 }
 
@@ -142,27 +154,39 @@ void label(OwnedRasterArray& out, const OwnedRasterArray& source,
   out = out.with_nodata(nodata).with_georeferencing(source.affine(), source.crs());
 }
 
-// Calls backend::fn(args...) on the backend of the residency.
+// Calls backend::fn(args...) on the backend of the residency: host, or on the device the
+// emulated backend (host emulator) or the CUDA one (a real driver).
 #if defined(VSR_OPS_HAVE_CUDA)
-#define VSR_OPS_CALL(on_dev, fn, ...) \
-  ((on_dev) ? be::device::fn(__VA_ARGS__) : be::host::fn(__VA_ARGS__))
+#define VSR_OPS_CUDA_CALL(fn, ...) be::device::fn(__VA_ARGS__)
 #else
-#define VSR_OPS_CALL(on_dev, fn, ...) ((on_dev) ? no_cuda() : be::host::fn(__VA_ARGS__))
+#define VSR_OPS_CUDA_CALL(fn, ...) no_cuda()
 #endif
+#define VSR_OPS_CALL(on_dev, fn, ...)                  \
+  (!(on_dev)           ? be::host::fn(__VA_ARGS__)     \
+   : emulated_device() ? be::emulated::fn(__VA_ARGS__) \
+                       : VSR_OPS_CUDA_CALL(fn, __VA_ARGS__))
 
 /// "<op> on the device: <what>".
 std::string on_device_message(const char* op, const char* what) {
   return std::string(op) + " on the device: " + what;
 }
 
-/// Runs @p f, the device path of operation @p op (its output allocation included): every error
-/// of the device, the driver or the pool leaves as the same type, its message naming @p op. A
-/// host path runs as is.
+/// Runs @p f, the device path of operation @p op on @p stream (its output allocation included),
+/// between the checks of before_device_work and after_device_work: every error of the device, the
+/// driver or the pool leaves as the same type, its message naming @p op. A host path runs as is.
 template <class F>
-decltype(auto) guarded(bool dev, const char* op, F&& f) {
+decltype(auto) guarded(bool dev, const char* op, CUstream stream, Work work, F&& f) {
   if (!dev) return f();
   try {
-    return f();
+    be::before_device_work(op, stream, work);
+    if constexpr (std::is_void_v<decltype(f())>) {
+      f();
+      be::after_device_work(op, stream, work);
+    } else {
+      auto result = f();
+      be::after_device_work(op, stream, work);
+      return result;
+    }
   } catch (const DriverUnavailableError& e) {
     throw DriverUnavailableError(e.code(), e.name(), on_device_message(op, e.what()));
   } catch (const CudaError& e) {
@@ -206,7 +230,7 @@ bool ops_built_with_cuda() noexcept {
 std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster, CUstream stream) {
   const bool dev = on_device(raster);
   std::vector<BandStatistics> out(static_cast<std::size_t>(raster.band_count()));
-  guarded(dev, "statistics", [&] {
+  guarded(dev, "statistics", stream, Work::waited, [&] {
     VSR_OPS_CALL(dev, statistics, pixels(raster), raster.dtype(), layout_of(raster),
                  nodata_spec(raster), out.data(), stream);
   });
@@ -214,7 +238,7 @@ std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster, CUst
 }
 
 std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster) {
-  return band_statistics(raster, nullptr);
+  return band_statistics(raster, current_op_stream());
 }
 
 namespace {
@@ -276,8 +300,8 @@ OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double i
                          double out_min, double out_max, DType out_dtype, CUstream stream) {
   const RescaleSetup r = rescale_setup(raster, in_min, in_max, out_min, out_max, out_dtype);
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
-  return guarded(dev, "rescale", [&] {
-    OwnedRasterArray out = like(raster, out_dtype, r.out_nodata);
+  return guarded(dev, "rescale", stream, Work::queued, [&] {
+    OwnedRasterArray out = like(raster, out_dtype, r.out_nodata, stream);
     run_rescale(dev, raster, r, out, stream);
     return out;
   });
@@ -285,7 +309,7 @@ OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double i
 
 OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_min, double in_max,
                          double out_min, double out_max, DType out_dtype) {
-  return rescale(raster, in_min, in_max, out_min, out_max, out_dtype, nullptr);
+  return rescale(raster, in_min, in_max, out_min, out_max, out_dtype, current_op_stream());
 }
 
 void rescale_into(const OwnedRasterArray& raster, double in_min, double in_max, double out_min,
@@ -293,13 +317,14 @@ void rescale_into(const OwnedRasterArray& raster, double in_min, double in_max, 
   const RescaleSetup r = rescale_setup(raster, in_min, in_max, out_min, out_max, out.dtype());
   check_out(raster, out, out.dtype(), "rescale_into", true);
   const bool dev = on_device(raster);
-  guarded(dev, "rescale_into", [&] { run_rescale(dev, raster, r, out, stream); });
+  guarded(dev, "rescale_into", stream, Work::queued,
+          [&] { run_rescale(dev, raster, r, out, stream); });
   label(out, raster, r.out_nodata);
 }
 
 void rescale_into(const OwnedRasterArray& raster, double in_min, double in_max, double out_min,
                   double out_max, OwnedRasterArray& out) {
-  rescale_into(raster, in_min, in_max, out_min, out_max, out, nullptr);
+  rescale_into(raster, in_min, in_max, out_min, out_max, out, current_op_stream());
 }
 
 OwnedRasterArray convert_dtype(const OwnedRasterArray& raster, DType out_dtype,
@@ -316,12 +341,13 @@ OwnedRasterArray convert_dtype(const OwnedRasterArray& raster, DType out_dtype,
     fill = v;
   }
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
-  OwnedRasterArray out = guarded(dev, "convert_dtype", [&] {
-    OwnedRasterArray o = like(raster, out_dtype, out_nodata);
+  const CUstream stream = current_op_stream();
+  OwnedRasterArray out = guarded(dev, "convert_dtype", stream, Work::queued, [&] {
+    OwnedRasterArray o = like(raster, out_dtype, out_nodata, stream);
     // The identity map of rescale: (v - 0) * 1 + (-0.0) is v exactly, -0.0 included.
     const be::RescaleParams p{0.0, 1.0, -0.0, 1.0, fill};
     VSR_OPS_CALL(dev, rescale, pixels(raster), raster.dtype(), mutable_pixels(o), out_dtype,
-                 layout_of(raster).pixels(), nodata_spec(raster), p, nullptr);
+                 layout_of(raster).pixels(), nodata_spec(raster), p, stream);
     return o;
   });
   if (out_nodata && !std::isnan(fill)) {
@@ -371,15 +397,15 @@ void run_clip(bool dev, const OwnedRasterArray& raster, double lower, double upp
 OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper, CUstream stream) {
   clip_bounds(raster.dtype(), lower, upper);
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
-  return guarded(dev, "clip", [&] {
-    OwnedRasterArray out = like(raster, raster.dtype(), raster.exact_nodata());
+  return guarded(dev, "clip", stream, Work::queued, [&] {
+    OwnedRasterArray out = like(raster, raster.dtype(), raster.exact_nodata(), stream);
     run_clip(dev, raster, lower, upper, out, stream);
     return out;
   });
 }
 
 OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper) {
-  return clip(raster, lower, upper, nullptr);
+  return clip(raster, lower, upper, current_op_stream());
 }
 
 void clip_into(const OwnedRasterArray& raster, double lower, double upper, OwnedRasterArray& out,
@@ -387,12 +413,13 @@ void clip_into(const OwnedRasterArray& raster, double lower, double upper, Owned
   clip_bounds(raster.dtype(), lower, upper);
   check_out(raster, out, raster.dtype(), "clip_into", true);
   const bool dev = on_device(raster);
-  guarded(dev, "clip_into", [&] { run_clip(dev, raster, lower, upper, out, stream); });
+  guarded(dev, "clip_into", stream, Work::queued,
+          [&] { run_clip(dev, raster, lower, upper, out, stream); });
   label(out, raster, raster.exact_nodata());
 }
 
 void clip_into(const OwnedRasterArray& raster, double lower, double upper, OwnedRasterArray& out) {
-  clip_into(raster, lower, upper, out, nullptr);
+  clip_into(raster, lower, upper, out, current_op_stream());
 }
 
 namespace {
@@ -414,15 +441,15 @@ void run_fill(bool dev, const OwnedRasterArray& raster, double value, OwnedRaste
 OwnedRasterArray fill_nodata(const OwnedRasterArray& raster, double value, CUstream stream) {
   check_fill_value(raster, value);
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
-  return guarded(dev, "fill_nodata", [&] {
-    OwnedRasterArray out = like(raster, raster.dtype(), std::nullopt);
+  return guarded(dev, "fill_nodata", stream, Work::queued, [&] {
+    OwnedRasterArray out = like(raster, raster.dtype(), std::nullopt, stream);
     run_fill(dev, raster, value, out, stream);
     return out;
   });
 }
 
 OwnedRasterArray fill_nodata(const OwnedRasterArray& raster, double value) {
-  return fill_nodata(raster, value, nullptr);
+  return fill_nodata(raster, value, current_op_stream());
 }
 
 void fill_nodata_into(const OwnedRasterArray& raster, double value, OwnedRasterArray& out,
@@ -430,12 +457,13 @@ void fill_nodata_into(const OwnedRasterArray& raster, double value, OwnedRasterA
   check_fill_value(raster, value);
   check_out(raster, out, raster.dtype(), "fill_nodata_into", true);
   const bool dev = on_device(raster);
-  guarded(dev, "fill_nodata_into", [&] { run_fill(dev, raster, value, out, stream); });
+  guarded(dev, "fill_nodata_into", stream, Work::queued,
+          [&] { run_fill(dev, raster, value, out, stream); });
   label(out, raster, std::nullopt);
 }
 
 void fill_nodata_into(const OwnedRasterArray& raster, double value, OwnedRasterArray& out) {
-  fill_nodata_into(raster, value, out, nullptr);
+  fill_nodata_into(raster, value, out, current_op_stream());
 }
 
 namespace {
@@ -459,16 +487,16 @@ OwnedRasterArray normalized_difference(const OwnedRasterArray& a, const OwnedRas
                                        CUstream stream) {
   check_pair(a, b);
   const bool dev = on_device(a);  // before allocating: fails at once without CUDA
-  return guarded(dev, "normalized_difference", [&] {
+  return guarded(dev, "normalized_difference", stream, Work::queued, [&] {
     OwnedRasterArray out =
-        like(a, compute_dtype(a.dtype()), std::numeric_limits<double>::quiet_NaN());
+        like(a, compute_dtype(a.dtype()), std::numeric_limits<double>::quiet_NaN(), stream);
     run_normalized_difference(dev, a, b, out, stream);
     return out;
   });
 }
 
 OwnedRasterArray normalized_difference(const OwnedRasterArray& a, const OwnedRasterArray& b) {
-  return normalized_difference(a, b, nullptr);
+  return normalized_difference(a, b, current_op_stream());
 }
 
 void normalized_difference_into(const OwnedRasterArray& a, const OwnedRasterArray& b,
@@ -478,14 +506,14 @@ void normalized_difference_into(const OwnedRasterArray& a, const OwnedRasterArra
   check_out(a, out, out_dtype, "normalized_difference_into", true);
   check_out(b, out, out_dtype, "normalized_difference_into", true);
   const bool dev = on_device(a);
-  guarded(dev, "normalized_difference_into",
+  guarded(dev, "normalized_difference_into", stream, Work::queued,
           [&] { run_normalized_difference(dev, a, b, out, stream); });
   label(out, a, std::numeric_limits<double>::quiet_NaN());
 }
 
 void normalized_difference_into(const OwnedRasterArray& a, const OwnedRasterArray& b,
                                 OwnedRasterArray& out) {
-  normalized_difference_into(a, b, out, nullptr);
+  normalized_difference_into(a, b, out, current_op_stream());
 }
 
 std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster, int bins,
@@ -503,7 +531,7 @@ std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster,
   const bool dev = on_device(raster);
   const int bands = raster.band_count();
   std::vector<std::int64_t> flat(static_cast<std::size_t>(bands) * static_cast<std::size_t>(bins));
-  guarded(dev, "histogram", [&] {
+  guarded(dev, "histogram", stream, Work::waited, [&] {
     VSR_OPS_CALL(dev, histogram, pixels(raster), raster.dtype(), layout_of(raster),
                  nodata_spec(raster), bins, lower, upper, flat.data(), stream);
   });
@@ -516,7 +544,7 @@ std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster,
 
 std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster, int bins,
                                                  double lower, double upper) {
-  return histogram(raster, bins, lower, upper, nullptr);
+  return histogram(raster, bins, lower, upper, current_op_stream());
 }
 
 namespace {
@@ -538,16 +566,16 @@ void run_focal(bool dev, const OwnedRasterArray& raster, EdgeMode edge, OwnedRas
 OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster, EdgeMode edge, CUstream stream) {
   check_edge(edge);
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
-  return guarded(dev, "focal_mean_3x3", [&] {
-    OwnedRasterArray out =
-        like(raster, compute_dtype(raster.dtype()), std::numeric_limits<double>::quiet_NaN());
+  return guarded(dev, "focal_mean_3x3", stream, Work::queued, [&] {
+    OwnedRasterArray out = like(raster, compute_dtype(raster.dtype()),
+                                std::numeric_limits<double>::quiet_NaN(), stream);
     run_focal(dev, raster, edge, out, stream);
     return out;
   });
 }
 
 OwnedRasterArray focal_mean_3x3(const OwnedRasterArray& raster, EdgeMode edge) {
-  return focal_mean_3x3(raster, edge, nullptr);
+  return focal_mean_3x3(raster, edge, current_op_stream());
 }
 
 void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out,
@@ -555,12 +583,13 @@ void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge, OwnedRas
   check_edge(edge);
   check_out(raster, out, compute_dtype(raster.dtype()), "focal_mean_3x3_into", false);
   const bool dev = on_device(raster);
-  guarded(dev, "focal_mean_3x3_into", [&] { run_focal(dev, raster, edge, out, stream); });
+  guarded(dev, "focal_mean_3x3_into", stream, Work::queued,
+          [&] { run_focal(dev, raster, edge, out, stream); });
   label(out, raster, std::numeric_limits<double>::quiet_NaN());
 }
 
 void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge, OwnedRasterArray& out) {
-  focal_mean_3x3_into(raster, edge, out, nullptr);
+  focal_mean_3x3_into(raster, edge, out, current_op_stream());
 }
 
 // ---- Band math (calc)
@@ -775,10 +804,10 @@ OwnedRasterArray calc(const CalcProgram& program, const std::vector<CalcInput>& 
   const bool dev = on_device(r0);  // before allocating: fails at once without CUDA
   const detail::CalcCode& code = options.compute_float32 ? prog->f32 : prog->f64;
   const int bands = static_cast<int>(prog->expressions.size());
-  return guarded(dev, "calc", [&] {
+  return guarded(dev, "calc", stream, Work::queued, [&] {
     OwnedRasterArray out =
         OwnedRasterArray::allocate(r0.residency(), options.output, bands, r0.height(), r0.width(),
-                                   std::nullopt, r0.affine(), r0.crs())
+                                   std::nullopt, r0.affine(), r0.crs(), stream)
             .with_nodata(out_nodata);
     const std::size_t band_bytes =
         static_cast<std::size_t>(r0.height() * r0.width()) * itemsize(options.output);

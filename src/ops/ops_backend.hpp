@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The seam between the ops facade (ops.cpp: argument checks, residency, output rasters) and its
-// two backends: host (ops_host.cpp, Thrust OpenMP backend) and device (ops_cuda.cu, Thrust + CUB).
-// Both implement the same raw-pointer entry points, declared once here. Plain C++: no Thrust.
+// backends: host (ops_host.cpp, Thrust OpenMP backend) and two device backends, chosen at run time
+// by the driver that is loaded: the CUDA one (ops_cuda.cu, Thrust + CUB) on a real driver, the
+// emulated one (ops_emulated.cpp) on the host driver emulator, which runs the host backend's
+// functors as stream-ordered work on the emulator's device memory. All implement the same
+// raw-pointer entry points, declared once here. Plain C++: no Thrust.
 #pragma once
 
 #include "ops/calc_program.hpp"
@@ -39,7 +42,7 @@ struct RescaleParams {
 
 // clang-format off
 /// The backend entry points. `in`/`out` are host pointers for the host backend and device
-/// pointers (primary context) for the cuda backend. Device calls are queued on `stream` (nullptr:
+/// pointers (primary context) for the device backends. Device calls are queued on `stream` (nullptr:
 /// the legacy default stream; the host backend ignores it); statistics and histograms return
 /// after the results reached the host. calc's launch holds host tables (program, slots,
 /// outputs) whose pixel pointers are of the backend's memory.
@@ -66,6 +69,20 @@ namespace host {
 VSR_OPS_BACKEND_DECLARATIONS
 }  // namespace host
 
+/// The emulated device backend (host code, in every build): each entry point queues the host
+/// backend's work with cuLaunchHostFunc on `stream`, where the emulator's worker runs it in
+/// stream order on the emulator's device memory (real host pointers); temporaries come from the
+/// pool on `stream` and results are read back with the driver's copies, as the CUDA backend
+/// does. Only for a driver that is the emulator (DriverState::emulated).
+namespace emulated {
+VSR_OPS_BACKEND_DECLARATIONS
+
+/// Rethrows (and forgets) the first exception that work queued without a waiting caller raised
+/// (a host function cannot return one); the facade calls it before each device operation.
+void take_failed_work();
+}  // namespace emulated
+
+/// The CUDA backend (ops_cuda.cu; only in builds with nvcc, VSR_OPS_HAVE_CUDA).
 namespace device {
 VSR_OPS_BACKEND_DECLARATIONS
 

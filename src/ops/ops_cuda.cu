@@ -196,34 +196,12 @@ void calc(const CalcLaunch& launch, CUstream stream) {
   // The program's tables (instructions, constants, slots, outputs) go to the device in one copy;
   // the pixels already live there. cudaMemcpyAsync from pageable memory returns once the bytes
   // are staged, so `host` may go before the copy completes; the buffer is freed in stream order.
-  const auto aligned = [](std::size_t n) { return (n + 15) / 16 * 16; };
-  const std::size_t code_bytes = sizeof(CalcInstr) * static_cast<std::size_t>(launch.code_size);
-  const std::size_t constant_bytes =
-      sizeof(double) * static_cast<std::size_t>(launch.constant_count);
-  const std::size_t slot_bytes = sizeof(CalcSlot) * static_cast<std::size_t>(launch.slot_count);
-  const std::size_t output_bytes =
-      sizeof(CalcOutputBand) * static_cast<std::size_t>(launch.output_count);
-  const std::size_t at_constants = aligned(code_bytes);
-  const std::size_t at_slots = at_constants + aligned(constant_bytes);
-  const std::size_t at_outputs = at_slots + aligned(slot_bytes);
-  const std::size_t total = at_outputs + aligned(output_bytes);
-  std::vector<unsigned char> host(total, 0);
-  const auto put = [&](std::size_t at, const void* src, std::size_t n) {
-    if (n > 0) std::memcpy(host.data() + at, src, n);
-  };
-  put(0, launch.code, code_bytes);
-  put(at_constants, launch.constants, constant_bytes);
-  put(at_slots, launch.slots, slot_bytes);
-  put(at_outputs, launch.outputs, output_bytes);
-  PoolBuffer tables(total, stream);
-  check(cudaMemcpyAsync(tables.get(), host.data(), total, cudaMemcpyHostToDevice, stream),
+  const CalcTables host(launch);
+  PoolBuffer tables(host.bytes.size(), stream);
+  check(cudaMemcpyAsync(tables.get(), host.bytes.data(), host.bytes.size(), cudaMemcpyHostToDevice,
+                        stream),
         "calc: cudaMemcpyAsync");
-  auto* base = tables.as<unsigned char>();
-  CalcLaunch on_device = launch;
-  on_device.code = reinterpret_cast<const CalcInstr*>(base);
-  on_device.constants = reinterpret_cast<const double*>(base + at_constants);
-  on_device.slots = reinterpret_cast<const CalcSlot*>(base + at_slots);
-  on_device.outputs = reinterpret_cast<const CalcOutputBand*>(base + at_outputs);
+  const CalcLaunch on_device = host.at(launch, tables.get());
   PoolThrustAllocator alloc{stream};
   run_thrust("calc", [&] { calc::run_calc<1>(policy(alloc), on_device); });
 }

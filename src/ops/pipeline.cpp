@@ -3,9 +3,12 @@
 // tile executor (run_tiles).
 #include "common/expects.hpp"
 
+#include <vibespatial/raster/diagnostics.hpp>
+#include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/pipeline.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <stdexcept>
@@ -34,6 +37,24 @@ constexpr const char* kName = "Pipeline";
 
 std::string step_label(std::size_t index, const std::string& name) {
   return std::string(kName) + ": step " + std::to_string(index + 1) + " (" + name + ")";
+}
+
+/// Records step @p index's run in @p result's log: "Pipeline: step N (name) on the device" (or
+/// "on the host"), with the seconds it took to return (a device step's work is then queued, not
+/// done). Never throws: a log that cannot grow loses the event.
+void record_step(const OwnedRasterArray& result, std::size_t index, const std::string& name,
+                 std::chrono::steady_clock::time_point start) noexcept {
+  try {
+    RasterDiagnosticEvent e;
+    e.kind = RasterDiagnosticKind::runtime;
+    e.residency = result.residency();
+    e.elapsed_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    e.detail = step_label(index, name) +
+               (e.residency == Residency::device ? " on the device" : " on the host");
+    result.diagnostics()->record(std::move(e));
+  } catch (...) {
+  }
 }
 
 }  // namespace
@@ -84,7 +105,7 @@ Pipeline& Pipeline::calc(const std::vector<std::string>& expressions, const Calc
     in.reserve(tiles.size() + 1);
     for (std::size_t i = 0; i < tiles.size(); ++i) in.push_back({input_names[i], tiles[i]});
     in.push_back({"X", x});
-    return raster::calc(program, in, options);
+    return raster::calc(program, in, options, current_op_stream());
   };
   steps_.push_back(std::move(step));
   bands_ = static_cast<int>(expressions.size());
@@ -199,11 +220,16 @@ OwnedRasterArray Pipeline::apply(const std::vector<OwnedRasterArray>& tiles) con
   for (std::size_t i = 0; i < steps_.size(); ++i) {
     const detail::PipelineStep& s = *steps_[i];
     try {
+      const auto start = std::chrono::steady_clock::now();
       OwnedRasterArray next = s.run(x, tiles);
       VSR_EXPECTS(next.height() == x.height() && next.width() == x.width(),
                   "its result is " + std::to_string(next.width()) + " x " +
                       std::to_string(next.height()) + " pixels, its input " +
                       std::to_string(x.width()) + " x " + std::to_string(x.height()));
+      // One log for the chain's results (the inputs' stay theirs): each step's event, where
+      // it ran, in the result's diagnostics.
+      if (i > 0) next.adopt_diagnostics(x.diagnostics());
+      record_step(next, i, s.name, start);
       x = std::move(next);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(step_label(i, s.name) + ": " + e.what());

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // How the band operations report errors: bad arguments the device path cannot take, and device
-// errors as typed errors that name the operation (on the host emulator: in a CUDA build the CUDA
-// runtime finds no driver here, a real, deterministic device error).
+// errors as typed errors that name the operation (on the host emulator, the emulated device
+// backend with faults the emulator injects).
 #include "memory/pool_fixture.hpp"
 #include "ops/runtime_errors.hpp"
 
@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace vibespatial::raster;
@@ -60,15 +62,12 @@ TEST_SUITE("ops-errors") {
   }
 
   TEST_CASE("a device error reaches the caller as a typed error naming the operation") {
-    if (!ops_built_with_cuda()) {
-      MESSAGE("built without CUDA: device rasters are refused before any device work");
-      return;
-    }
     FreshPool fresh(nullptr, 64 * MiB);
     const auto dev = device_raster(2, 16, 16);
     const auto dev2 = device_raster(2, 16, 16);
-    // The CUDA runtime cannot run on the emulator (it looks for the real driver): every op fails
-    // on the device, each with a CudaError carrying the runtime's code and the op's name.
+    // The emulated device backend queues each op's work with cuLaunchHostFunc: every launch
+    // fails, and every op reports it as a CudaError with the driver's code and the op's name.
+    REQUIRE(emulator().set_fail("cuLaunchHostFunc:1+:CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES") == 0);
     const std::vector<std::pair<std::string, std::function<void()>>> ops = {
         {"statistics", [&] { (void)band_statistics(dev); }},
         {"rescale", [&] { (void)rescale(dev, 0, 2, 0, 1, DType::float32); }},
@@ -84,17 +83,24 @@ TEST_SUITE("ops-errors") {
     };
     for (const auto& [name, op] : ops) {
       CAPTURE(name);
-      const std::string what = thrown(op);
-      CAPTURE(what);
-      CHECK(what.rfind("CudaError ", 0) == 0);
-      CHECK(what.find("CudaError 0:") == std::string::npos);  // a runtime error, with its code
-      CHECK(what.find(name) != std::string::npos);
+      int code = 0;
+      try {
+        op();
+      } catch (const CudaError& e) {
+        code = e.code();
+        CHECK(std::string(e.what()).find(name + " on the device: ") == 0);
+        CHECK(std::string(e.what()).find("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES") !=
+              std::string::npos);
+      }
+      CHECK(code == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
     }
+    CHECK(faults_fired("cuLaunchHostFunc") == ops.size());
+    emulator().set_fail(nullptr);
+    // Nothing is left of the failed ops: no output, no temporary.
     CHECK(memory_pool_stats().current_bytes.value_or(0) == 2 * dev.byte_size());
   }
 
   TEST_CASE("out of device memory in an op: OutOfMemoryError naming the operation") {
-    if (!ops_built_with_cuda()) return;
     FreshPool fresh(nullptr, 16 * MiB);
     const auto dev = device_raster(1, 1024, 2560);  // 10 MiB of 16: no room for the output
     const std::string what = thrown([&] { (void)rescale(dev, 0, 2, 0, 1, DType::float32); });
@@ -186,5 +192,80 @@ TEST_SUITE("ops-errors") {
     CHECK_THROWS_WITH_AS(detail::ops::check_runtime(kFake, failing_call(2), "histogram: temp"),
                          doctest::Contains("histogram"), OutOfMemoryError);
     CHECK(g_last_error == 0);
+  }
+}
+
+// ---- a fault of queued device work is not blamed on the next operation -------------------------
+
+// Run alone (tests/ops/meson.build, ops-errors-queued-fault): the fault poisons the context for
+// the rest of the process.
+TEST_SUITE("ops-errors-queued-fault" * doctest::skip()) {
+  TEST_CASE("a rescale whose work faults later: statistics says it was earlier work, and whose") {
+    FreshPool fresh(nullptr, 64 * MiB);
+    const auto dev = device_raster(1, 64, 64);
+    CUstream s = new_stream();
+    // The stream is held, so rescale's work (the emulator's first host function) runs only once
+    // rescale has returned: then it faults, as a kernel's bad access does, asynchronously.
+    REQUIRE(emulator().stream_pause(s, 1) == 0);
+    REQUIRE(emulator().set_fail("cuLaunchHostFunc:1@run") == 0);
+    std::optional<OwnedRasterArray> out;
+    CHECK_NOTHROW(out.emplace(rescale(dev, 0, 2, 0, 1, DType::float32, s)));
+    REQUIRE(emulator().stream_pause(s, 0) == 0);
+    // The fault has happened (the stream's work ran) before statistics is called.
+    while (detail::driver().cuStreamQuery(s) == CUDA_ERROR_NOT_READY) std::this_thread::yield();
+    std::string what;
+    try {
+      (void)band_statistics(*out, s);
+    } catch (const CudaError& e) {
+      what = e.what();
+      CHECK(e.code() == CUDA_ERROR_ILLEGAL_ADDRESS);
+    }
+    CAPTURE(what);
+    CHECK(faults_fired("cuLaunchHostFunc") == 1);
+    CHECK(what.rfind("statistics on the device: device work queued before it failed", 0) == 0);
+    CHECK(what.find("the last operation queued on the device was rescale") != std::string::npos);
+    CHECK(what.find("statistics queued nothing") != std::string::npos);
+    out.reset();
+    try {
+      forget_stream(s);
+    } catch (const CudaError&) {  // the poisoned context refuses the mark
+    }
+    (void)detail::driver().cuStreamDestroy(s);
+  }
+}
+
+// ---- a real driver (the emulator behind tests/driver's hiding driver, which is not the emulator
+// to the library): device rasters go to the CUDA backend, or are refused without it -------------
+
+// Run alone (tests/ops/meson.build, ops-errors-real-driver), with that driver.
+TEST_SUITE("ops-errors-real-driver" * doctest::skip()) {
+  TEST_CASE("on a driver that is not the emulator: the CUDA backend's errors, or no CUDA") {
+    REQUIRE_FALSE(detail::driver_state().emulated);
+    std::vector<float> v(16 * 16, 1.5f);
+    auto dev = OwnedRasterArray::from_host(v.data(), DType::float32, 1, 16, 16);
+    dev.move_to(Residency::device);
+    if (!ops_built_with_cuda()) {
+      CHECK_THROWS_WITH_AS(band_statistics(dev), doctest::Contains("built without CUDA"),
+                           std::runtime_error);
+      CHECK_THROWS_WITH_AS(focal_mean_3x3(dev), doctest::Contains("built without CUDA"),
+                           std::runtime_error);
+      return;
+    }
+    // The CUDA runtime finds no real driver behind this one: every op fails on the device, each
+    // with a CudaError carrying the runtime's code and the op's name.
+    for (const auto& [name, op] : std::vector<std::pair<std::string, std::function<void()>>>{
+             {"statistics", [&] { (void)band_statistics(dev); }},
+             {"rescale", [&] { (void)rescale(dev, 0, 2, 0, 1, DType::float32); }},
+             {"focal_mean_3x3", [&] { (void)focal_mean_3x3(dev); }},
+             {"calc", [&] {
+                (void)calc({"A * 2"}, {{"A", dev}});
+              }}}) {
+      CAPTURE(name);
+      const std::string what = thrown(op);
+      CAPTURE(what);
+      CHECK(what.rfind("CudaError ", 0) == 0);
+      CHECK(what.find("CudaError 0:") == std::string::npos);  // a runtime error, with its code
+      CHECK(what.find(name) != std::string::npos);
+    }
   }
 }

@@ -92,6 +92,9 @@ struct Config {
   bool async_default_streams = false;  // [A] legacy and per-thread default streams on workers
   bool recycle_handles = false;        // [A] destroyed handle values reused by the next create
   bool free_no_sync = false;           // [A] cuMemFree does not wait for queued work
+  // [A] each task a stream worker runs first waits a random time up to this long (0: none), so
+  // that work on different streams runs in any order their waits allow, and late.
+  std::chrono::nanoseconds late_work{0};
   // Closed leniencies: on by default (vsr_emulator.h), and in adversarial mode.
   bool require_context = true;        // stream/event calls need a current context
   bool sticky_vmm = true;             // VMM calls report a pending sticky error
@@ -154,6 +157,7 @@ struct FailRule {
   bool plus = false;
   bool has_error = false;
   CUresult error = CUDA_SUCCESS;
+  bool at_run = false;  // `@run`: the call succeeds; its queued work faults when it runs
 };
 
 struct Device {
@@ -283,6 +287,17 @@ extern thread_local CUctx_st* tl_current;
   } while (0)
 
 // --- options.cpp ---
+
+// The fault the plan gave the calling thread's current call for when its queued work runs
+// (an `@run` rule), or CUDA_SUCCESS; reading it clears it. Entry points whose work is queued
+// (cuLaunchHostFunc) take it right after VSR_EMU_BEGIN.
+CUresult take_run_fault();
+// Records `error` as the result of queued work that faulted while it ran on `ctx` (global mutex
+// not held): a sticky error (7xx, with STICKY) poisons the context, any other is the pending
+// error the next synchronisation reports.
+void fault_queued_work(CUctx_st* ctx, CUresult error);
+// The late-work delay of the next task a stream worker runs (a random time up to LATE_WORK).
+std::chrono::nanoseconds late_work_delay();
 
 std::string base_name(std::string_view name);
 bool valid_granularity(size_t g);

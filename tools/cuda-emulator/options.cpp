@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <random>
 #include <string_view>
 #include <thread>
 
@@ -78,6 +80,45 @@ bool for_each_item(std::string_view list, F&& item) {
   return true;
 }
 
+// `<number><ns|us|ms|s>`, at most 60 s.
+bool parse_duration(std::string_view amount, std::chrono::nanoseconds* out) {
+  double scale = 0;
+  for (auto [suffix, ns] :
+       {std::pair<std::string_view, double>{"ns", 1.0}, {"us", 1e3}, {"ms", 1e6}, {"s", 1e9}}) {
+    if (amount.size() > suffix.size() && amount.substr(amount.size() - suffix.size()) == suffix) {
+      amount.remove_suffix(suffix.size());
+      scale = ns;
+      break;
+    }
+  }
+  double value = 0;
+  if (scale == 0 || !parse_double(amount, &value) || value * scale > 60e9) return false;
+  *out = std::chrono::nanoseconds(static_cast<long long>(std::llround(value * scale)));
+  return true;
+}
+
+// LATE_WORK: "0" (off) or a duration.
+bool parse_late_work(std::string_view text, std::chrono::nanoseconds* out) {
+  if (text == "0") {
+    *out = std::chrono::nanoseconds{0};
+    return true;
+  }
+  return parse_duration(text, out);
+}
+
+// The LATE_WORK value in its own syntax.
+std::string late_work_text(std::chrono::nanoseconds d) {
+  return d.count() == 0 ? "0" : std::to_string(d.count()) + "ns";
+}
+
+// What VSR_EMU_ADVERSARIAL gives LATE_WORK: up to 50 us per task (about ten kernel launches'
+// latency), enough to reorder work on streams that do not wait for each other while the
+// adversarial suites stay within a few percent of their time (a test wanting more sets it).
+constexpr std::chrono::nanoseconds kAdversarialLateWork = std::chrono::microseconds(50);
+
+// The calling thread's `@run` fault for its current call (take_run_fault).
+thread_local CUresult tl_run_fault = CUDA_SUCCESS;
+
 // Measured on an A100 with 2 MiB pages (docs/cuda-driver-rules.md §7 #1; allocator anchors [N4]).
 constexpr const char* kA100Latency =
     "cuMemAddressReserve:19us,cuMemCreate:193us,cuMemMap:1450ns,cuMemSetAccess:36us,"
@@ -95,20 +136,9 @@ bool parse_latency(std::string_view spec, std::map<std::string, std::chrono::nan
     }
     const size_t colon = item.find(':');
     if (colon == std::string_view::npos || colon == 0) return false;
-    std::string_view amount = item.substr(colon + 1);
-    double scale = 0;
-    for (auto [suffix, ns] :
-         {std::pair<std::string_view, double>{"ns", 1.0}, {"us", 1e3}, {"ms", 1e6}, {"s", 1e9}}) {
-      if (amount.size() > suffix.size() && amount.substr(amount.size() - suffix.size()) == suffix) {
-        amount.remove_suffix(suffix.size());
-        scale = ns;
-        break;
-      }
-    }
-    double value = 0;
-    if (scale == 0 || !parse_double(amount, &value) || value * scale > 60e9) return false;
-    plan[base_name(item.substr(0, colon))] =
-        std::chrono::nanoseconds(static_cast<long long>(std::llround(value * scale)));
+    std::chrono::nanoseconds d{0};
+    if (!parse_duration(item.substr(colon + 1), &d)) return false;
+    plan[base_name(item.substr(0, colon))] = d;
     return true;
   });
   if (!ok) return false;
@@ -138,6 +168,7 @@ void apply_adversarial(Config& c, bool on) {
   c.async_default_streams = on;
   c.recycle_handles = on;
   c.free_no_sync = on;
+  c.late_work = on ? kAdversarialLateWork : std::chrono::nanoseconds{0};
   c.require_context = on || defaults.require_context;
   c.sticky_vmm = on || defaults.sticky_vmm;
   c.meminfo_quantum = std::max(on ? 2 * kMiB : 0, defaults.meminfo_quantum);
@@ -155,6 +186,11 @@ bool parse_plan(const char* spec, std::vector<FailRule>* out) {
     size_t c1 = item.find(':');
     if (c1 == std::string_view::npos || c1 == 0) return false;
     FailRule rule;
+    constexpr std::string_view kAtRun = "@run";
+    if (item.size() > kAtRun.size() && item.substr(item.size() - kAtRun.size()) == kAtRun) {
+      rule.at_run = true;
+      item.remove_suffix(kAtRun.size());
+    }
     rule.entry = base_name(item.substr(0, c1));
     std::string_view count = item.substr(c1 + 1);
     size_t c2 = count.find(':');
@@ -227,6 +263,7 @@ std::string env_value(const Config& e, std::string_view name) {
                                       : std::to_string(e.address_space);
   }
   if (name == "LATENCY") return e.latency_spec;
+  if (name == "LATE_WORK") return late_work_text(e.late_work);
   return "";
 }
 
@@ -353,6 +390,9 @@ void read_env(Config& c) {
       warn("VSR_EMU_ADDRESS_SPACE");
     }
   }
+  if (const char* v = std::getenv("VSR_EMU_LATE_WORK"); v != nullptr) {
+    if (!parse_late_work(v, &c.late_work)) warn("VSR_EMU_LATE_WORK");
+  }
   if (const char* v = std::getenv("VSR_EMU_LATENCY"); v != nullptr) {
     if (parse_latency(v, &c.latency)) {
       c.latency_spec = v;
@@ -373,6 +413,7 @@ void misuse(State& s, uint64_t* counter, const std::string& what) {
 
 CUresult begin_call(const char* entry, bool allocating) {
   tl_entry = entry;
+  tl_run_fault = CUDA_SUCCESS;
   State& s = st();
   std::chrono::nanoseconds delay{0};
   CUresult injected = CUDA_SUCCESS;
@@ -383,12 +424,13 @@ CUresult begin_call(const char* entry, bool allocating) {
     for (const FailRule& rule : s.fail_plan) {
       if (rule.entry != name) continue;
       if (n == rule.n || (rule.plus && n > rule.n)) {
-        if (rule.has_error) {
-          injected = rule.error;
-        } else {
-          injected =
-              allocating || is_allocating(name) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
+        CUresult error = rule.error;
+        if (!rule.has_error) {
+          error = rule.at_run                         ? CUDA_ERROR_ILLEGAL_ADDRESS
+                  : allocating || is_allocating(name) ? CUDA_ERROR_OUT_OF_MEMORY
+                                                      : CUDA_ERROR_UNKNOWN;
         }
+        (rule.at_run ? tl_run_fault : injected) = error;
         ++s.fault_counts[name];
         break;
       }
@@ -400,6 +442,38 @@ CUresult begin_call(const char* entry, bool allocating) {
   }
   if (delay.count() > 0) spend(delay);
   return injected;
+}
+
+CUresult take_run_fault() {
+  const CUresult r = tl_run_fault;
+  tl_run_fault = CUDA_SUCCESS;
+  return r;
+}
+
+void fault_queued_work(CUctx_st* ctx, CUresult error) {
+  State& s = st();
+  std::lock_guard lock(s.mutex);
+  if (error >= 700 && error <= 799 && s.config.sticky) {
+    ctx->poisoned = true;
+  } else if (ctx->pending_error == CUDA_SUCCESS) {
+    ctx->pending_error = error;
+  }
+}
+
+std::chrono::nanoseconds late_work_delay() {
+  std::chrono::nanoseconds most{0};
+  {
+    State& s = st();
+    std::lock_guard lock(s.mutex);
+    most = s.config.late_work;
+  }
+  if (most.count() <= 0) return most;
+  // Each worker draws its own delays: the order of work on streams that do not wait for each
+  // other changes from run to run.
+  thread_local std::minstd_rand rng(
+      static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id()) ^
+                            static_cast<size_t>(Clock::now().time_since_epoch().count())));
+  return std::chrono::nanoseconds(std::uniform_int_distribution<long long>(0, most.count())(rng));
 }
 
 int driver_version() {
@@ -473,6 +547,7 @@ VSR_EMU_EXPORT int vsr_emu_set_option(const char* name, const char* value) {
       c.async_default_streams = e.async_default_streams;
       c.recycle_handles = e.recycle_handles;
       c.free_no_sync = e.free_no_sync;
+      c.late_work = e.late_work;
       c.require_context = e.require_context;
       c.sticky_vmm = e.sticky_vmm;
       c.meminfo_quantum = e.meminfo_quantum;
@@ -511,6 +586,12 @@ VSR_EMU_EXPORT int vsr_emu_set_option(const char* name, const char* value) {
     }
     if (max_charged + context_overhead(next) > next.device_memory) return CUDA_ERROR_NOT_PERMITTED;
     c = next;
+    return CUDA_SUCCESS;
+  }
+  if (n == "LATE_WORK") {
+    std::chrono::nanoseconds d{0};
+    if (!parse_late_work(value, &d)) return CUDA_ERROR_INVALID_VALUE;
+    c.late_work = d;
     return CUDA_SUCCESS;
   }
   if (n == "LATENCY") {
@@ -593,13 +674,13 @@ VSR_EMU_EXPORT const char* vsr_emu_describe(void) {
                 "recommended=%zu overhead=%zu vmm=%d managed=%d pools=%d sync=%d sticky=%d "
                 "async_default_streams=%d recycle_handles=%d free_no_sync=%d "
                 "require_context=%d sticky_vmm=%d meminfo_quantum=%zu address_space=%zu "
-                "abort_on_misuse=%d latency_entries=%zu",
+                "abort_on_misuse=%d latency_entries=%zu late_work_ns=%lld",
                 c.driver_version, c.device_count, c.device_memory, c.granularity,
                 c.recommended_granularity != 0 ? c.recommended_granularity : c.granularity,
                 context_overhead(c), c.vmm, c.managed, c.memory_pools, c.sync, c.sticky,
                 c.async_default_streams, c.recycle_handles, c.free_no_sync, c.require_context,
                 c.sticky_vmm, c.meminfo_quantum, address_space_limit(c), c.abort_on_misuse,
-                c.latency.size());
+                c.latency.size(), static_cast<long long>(c.late_work.count()));
   line = buf;
   return line.c_str();
 }

@@ -46,6 +46,7 @@ void worker_loop(std::shared_ptr<Stream> stream) {
     stream->queue.pop_front();
     stream->running = task.access;
     lock.unlock();
+    if (const auto late = late_work_delay(); late.count() > 0) std::this_thread::sleep_for(late);
     task.run();
     task = Task{};
     lock.lock();
@@ -556,13 +557,19 @@ CUresult stream_wait_event(CUstream stream, CUevent event, unsigned flags, bool 
   });
 }
 
-CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data, bool ptds) {
+// `fault`: an `@run` rule of the fault plan made this call's work fault when it runs (as a
+// kernel's bad access): the context takes the error, then the function still runs (what faulted
+// work wrote is unspecified; its user data is released as usual).
+CUresult launch_host_func(CUstream stream, CUhostFn fn, void* user_data, bool ptds,
+                          CUresult fault) {
   State& s = st();
   std::unique_lock lock(s.mutex);
   StreamRef ref;
   VSR_EMU_TRY(resolve_stream(s, stream, ptds, &ref));
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return submit(lock, ref, [fn, user_data](bool) {
+  CUctx_st* ctx = ref.ctx;
+  return submit(lock, ref, [fn, user_data, ctx, fault](bool) {
+    if (fault != CUDA_SUCCESS) fault_queued_work(ctx, fault);
     fn(user_data);
     return CUDA_SUCCESS;
   });
@@ -627,7 +634,7 @@ VSR_EMU_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsign
 /// Runs fn(user_data) in stream order (on the stream's worker thread).
 VSR_EMU_EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user_data) {
   VSR_EMU_BEGIN("cuLaunchHostFunc");
-  return launch_host_func(stream, fn, user_data, false);
+  return launch_host_func(stream, fn, user_data, false, take_run_fault());
 }
 
 /// Per-thread default stream forms of the stream calls above.
@@ -645,7 +652,7 @@ CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int fla
 }
 CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void* user_data) {
   VSR_EMU_BEGIN("cuLaunchHostFunc");
-  return launch_host_func(stream, fn, user_data, true);
+  return launch_host_func(stream, fn, user_data, true, take_run_fault());
 }
 CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
   VSR_EMU_BEGIN("cuEventRecord");

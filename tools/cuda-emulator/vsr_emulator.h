@@ -44,6 +44,10 @@
  *       real driver does (RMM #649). Off: values are not reused until 1 Mi handles were made.
  *   VSR_EMU_FREE_NO_SYNC [A] cuMemFree does not wait for queued work (the driver only "may"
  *       synchronise).
+ *   VSR_EMU_LATE_WORK [A: 50us] each task a stream worker runs (copies, host functions, event
+ *       markers, waits) first waits a random time up to this long ("0" or <number><ns|us|ms|s>):
+ *       stream work runs late, and work on streams that do not wait for each other runs in any
+ *       order, so a missing wait shows up as wrong data. Work that runs inline is not delayed.
  *   VSR_EMU_ADDRESS_SPACE [A: 1.5x] cuMemAddressReserve returns CUDA_ERROR_OUT_OF_MEMORY once
  *       live reservations would exceed this many bytes, or "<f>x" times the memory of all
  *       devices (0: unlimited).
@@ -105,6 +109,10 @@ int vsr_emu_query_outstanding(vsr_emu_outstanding* out, int device);
  * (the Nth and every later call fail). `entry` is the base name (cuMemCreate); _v2/_ptds/_ptsz
  * suffixes name the same entry. A failing call has no side effects and writes no out-parameter.
  * Default error: CUDA_ERROR_OUT_OF_MEMORY for allocating entries, else CUDA_ERROR_UNKNOWN.
+ * A rule ending in `@run` (cuLaunchHostFunc only) lets the call succeed and makes its work fault
+ * when it runs, as a kernel's bad access does: the context takes the error (default
+ * CUDA_ERROR_ILLEGAL_ADDRESS; a 7xx error poisons it, another is reported once by the next
+ * synchronisation), then the function still runs.
  * NULL or "" clears the plan. Returns 0, or 1 (CUDA_ERROR_INVALID_VALUE) on a bad spec (the
  * previous plan is kept). */
 int vsr_emu_set_fail(const char* spec);
@@ -121,15 +129,15 @@ unsigned long long vsr_emu_fault_count(const char* entry);
 /* Changes one option at run time; `name` without the VSR_EMU_ prefix: DEVICE_MEMORY, VMM, MANAGED,
  * MEMORY_POOLS, GRANULARITY, RECOMMENDED_GRANULARITY, CONTEXT_OVERHEAD, SYNC, STICKY,
  * ADVERSARIAL (1 turns every [A] mode on, 0 puts every mode back to its default),
- * ASYNC_DEFAULT_STREAMS,
- * RECYCLE_HANDLES, FREE_NO_SYNC, REQUIRE_CONTEXT, STICKY_VMM, MEMINFO_QUANTUM, ADDRESS_SPACE,
- * ABORT_ON_MISUSE, LATENCY ("" clears). Values as for the variables, or "default": the value the
- * environment gave (ADVERSARIAL "default": every mode it switches). Returns 0, 1
- * (CUDA_ERROR_INVALID_VALUE: unknown name or bad value) or 800 (CUDA_ERROR_NOT_PERMITTED: the
- * change would break live objects, e.g. a capacity below what is charged, a new granularity
- * while VMM allocations exist, VMM off while VMM objects exist). SYNC applies to streams created
- * afterwards; ASYNC_DEFAULT_STREAMS to default-stream work submitted afterwards (work already
- * queued still runs first); ADDRESS_SPACE to later reservations. */
+ * ASYNC_DEFAULT_STREAMS, RECYCLE_HANDLES, FREE_NO_SYNC, LATE_WORK, REQUIRE_CONTEXT, STICKY_VMM,
+ * MEMINFO_QUANTUM, ADDRESS_SPACE, ABORT_ON_MISUSE, LATENCY ("" clears). Values as for the
+ * variables, or "default": the value the environment gave (ADVERSARIAL "default": every mode it
+ * switches). Returns 0, 1 (CUDA_ERROR_INVALID_VALUE: unknown name or bad value) or 800
+ * (CUDA_ERROR_NOT_PERMITTED: the change would break live objects, e.g. a capacity below what is
+ * charged, a new granularity while VMM allocations exist, VMM off while VMM objects exist). SYNC
+ * applies to streams created afterwards; ASYNC_DEFAULT_STREAMS to default-stream work submitted
+ * afterwards (work already queued still runs first); ADDRESS_SPACE to later reservations; LATE_WORK
+ * to the next task a worker takes. */
 int vsr_emu_set_option(const char* name, const char* value);
 
 /* Holds (paused != 0) or releases the worker of a stream: queued work, event markers and

@@ -1308,7 +1308,13 @@ void Job::run_pipeline() {
     sink.before_commit([this] {
       for (const auto& src : calc_sources_) src->close();
     });
-    vsr::run_tiles(sources, chain_->tile_op(), sink, plan_, o);
+    // Each tile's result says where its steps ran (--diagnostics).
+    vsr::MultiTileOp op = [this, chain = chain_->tile_op()](const auto& tiles, const auto& where) {
+      vsr::OwnedRasterArray r = chain(tiles, where);
+      if (args_.diagnostics) timings_.note_steps(r);
+      return r;
+    };
+    vsr::run_tiles(sources, op, sink, plan_, o);
   }
   const vsr::RasterFileInfo out = vsr::read_raster_info(
       args_.output, {.drivers = {is_cog(write_.driver) ? std::string("GTiff") : write_.driver}});

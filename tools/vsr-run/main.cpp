@@ -4,9 +4,10 @@
 // budget, and prints a summary.
 //
 // Where it runs: the library's placement rule (placed, --device): on a real GPU (and a CUDA
-// build) the ops run on the device, tiles moved there once (several bands of a per-band op by
-// dispatch_per_band_gpu); with the host driver emulator or no driver at all the host ops run (the
-// CUDA ops cannot run on the emulator), labelled as such in the summary.
+// build) the ops run on the device, tiles moved there once through pinned staging (several
+// bands of a per-band op by dispatch_per_band_gpu); with the host driver emulator or no driver
+// at all the host ops run, labelled as such in the summary; on the emulator --device gpu runs
+// them on its emulated device.
 //
 // The input (a file, or the sample) is one tile source and the output one tile sink (a file, a
 // reduction, or nothing) of the library's tile executor: only the tiles in flight of the plan's

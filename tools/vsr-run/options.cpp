@@ -142,9 +142,10 @@ clip, fill-nodata and focal-mean, which keep the values' meaning.
 
 resources:
   --device WHERE     auto | gpu | cpu (default auto): where the ops run. auto: the GPU when there
-                     is a real one and this build has the CUDA ops, else the CPU (the host
-                     driver emulator runs no kernels); gpu: device memory on any usable driver
-                     (the emulator too), or exit 1 without one; cpu: the host
+                     is a real one and this build has the CUDA ops, else the CPU; gpu: the
+                     device on any usable driver, or exit 1 without one (on the host driver
+                     emulator: its emulated device, the host ops' work queued on its streams);
+                     cpu: the host
   --budget BYTES     VRAM budget for planning, > 0, or auto (default auto: what the device has
                      free; with no GPU, a quarter of the available host memory, at most 1 GiB)
   --host-memory BYTES

@@ -2,7 +2,11 @@
 // vsr-run --diagnostics: the run's steps and tile stages, timed (timings.hpp).
 #include "timings.hpp"
 
+#include <vibespatial/raster/diagnostics.hpp>
+
 #include <sys/resource.h>
+
+#include <algorithm>
 
 namespace vsr_run {
 
@@ -61,6 +65,23 @@ void RunTimings::stage_done(const vsr::TileInfo& where, vsr::TileStage stage) {
   started_.erase(it);
 }
 
+void RunTimings::note_steps(const vsr::OwnedRasterArray& result) {
+  static const std::string kPrefix = "Pipeline: ";
+  const std::vector<vsr::RasterDiagnosticEvent> events = result.diagnostics()->events();
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (const vsr::RasterDiagnosticEvent& e : events) {
+    if (e.kind != vsr::RasterDiagnosticKind::runtime || e.detail.rfind(kPrefix, 0) != 0) continue;
+    const std::string step = e.detail.substr(kPrefix.size());
+    auto it = std::find_if(pipeline_steps_.begin(), pipeline_steps_.end(),
+                           [&](const auto& p) { return p.first == step; });
+    if (it == pipeline_steps_.end()) {
+      pipeline_steps_.emplace_back(step, 1);
+    } else {
+      ++it->second;
+    }
+  }
+}
+
 void RunTimings::finish() {
   const std::lock_guard<std::mutex> lock(mutex_);
   close_step_locked(Clock::now());
@@ -86,6 +107,10 @@ void RunTimings::print(std::FILE* out) const {
     }
   }
   std::fprintf(out, "  %-40s %10.4f\n", "total", total);
+  for (const auto& [step, tiles] : pipeline_steps_) {
+    std::fprintf(out, "  %s: %lld tile%s\n", step.c_str(), static_cast<long long>(tiles),
+                 tiles == 1 ? "" : "s");
+  }
 }
 
 }  // namespace vsr_run

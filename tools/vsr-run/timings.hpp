@@ -33,6 +33,9 @@ class RunTimings {
   void stage(const vibespatial::raster::TileInfo& where, vibespatial::raster::TileStage stage);
   /// Tile @p where's @p stage has ended: its time goes to the open step.
   void stage_done(const vibespatial::raster::TileInfo& where, vibespatial::raster::TileStage stage);
+  /// Counts the steps a tile's @p result went through, from its diagnostic log: the Pipeline's
+  /// step events ("Pipeline: step N (name) on the device"), by step and where it ran.
+  void note_steps(const vibespatial::raster::OwnedRasterArray& result);
   /// Closes the open step (call once the run is over).
   void finish();
   /// Writes the table to @p out: each step's seconds and cores busy, the stages' seconds and
@@ -56,6 +59,9 @@ class RunTimings {
   double step_cpu_start_ = 0;
   /// Start of each stage under way, by (tile index, stage).
   std::map<std::pair<std::int64_t, int>, Clock::time_point> started_;
+  /// Tiles through each pipeline step, by its event's text ("step 1 (calc) on the device"), in
+  /// the order first seen.
+  std::vector<std::pair<std::string, std::int64_t>> pipeline_steps_;
 };
 
 }  // namespace vsr_run

@@ -27,6 +27,9 @@
 #include <utility>
 #include <vector>
 
+// CUstream, exactly as <cuda.h> declares it, so this header needs no CUDA headers.
+typedef struct CUstream_st* CUstream;  // NOLINT(modernize-use-using)
+
 namespace vibespatial::raster {
 
 /** @brief Element type of a raster's bands; the names are numpy's. */
@@ -243,8 +246,9 @@ class RasterDiagnostics;  // diagnostics.hpp
  * Residency is a property of the shared storage: move_to on a band view moves every band of the
  * storage, and the pixels live in exactly one place at a time (host_data() is null while they
  * are on the device; moving back to the host frees the device copy), so no stale mirror exists.
- * Device memory comes from the pool (device_allocate, on the legacy default stream) and goes back
- * to it when the last handle sharing the storage is destroyed.
+ * Device memory comes from the pool (device_allocate, for the legacy default stream, or for the
+ * stream given to allocate) and goes back to it, on that stream, when the last handle sharing the
+ * storage is destroyed.
  *
  * Thread-safety: distinct objects that share no storage may be used from distinct threads
  * freely. Handles sharing storage may be used concurrently through const members; residency
@@ -276,6 +280,21 @@ class VSR_EXPORT OwnedRasterArray {
   static OwnedRasterArray allocate(Residency where, DType dtype, int bands, std::int64_t height,
                                    std::int64_t width, std::optional<double> nodata = {},
                                    Affine affine = {}, std::string crs = {});
+
+  /**
+   * @brief As allocate(), with the device memory from the pool for @p stream (a stream of the
+   * device's primary context; nullptr: the legacy default stream, as allocate()): usable at once
+   * in @p stream's order, also where the pool hands it a block freed on another stream (the pool
+   * then makes @p stream wait for that stream's work). Allocate what a stream writes for that
+   * stream: memory for another stream may still be in use by work queued elsewhere that
+   * @p stream does not wait for. The storage goes back to the pool in @p stream's order when its
+   * last handle is destroyed (or the raster moves to the host), so work still queued there on it
+   * runs first: @p stream must outlive the raster (destroy a stream's rasters, then call
+   * forget_stream, then destroy the stream). Ignored for a host raster. Throws as allocate().
+   */
+  static OwnedRasterArray allocate(Residency where, DType dtype, int bands, std::int64_t height,
+                                   std::int64_t width, std::optional<double> nodata, Affine affine,
+                                   std::string crs, CUstream stream);
 
   /**
    * @brief Stacks single-band results into one raster; affine, CRS and nodata come from

@@ -130,6 +130,31 @@ VSR_EXPORT OwnedRasterArray dispatch_per_band_gpu(const OwnedRasterArray& raster
  */
 using StreamBandOp = std::function<OwnedRasterArray(const OwnedRasterArray& band, CUstream stream)>;
 
+/**
+ * @brief The calling thread's op stream: where the band operations' forms without a stream
+ * (ops.hpp) and a Pipeline's steps queue their device work. The legacy default stream (nullptr)
+ * unless an OpStreamScope is active on the thread; the tile executor makes its compute stream
+ * current while it runs an op on device tiles. Never throws.
+ */
+VSR_EXPORT CUstream current_op_stream() noexcept;
+
+/**
+ * @brief Makes @p stream (a stream of the device's primary context, or nullptr: the legacy
+ * default stream) the calling thread's op stream (current_op_stream) for its scope; the one
+ * before comes back when it ends, so scopes nest. Thread-local: other threads keep theirs.
+ * Never throws.
+ */
+class VSR_EXPORT OpStreamScope {
+ public:
+  explicit OpStreamScope(CUstream stream) noexcept;
+  ~OpStreamScope();
+  OpStreamScope(const OpStreamScope&) = delete;
+  OpStreamScope& operator=(const OpStreamScope&) = delete;
+
+ private:
+  CUstream previous_;
+};
+
 /** @brief How dispatch_per_band_gpu goes through the device. */
 struct GpuDispatchOptions {
   int buffers_per_band = 2;         ///< device buffers the op needs per band (input included)
@@ -146,6 +171,11 @@ struct GpuDispatchOptions {
   /// caller that prints or logs its plan gives it here, so the device goes as it said.
   /// A `tiled` plan, or bands_per_pass < 1, is rejected. Empty: planned from the budget.
   std::optional<RasterPlan> plan;
+  /// Where the stacked output goes. Empty: on the device when it fits the budget beside the
+  /// passes in flight, else on the host (each band's result through pinned staging). The tile
+  /// executor asks for the host: it holds a tile's result while the next tile goes through the
+  /// device, which the budget of one call does not count.
+  std::optional<Residency> output;
 };
 
 /** @brief What one dispatch_per_band_gpu call did (for benchmarks and tests). */

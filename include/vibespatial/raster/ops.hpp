@@ -3,10 +3,15 @@
 // a 3x3 focal mean and band math (calc: expressions over named inputs), for all ten dtypes.
 //
 // Where they run: an operation runs where its input lives. A host-resident raster is processed
-// by the host backend (Thrust's OpenMP backend, all cores); a device-resident raster by the CUDA
-// backend (Thrust and CUB on the device, temporaries from the device pool) when the library was
-// built with CUDA (ops_built_with_cuda()), else the call throws std::runtime_error ("built
-// without CUDA"). Raster results have the input's residency, shape, affine and CRS.
+// by the host backend (Thrust's OpenMP backend, all cores); a device-resident raster by a device
+// backend: on a real driver the CUDA backend (Thrust and CUB on the device, temporaries from the
+// device pool) when the library was built with CUDA (ops_built_with_cuda()), else the call throws
+// std::runtime_error ("built without CUDA"); on the host driver emulator, in every build, the
+// emulated device backend: the host backend's work queued in stream order on the emulator's
+// streams (cuLaunchHostFunc) over its device memory, temporaries from the pool on the op's
+// stream, results read back with the driver's copies, so results equal the host backend's and
+// everything around the kernels runs as on a GPU. Raster results have the input's residency,
+// shape, affine and CRS.
 //
 // Valid pixels: a pixel is valid unless it equals the raster's nodata value or is NaN (floating
 // dtypes; a NaN nodata marks NaN pixels only). An integer raster whose nodata is not exactly
@@ -21,8 +26,11 @@
 // round exactly as on the host: integer results and counts are equal on both backends, floating
 // results of elementwise ops too; statistics differ only by summation order.
 //
-// Streams: the forms without a stream queue their device work on the legacy default stream; each
-// operation also has a form taking the CUstream to queue it on (see "Stream forms" below).
+// Streams: the forms without a stream queue their device work on the calling thread's op stream
+// (current_op_stream(), dispatch.hpp: the legacy default stream unless an OpStreamScope set
+// another, as the tile executor does for device tiles); each operation also has a form taking the
+// CUstream to queue it on (see "Stream forms" below). A device result is pool memory for the
+// stream its work is queued on.
 //
 // Errors on the device: a failing driver or runtime call, a kernel launch error or a full device
 // reaches the caller as CudaError (code() a CUresult; runtime_code() the cudaError_t of a failed
@@ -224,11 +232,14 @@ VSR_EXPORT void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edg
 ///   before it with an event);
 /// - a raster result is returned as soon as its work is queued: its pixels are valid in
 ///   @p stream's order. band_statistics and histogram wait for @p stream and return results;
-/// - temporaries come from the pool and are freed in @p stream's order. Output rasters are
-///   allocated as every device raster is (OwnedRasterArray::allocate, pool memory for the legacy
-///   default stream), so on a non-blocking @p stream the caller orders @p stream after the work
-///   queued on the legacy default stream before the call (an event recorded there), and keeps
-///   an output alive until @p stream's work on it is done, as dispatch_per_band_gpu does.
+/// - temporaries come from the pool and are freed in @p stream's order. Output rasters are pool
+///   memory for @p stream (OwnedRasterArray::allocate with @p stream): a block the pool hands
+///   them that another stream freed with work still queued is ordered after that work on
+///   @p stream itself. An input written on another stream (the legacy default stream included:
+///   move_to and allocate's copies complete before they return) must be ordered before
+///   @p stream by the caller (an event). An output goes back to the pool in @p stream's order
+///   when its last handle is destroyed, so @p stream must outlive it (drop the outputs, then
+///   forget_stream, then destroy the stream).
 /// For a host raster @p stream is ignored. Throws as the forms above.
 /// @{
 VSR_EXPORT std::vector<BandStatistics> band_statistics(const OwnedRasterArray& raster,

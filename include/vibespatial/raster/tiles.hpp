@@ -24,7 +24,8 @@
 //   result fixes that pass's nodata. Every later result must agree, and every result must have
 //   its tile's height and width: otherwise std::invalid_argument naming the tile.
 // - placement: where the op's input tiles live (Residency::host, or Residency::device: each tile
-//   is copied to the device once before the op). placed() is the rule that chooses it.
+//   is copied to the device once before the op, through pinned staging, and its result back,
+//   with two tiles in flight where the budget holds them). placed() is the rule that chooses it.
 #pragma once
 
 #include <vibespatial/raster/buffers.hpp>
@@ -195,10 +196,16 @@ struct TileRunOptions {
   /// carry the first band's nodata and the op gives the others theirs. Off: such a run is refused
   /// (std::runtime_error) before anything is read.
   bool mixed_nodata = false;
-  /// Where the op's input tiles live: Residency::device copies each host tile to the device once
-  /// (OwnedRasterArray::clone_to) before the op; per-band tiles of several bands then go through
-  /// dispatch_per_band_gpu with `gpu` (its plan: band batches of the run's plan). placed()
-  /// chooses this.
+  /// Where the op's input tiles live. Residency::device: each host tile goes to the device once,
+  /// through pinned staging on a copy stream; the op is called with the run's compute stream
+  /// current (current_op_stream, so the ops' forms without a stream queue their work there; work
+  /// it queues on the legacy default stream is waited for too), and a device result comes back
+  /// through pinned staging on the compute stream before the sink sees it on the host. Two
+  /// tiles are in flight when two passes of the plan fit the budget (`gpu.vram_budget`, else
+  /// what the device has): with `overlap`, tile k+1's upload and op are queued while tile k's
+  /// work runs and tile k is written. Per-band tiles of several bands go through
+  /// dispatch_per_band_gpu with `gpu` instead (its plan: band batches of the run's plan), which
+  /// stages them in its own pipeline. placed() chooses this.
   Residency placement = Residency::host;
   /// Budget, buffers and plan of the per-band GPU dispatch of a tile (placement device). Empty
   /// plan: band batches of plan.bands_per_pass bands.
@@ -482,10 +489,12 @@ struct PlacementDecision {
 
 /**
  * @brief The one placement rule. automatic: the device when a real (not emulated) driver with a
- * device is there and the ops were built with CUDA (ops_built_with_cuda), else the host (the
- * emulator runs no kernels). gpu: the device whenever a driver is usable (a test on the
- * emulator exercises the device path). cpu: the host. Configures the memory pool when a driver
- * is usable.
+ * device is there and the ops were built with CUDA (ops_built_with_cuda), else the host (on the
+ * host emulator the device ops are the emulated device backend: host work queued on the
+ * emulator's streams, never faster than the host ops). gpu: the device whenever a driver is
+ * usable; on the emulator the ops then run on the emulated device backend, so the whole device
+ * path (residency moves, pinned staging, streams and events, the pool) runs as on a GPU. cpu:
+ * the host. Configures the memory pool when a driver is usable.
  * @throws DriverUnavailableError for gpu without a usable driver; what configure_memory_pool
  *         throws. Thread-safe.
  */

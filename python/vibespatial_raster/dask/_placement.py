@@ -16,9 +16,10 @@ _auto_mode: str | None = None
 def _process_mode() -> str:
     """Where ``device="auto"`` runs ops in this process: "gpu" or "cpu", as the library's
     placement rule (``placed``, which vsr-run asks too) decides on this process's driver and
-    ops: the device for a real CUDA driver and the CUDA ops, else the host (the emulator runs no
-    kernels). Kept once the driver is available; while it is not, each call looks again (the
-    runtime starts a failed driver again)."""
+    ops: the device for a real CUDA driver and the CUDA ops, else the host (on the emulator the
+    device ops are its emulated device's host work on streams: ``device="gpu"`` runs them there).
+    Kept once the driver is available; while it is not, each call looks again (the runtime
+    starts a failed driver again)."""
     global _auto_mode
     with _mode_lock:
         if _auto_mode is not None:

@@ -747,3 +747,91 @@ TEST_CASE("modes: the closed leniencies are on by default") {
   CHECK(describe().find("require_context=1 sticky_vmm=1 meminfo_quantum=2097152") !=
         std::string::npos);
 }
+
+namespace {
+
+struct Appender {
+  std::mutex* mutex;
+  std::vector<int>* order;
+  int value;
+};
+
+void append(void* p) {
+  auto* a = static_cast<Appender*>(p);
+  std::lock_guard lock(*a->mutex);
+  a->order->push_back(a->value);
+}
+
+}  // namespace
+
+TEST_CASE("modes: LATE_WORK delays each task a worker runs, and keeps each stream's order") {
+  Driver& d = drv();
+  use_device();
+  CHECK(d.set_option("LATE_WORK", "later") == CUDA_ERROR_INVALID_VALUE);
+  CHECK(d.set_option("LATE_WORK", "61s") == CUDA_ERROR_INVALID_VALUE);
+  {
+    Options opt;
+    opt.set("LATE_WORK", "0");
+    CHECK(describe().find("late_work_ns=0") != std::string::npos);
+    opt.set("ADVERSARIAL", "1");
+    CHECK(describe().find("late_work_ns=50000") != std::string::npos);
+    opt.set("LATE_WORK", "300us");
+    CHECK(describe().find("late_work_ns=300000") != std::string::npos);
+    // Two streams' work interleaves in any order; each stream's stays in its order.
+    CUstream a = nullptr, b = nullptr;
+    REQUIRE_CU(d.stream_create(&a, CU_STREAM_NON_BLOCKING));
+    REQUIRE_CU(d.stream_create(&b, CU_STREAM_NON_BLOCKING));
+    std::mutex m;
+    std::vector<int> order;
+    std::vector<Appender> tasks;
+    tasks.reserve(40);
+    for (int i = 0; i < 20; ++i) {
+      tasks.push_back({&m, &order, i});
+      tasks.push_back({&m, &order, 100 + i});
+    }
+    for (int i = 0; i < 20; ++i) {
+      REQUIRE_CU(d.launch_host_func(a, append, &tasks[static_cast<std::size_t>(2 * i)]));
+      REQUIRE_CU(d.launch_host_func(b, append, &tasks[static_cast<std::size_t>(2 * i + 1)]));
+    }
+    REQUIRE_CU(d.stream_synchronize(a));
+    REQUIRE_CU(d.stream_synchronize(b));
+    REQUIRE(order.size() == 40);
+    std::vector<int> on_a, on_b;
+    for (int v : order) (v < 100 ? on_a : on_b).push_back(v);
+    for (int i = 0; i < 20; ++i) {
+      CHECK(on_a[static_cast<std::size_t>(i)] == i);
+      CHECK(on_b[static_cast<std::size_t>(i)] == 100 + i);
+    }
+    REQUIRE_CU(d.stream_destroy(a));
+    REQUIRE_CU(d.stream_destroy(b));
+  }
+  const char* env = std::getenv("VSR_EMU_ADVERSARIAL");
+  const bool adversarial = env != nullptr && std::string(env) == "1";
+  CHECK(describe().find(adversarial ? "late_work_ns=50000" : "late_work_ns=0") !=
+        std::string::npos);
+}
+
+TEST_CASE("emulator: an @run fault: the launch succeeds, its work faults when it runs") {
+  Driver& d = drv();
+  use_device();
+  CHECK(d.set_fail("cuLaunchHostFunc:1@runs") == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(d.set_fail("cuLaunchHostFunc:2@run") == 0);
+  CUstream s = nullptr;
+  REQUIRE_CU(d.stream_create(&s, CU_STREAM_NON_BLOCKING));
+  std::atomic<int> first{0}, second{0};
+  REQUIRE_CU(d.launch_host_func(s, set_flag, &first));
+  REQUIRE_CU(d.stream_synchronize(s));
+  CHECK(first == 1);
+  CHECK_CU(d.launch_host_func(s, set_flag, &second), CUDA_SUCCESS);  // it faults later
+  CHECK(d.fault_count("cuLaunchHostFunc") == 1);
+  CHECK_CU(d.stream_synchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+  CHECK(second == 1);  // the function still ran: what faulted work wrote is unspecified
+  REQUIRE(d.set_fail(nullptr) == 0);
+  (void)d.stream_destroy(s);
+  // Resetting the primary context clears the sticky error (earlier tests' threads left retains).
+  while (d.primary_release(0) == CUDA_SUCCESS) {
+  }
+  CUcontext again = nullptr;
+  REQUIRE_CU(d.primary_retain(&again, 0));
+  CHECK_CU(d.ctx_synchronize(), CUDA_SUCCESS);
+}
