@@ -421,11 +421,16 @@ TEST_SUITE("ops") {
     CHECK(calc({"a"}, {{"n", none}, {"a", n9}}, opt).nodata() == 255.0);
     opt.output = DType::int16;
     CHECK(calc({"a"}, {{"n", none}, {"a", n9}}, opt).nodata() == -9999.0);
-    // The first input with a nodata decides, even when a later one's would fit.
+    // The first input read with a nodata decides, even when a later one's would fit.
     opt.output = DType::int32;
-    CHECK(calc({"a"}, {{"f", nnan}, {"a", n9}}, opt).nodata() == 2147483647.0);
+    CHECK(calc({"a + f"}, {{"f", nnan}, {"a", n9}}, opt).nodata() == 2147483647.0);
     opt.output = DType::float64;
-    CHECK(std::isnan(*calc({"a"}, {{"f", nnan}, {"a", n9}}, opt).nodata()));
+    CHECK(std::isnan(*calc({"a + f"}, {{"f", nnan}, {"a", n9}}, opt).nodata()));
+    // An input no expression reads plays no part: a's nodata.
+    opt.output = DType::int32;
+    CHECK(calc({"a"}, {{"f", nnan}, {"a", n9}}, opt).nodata() == -9999.0);
+    opt.output = DType::float32;
+    CHECK(std::isnan(*calc({"n + 1"}, {{"a", n9}, {"n", none}}, opt).nodata()));
     opt.output_nodata = NodataValue(0.25);
     CHECK(calc({"a"}, {{"a", n9}}, opt).nodata() == 0.25);
     opt.output = DType::uint8;
