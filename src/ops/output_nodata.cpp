@@ -73,10 +73,11 @@ void check_no_valid_pixel_became_nodata(const char* who, const OwnedRasterArray&
     const std::int64_t lost = before[b].count - after[b].count;
     if (lost == 0) continue;
     throw std::invalid_argument(
-        std::string(who) + ": " + std::to_string(lost) + " valid pixel(s) of output band " +
-        std::to_string(b + 1) + " equal the output nodata " + nodata.to_string() + " (as " +
+        std::string(who) + ": " + std::to_string(lost) + " valid pixel(s) of band " +
+        std::to_string(b + 1) + " convert to " + nodata.to_string() + " (" +
         std::string(to_string(out.dtype())) +
-        "): they would read as nodata; give the output another nodata that no valid pixel takes, "
+        ") and would equal the output nodata: they would read as nodata; give the output another "
+        "nodata that no valid pixel takes, "
         "or none (vsr-run: -a_nodata V or -a_nodata none; Python: nodata=; C++: "
         "CalcOptions::output_nodata or OutputNodata), or an output type that holds them apart");
   }

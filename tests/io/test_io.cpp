@@ -1062,6 +1062,42 @@ TEST_CASE("GDAL mask bands mark invalid pixels, read as nodata, unless ignored")
   }
 }
 
+TEST_CASE("a band whose GDAL mask decides ignores its nodata, as GDAL's mask flags say") {
+  // GDAL: with an internal mask GetMaskBand is the mask (GMF_PER_DATASET) and the band's nodata
+  // is not consulted: a pixel the mask keeps is valid even where it equals the nodata.
+  TempDir dir;
+  const int w = 12, h = 10, n = w * h;
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i % 5 == 0 ? 0 : 1 + i % 200;
+  const auto every4 = [](int i) { return i % 4 == 1; };
+  for (const char* kind : {"internal", "external"}) {
+    CAPTURE(kind);
+    const std::string f = dir.file(std::string("u8nd-") + kind + ".tif");
+    make_masked(f, w, h, 1, GDT_Byte, v, kind, every4, 0.0);
+    RasterFileSource src(f);
+    CHECK(src.masked_bands() == std::vector<bool>{true});
+    // 0 is taken by pixels the mask keeps: the masked ones get the largest free value.
+    CHECK(src.band_nodata()[0] == NodataValue(255.0));
+    CHECK(src.nodata_marks_mask() == std::vector<bool>{true});
+    const std::vector<double> got = read_all(src, 0);
+    int valid = 0;
+    for (int i = 0; i < n; ++i) {
+      CHECK(got[static_cast<std::size_t>(i)] ==
+            (every4(i) ? 255.0 : v[static_cast<std::size_t>(i)]));
+      valid += every4(i) ? 0 : 1;
+    }
+    CHECK(band_statistics(src.read(RasterWindow{0, 0, w, h}, 0, 1))[0].count == valid);
+  }
+  // The band's own nodata, where no pixel the mask keeps holds it, marks the masked pixels.
+  std::vector<double> free = v;
+  for (double& x : free) x = x == 0 ? 7 : x;
+  const std::string f = dir.file("u8free.tif");
+  make_masked(f, w, h, 1, GDT_Byte, free, "internal", every4, 0.0);
+  RasterFileSource src(f);
+  CHECK(src.band_nodata()[0] == NodataValue(0.0));
+  CHECK(src.nodata_marks_mask() == std::vector<bool>{false});
+}
+
 TEST_CASE("masked integer bands without nodata get one no valid pixel takes") {
   TempDir dir;
   const int w = 16, h = 16, n = w * h;
