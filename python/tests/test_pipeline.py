@@ -110,3 +110,20 @@ def test_bad_input_gives_typed_errors():
         p.run(A=raster(3, 6, 7, 8))
     with pytest.raises(TypeError, match="plan must be"):
         p.run("tiled", A=a)
+
+
+def test_calc_output_nodata_rule():
+    # The library's one output-nodata rule: a valid result equal to the nodata is refused (it
+    # would read as nodata), a given nodata never rewrites valid results, and an input the
+    # expression does not read plays no part in the output's nodata.
+    u8 = OwnedRasterArray.from_numpy(np.full((1, 2, 2), 200, np.uint8), affine=AFFINE)
+    with pytest.raises(ValueError, match="equal the output nodata"):
+        ops.calc("A + 55", A=u8, dtype="uint8")
+    out = ops.calc("A + 55", A=u8, dtype="uint8", nodata=0)
+    assert out.nodata == 0 and (out.to_numpy() == 255).all()
+    i16 = OwnedRasterArray.from_numpy(np.full((1, 2, 2), 5, np.int16), nodata=-32768,
+                                      affine=AFFINE)
+    assert np.isnan(ops.calc("B + 1", A=i16, B=u8).nodata)
+    assert ops.calc("A + B", A=i16, B=u8).nodata == -32768
+    with pytest.raises(ValueError, match="equal the output nodata"):
+        ops.Pipeline(A=1).convert("int16", 205).run(A=ops.calc("A + 5", A=u8))

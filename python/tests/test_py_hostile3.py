@@ -137,7 +137,12 @@ def test_integer_nodata_is_exact_through_construction_views_and_ops(dtype, value
     # The ops test pixels against the exact sentinel: one pixel per band is not counted.
     stats = ops.band_statistics(r)
     assert [s.count for s in stats] == [data[0].size - 1, data[1].size - 1]
-    assert ops.clip(r, 0, 2**62).nodata == value
+    if value == 0 and dtype == "int64":
+        # The neighbour -1 clamps to the bound 0, the nodata: it would read as nodata (refused).
+        with pytest.raises(ValueError, match="would equal the output nodata"):
+            ops.clip(r, 0, 2**62)
+    else:
+        assert ops.clip(r, 0, 2**62).nodata == value
     stacked = dispatch.dispatch_per_band_cpu(r, lambda b: b)
     assert stacked.nodata == value
     # NumPy integers, and the device round trip (a copy into new storage each way).

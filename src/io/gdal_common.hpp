@@ -266,25 +266,31 @@ class Output {
   Dataset ds_;
 };
 
-/// Whether @p band's GDAL mask marks pixels invalid of its own (an internal or .msk mask, an
-/// alpha band): its flags are neither GMF_ALL_VALID nor GMF_NODATA (gdal_mask.cpp).
+/// Whether @p band's validity is its GDAL mask band, as GDAL decides it (GDALGetMaskFlags): an
+/// internal or .msk mask (GMF_PER_DATASET, or a per-band mask), an alpha band (GMF_ALPHA), or a
+/// dataset's NODATA_VALUES (GMF_NODATA | GMF_PER_DATASET); the band's nodata is then not
+/// consulted. False for GMF_ALL_VALID and for GMF_NODATA alone (the band's own nodata decides,
+/// which the ops test themselves). gdal_mask.cpp.
 bool has_pixel_mask(GDALRasterBandH band);
 
-/// The nodata the masked pixels of @p bands (of @p dtype, without a nodata of their own) get, one
-/// for all: NaN for float types; the largest value for 32- and 64-bit integers; for 8- and 16-bit
-/// ones the largest value no valid pixel of them takes, found by a pass over each band and its
-/// mask. @throws std::runtime_error when the valid pixels take every value.
-NodataValue mask_nodata(GDALDatasetH ds, const std::vector<int>& bands, DType dtype,
-                        const std::string& path);
+/// The one nodata the masked pixels of @p masked get (bands whose mask decides), also given to
+/// the bands @p plain (unmasked, without a nodata) so that every band read keeps one nodata: a
+/// value that no pixel the mask marks valid, and no pixel of a plain band, takes, found by a
+/// pass over the bands and their masks. Float types: NaN (no pass). Integers: @p preferred (the
+/// masked bands' own nodata) when free, else for 8- and 16-bit types the largest free value,
+/// for 32- and 64-bit ones the type's largest, else its smallest value.
+/// @throws std::runtime_error when none is free (the message names -b and --ignore-mask).
+NodataValue mask_marker(GDALDatasetH ds, const std::vector<int>& masked,
+                        const std::vector<int>& plain, DType dtype,
+                        const std::optional<NodataValue>& preferred, const std::string& path);
 
-/// Writes @p nodata[b] into the pixels of @p tile's band b (file band @p bands[b], read over
-/// @p window) that its mask marks invalid, for the bands @p masked; a valid pixel equal to a
-/// nodata given by mask_nodata (@p chosen) is std::runtime_error.
+/// Writes @p marker[b] into the pixels of @p tile's band b (file band @p bands[b], read over
+/// @p window) that its mask marks invalid (mask value 0), for the bands @p masked; a pixel the
+/// mask marks valid that holds it is std::runtime_error (mask_marker chose a value none holds).
 void apply_masks(GDALDatasetH ds, OwnedRasterArray& tile, const RasterWindow& window,
                  const std::vector<int>& bands,
-                 const std::vector<std::optional<NodataValue>>& nodata,
-                 const std::vector<bool>& masked, const std::vector<bool>& chosen,
-                 const std::string& path);
+                 const std::vector<std::optional<NodataValue>>& marker,
+                 const std::vector<bool>& masked, const std::string& path);
 
 /// The host pixels of @p raster: its own buffer when host resident, else a copy in @p scratch
 /// (checked against the host memory available first).

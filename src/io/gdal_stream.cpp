@@ -175,7 +175,9 @@ struct RasterFileSource::State {
   RasterMetadata meta;  ///< of the selected bands (nodata: the first's)
   std::vector<int> bands;
   std::vector<std::optional<NodataValue>> nodata;
-  std::vector<bool> masked, chosen;  ///< per band: a GDAL mask; its nodata chosen for it
+  /// Per band: its GDAL mask decides its validity; its nodata only marks masked pixels (chosen
+  /// by mask_marker, not the band's own).
+  std::vector<bool> masked, marks;
   bool has_geotransform = true;
 
   /// Reads @p window of @p bands of the file into @p tile (allocated for it) in row strips
@@ -245,26 +247,39 @@ RasterFileSource::RasterFileSource(const std::string& path, const OpenOptions& o
                   : std::max(1, open.num_threads);
   s.meta = metadata_of(s.ds.get(), path, bands, /*mixed_nodata=*/true);
   s.bands = bands.empty() ? all_bands(GDALGetRasterCount(s.ds.get())) : std::move(bands);
+  std::vector<std::optional<NodataValue>> own;
   for (const int b : s.bands) {
-    s.nodata.push_back(detail::gdal::band_nodata(GDALGetRasterBand(s.ds.get(), b), s.meta.dtype));
-    // A GDAL mask's invalid pixels are read as nodata (gdal_mask.cpp).
-    const bool masked = !open.ignore_mask && has_pixel_mask(GDALGetRasterBand(s.ds.get(), b));
-    s.masked.push_back(masked);
-    s.chosen.push_back(masked && !s.nodata.back());
+    GDALRasterBandH band = GDALGetRasterBand(s.ds.get(), b);
+    own.push_back(detail::gdal::band_nodata(band, s.meta.dtype));
+    // GDAL's mask flags decide: a band whose mask is its validity ignores its own nodata.
+    s.masked.push_back(!open.ignore_mask && has_pixel_mask(band));
   }
-  if (std::find(s.chosen.begin(), s.chosen.end(), true) != s.chosen.end()) {
-    std::vector<int> unset;
+  s.nodata = own;
+  s.marks.assign(s.bands.size(), false);
+  if (std::find(s.masked.begin(), s.masked.end(), true) != s.masked.end()) {
+    // One value for the masked pixels that no pixel left valid takes, given also to the bands
+    // read with them that have no nodata (an RGBA file's alpha band), so that every band keeps
+    // one nodata; the masked bands' own nodata when it is free.
+    std::vector<int> masked, plain;
+    std::optional<NodataValue> preferred;
     for (std::size_t k = 0; k < s.bands.size(); ++k) {
-      if (s.chosen[k]) unset.push_back(s.bands[k]);
+      if (s.masked[k]) {
+        masked.push_back(s.bands[k]);
+        if (!preferred) preferred = own[k];
+      } else if (!own[k]) {
+        plain.push_back(s.bands[k]);
+      }
     }
-    const NodataValue nd = mask_nodata(s.ds.get(), unset, s.meta.dtype, path);
+    const NodataValue marker =
+        mask_marker(s.ds.get(), masked, plain, s.meta.dtype, preferred, path);
     for (std::size_t k = 0; k < s.bands.size(); ++k) {
-      if (s.chosen[k]) s.nodata[k] = nd;
+      if (!s.masked[k] && own[k]) continue;
+      s.nodata[k] = marker;
+      s.marks[k] = own[k] != marker;
     }
-  }
-  if (!s.nodata.empty() && s.chosen.front()) {
     s.meta.exact_nodata = s.nodata.front();
-    s.meta.nodata = s.nodata.front()->to_double();
+    s.meta.nodata =
+        s.nodata.front() ? std::optional<double>(s.nodata.front()->to_double()) : std::nullopt;
   }
   std::array<double, 6> gt{};
   s.has_geotransform = GDALGetGeoTransform(s.ds.get(), gt.data()) == CE_None;
@@ -300,6 +315,10 @@ const std::vector<bool>& RasterFileSource::masked_bands() const {
   return state_->masked;
 }
 
+const std::vector<bool>& RasterFileSource::nodata_marks_mask() const {
+  return state_->marks;
+}
+
 OwnedRasterArray RasterFileSource::read(const RasterWindow& window, int first_band,
                                         int band_count) {
   State& s = *state_;
@@ -332,8 +351,7 @@ OwnedRasterArray RasterFileSource::read(const RasterWindow& window, int first_ba
     const auto at = [&](const auto& v) {
       return std::vector(v.begin() + first_band, v.begin() + first_band + band_count);
     };
-    apply_masks(s.ds.get(), tile, window, at(s.bands), at(s.nodata), at(s.masked), at(s.chosen),
-                s.path);
+    apply_masks(s.ds.get(), tile, window, at(s.bands), at(s.nodata), at(s.masked), s.path);
   }
   quiet.check("cannot read '" + shown(s.path) + "'");
   return tile;

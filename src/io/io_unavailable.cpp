@@ -118,6 +118,12 @@ const std::vector<int>& RasterFileSource::bands() const {
 bool RasterFileSource::has_geotransform() const {
   unavailable("RasterFileSource");
 }
+const std::vector<bool>& RasterFileSource::masked_bands() const {
+  unavailable("RasterFileSource");
+}
+const std::vector<bool>& RasterFileSource::nodata_marks_mask() const {
+  unavailable("RasterFileSource");
+}
 std::uint64_t RasterFileSource::run_host_bytes(const RasterPlan&, bool, int,
                                                std::optional<std::uint64_t>) const {
   unavailable("RasterFileSource");

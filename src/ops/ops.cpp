@@ -8,6 +8,7 @@
 #include "ops/device_work.hpp"
 #include "ops/expression.hpp"
 #include "ops/ops_backend.hpp"
+#include "ops/output_nodata.hpp"
 
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/errors.hpp>
@@ -327,8 +328,8 @@ void rescale_into(const OwnedRasterArray& raster, double in_min, double in_max, 
   rescale_into(raster, in_min, in_max, out_min, out_max, out, current_op_stream());
 }
 
-OwnedRasterArray convert_dtype(const OwnedRasterArray& raster, DType out_dtype,
-                               std::optional<NodataValue> out_nodata) {
+OwnedRasterArray detail::convert_pixels(const OwnedRasterArray& raster, DType out_dtype,
+                                        const std::optional<NodataValue>& out_nodata) {
   (void)itemsize(out_dtype);  // throws std::invalid_argument for a bad dtype
   double fill = is_floating_point(out_dtype) ? std::numeric_limits<double>::quiet_NaN() : 0.0;
   if (out_nodata) {
@@ -342,7 +343,7 @@ OwnedRasterArray convert_dtype(const OwnedRasterArray& raster, DType out_dtype,
   }
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
   const CUstream stream = current_op_stream();
-  OwnedRasterArray out = guarded(dev, "convert_dtype", stream, Work::queued, [&] {
+  return guarded(dev, "convert_dtype", stream, Work::queued, [&] {
     OwnedRasterArray o = like(raster, out_dtype, out_nodata, stream);
     // The identity map of rescale: (v - 0) * 1 + (-0.0) is v exactly, -0.0 included.
     const be::RescaleParams p{0.0, 1.0, -0.0, 1.0, fill};
@@ -350,7 +351,12 @@ OwnedRasterArray convert_dtype(const OwnedRasterArray& raster, DType out_dtype,
                  layout_of(raster).pixels(), nodata_spec(raster), p, stream);
     return o;
   });
-  if (out_nodata && !std::isnan(fill)) {
+}
+
+OwnedRasterArray convert_dtype(const OwnedRasterArray& raster, DType out_dtype,
+                               std::optional<NodataValue> out_nodata) {
+  OwnedRasterArray out = detail::convert_pixels(raster, out_dtype, out_nodata);
+  if (out_nodata && !out_nodata->is_nan()) {
     // A valid pixel that became the nodata: fewer valid pixels out than in.
     const std::vector<BandStatistics> in = band_statistics(raster), got = band_statistics(out);
     for (std::size_t b = 0; b < in.size(); ++b) {
@@ -397,11 +403,18 @@ void run_clip(bool dev, const OwnedRasterArray& raster, double lower, double upp
 OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper, CUstream stream) {
   clip_bounds(raster.dtype(), lower, upper);
   const bool dev = on_device(raster);  // before allocating: fails at once without CUDA
-  return guarded(dev, "clip", stream, Work::queued, [&] {
-    OwnedRasterArray out = like(raster, raster.dtype(), raster.exact_nodata(), stream);
-    run_clip(dev, raster, lower, upper, out, stream);
-    return out;
+  OwnedRasterArray out = guarded(dev, "clip", stream, Work::queued, [&] {
+    OwnedRasterArray o = like(raster, raster.dtype(), raster.exact_nodata(), stream);
+    run_clip(dev, raster, lower, upper, o, stream);
+    return o;
   });
+  // A bound equal to the nodata turns the valid pixels clamped to it into nodata: refused.
+  const be::NodataSpec nd = nodata_spec(raster);
+  if (nd.has && !std::isnan(nd.value) && (nd.value == lower || nd.value == upper)) {
+    detail::check_no_valid_pixel_became_nodata("clip", raster, out, *raster.exact_nodata(),
+                                               stream);
+  }
+  return out;
 }
 
 OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper) {
@@ -596,24 +609,6 @@ void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edge, OwnedRas
 
 namespace {
 
-/// Whether @p d holds @p v exactly (NaN: only the float types).
-bool holds(DType d, const NodataValue& v) {
-  if (v.is_nan()) return is_floating_point(d);
-  const double x = v.to_double();
-  if (d == DType::float64) return NodataValue(x) == v;
-  if (d == DType::float32) {
-    return NodataValue(x) == v &&
-           (std::isinf(x) || (std::fabs(x) <= std::numeric_limits<float>::max() &&
-                              static_cast<double>(static_cast<float>(x)) == x));
-  }
-  double lo = 0, hi = 0;
-  int_range(d, lo, hi);
-  if (d == DType::uint64) return v.as_uint64().has_value();
-  if (d == DType::int64) return v.as_int64().has_value();
-  const auto i = v.as_int64();
-  return i && static_cast<double>(*i) >= lo && static_cast<double>(*i) <= hi;
-}
-
 template <class T>
 std::uint64_t bits_of(T value) {
   std::uint64_t bits = 0;
@@ -668,27 +663,74 @@ be::CalcSlot calc_slot(const OwnedRasterArray& r, int band_index) {
   return s;
 }
 
-/// The output's nodata (see ops.hpp): given, else the first input's that the dtype holds, else
-/// NaN or the dtype's largest value (for 64-bit types the largest double below 2^63 / 2^64).
-NodataValue calc_output_nodata(const std::vector<CalcInput>& inputs, const CalcOptions& options) {
+/// The output's nodata by the output-nodata rule (ops.hpp): given (none with no_nodata), else
+/// the nodata of the first input that the expressions read (@p read, by input) and that has one,
+/// when the dtype holds it, else default_nodata().
+std::optional<NodataValue> calc_output_nodata(const std::vector<CalcInput>& inputs,
+                                              const std::vector<bool>& read,
+                                              const CalcOptions& options) {
   const DType d = options.output;
+  if (options.no_nodata) {
+    VSR_EXPECTS(!options.output_nodata, "calc: output_nodata and no_nodata are both given");
+    return std::nullopt;
+  }
   if (options.output_nodata) {
-    VSR_EXPECTS(holds(d, *options.output_nodata),
+    VSR_EXPECTS(detail::nodata_fits(d, *options.output_nodata),
                 "calc: the output nodata " + options.output_nodata->to_string() +
                     " is not a value of " + std::string(to_string(d)));
-    return *options.output_nodata;
   }
-  for (const CalcInput& in : inputs) {
-    if (const auto nd = in.raster.exact_nodata()) {
-      if (holds(d, *nd)) return *nd;
-      break;
+  std::vector<NodataCandidate> first;
+  for (std::size_t i = 0; i < inputs.size() && first.empty(); ++i) {
+    if (!read[i]) continue;
+    if (const auto nd = inputs[i].raster.exact_nodata()) {
+      first.push_back({nd, inputs[i].nodata_marks_mask});
     }
   }
-  if (is_floating_point(d)) return NodataValue(std::numeric_limits<double>::quiet_NaN());
-  double lo = 0, hi = 0;
-  int_range(d, lo, hi);
-  if (d == DType::uint64 || d == DType::int64) hi = std::nextafter(hi, 0.0);
-  return NodataValue(hi);
+  return output_nodata(
+      d, options.output_nodata ? OutputNodata::of(*options.output_nodata) : OutputNodata::by_rule(),
+      first, true);
+}
+
+/// Runs the evaluator of @p code over @p slots: one band of @p dtype per expression, of @p r0's
+/// grid and residency, invalid pixels (and NaN results, in an integer dtype) written as @p fill,
+/// the result's nodata @p tag.
+OwnedRasterArray run_calc(const detail::CalcCompiled& prog, const std::vector<be::CalcSlot>& slots,
+                          const OwnedRasterArray& r0, DType dtype, const NodataValue& fill,
+                          const std::optional<NodataValue>& tag, bool compute_float32,
+                          bool propagate_nodata, CUstream stream) {
+  const bool dev = on_device(r0);  // before allocating: fails at once without CUDA
+  const detail::CalcCode& code = compute_float32 ? prog.f32 : prog.f64;
+  const int bands = static_cast<int>(prog.expressions.size());
+  return guarded(dev, "calc", stream, Work::queued, [&] {
+    OwnedRasterArray out =
+        OwnedRasterArray::allocate(r0.residency(), dtype, bands, r0.height(), r0.width(),
+                                   std::nullopt, r0.affine(), r0.crs(), stream)
+            .with_nodata(tag);
+    const std::size_t band_bytes =
+        static_cast<std::size_t>(r0.height() * r0.width()) * itemsize(dtype);
+    auto* base = static_cast<unsigned char*>(mutable_pixels(out));
+    std::vector<be::CalcOutputBand> outputs(static_cast<std::size_t>(bands));
+    for (int k = 0; k < bands; ++k) {
+      be::CalcOutputBand& o = outputs[static_cast<std::size_t>(k)];
+      o.data = base + band_bytes * static_cast<std::size_t>(k);
+      o.dtype = dtype;
+      o.nodata = pack(dtype, fill);
+    }
+    be::CalcLaunch launch;
+    launch.code = code.code.data();
+    launch.code_size = static_cast<int>(code.code.size());
+    launch.constants = code.constants.data();
+    launch.constant_count = static_cast<int>(code.constants.size());
+    launch.slots = slots.data();
+    launch.slot_count = static_cast<int>(slots.size());
+    launch.outputs = outputs.data();
+    launch.output_count = bands;
+    launch.pixels = r0.height() * r0.width();
+    launch.compute_float32 = compute_float32;
+    launch.propagate_nodata = propagate_nodata;
+    VSR_OPS_CALL(dev, calc, launch, stream);
+    return out;
+  });
 }
 
 std::string quoted(const std::string& name) {
@@ -782,7 +824,12 @@ OwnedRasterArray calc(const CalcProgram& program, const std::vector<CalcInput>& 
     }
   }
   check_calc_inputs(inputs);
-  const NodataValue out_nodata = calc_output_nodata(inputs, options);
+  std::vector<bool> read(inputs.size(), false);
+  for (std::size_t j = 0; j < n_prog; ++j) {
+    if (given[j] >= 0)
+      read[static_cast<std::size_t>(given[j])] = !prog->bands_read[j].bands.empty();
+  }
+  const std::optional<NodataValue> out_nodata = calc_output_nodata(inputs, read, options);
 
   std::vector<be::CalcSlot> slots;
   slots.reserve(prog->slots.size());
@@ -801,39 +848,38 @@ OwnedRasterArray calc(const CalcProgram& program, const std::vector<CalcInput>& 
   }
 
   const OwnedRasterArray& r0 = inputs.front().raster;
-  const bool dev = on_device(r0);  // before allocating: fails at once without CUDA
-  const detail::CalcCode& code = options.compute_float32 ? prog->f32 : prog->f64;
-  const int bands = static_cast<int>(prog->expressions.size());
-  return guarded(dev, "calc", stream, Work::queued, [&] {
-    OwnedRasterArray out =
-        OwnedRasterArray::allocate(r0.residency(), options.output, bands, r0.height(), r0.width(),
-                                   std::nullopt, r0.affine(), r0.crs(), stream)
-            .with_nodata(out_nodata);
-    const std::size_t band_bytes =
-        static_cast<std::size_t>(r0.height() * r0.width()) * itemsize(options.output);
-    auto* base = static_cast<unsigned char*>(mutable_pixels(out));
-    std::vector<be::CalcOutputBand> outputs(static_cast<std::size_t>(bands));
-    for (int k = 0; k < bands; ++k) {
-      be::CalcOutputBand& o = outputs[static_cast<std::size_t>(k)];
-      o.data = base + band_bytes * static_cast<std::size_t>(k);
-      o.dtype = options.output;
-      o.nodata = pack(options.output, out_nodata);
-    }
-    be::CalcLaunch launch;
-    launch.code = code.code.data();
-    launch.code_size = static_cast<int>(code.code.size());
-    launch.constants = code.constants.data();
-    launch.constant_count = static_cast<int>(code.constants.size());
-    launch.slots = slots.data();
-    launch.slot_count = static_cast<int>(slots.size());
-    launch.outputs = outputs.data();
-    launch.output_count = bands;
-    launch.pixels = r0.height() * r0.width();
-    launch.compute_float32 = options.compute_float32;
-    launch.propagate_nodata = options.propagate_nodata;
-    VSR_OPS_CALL(dev, calc, launch, stream);
-    return out;
-  });
+  const DType out = options.output;
+  const NodataValue nan(std::numeric_limits<double>::quiet_NaN());
+  if (!out_nodata || (is_floating_point(out) && out_nodata->is_nan())) {
+    // No valid result can be the nodata (NaN results are invalid; without a nodata nothing is).
+    const NodataValue fill = out_nodata ? *out_nodata : is_floating_point(out) ? nan : 0.0;
+    return run_calc(*prog, slots, r0, out, fill, out_nodata, options.compute_float32,
+                    options.propagate_nodata, stream);
+  }
+  // A valid result may equal the nodata: computed with NaN for the invalid pixels (the output
+  // dtype if a float, else the compute type, which holds every result before its conversion),
+  // then given the nodata by the rule's one conversion, which refuses such a pixel.
+  const DType as = is_floating_point(out)    ? out
+                   : options.compute_float32 ? DType::float32
+                                             : DType::float64;
+  const OwnedRasterArray computed = run_calc(
+      *prog, slots, r0, as, nan, nan, options.compute_float32, options.propagate_nodata, stream);
+  return detail::convert_output_as("calc", computed, out, out_nodata);
+}
+
+OwnedRasterArray detail::convert_pixels_exact(const OwnedRasterArray& raster, DType out_dtype,
+                                              const NodataValue& out_nodata) {
+  // The identity program "A[1]", "A[2]", ... in the compute type convert_dtype converts through.
+  std::vector<std::string> expressions;
+  for (int b = 1; b <= raster.band_count(); ++b) {
+    expressions.push_back("A[" + std::to_string(b) + "]");
+  }
+  const CalcProgram program = compile_calc(expressions, {{"A", raster.band_count()}});
+  const detail::CalcCompiled* prog = detail::CalcAccess::get(program);
+  std::vector<be::CalcSlot> slots;
+  for (const detail::CalcSlotRef& s : prog->slots) slots.push_back(calc_slot(raster, s.band - 1));
+  return run_calc(*prog, slots, raster, out_dtype, out_nodata, out_nodata,
+                  compute_dtype(raster.dtype()) == DType::float32, true, current_op_stream());
 }
 
 OwnedRasterArray calc(const std::vector<std::string>& expressions,

@@ -24,8 +24,10 @@ namespace detail {
 struct PipelineStep {
   std::string name;
   int halo = 0;
+  /// @p marks: per input, whether its nodata only marks masked pixels; @p x_marks: X's.
   std::function<OwnedRasterArray(const OwnedRasterArray& x,
-                                 const std::vector<OwnedRasterArray>& tiles)>
+                                 const std::vector<OwnedRasterArray>& tiles,
+                                 const std::vector<bool>& marks, bool x_marks)>
       run;
 };
 
@@ -76,6 +78,15 @@ Pipeline::Pipeline(std::vector<CalcInputBands> inputs) : inputs_(std::move(input
     throw std::invalid_argument(std::string(kName) + ": " + what);
   }
   bands_ = inputs_.front().band_count;
+  marks_.assign(inputs_.size(), false);
+}
+
+Pipeline& Pipeline::nodata_marks_mask(std::vector<bool> per_input) {
+  VSR_EXPECTS(per_input.size() == inputs_.size(),
+              std::string(kName) + ": nodata_marks_mask has " + std::to_string(per_input.size()) +
+                  " flags for " + std::to_string(inputs_.size()) + " inputs");
+  marks_ = std::move(per_input);
+  return *this;
 }
 
 Pipeline& Pipeline::calc(const std::vector<std::string>& expressions, const CalcOptions& options) {
@@ -100,11 +111,14 @@ Pipeline& Pipeline::calc(const std::vector<std::string>& expressions, const Calc
   auto step = std::make_shared<detail::PipelineStep>();
   step->name = "calc";
   step->run = [program, options, input_names](const OwnedRasterArray& x,
-                                              const std::vector<OwnedRasterArray>& tiles) {
+                                              const std::vector<OwnedRasterArray>& tiles,
+                                              const std::vector<bool>& marks, bool x_marks) {
     std::vector<CalcInput> in;
     in.reserve(tiles.size() + 1);
-    for (std::size_t i = 0; i < tiles.size(); ++i) in.push_back({input_names[i], tiles[i]});
-    in.push_back({"X", x});
+    for (std::size_t i = 0; i < tiles.size(); ++i) {
+      in.push_back({input_names[i], tiles[i], {}, marks[i]});
+    }
+    in.push_back({"X", x, {}, x_marks});
     return raster::calc(program, in, options, current_op_stream());
   };
   steps_.push_back(std::move(step));
@@ -120,9 +134,8 @@ Pipeline& Pipeline::focal_mean(EdgeMode edge) {
   auto step = std::make_shared<detail::PipelineStep>();
   step->name = "focal-mean";
   step->halo = 1;
-  step->run = [edge](const OwnedRasterArray& x, const std::vector<OwnedRasterArray>&) {
-    return focal_mean_3x3(x, edge);
-  };
+  step->run = [edge](const OwnedRasterArray& x, const std::vector<OwnedRasterArray>&,
+                     const std::vector<bool>&, bool) { return focal_mean_3x3(x, edge); };
   steps_.push_back(std::move(step));
   halo_ += 1;
   return *this;
@@ -137,9 +150,9 @@ Pipeline& Pipeline::rescale(double in_min, double in_max, double out_min, double
   VSR_EXPECTS(in_min != in_max, label + ": in_min and in_max must differ");
   auto step = std::make_shared<detail::PipelineStep>();
   step->name = "rescale";
-  step->run = [=](const OwnedRasterArray& x, const std::vector<OwnedRasterArray>&) {
-    return raster::rescale(x, in_min, in_max, out_min, out_max, out_dtype);
-  };
+  step->run = [=](const OwnedRasterArray& x, const std::vector<OwnedRasterArray>&,
+                  const std::vector<bool>&,
+                  bool) { return raster::rescale(x, in_min, in_max, out_min, out_max, out_dtype); };
   steps_.push_back(std::move(step));
   return *this;
 }
@@ -147,9 +160,9 @@ Pipeline& Pipeline::rescale(double in_min, double in_max, double out_min, double
 Pipeline& Pipeline::convert(DType out_dtype, std::optional<NodataValue> out_nodata) {
   auto step = std::make_shared<detail::PipelineStep>();
   step->name = "convert";
-  step->run = [=](const OwnedRasterArray& x, const std::vector<OwnedRasterArray>&) {
-    return convert_dtype(x, out_dtype, out_nodata);
-  };
+  step->run = [=](const OwnedRasterArray& x, const std::vector<OwnedRasterArray>&,
+                  const std::vector<bool>&,
+                  bool) { return convert_output(x, out_dtype, out_nodata); };
   steps_.push_back(std::move(step));
   return *this;
 }
@@ -160,9 +173,8 @@ Pipeline& Pipeline::clip(double lower, double upper) {
   VSR_EXPECTS(lower <= upper, label + ": lower must not exceed upper");
   auto step = std::make_shared<detail::PipelineStep>();
   step->name = "clip";
-  step->run = [=](const OwnedRasterArray& x, const std::vector<OwnedRasterArray>&) {
-    return raster::clip(x, lower, upper);
-  };
+  step->run = [=](const OwnedRasterArray& x, const std::vector<OwnedRasterArray>&,
+                  const std::vector<bool>&, bool) { return raster::clip(x, lower, upper); };
   steps_.push_back(std::move(step));
   return *this;
 }
@@ -170,9 +182,8 @@ Pipeline& Pipeline::clip(double lower, double upper) {
 Pipeline& Pipeline::fill_nodata(double value) {
   auto step = std::make_shared<detail::PipelineStep>();
   step->name = "fill-nodata";
-  step->run = [=](const OwnedRasterArray& x, const std::vector<OwnedRasterArray>&) {
-    return raster::fill_nodata(x, value);
-  };
+  step->run = [=](const OwnedRasterArray& x, const std::vector<OwnedRasterArray>&,
+                  const std::vector<bool>&, bool) { return raster::fill_nodata(x, value); };
   steps_.push_back(std::move(step));
   return *this;
 }
@@ -185,8 +196,8 @@ Pipeline& Pipeline::step(std::string name, BandOp op, int halo, bool keeps_bands
   auto step = std::make_shared<detail::PipelineStep>();
   step->name = std::move(name);
   step->halo = halo;
-  step->run = [op = std::move(op)](const OwnedRasterArray& x,
-                                   const std::vector<OwnedRasterArray>&) { return op(x); };
+  step->run = [op = std::move(op)](const OwnedRasterArray& x, const std::vector<OwnedRasterArray>&,
+                                   const std::vector<bool>&, bool) { return op(x); };
   steps_.push_back(std::move(step));
   halo_ += halo;
   if (!keeps_bands) {
@@ -221,7 +232,8 @@ OwnedRasterArray Pipeline::apply(const std::vector<OwnedRasterArray>& tiles) con
     const detail::PipelineStep& s = *steps_[i];
     try {
       const auto start = std::chrono::steady_clock::now();
-      OwnedRasterArray next = s.run(x, tiles);
+      // X is the first input's tile until a step has run.
+      OwnedRasterArray next = s.run(x, tiles, marks_, i == 0 && marks_.front());
       VSR_EXPECTS(next.height() == x.height() && next.width() == x.width(),
                   "its result is " + std::to_string(next.width()) + " x " +
                       std::to_string(next.height()) + " pixels, its input " +

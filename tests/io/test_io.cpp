@@ -1062,6 +1062,42 @@ TEST_CASE("GDAL mask bands mark invalid pixels, read as nodata, unless ignored")
   }
 }
 
+TEST_CASE("a band whose GDAL mask decides ignores its nodata, as GDAL's mask flags say") {
+  // GDAL: with an internal mask GetMaskBand is the mask (GMF_PER_DATASET) and the band's nodata
+  // is not consulted: a pixel the mask keeps is valid even where it equals the nodata.
+  TempDir dir;
+  const int w = 12, h = 10, n = w * h;
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i % 5 == 0 ? 0 : 1 + i % 200;
+  const auto every4 = [](int i) { return i % 4 == 1; };
+  for (const char* kind : {"internal", "external"}) {
+    CAPTURE(kind);
+    const std::string f = dir.file(std::string("u8nd-") + kind + ".tif");
+    make_masked(f, w, h, 1, GDT_Byte, v, kind, every4, 0.0);
+    RasterFileSource src(f);
+    CHECK(src.masked_bands() == std::vector<bool>{true});
+    // 0 is taken by pixels the mask keeps: the masked ones get the largest free value.
+    CHECK(src.band_nodata()[0] == NodataValue(255.0));
+    CHECK(src.nodata_marks_mask() == std::vector<bool>{true});
+    const std::vector<double> got = read_all(src, 0);
+    int valid = 0;
+    for (int i = 0; i < n; ++i) {
+      CHECK(got[static_cast<std::size_t>(i)] ==
+            (every4(i) ? 255.0 : v[static_cast<std::size_t>(i)]));
+      valid += every4(i) ? 0 : 1;
+    }
+    CHECK(band_statistics(src.read(RasterWindow{0, 0, w, h}, 0, 1))[0].count == valid);
+  }
+  // The band's own nodata, where no pixel the mask keeps holds it, marks the masked pixels.
+  std::vector<double> free = v;
+  for (double& x : free) x = x == 0 ? 7 : x;
+  const std::string f = dir.file("u8free.tif");
+  make_masked(f, w, h, 1, GDT_Byte, free, "internal", every4, 0.0);
+  RasterFileSource src(f);
+  CHECK(src.band_nodata()[0] == NodataValue(0.0));
+  CHECK(src.nodata_marks_mask() == std::vector<bool>{false});
+}
+
 TEST_CASE("masked integer bands without nodata get one no valid pixel takes") {
   TempDir dir;
   const int w = 16, h = 16, n = w * h;
@@ -1080,7 +1116,10 @@ TEST_CASE("masked integer bands without nodata get one no valid pixel takes") {
   CHECK(nd[0] == NodataValue(201.0));
   CHECK(nd[1] == NodataValue(201.0));
   CHECK(nd[2] == NodataValue(201.0));
-  CHECK_FALSE(nd[3]);
+  // The alpha band, read with them and without a nodata, gets the same one (none of its pixels
+  // holds it), so that the four bands keep one nodata; it only marks masked pixels.
+  CHECK(nd[3] == NodataValue(201.0));
+  CHECK(src.nodata_marks_mask() == std::vector<bool>{true, true, true, true});
   for (int b = 0; b < 3; ++b) {
     const std::vector<double> got = read_all(src, b);
     for (int i = 0; i < n; ++i) {
@@ -1098,16 +1137,17 @@ TEST_CASE("masked integer bands without nodata get one no valid pixel takes") {
                        std::runtime_error);
   CHECK_NOTHROW(RasterFileSource(
       full, OpenOptions{.drivers = {}, .allow_virtual = false, .ignore_mask = true}));
-  // 32 bits: the largest value; a valid pixel holding it is an error when read.
+  // 32 bits: the largest value, unless a valid pixel holds it: then the smallest.
   std::vector<double> big(static_cast<std::size_t>(n), 5.0);
-  big[7] = 2147483647.0;
   const std::string i32 = dir.file("i32.tif");
   make_masked(i32, w, h, 1, GDT_Int32, big, "external", [](int i) { return i == 0; });
+  CHECK(RasterFileSource(i32).band_nodata()[0] == NodataValue(2147483647.0));
+  big[7] = 2147483647.0;
+  make_masked(i32, w, h, 1, GDT_Int32, big, "external", [](int i) { return i == 0; });
   RasterFileSource s32(i32);
-  CHECK(s32.band_nodata()[0] == NodataValue(2147483647.0));
-  CHECK_THROWS_WITH_AS(s32.read(RasterWindow{0, 0, w, h}, 0, 1),
-                       doctest::Contains("the value its masked pixels were given"),
-                       std::runtime_error);
+  CHECK(s32.band_nodata()[0] == NodataValue(-2147483648.0));
+  const OwnedRasterArray t32 = s32.read(RasterWindow{0, 0, w, h}, 0, 1);
+  CHECK(band_statistics(t32)[0].count == n - 1);
 }
 
 TEST_CASE("a source reading with several threads reads every window as one thread does") {

@@ -304,8 +304,12 @@ void run_all_cases() {
     const std::string expression = c.expression;
     CAPTURE(expression);
     const int ulps = dev && c.libm ? 4 : 0;
+    // NaN as the output's nodata, which no valid result takes: the values themselves are
+    // compared (an input's nodata as the output's, which a result may hit, is tested apart).
+    const NodataValue nan(std::numeric_limits<double>::quiet_NaN());
     CalcOptions o64;
     o64.output = DType::float64;
+    o64.output_nodata = nan;
     const auto ref64 = [&](std::size_t i, bool& valid) {
       Px<double, T> p{d, i};
       const double r = c.f64(p);
@@ -317,9 +321,11 @@ void run_all_cases() {
     check_case<double>(c.expression, in, o64, ref64, ulps);
     // float64 compute, float32 output: the double result rounded once.
     CalcOptions o32;
+    o32.output_nodata = nan;
     check_case<float>(c.expression, in, o32, ref64, ulps);
     CalcOptions f32;
     f32.compute_float32 = true;
+    f32.output_nodata = nan;
     check_case<float>(
         c.expression, in, f32,
         [&](std::size_t i, bool& valid) {
@@ -392,23 +398,32 @@ TEST_SUITE("ops") {
                                     CalcInput{"y", input(w.data(), DType::float64, 1, 1, n)}};
     CalcOptions opt;
     opt.output = dtype_of<O>();
-    const OwnedRasterArray out = calc({"x / y"}, in, opt);
-    REQUIRE(out.exact_nodata().has_value());
-    const auto got = read<O>(out);
     // No input has a nodata: NaN for floats, the type's largest value for integers (for 64-bit
-    // types the largest double below 2^63 / 2^64, as vsr-run's --ot).
+    // types the largest double below 2^63 / 2^64, as vsr-run's --ot). Up to 32 bits, values
+    // saturate to that largest value: valid results equal to the nodata, which calc refuses.
     O nd{};
     if constexpr (std::is_floating_point_v<O>) {
-      CHECK(std::isnan(*out.nodata()));
       nd = std::numeric_limits<O>::quiet_NaN();
     } else if constexpr (sizeof(O) == 8) {
       nd = static_cast<O>(std::nextafter(
           std::is_signed_v<O> ? 9223372036854775808.0 : 18446744073709551616.0, 0.0));
-      CHECK(*out.nodata() == static_cast<double>(nd));
+      CHECK(default_nodata(opt.output) == NodataValue(static_cast<double>(nd)));
     } else {
-      nd = std::numeric_limits<O>::max();
-      CHECK(*out.nodata() == static_cast<double>(nd));
+      CHECK(default_nodata(opt.output) ==
+            NodataValue(static_cast<double>(std::numeric_limits<O>::max())));
+      CHECK_THROWS_WITH_AS(calc({"x / y"}, in, opt),
+                           doctest::Contains(("valid pixel(s) of band 1 convert to " +
+                                              default_nodata(opt.output).to_string() + " (")
+                                                 .c_str()),
+                           std::invalid_argument);
+      // A nodata no result takes: the conversions themselves.
+      nd = 77;
+      opt.output_nodata = NodataValue(77.0);
     }
+    const OwnedRasterArray out = calc({"x / y"}, in, opt);
+    REQUIRE(out.exact_nodata().has_value());
+    const auto got = read<O>(out);
+    if constexpr (std::is_floating_point_v<O>) CHECK(std::isnan(*out.nodata()));
     for (std::size_t i = 0; i < v.size(); ++i) {
       const double r = v[i] / w[i];
       O want{};
@@ -422,12 +437,16 @@ TEST_SUITE("ops") {
         if (r == 0) CHECK(std::signbit(got[i]) == std::signbit(r));  // -0.0 stays -0.0
       }
     }
-    // A given nodata replaces the rule.
-    opt.output_nodata = NodataValue(std::is_signed_v<O> ? -1.0 : 0.0);
-    const OwnedRasterArray given = calc({"x / y"}, in, opt);
-    CHECK(given.exact_nodata() == opt.output_nodata);
-    if constexpr (!std::is_floating_point_v<O>) {
-      CHECK(read<O>(given)[12] == static_cast<O>(opt.output_nodata->to_double()));  // 0/0
+    // A given nodata replaces the rule; one a valid result takes is refused.
+    opt.output_nodata = NodataValue(-1.0);
+    if constexpr (std::is_floating_point_v<O>) {
+      const OwnedRasterArray given = calc({"x / y"}, in, opt);
+      CHECK(given.exact_nodata() == opt.output_nodata);
+      CHECK(read<O>(given)[12] == O(-1));  // 0/0
+    } else if constexpr (std::is_signed_v<O>) {
+      // -0.5 rounds to -1 (half away from zero).
+      CHECK_THROWS_WITH_AS(calc({"x / y"}, in, opt), doctest::Contains("band 1 convert to -1 ("),
+                           std::invalid_argument);
     }
   }
 
@@ -470,11 +489,11 @@ TEST_SUITE("ops") {
     CHECK(got[1] == -5.0f);  // NaN input: nodata
     CHECK(got[2] == -5.0f);  // nodata input
     CHECK(std::isinf(got[3]));
-    CHECK(std::isnan(got[4]));  // 0/0 of valid pixels stays NaN in a float output
+    CHECK(got[4] == -5.0f);  // 0/0 of valid pixels is invalid: written as the nodata
     opt.propagate_nodata = false;
     got = read<float>(calc({"A / B"}, in, opt));
     CHECK(got[0] == 0.5f);
-    CHECK(std::isnan(got[1]));
+    CHECK(got[1] == -5.0f);  // NaN / 2: a NaN result, the nodata
     CHECK(got[2] == -2.5f);
     // An integer output: NaN becomes the nodata (-5 held by int16), inf saturates.
     opt.propagate_nodata = true;

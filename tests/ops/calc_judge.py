@@ -90,7 +90,9 @@ CASES = [
      None),
     ("abs(A[1]) ** (B / 50)", "absolute(A) ** (D / 50)", "AD", True, None),
     ("A[1] * 2.5", "A * 2.5", "A", False, ("int16", "Int16", -9999)),
-    ("A[1] * 3 + 100", "A * 3 + 100", "A", False, ("uint8", "Byte", 0)),
+    # Negative values saturate to 0; the nodata is a value no result takes (one that a valid
+    # result took would be refused, where gdal_calc.py writes it and it reads as nodata).
+    ("A[1] * 3 + 100", "A * 3 + 100", "A", False, ("uint16", "UInt16", 65535)),
     ("floor(A[2]) * 1000", "floor(B) * 1000", "B", False, ("int32", "Int32", -9999)),
 ]
 
@@ -194,8 +196,9 @@ def compare(tally, label, got, want, masked, nodata, ulps):
             scale = np.spacing(np.maximum(np.abs(want), 1).astype(got.dtype))
             equal |= finite & ((ulp_distance(got, want) <= ulps) |
                                (np.abs(got - want) <= ulps * scale))
-    # gdal_calc.py: (1 * (mask == 0)) * result + nodata * mask is NaN where result is inf or NaN.
-    documented = masked & got_nd & (np.isnan(want) if want.dtype.kind == "f" else False)
+    # gdal_calc.py: (1 * (mask == 0)) * result + nodata * mask is NaN where result is inf or NaN;
+    # and a NaN result of valid pixels stays NaN there, where we write the nodata (NaN is invalid).
+    documented = got_nd & (np.isnan(want) if want.dtype.kind == "f" else False)
     bad = ~(equal | documented)
     # Our rule: every masked pixel is nodata.
     bad |= masked & ~got_nd

@@ -411,6 +411,57 @@ TEST_SUITE("ops") {
     CHECK(calc_error({"A"}, {{"A", a}}, opt) == "calc: the output dtype is not a DType");
   }
 
+  TEST_CASE("the output-nodata rule: asked for, none, candidates in order, markers, fallback") {
+    const NodataValue nan(NAN);
+    CHECK(output_nodata(DType::uint8, OutputNodata::of(0.0), {}, false) == NodataValue(0.0));
+    CHECK_FALSE(output_nodata(DType::uint8, OutputNodata::none(), {{5.0}}, true));
+    CHECK_FALSE(output_nodata(DType::uint8, OutputNodata::by_rule(), {{5.0}}, false));
+    CHECK(output_nodata(DType::uint8, {}, {{std::nullopt}, {-1.0}, {7.0}}, true) ==
+          NodataValue(7.0));
+    CHECK(output_nodata(DType::uint8, {}, {{-1.0}}, true) == NodataValue(255.0));
+    // A value that only marks masked pixels: kept by an integer output, not by a float one.
+    CHECK(output_nodata(DType::uint8, {}, {{NodataValue(255.0), true}}, true) ==
+          NodataValue(255.0));
+    CHECK(output_nodata(DType::float32, {}, {{NodataValue(255.0), true}}, true)->is_nan());
+    CHECK(output_nodata(DType::float32, {}, {{NodataValue(255.0), false}}, true) ==
+          NodataValue(255.0));
+    CHECK(output_nodata(DType::int64, {}, {{NodataValue::from_int64(INT64_MAX)}}, true) ==
+          NodataValue::from_int64(INT64_MAX));
+    CHECK(default_nodata(DType::int16) == NodataValue(32767.0));
+    CHECK(default_nodata(DType::float64).is_nan());
+    CHECK_THROWS_AS(output_nodata(DType::uint8, OutputNodata::of(nan), {}, true),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(output_nodata(DType::uint8, OutputNodata::of(256.0), {}, true),
+                    std::invalid_argument);
+  }
+
+  TEST_CASE("convert_output: exact sentinels, valid values kept, no valid pixel as nodata") {
+    const std::vector<std::int64_t> big{INT64_MAX - 1, 5, -1, 9007199254740993};
+    const OwnedRasterArray r = OwnedRasterArray::from_host(big.data(), DType::int64, 1, 1, 4)
+                                   .with_nodata(NodataValue(-1.0));
+    // Same dtype: only the invalid pixel is rewritten, exactly, to a sentinel no double holds.
+    const OwnedRasterArray t = convert_output(r, DType::int64, NodataValue::from_int64(INT64_MAX));
+    CHECK(t.exact_nodata() == NodataValue::from_int64(INT64_MAX));
+    std::vector<std::int64_t> got(4);
+    t.copy_to_host(got.data());
+    CHECK(got == std::vector<std::int64_t>{INT64_MAX - 1, 5, INT64_MAX, 9007199254740993});
+    // A valid pixel equal to the nodata: refused.
+    CHECK_THROWS_WITH_AS(convert_output(r, DType::int64, NodataValue(5.0)),
+                         doctest::Contains("1 valid pixel(s) of band 1 convert to 5 (int64)"),
+                         std::invalid_argument);
+    // Converted: 300.4 saturates to 255, the uint8 nodata.
+    const std::vector<float> f{1, 300.4F, -1, 2};
+    const OwnedRasterArray g = OwnedRasterArray::from_host(f.data(), DType::float32, 1, 1, 4)
+                                   .with_nodata(NodataValue(-1.0));
+    CHECK_THROWS_WITH_AS(convert_output(g, DType::uint8, NodataValue(255.0)),
+                         doctest::Contains("equal the output nodata"), std::invalid_argument);
+    const OwnedRasterArray u = convert_output(g, DType::uint8, NodataValue(0.0));
+    std::vector<std::uint8_t> u8(4);
+    u.copy_to_host(u8.data());
+    CHECK(u8 == std::vector<std::uint8_t>{1, 255, 0, 2});
+    CHECK_FALSE(convert_output(g, DType::uint8, std::nullopt).exact_nodata());
+  }
+
   TEST_CASE("calc: the output nodata: given, the first input's when held, else the type's") {
     const OwnedRasterArray n9 = raster(1, 2, 2, DType::int16, -9999.0);
     const OwnedRasterArray nnan = raster(1, 2, 2, DType::float32, NAN);
@@ -421,11 +472,16 @@ TEST_SUITE("ops") {
     CHECK(calc({"a"}, {{"n", none}, {"a", n9}}, opt).nodata() == 255.0);
     opt.output = DType::int16;
     CHECK(calc({"a"}, {{"n", none}, {"a", n9}}, opt).nodata() == -9999.0);
-    // The first input with a nodata decides, even when a later one's would fit.
+    // The first input read with a nodata decides, even when a later one's would fit.
     opt.output = DType::int32;
-    CHECK(calc({"a"}, {{"f", nnan}, {"a", n9}}, opt).nodata() == 2147483647.0);
+    CHECK(calc({"a + f"}, {{"f", nnan}, {"a", n9}}, opt).nodata() == 2147483647.0);
     opt.output = DType::float64;
-    CHECK(std::isnan(*calc({"a"}, {{"f", nnan}, {"a", n9}}, opt).nodata()));
+    CHECK(std::isnan(*calc({"a + f"}, {{"f", nnan}, {"a", n9}}, opt).nodata()));
+    // An input no expression reads plays no part: a's nodata.
+    opt.output = DType::int32;
+    CHECK(calc({"a"}, {{"f", nnan}, {"a", n9}}, opt).nodata() == -9999.0);
+    opt.output = DType::float32;
+    CHECK(std::isnan(*calc({"n + 1"}, {{"a", n9}, {"n", none}}, opt).nodata()));
     opt.output_nodata = NodataValue(0.25);
     CHECK(calc({"a"}, {{"a", n9}}, opt).nodata() == 0.25);
     opt.output = DType::uint8;

@@ -228,12 +228,17 @@ class Judge:
                                f"{p.stderr.decode('utf-8', 'replace').strip()}")
 
     def ours(self, label, files, exprs, ot, f32):
-        """Every expression as one band: --op calc and a pipeline calc step."""
+        """Every expression as one band: --op calc and a pipeline calc step. A float output's
+        nodata is NaN (-a_nodata nan), which no valid result takes: an input's nodata at a type
+        limit as the output's would be refused where a valid result equals it (gdal_calc.py
+        writes it, and it then reads as nodata)."""
         calc = []
         for e in exprs:
             calc += ["--calc", e]
         if f32:
             calc += ["--compute", "float32"]
+        if ot.startswith("float"):
+            calc += ["-a_nodata", "nan"]
         op_out = os.path.join(self.tmp, "op.tif")
         pipe_out = os.path.join(self.tmp, "pipe.tif")
         self.run(["--op", "calc", "-i", "A=" + files["a"], "-i", "B=" + files["b"], *calc,
@@ -349,9 +354,10 @@ class Judge:
                 for k, (expr, numpy_expr) in enumerate(OUTPUT_EXPRS):
                     by_value, by_nan = self.masks(numpy_expr, bands, nodatas)
                     got, nd = outs["--op calc"]
-                    want = self.theirs(as_float64(numpy_expr), files, gt, nd)
+                    gnd = -7777.0 if np.isnan(nd) else nd
+                    want = self.theirs(as_float64(numpy_expr), files, gt, gnd)
                     for how, (got, nd) in outs.items():
-                        self.compare(f"{cfg} {how} --ot {ot}: {expr}", got[k], nd, want, nd,
+                        self.compare(f"{cfg} {how} --ot {ot}: {expr}", got[k], nd, want, gnd,
                                      by_value, by_nan, 0)
 
     def same_outputs(self, cfg, outs):

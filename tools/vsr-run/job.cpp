@@ -80,46 +80,10 @@ auto on_compute(vsr::Residency where, const vsr::OwnedRasterArray& piece, Fn&& f
   return fn(piece.clone_to(vsr::Residency::device));
 }
 
-/// Whether @p v is exactly a value of @p t (and of a double, as convert_dtype takes it).
-bool holds(vsr::DType t, const vsr::NodataValue& v) {
-  return vsr::NodataValue(v.to_double()) == v && vsr::dtype_holds(t, v);
-}
-
-/// The nodata of an op's @p result converted to --ot @p t (see --help): none if the result has
-/// none; else the result's, else the source's, when @p t holds it; else NaN (float) or the
-/// type's largest value (integer; 64-bit: the largest double below 2^63 / 2^64).
-std::optional<vsr::NodataValue> converted_nodata(const vsr::OwnedRasterArray& result,
-                                                 const vsr::OwnedRasterArray& source,
-                                                 vsr::DType t) {
-  if (!result.exact_nodata()) return std::nullopt;
-  for (const auto& c : {result.exact_nodata(), source.exact_nodata()}) {
-    if (c && holds(t, *c)) return c;
-  }
-  if (vsr::is_floating_point(t)) return vsr::NodataValue(std::numeric_limits<double>::quiet_NaN());
-  switch (t) {
-    case vsr::DType::uint8:
-      return vsr::NodataValue(255.0);
-    case vsr::DType::int8:
-      return vsr::NodataValue(127.0);
-    case vsr::DType::uint16:
-      return vsr::NodataValue(65535.0);
-    case vsr::DType::int16:
-      return vsr::NodataValue(32767.0);
-    case vsr::DType::uint32:
-      return vsr::NodataValue(4294967295.0);
-    case vsr::DType::int32:
-      return vsr::NodataValue(2147483647.0);
-    case vsr::DType::uint64:
-      return vsr::NodataValue(std::nextafter(18446744073709551616.0, 0.0));
-    default:
-      return vsr::NodataValue(std::nextafter(9223372036854775808.0, 0.0));
-  }
-}
-
 /// The bytes of one pixel of @p t holding @p v (exactly, for 64-bit integers).
 std::vector<std::byte> pixel_bytes(vsr::DType t, const vsr::NodataValue& v) {
   std::vector<std::byte> out(vsr::itemsize(t));
-  if (!holds(t, v) && t != vsr::DType::int64 && t != vsr::DType::uint64) return out;
+  if (!vsr::dtype_holds(t, v)) return out;
   const auto put = [&](auto x) { std::memcpy(out.data(), &x, sizeof x); };
   const double d = v.to_double();
   vsr::detail::visit_dtype(t, [&](auto type) {
@@ -142,83 +106,30 @@ bool is_cog(const std::string& name) {
          std::tolower(static_cast<unsigned char>(name[2])) == 'g';
 }
 
-/// @p v as a pixel of type T, when T holds it exactly.
-template <class T>
-std::optional<T> pixel_value(vsr::DType t, const vsr::NodataValue& v) {
-  if (!vsr::dtype_holds(t, v)) return std::nullopt;
-  if constexpr (std::is_floating_point_v<T>) {
-    return static_cast<T>(v.to_double());
-  } else if constexpr (std::is_signed_v<T>) {
-    return static_cast<T>(*v.as_int64());
-  } else {
-    return static_cast<T>(*v.as_uint64());
+/// A 3 x 3 raster of @p bands of @p dtype whose every pixel is @p nodata (0 without one): no
+/// valid value of it can collide with an output's nodata.
+vsr::OwnedRasterArray nodata_tiny(vsr::DType dtype, int bands,
+                                  const std::optional<vsr::NodataValue>& nodata) {
+  vsr::OwnedRasterArray tiny =
+      vsr::OwnedRasterArray::allocate(vsr::Residency::host, dtype, bands, 3, 3).with_nodata(nodata);
+  std::vector<std::byte> pixel(vsr::itemsize(dtype));
+  if (nodata) pixel = pixel_bytes(dtype, *nodata);
+  auto* dst = static_cast<std::byte*>(tiny.mutable_host_data());
+  for (std::size_t k = 0; k < tiny.byte_size(); k += pixel.size()) {
+    std::copy(pixel.begin(), pixel.end(), dst + k);
   }
+  return tiny;
 }
 
-template <class T>
-void retag_pixels(T* px, std::int64_t band_px, int bands, vsr::DType t,
-                  const std::optional<vsr::NodataValue>& from,
-                  const std::optional<vsr::NodataValue>& to) {
-  const std::optional<T> o = from ? pixel_value<T>(t, *from) : std::nullopt;
-  const std::optional<T> f = to ? pixel_value<T>(t, *to) : std::nullopt;
-  const bool has_old = o.has_value(), has_fresh = f.has_value();
-  const T old = o.value_or(T{}), fresh = f.value_or(T{});
-  const T fill =
-      has_fresh ? fresh : (std::is_floating_point_v<T> ? std::numeric_limits<T>::quiet_NaN() : T{});
-  for (int b = 0; b < bands; ++b) {
-    std::int64_t clashes = 0;
-    T* p = px + static_cast<std::ptrdiff_t>(b) * band_px;
-    for (std::int64_t i = 0; i < band_px; ++i) {
-      bool invalid = has_old && p[i] == old;
-      if constexpr (std::is_floating_point_v<T>) invalid = invalid || std::isnan(p[i]);
-      if (invalid) {
-        p[i] = fill;
-      } else if (has_fresh && p[i] == fresh) {
-        ++clashes;
-      }
-    }
-    if (clashes > 0) {
-      throw std::runtime_error(std::to_string(clashes) + " valid pixel(s) of output band " +
-                               std::to_string(b + 1) + " equal the output nodata " +
-                               to->to_string() +
-                               ": they would read as nodata; give -a_nodata a value that no "
-                               "valid pixel takes (e.g. outside --out-range), or -a_nodata none");
-    }
+/// The tiny rasters of nodata pixels of every calc source: its dtype, bands read and nodata.
+std::vector<vsr::OwnedRasterArray> calc_tinies(
+    const std::vector<std::unique_ptr<vsr::RasterFileSource>>& sources) {
+  std::vector<vsr::OwnedRasterArray> tiny;
+  for (const auto& src : sources) {
+    tiny.push_back(nodata_tiny(src->metadata().dtype, static_cast<int>(src->bands().size()),
+                               src->band_nodata().front()));
   }
-}
-
-/// @p r with the nodata @p to: its invalid pixels (its nodata, NaN) written as @p to (without
-/// one: NaN for a float type, 0 for an integer type); a valid pixel equal to @p to is an error
-/// (it would read as nodata). Exact for 64-bit integers. On the host.
-vsr::OwnedRasterArray retag(const vsr::OwnedRasterArray& r,
-                            const std::optional<vsr::NodataValue>& to) {
-  const std::optional<vsr::NodataValue> from = r.exact_nodata();
-  if (from == to) return r;
-  // A float raster whose nodata is NaN loses only the tag: its invalid pixels stay NaN.
-  if (!to && vsr::is_floating_point(r.dtype()) && from && from->is_nan()) {
-    return r.with_nodata(std::nullopt);
-  }
-  vsr::OwnedRasterArray out =
-      vsr::OwnedRasterArray::allocate(vsr::Residency::host, r.dtype(), r.band_count(), r.height(),
-                                      r.width(), std::nullopt, r.affine(), r.crs());
-  r.copy_to_host(out.mutable_host_data());
-  void* px = out.mutable_host_data();
-  const std::int64_t n = r.height() * r.width();
-  const int nb = r.band_count();
-  const vsr::DType t = r.dtype();
-  vsr::detail::visit_dtype(
-      t, [&](auto type) { retag_pixels(static_cast<decltype(type)*>(px), n, nb, t, from, to); });
-  return out.with_nodata(to);
-}
-
-/// @p r converted to @p t with the nodata @p to (convert_dtype; a 64-bit sentinel a double
-/// cannot hold goes through the nearest double the type holds, then is set exactly).
-vsr::OwnedRasterArray convert_to(const vsr::OwnedRasterArray& r, vsr::DType t,
-                                 const std::optional<vsr::NodataValue>& to) {
-  if (!to || vsr::NodataValue(to->to_double()) == *to) return vsr::convert_dtype(r, t, to);
-  vsr::NodataValue near(to->to_double());
-  if (!vsr::dtype_holds(t, near)) near = vsr::NodataValue(std::nextafter(to->to_double(), 0.0));
-  return retag(vsr::convert_dtype(r, t, near), to);
+  return tiny;
 }
 
 }  // namespace
@@ -418,18 +329,7 @@ void Job::check_raster_output() {
   if (args_.output.empty() || !args_.raster_output()) return;
   const bool ndvi = args_.op == Op::normalized_difference;
   const int tiny_bands = ndvi ? 2 : 1;
-  vsr::OwnedRasterArray tiny =
-      vsr::OwnedRasterArray::allocate(vsr::Residency::host, meta_.dtype, tiny_bands, 3, 3)
-          .with_nodata(band_nodata_.front());
-  // Every pixel nodata (or 0 without one): no valid value can collide with an output nodata.
-  {
-    std::vector<std::byte> pixel(vsr::itemsize(meta_.dtype));
-    if (const auto& nd = band_nodata_.front()) pixel = pixel_bytes(meta_.dtype, *nd);
-    auto* dst = static_cast<std::byte*>(tiny.mutable_host_data());
-    for (std::size_t k = 0; k < tiny.byte_size(); k += pixel.size()) {
-      std::copy(pixel.begin(), pixel.end(), dst + k);
-    }
-  }
+  const vsr::OwnedRasterArray tiny = nodata_tiny(meta_.dtype, tiny_bands, band_nodata_.front());
   vsr::DType out_dtype = output_dtype();
   if (args_.a_nodata && *args_.a_nodata && !vsr::dtype_holds(out_dtype, **args_.a_nodata)) {
     throw UsageError("-a_nodata: " + args_.a_nodata_text + " is not a value of " +
@@ -578,6 +478,14 @@ void Job::open_input() {
       }
       input_label_ += ": masked pixels read as nodata " + nodata_text(band_nodata_.front()) +
                       " (--ignore-mask reads them as they are)";
+      // A value chosen only to mark them (no band's own nodata) stays out of a float output.
+      const std::vector<bool>& marks = file_->nodata_marks_mask();
+      for (std::size_t k = 0; k < marks.size(); ++k) {
+        if (marks[k]) mask_marker_ = band_nodata_[k];
+      }
+      for (std::size_t k = 0; k < marks.size(); ++k) {
+        if (!marks[k] && mask_marker_ && band_nodata_[k] == mask_marker_) mask_marker_.reset();
+      }
     }
   } else {
     source_ = std::make_unique<vsr::RasterTileSource>(*sample_, bands_);
@@ -865,47 +773,41 @@ vsr::DType Job::output_dtype() const {
   return vsr::compute_dtype(meta_.dtype);
 }
 
-/// The op's results as the output holds them: its dtype (--ot) and its nodata, by the one rule
-/// of vsr-run's raster outputs (--help, "nodata of the output"):
-/// - -a_nodata V sets V (-a_nodata none: no nodata; invalid pixels are written as NaN or 0);
-/// - else the output has a nodata only when the input has one (the tile's band; either band of
-///   normalized-difference), or when it is of an integer type made from floating-point values
-///   (a float input, or the normalized difference, NaN where A + B = 0): its NaN pixels need a
-///   value that says they are invalid. That nodata is the op's (converted_nodata);
-/// - else it has none: a float output's NaN pixels are invalid without one.
-/// A valid pixel equal to the output's nodata is an error, never silently invalid.
+/// -a_nodata as the output-nodata rule takes it: a value, none, or the rule's own choice.
+vsr::OutputNodata Job::nodata_request() const {
+  if (!args_.a_nodata) return vsr::OutputNodata::by_rule();
+  return *args_.a_nodata ? vsr::OutputNodata::of(**args_.a_nodata) : vsr::OutputNodata::none();
+}
+
+/// The op's results as the output holds them: its dtype (--ot) and its nodata, by the library's
+/// output-nodata rule (vsr::output_nodata; docs/outputs.md). The output needs a nodata when the
+/// input has one (the tile's band; either band of normalized-difference) or when it is of an
+/// integer type made from floating-point values (a float input, or the normalized difference,
+/// NaN where A + B = 0), and the op's result has invalid pixels at all; its candidates are the
+/// op's own nodata, then the input's. vsr::convert_output refuses a valid pixel equal to it.
 RasterFn Job::to_output(RasterFn op) const {
   const vsr::DType target = output_dtype();
   const bool ndvi = args_.op == Op::normalized_difference;
   const bool ndvi_nodata = ndvi && (band_nodata_[0] || band_nodata_[1]);
   const bool float_source = vsr::is_floating_point(meta_.dtype) || ndvi;
   const bool needs_for_nan = !vsr::is_floating_point(target) && float_source;
-  const auto a_nodata = args_.a_nodata;
-  return [op = std::move(op), target, ndvi, ndvi_nodata, needs_for_nan,
-          a_nodata](const vsr::OwnedRasterArray& t) {
-    const bool input_nodata = ndvi ? ndvi_nodata : t.exact_nodata().has_value();
+  const vsr::OutputNodata request = nodata_request();
+  const bool asked = args_.a_nodata.has_value();
+  return [op = std::move(op), target, ndvi, ndvi_nodata, needs_for_nan, request, asked,
+          marker = mask_marker_](const vsr::OwnedRasterArray& t) {
+    const std::optional<vsr::NodataValue> in = t.exact_nodata();
+    const bool input_nodata = ndvi ? ndvi_nodata : in.has_value();
     // A float input without nodata going to an integer output: its NaN pixels are invalid, and
     // the op gives them a nodata as for an input that has one.
-    const bool nan_marks = !a_nodata && !input_nodata && needs_for_nan && !ndvi;
+    const bool nan_marks = !asked && !input_nodata && needs_for_nan && !ndvi;
     const vsr::OwnedRasterArray r =
         op(nan_marks ? t.with_nodata(std::numeric_limits<double>::quiet_NaN()) : t);
-    std::optional<vsr::NodataValue> nodata;
-    if (a_nodata) {
-      nodata = *a_nodata;
-    } else if (input_nodata || needs_for_nan) {
-      nodata = r.dtype() == target ? r.exact_nodata() : converted_nodata(r, t, target);
-    }
-    if (r.dtype() == target) return r.exact_nodata() == nodata ? r : retag(r, nodata);
-    try {
-      const vsr::OwnedRasterArray c = convert_to(r, target, nodata);
-      return c.exact_nodata() == nodata ? c : retag(c, nodata);
-    } catch (const std::invalid_argument& e) {
-      if (!a_nodata) throw;
-      // A valid pixel converting to the nodata the user gave.
-      throw std::runtime_error(std::string(e.what()) +
-                               "; or give -a_nodata a value that no valid pixel takes (e.g. "
-                               "outside --out-range), or -a_nodata none");
-    }
+    const std::optional<vsr::NodataValue> own = r.exact_nodata();
+    const bool in_marks = marker && in == marker;
+    const std::optional<vsr::NodataValue> nodata =
+        vsr::output_nodata(target, request, {{own, in_marks && own == in}, {in, in_marks}},
+                           (input_nodata || needs_for_nan) && own.has_value());
+    return vsr::convert_output(r, target, nodata);
   };
 }
 
@@ -1027,6 +929,10 @@ void Job::open_calc_inputs() {
   calc_options_.output = output_dtype();
   calc_options_.compute_float32 = args_.compute_float32;
   calc_options_.propagate_nodata = args_.propagate_nodata;
+  if (args_.a_nodata) {
+    calc_options_.output_nodata = *args_.a_nodata;
+    calc_options_.no_nodata = !*args_.a_nodata;
+  }
   if (args_.a_nodata && *args_.a_nodata) {
     if (!vsr::dtype_holds(calc_options_.output, **args_.a_nodata)) {
       throw UsageError("-a_nodata: " + args_.a_nodata_text + " is not a value of " +
@@ -1068,6 +974,8 @@ void Job::open_calc_inputs() {
     band_nodata_.push_back(nd[0]);
     for (const int b : bands) bands_.push_back(b);
     calc_names_.push_back(use[k].name);
+    const std::vector<bool>& marks = src->nodata_marks_mask();
+    calc_marks_.push_back(!marks.empty() && marks.front());
     calc_sources_.push_back(std::move(src));
   }
 }
@@ -1076,13 +984,7 @@ void Job::open_calc_inputs() {
 /// input's dtype and nodata, written in the format (check_output_file).
 void Job::check_calc_output() {
   if (args_.output.empty()) return;
-  std::vector<vsr::OwnedRasterArray> tiny;
-  for (const auto& src : calc_sources_) {
-    const vsr::RasterMetadata m = src->metadata();
-    tiny.push_back(vsr::OwnedRasterArray::allocate(vsr::Residency::host, m.dtype,
-                                                   static_cast<int>(src->bands().size()), 3, 3)
-                       .with_nodata(src->band_nodata().front()));
-  }
+  const std::vector<vsr::OwnedRasterArray> tiny = calc_tinies(calc_sources_);
   vsr::DType out_dtype = calc_options_.output;
   std::optional<vsr::NodataValue> out_nodata;
   try {
@@ -1100,19 +1002,20 @@ void Job::check_calc_output() {
   }
 }
 
-/// calc over one tile of every source read, each under its name with the bands it holds.
-/// -a_nodata V: calc's own nodata rewritten as V (retag), a valid pixel equal to V an error;
-/// -a_nodata none: no nodata, invalid pixels written as NaN (float) or 0 (integer).
+/// calc over one tile of every source read, each under its name with the bands it holds and
+/// whether its nodata only marks masked pixels; -a_nodata is CalcOptions::output_nodata (none:
+/// CalcOptions::no_nodata), so calc computes with the output's nodata from the start.
 vsr::MultiTileOp Job::calc_function() const {
   std::vector<std::vector<int>> bands;
   for (const auto& src : calc_sources_) bands.push_back(src->bands());
   return [program = calc_program_, options = calc_options_, names = calc_names_,
-          bands = std::move(bands), a_nodata = args_.a_nodata](
+          bands = std::move(bands), marks = calc_marks_](
              const std::vector<vsr::OwnedRasterArray>& tiles, const vsr::TileInfo&) {
     std::vector<vsr::CalcInput> inputs;
-    for (std::size_t k = 0; k < tiles.size(); ++k) inputs.push_back({names[k], tiles[k], bands[k]});
-    vsr::OwnedRasterArray r = vsr::calc(program, inputs, options);
-    return a_nodata ? retag(r, *a_nodata) : r;
+    for (std::size_t k = 0; k < tiles.size(); ++k) {
+      inputs.push_back({names[k], tiles[k], bands[k], marks[k]});
+    }
+    return vsr::calc(program, inputs, options);
   };
 }
 
@@ -1164,6 +1067,11 @@ void Job::build_pipeline() {
   } catch (const std::invalid_argument& e) {
     throw UsageError("pipeline: read: " + std::string(e.what()));
   }
+  chain_->nodata_marks_mask(calc_marks_);
+  // The first step reads the first input's tiles: a nodata that only marks its masked pixels
+  // stays out of a float output there too.
+  const std::optional<vsr::NodataValue> first_marker =
+      calc_marks_.front() ? band_nodata_.front() : std::nullopt;
   for (std::size_t s = 0; s < args_.steps.size(); ++s) {
     const std::shared_ptr<const Arguments> step = args_.steps[s];
     try {
@@ -1172,13 +1080,23 @@ void Job::build_pipeline() {
         o.output = step->ot.value_or(vsr::DType::float32);
         o.compute_float32 = step->compute_float32;
         o.propagate_nodata = step->propagate_nodata;
+        if (step->a_nodata) {
+          o.output_nodata = *step->a_nodata;
+          o.no_nodata = !*step->a_nodata;
+          if (o.output_nodata && !vsr::dtype_holds(o.output, *o.output_nodata)) {
+            throw UsageError("pipeline step " + std::to_string(s + 1) +
+                             " (calc): -a_nodata: " + step->a_nodata_text + " is not a value of " +
+                             std::string(vsr::to_string(o.output)) + ", the step's type");
+          }
+        }
         chain_->calc(step->calc, o);
       } else {
         const int halo = step->op == Op::focal_mean ? 1 : 0;
         chain_->step(
             step->op_name,
-            [step](const vsr::OwnedRasterArray& t) {
+            [step, marker = s == 0 ? first_marker : std::nullopt](const vsr::OwnedRasterArray& t) {
               Job job(*step);
+              job.mask_marker_ = marker;
               job.meta_.dtype = t.dtype();
               job.meta_.band_count = t.band_count();
               job.band_nodata_.assign(static_cast<std::size_t>(t.band_count()), t.exact_nodata());
@@ -1196,13 +1114,7 @@ void Job::build_pipeline() {
 /// of every input's dtype, bands and nodata, written in the format.
 void Job::check_pipeline_output() {
   if (args_.terminal) return;  // printed, or JSON: its path was checked with the options
-  std::vector<vsr::OwnedRasterArray> tiny;
-  for (const auto& src : calc_sources_) {
-    const vsr::RasterMetadata m = src->metadata();
-    tiny.push_back(vsr::OwnedRasterArray::allocate(vsr::Residency::host, m.dtype,
-                                                   static_cast<int>(src->bands().size()), 3, 3)
-                       .with_nodata(src->band_nodata().front()));
-  }
+  const std::vector<vsr::OwnedRasterArray> tiny = calc_tinies(calc_sources_);
   vsr::DType out_dtype = vsr::DType::float32;
   int out_bands = chain_->band_count().value_or(1);
   std::optional<vsr::NodataValue> out_nodata;

@@ -79,6 +79,7 @@ class Job {
   RasterFn rescale_with(Range in, Range out, bool clamp) const;
   vsr::DType output_dtype() const;
   RasterFn to_output(RasterFn op) const;
+  vsr::OutputNodata nodata_request() const;
   void run_raster_op();
   // calc: its inputs, expressions and run
   void open_calc_inputs();
@@ -122,11 +123,15 @@ class Job {
   vsr::RasterMetadata meta_;                                  ///< the input's (every band)
   std::vector<std::optional<vsr::NodataValue>> band_nodata_;  ///< of the selected bands
   std::vector<int> bands_;                                    ///< selected, 1-based
+  /// The nodata the file source chose only to mark its masked pixels (no band's own), if any:
+  /// the output-nodata rule does not give it to a float output.
+  std::optional<vsr::NodataValue> mask_marker_;
   int nir_ = 0, red_ = 0;
   std::string input_label_;
   /// calc: one source per input read (only the bands its expressions name), their names.
   std::vector<std::unique_ptr<vsr::RasterFileSource>> calc_sources_;
   std::vector<std::string> calc_names_;
+  std::vector<bool> calc_marks_;  ///< per calc source: its nodata only marks masked pixels
   vsr::CalcProgram calc_program_;
   vsr::CalcOptions calc_options_;
   std::optional<vsr::Pipeline> chain_;

@@ -74,10 +74,11 @@ input:
   -b N               an input band to process, 1-based; repeat for more, in order (as
                      gdal_translate -b); default: all. Bands keep their own nodata.
   --ignore-mask      read the pixels a GDAL mask marks invalid (an internal or .msk mask, an
-                     alpha band) as they are. By default they are invalid, as rasterio's masked
-                     reads have them: read as the band's nodata, or for a band without one as
-                     NaN (float types) or a value no valid pixel of the band takes (integers),
-                     which becomes its nodata (and so the output's: see below)
+                     alpha band, NODATA_VALUES) as they are. By default GDAL's mask flags
+                     decide, as GetMaskBand and rasterio's masked reads do: where a mask
+                     decides, the band's nodata is not consulted, and the masked pixels are
+                     read as one value no pixel left valid takes (NaN for float types), which
+                     becomes the band's nodata (and so the output's: see below)
   --allow-virtual    also open VRT files, GDAL virtual file systems (/vsi...) and URLs as input;
                      refused by default, since a VRT reads whatever files its XML names (only
                      raster file formats open an input otherwise: GTiff/COG, PNG, JPEG, ...)
@@ -132,9 +133,11 @@ output has a nodata only when the input band has one (either band for normalized
 when it is of an integer type made from floating-point values (a float input, or the normalized
 difference, NaN where A + B = 0), whose NaN pixels need a value that marks them invalid; a float
 output's NaN pixels are invalid without one. That nodata is the op's when the output type holds
-it (NaN for float types; rescale: a value outside --out-range), else the input's, else the
-type's largest value. A valid pixel that would equal the output's nodata (e.g. 255.4 as uint8
-with nodata 255) stops the run with an error: no valid pixel is ever written as nodata.
+it (NaN for float types; rescale: a value outside --out-range), else the input's (calc: the
+first input its expressions read), else the type's largest value; a value chosen only to mark a
+GDAL mask's pixels goes to integer outputs only. A valid pixel that would equal the output's
+nodata (e.g. 255.4 as uint8 with nodata 255, a calc result saturated to it), however it was
+chosen, stops the run with an error: no valid pixel is ever written as nodata.
 
 What the output keeps from the input: georeferencing (none if the input has none), CRS,
 AREA_OR_POINT, band descriptions and colour interpretation; scale, offset and unit too for
@@ -651,7 +654,6 @@ Arguments parse_pipeline(int argc, char** argv) {
     if ((name != "calc" && !step.inputs.empty()) || !step.bands.empty()) {
       refuse("the inputs are read's (-i and -b do not apply to a step)");
     }
-    if (step.a_nodata) refuse("-a_nodata does not apply inside a pipeline");
     if (name == "rescale" && !step.in_range) {
       refuse("rescale needs --in-range LO,HI in a pipeline (no first pass finds the range)");
     }

@@ -88,13 +88,17 @@ struct OpenOptions {
   /// Off by default: only a local file of an allowed format opens.
   bool allow_virtual = false;
   /// Read pixels as they are, ignoring the file's GDAL mask bands. Off by default: the streamed
-  /// readers (RasterFileSource, so process_raster_file, for_each_raster_tile and vsr-run) treat
-  /// the pixels a band's mask marks invalid (an internal or external .msk mask, an alpha band;
-  /// GDALGetMaskFlags neither GMF_ALL_VALID nor GMF_NODATA) as nodata, as rasterio's masked
-  /// reads do: they are given the band's nodata, or, for a band without one, NaN (float types),
-  /// the largest value (32- and 64-bit integers) or the largest value no valid pixel takes (8-
-  /// and 16-bit integers, found by a pass over the band), which becomes the band's nodata
-  /// (RasterFileSource::band_nodata). read_raster and read_raster_info read the file as it is.
+  /// readers (RasterFileSource, so process_raster_file, for_each_raster_tile and vsr-run) follow
+  /// GDAL's mask flags as GDALGetMaskBand and rasterio's masked reads do: where a band's mask
+  /// is its validity (GDALGetMaskFlags neither GMF_ALL_VALID nor GMF_NODATA alone: an internal
+  /// or external .msk mask, an alpha band, a dataset's NODATA_VALUES), the mask alone decides
+  /// (a pixel the mask keeps is valid even when it equals the band's nodata) and the masked
+  /// pixels are given one value no pixel left valid takes, which becomes the band's nodata
+  /// (RasterFileSource::band_nodata): NaN for float types; for integers the band's own nodata
+  /// when no valid pixel holds it, else the largest free value (8 and 16 bits), or the type's
+  /// largest or smallest (32 and 64 bits), found by a pass over the bands and their masks when
+  /// the source opens. Bands read with them that have no nodata (an alpha band) get it too.
+  /// read_raster and read_raster_info read the file as it is.
   bool ignore_mask = false;
   /// Threads a RasterFileSource reads a window with: its rows are split into strips of whole
   /// GDAL blocks, each read (and decoded) on a handle of its own, at once. 0 or 1: one thread,
@@ -353,9 +357,15 @@ class VSR_EXPORT RasterFileSource final : public TileSource {
   const std::vector<int>& bands() const;
   /// Whether the file has a geotransform (the metadata's affine is GDAL's default otherwise).
   bool has_geotransform() const;
-  /// For each selected band, whether its GDAL mask marks pixels invalid, which are read as its
-  /// nodata (all false with OpenOptions::ignore_mask).
+  /// For each selected band, whether its GDAL mask decides which pixels are valid (GDAL's mask
+  /// flags: an internal or .msk mask, an alpha band, NODATA_VALUES; the band's own nodata is
+  /// then not consulted, as in GDAL); its masked pixels are read as its nodata (band_nodata).
+  /// All false with OpenOptions::ignore_mask.
   const std::vector<bool>& masked_bands() const;
+  /// For each selected band, whether its nodata (band_nodata) was chosen by this source only to
+  /// mark masked pixels, not the file's own: the output-nodata rule gives such a value to an
+  /// integer output only (NodataCandidate::marks_mask, CalcInput::nodata_marks_mask).
+  const std::vector<bool>& nodata_marks_mask() const;
   /**
    * @brief Bytes of host memory a run of @p plan over this source needs at once: every tile
    * and result live (overlap_tiles_live(@p overlap) of each; results counted at up to 8 bytes

@@ -138,12 +138,81 @@ VSR_EXPORT OwnedRasterArray rescale(const OwnedRasterArray& raster, double in_mi
 VSR_EXPORT OwnedRasterArray convert_dtype(const OwnedRasterArray& raster, DType out_dtype,
                                           std::optional<NodataValue> out_nodata);
 
+/// @name The output's nodata
+/// One rule decides the nodata of every output of the library's ops, calc and pipelines, and of
+/// the tools and the Python package built on them (docs/outputs.md, "The output's nodata"):
+///
+/// 1. Asked for (OutputNodata::of: vsr-run -a_nodata V, CalcOptions::output_nodata, Python's
+///    nodata=): that value, which must be a value of the output's dtype. OutputNodata::none():
+///    no nodata; invalid pixels are written as NaN (float types) or 0 (integer types).
+/// 2. Else an output that can hold no invalid pixel (@p needed false: its inputs have no nodata
+///    and nothing it computes is NaN) has none.
+/// 3. Else the first candidate (the op's own nodata, then the inputs', in that order) that the
+///    output's dtype holds exactly; a candidate that only marks an input's masked pixels
+///    (NodataCandidate::marks_mask) is passed over for a float output, whose NaN no result
+///    takes; else default_nodata(). calc's one candidate is the nodata of the first input its
+///    expressions read.
+///
+/// A valid pixel equal to the output's nodata is never written: convert_output (and calc)
+/// refuse it, whichever way the nodata was chosen, with a message that says what to change.
+/// @{
+
+/// How an output's nodata is asked for: by the rule (the default), none, or a value.
+struct OutputNodata {
+  enum class Mode : std::uint8_t { rule, none, value };
+  Mode mode = Mode::rule;
+  NodataValue value = {};  ///< for Mode::value
+  static OutputNodata by_rule() noexcept { return {}; }
+  static OutputNodata none() noexcept { return {Mode::none, {}}; }
+  static OutputNodata of(NodataValue v) noexcept { return {Mode::value, v}; }
+};
+
+/// A nodata the rule may give an output (an op's own, or an input's), and where it comes from.
+struct NodataCandidate {
+  std::optional<NodataValue> value;
+  /// Chosen by a reader only to mark an input's masked pixels (RasterFileSource::
+  /// nodata_marks_mask): an integer output may keep it, a float output takes NaN instead.
+  bool marks_mask = false;
+};
+
+/// The nodata an output of @p dtype gets when no candidate fits: NaN for float types, else the
+/// type's largest value (255, 127, 65535, 32767, 4294967295, 2147483647; for the 64-bit types
+/// the largest double below 2^64 / 2^63). @throws std::invalid_argument for a bad dtype.
+VSR_EXPORT NodataValue default_nodata(DType dtype);
+
+/// The rule above: the nodata of an output of @p out_dtype. Thread-safe.
+/// @throws std::invalid_argument when the value asked for is not a value of @p out_dtype
+///         (NaN for an integer type, 0.5 for uint8, ...), or for a bad dtype.
+VSR_EXPORT std::optional<NodataValue> output_nodata(DType out_dtype, const OutputNodata& request,
+                                                    const std::vector<NodataCandidate>& candidates,
+                                                    bool needed);
+
+/**
+ * @brief @p raster as an output of @p out_dtype with the nodata @p out_nodata (output_nodata's
+ * answer): converted as convert_dtype converts, its invalid pixels (its nodata, NaN) written as
+ * @p out_nodata (without one: NaN for a float output, 0 for an integer one). Unlike
+ * convert_dtype, any exact nodata is taken (64-bit sentinels a double cannot hold, such as
+ * INT64_MAX: those are set on the host, a device raster going there and back), and a raster
+ * already of @p out_dtype keeps its valid values exactly (only its invalid pixels are
+ * rewritten; returned as is when its nodata is already @p out_nodata).
+ * @throws std::invalid_argument when @p out_nodata is not a value of @p out_dtype, or a valid
+ *         pixel equals @p out_nodata after the conversion (it would read as nodata): the message
+ *         names the band, the count and the value, and says to give another nodata (or none),
+ *         or a type that holds the values apart; std::runtime_error as band_statistics.
+ */
+VSR_EXPORT OwnedRasterArray convert_output(const OwnedRasterArray& raster, DType out_dtype,
+                                           const std::optional<NodataValue>& out_nodata);
+/// @}
+
 /**
  * @brief Clamps valid pixels to [@p lower, @p upper] (same dtype; for integers the bounds are
  * first rounded inwards: ceil(lower), floor(upper), and saturated to the dtype's range). Invalid
- * pixels are unchanged; nodata is kept.
+ * pixels are unchanged; nodata is kept. A valid pixel clamped to a bound equal to the nodata
+ * would read as nodata: that is refused, as the output-nodata rule says (clip_into does not
+ * check it).
  * @throws std::invalid_argument if a bound is NaN or @p lower > @p upper (after rounding for
- *         integers); std::runtime_error as band_statistics.
+ *         integers), or a valid pixel is clamped to the nodata; std::runtime_error as
+ *         band_statistics.
  */
 VSR_EXPORT OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper);
 
@@ -287,14 +356,18 @@ VSR_EXPORT void focal_mean_3x3_into(const OwnedRasterArray& raster, EdgeMode edg
 ///   order, from one pass over the pixels.
 /// - Output: CalcOptions::output (float32 by default), converted as convert_dtype converts
 ///   (integers rounded half away from zero and saturated; NaN, which no integer type holds,
-///   becomes the output's nodata). The output's nodata is CalcOptions::output_nodata when given;
-///   else the nodata of the first input (in the order given) that has one, when the output dtype
-///   holds it exactly; else NaN for a float output and the dtype's largest value for an integer
-///   one (for 64-bit types the largest double below 2^63 / 2^64), as vsr-run's --ot.
+///   becomes the output's nodata). The output's nodata follows the output-nodata rule (see
+///   output_nodata): CalcOptions::output_nodata when given (CalcOptions::no_nodata: none); else
+///   the nodata of the first input (in the order given) that the expressions read and that has
+///   one, when the output dtype holds it exactly (an input no expression reads plays no part);
+///   else default_nodata(): NaN for a float output, the dtype's largest value for an integer
+///   one. The result always has a nodata, unless no_nodata. A valid result equal to it is an
+///   error (std::invalid_argument naming the band, the count and the value), never written.
 /// - Nodata propagation (CalcOptions::propagate_nodata, on by default): a pixel where any input
 ///   band the expression names is invalid (its input's nodata, or NaN for float inputs) is the
 ///   output's nodata, whichever branch of a `?:` or where() it sits in; off, the raw values go
-///   through the expression. A float output keeps a NaN result of a valid pixel as NaN.
+///   through the expression. A NaN result of a valid pixel is invalid: written as the output's
+///   nodata (NaN in a float output without one).
 /// - Inputs: all of one height and width, one residency, one affine and one CRS (compared
 ///   exactly; the result has them). The work runs where the inputs live, as every operation.
 /// - Determinism: both backends run the same evaluator; +, -, *, /, sqrt, comparisons, floor,
@@ -325,6 +398,10 @@ struct CalcInput {
   /// {3, 4} means raster band 1 is A[3] and band 2 is A[4]. Empty: raster's bands are 1 to
   /// band_count().
   std::vector<int> bands = {};
+  /// raster's nodata was chosen by its reader only to mark masked pixels (RasterFileSource::
+  /// nodata_marks_mask), not the file's: the output-nodata rule does not give it to a float
+  /// output (NodataCandidate::marks_mask).
+  bool nodata_marks_mask = false;
 };
 
 /// How calc computes and writes.
@@ -334,6 +411,9 @@ struct CalcOptions {
   bool propagate_nodata = true;   ///< an invalid input pixel gives the output's nodata
   /// The output's nodata; empty: the rule in the section comment. Must be a value of `output`.
   std::optional<NodataValue> output_nodata = {};
+  /// No nodata at all (vsr-run -a_nodata none): invalid pixels are written as NaN (float
+  /// outputs) or 0 (integer outputs) and the result has no nodata. output_nodata must be empty.
+  bool no_nodata = false;
 };
 
 /// The bands one input's expressions read.
@@ -400,8 +480,9 @@ VSR_EXPORT CalcProgram compile_calc(const std::vector<std::string>& expressions,
  * band read. Device inputs: the stream forms' rules (see "Stream forms").
  * @throws std::invalid_argument for an empty program or input list, an unknown or repeated
  *         name, a missing input or band, inputs that differ in height and width, residency,
- *         affine or CRS (the message names the two), a bad output dtype or an output_nodata that
- *         is not a value of it; std::runtime_error as band_statistics.
+ *         affine or CRS (the message names the two), a bad output dtype, an output_nodata that
+ *         is not a value of it (or given with no_nodata), or a valid result equal to the
+ *         output's nodata; std::runtime_error as band_statistics.
  */
 VSR_EXPORT OwnedRasterArray calc(const CalcProgram& program, const std::vector<CalcInput>& inputs,
                                  const CalcOptions& options = {}, CUstream stream = nullptr);

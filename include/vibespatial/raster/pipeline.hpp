@@ -54,7 +54,8 @@ class VSR_EXPORT Pipeline {
   /// rescale to @p out_dtype. @throws std::invalid_argument for a bound that is not finite or
   /// in_min == in_max (the op's other checks run on the data).
   Pipeline& rescale(double in_min, double in_max, double out_min, double out_max, DType out_dtype);
-  /// convert_dtype to @p out_dtype with @p out_nodata.
+  /// convert_output (convert_dtype's conversion, any exact nodata, a valid pixel equal to the
+  /// nodata refused) to @p out_dtype with @p out_nodata.
   Pipeline& convert(DType out_dtype, std::optional<NodataValue> out_nodata = {});
   /// clip to [@p lower, @p upper]. @throws std::invalid_argument for a NaN bound or lower > upper.
   Pipeline& clip(double lower, double upper);
@@ -65,6 +66,13 @@ class VSR_EXPORT Pipeline {
   /// many bands as it gets and treats them independently (false: the chain's bands go together).
   /// @throws std::invalid_argument for an empty @p name or @p op, or a negative @p halo.
   Pipeline& step(std::string name, BandOp op, int halo = 0, bool keeps_bands = true);
+
+  /// Which inputs' nodata only marks masked pixels: one flag per input, in order (a reader of
+  /// files passes RasterFileSource::nodata_marks_mask). calc steps take it as
+  /// CalcInput::nodata_marks_mask (for X too while X is still the first input), so the
+  /// output-nodata rule keeps such a value out of a float output. Default: no input's does.
+  /// @throws std::invalid_argument for a count other than the inputs'.
+  Pipeline& nodata_marks_mask(std::vector<bool> per_input);
 
   /// The inputs, as given.
   const std::vector<CalcInputBands>& inputs() const noexcept { return inputs_; }
@@ -108,6 +116,7 @@ class VSR_EXPORT Pipeline {
 
  private:
   std::vector<CalcInputBands> inputs_;
+  std::vector<bool> marks_;  ///< per input: its nodata only marks masked pixels
   std::vector<std::shared_ptr<const detail::PipelineStep>> steps_;
   int halo_ = 0;
   std::optional<int> bands_;
