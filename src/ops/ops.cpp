@@ -411,8 +411,7 @@ OwnedRasterArray clip(const OwnedRasterArray& raster, double lower, double upper
   // A bound equal to the nodata turns the valid pixels clamped to it into nodata: refused.
   const be::NodataSpec nd = nodata_spec(raster);
   if (nd.has && !std::isnan(nd.value) && (nd.value == lower || nd.value == upper)) {
-    detail::check_no_valid_pixel_became_nodata("clip", raster, out, *raster.exact_nodata(),
-                                               stream);
+    detail::check_no_valid_pixel_became_nodata("clip", raster, out, *raster.exact_nodata(), stream);
   }
   return out;
 }

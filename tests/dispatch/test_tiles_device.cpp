@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -167,7 +168,10 @@ TEST_SUITE("tiles-device") {
     FreshPool fresh(nullptr, 256u << 20);
     const OwnedRasterArray a = sample(4, 96, 80);
     Pipeline chain({{"A", 4}});
-    chain.calc({"(A[4] - A[3]) / (A[4] + A[3])", "A[1] * 2"})
+    // NaN as the output's nodata: a valid (A[4] - A[3]) / (A[4] + A[3]) may be -1, the input's.
+    CalcOptions nan_nodata;
+    nan_nodata.output_nodata = NodataValue(std::numeric_limits<double>::quiet_NaN());
+    chain.calc({"(A[4] - A[3]) / (A[4] + A[3])", "A[1] * 2"}, nan_nodata)
         .focal_mean(EdgeMode::reflect)
         .clip(-0.5, 600)
         .rescale(-0.5, 600, 0, 250, DType::uint8);
