@@ -136,6 +136,18 @@ inline void note_driver_allocation(MemoryAction action, int device, CUdeviceptr 
     history::record_now(action, device, ptr, size);
 }
 
+/// What a pool holds at an address (DevicePool::block_at).
+struct BlockAt {
+  enum class Kind {
+    none,      ///< memory the pool does not hold
+    not_live,  ///< memory the pool holds in no live block (freed, cached, or never handed out)
+    live,      ///< inside the live block of `bytes` requested bytes at `begin`
+  };
+  Kind kind = Kind::none;
+  std::uintptr_t begin = 0;
+  std::size_t bytes = 0;
+};
+
 /// One device's pool of one tier.
 class DevicePool {
  public:
@@ -148,6 +160,10 @@ class DevicePool {
   virtual void deallocate(void* ptr, std::size_t bytes, CUstream stream) = 0;
   /// True if `ptr` lies in memory this pool manages (live or not). Lock-free where possible.
   virtual bool owns(const void* ptr) const noexcept = 0;
+  /// Where `ptr` (any address, a block's interior included) lies in this pool's memory: the
+  /// exact extent of the live block holding it, as requested (check_device_range). Takes the
+  /// pool's lock.
+  virtual BlockAt block_at(const void* ptr) const = 0;
   /// Gives every free physical byte back to the driver, waiting for pending frees.
   virtual void trim() = 0;
   /// forget_stream(stream) for this pool: memory freed on `stream` stops being "same stream" for

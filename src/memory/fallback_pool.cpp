@@ -8,10 +8,10 @@
 // while live, inactive while cached; the history records it as segment_alloc and segment_free.
 #include "memory/device_pool.hpp"
 
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <stdexcept>
-#include <unordered_map>
 #include <vector>
 
 namespace vibespatial::raster::detail {
@@ -86,6 +86,19 @@ class FallbackPool final : public DevicePool {
       if (c.ptr == p) return true;
     }
     return false;
+  }
+
+  BlockAt block_at(const void* ptr) const override {
+    const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+    std::lock_guard lock(mutex_);
+    auto it = live_.upper_bound(p);
+    if (it != live_.begin() && p - std::prev(it)->first < std::prev(it)->second.size) {
+      return {BlockAt::Kind::live, std::prev(it)->first, std::prev(it)->second.bytes};
+    }
+    for (const auto& [size, c] : cached_) {
+      if (p >= c.ptr && p - c.ptr < size) return {BlockAt::Kind::not_live};
+    }
+    return {};
   }
 
   void trim() override {
@@ -217,7 +230,7 @@ class FallbackPool final : public DevicePool {
   }
 
   mutable std::mutex mutex_;
-  std::unordered_map<CUdeviceptr, Live> live_;
+  std::map<CUdeviceptr, Live> live_;  // ordered: block_at finds interior addresses
   std::multimap<std::size_t, Cached> cached_;
   std::size_t used_bytes_ = 0;
   std::size_t cached_bytes_ = 0;

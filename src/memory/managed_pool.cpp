@@ -4,8 +4,9 @@
 // as segment_alloc and segment_free in the history.
 #include "memory/device_pool.hpp"
 
+#include <iterator>
+#include <map>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 namespace vibespatial::raster::detail {
@@ -72,6 +73,19 @@ class ManagedPool final : public DevicePool {
   bool owns(const void* ptr) const noexcept override {
     std::lock_guard lock(mutex_);
     return live_.count(reinterpret_cast<CUdeviceptr>(ptr)) != 0;
+  }
+
+  BlockAt block_at(const void* ptr) const override {
+    const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+    std::lock_guard lock(mutex_);
+    auto it = live_.upper_bound(p);
+    if (it != live_.begin() && p - std::prev(it)->first < std::prev(it)->second.bytes) {
+      return {BlockAt::Kind::live, std::prev(it)->first, std::prev(it)->second.bytes};
+    }
+    for (const Pending& f : pending_) {
+      if (p >= f.ptr && p - f.ptr < f.bytes) return {BlockAt::Kind::not_live};
+    }
+    return {};
   }
 
   void trim() override {
@@ -185,7 +199,7 @@ class ManagedPool final : public DevicePool {
   }
 
   mutable std::mutex mutex_;
-  std::unordered_map<CUdeviceptr, Live> live_;
+  std::map<CUdeviceptr, Live> live_;  // ordered: block_at finds interior addresses
   std::vector<Pending> pending_;
   UsageCounters usage_;
   MarkFactory marks_;

@@ -274,6 +274,7 @@ class VmmPool final : public DevicePool {
   void* allocate(std::size_t bytes, CUstream stream) override;
   void deallocate(void* ptr, std::size_t bytes, CUstream stream) override;
   bool owns(const void* ptr) const noexcept override;
+  BlockAt block_at(const void* ptr) const override;
   void trim() override;
   void forget(CUstream stream) override;
   void fill_stats(MemoryPoolStats& stats) const noexcept override;
