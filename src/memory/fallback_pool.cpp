@@ -124,8 +124,10 @@ class FallbackPool final : public DevicePool {
     }
   }
 
+  void hold_still() const override { mutex_.lock(); }  // every path of this pool takes it
+  void release_still() const noexcept override { mutex_.unlock(); }
+
   void collect_segments(std::vector<MemorySnapshotSegment>& out) const override {
-    std::lock_guard lock(mutex_);
     const std::size_t first = out.size();
     for (const auto& [p, b] : live_)
       out.push_back(driver_allocation_segment(device_, p, b.size, b.bytes));
@@ -136,6 +138,11 @@ class FallbackPool final : public DevicePool {
 
   void collect_owned(std::uint16_t session, std::vector<history::OwnedBlock>& out) const override {
     std::lock_guard lock(mutex_);
+    collect_owned_locked(session, out);
+  }
+
+  void collect_owned_locked(std::uint16_t session,
+                            std::vector<history::OwnedBlock>& out) const override {
     for (const auto& [p, b] : live_) {
       if (b.owner != 0 && history::stamp_session(b.owner) == session) {
         out.push_back({p, b.bytes, history::stamp_tag(b.owner)});
