@@ -280,7 +280,7 @@ def test_from_device_reads_after_the_producers_stream(emu, created_stream):
 
 
 class DlpackOnly:
-    """A producer that speaks DLPack only, over a DeviceArray."""
+    """A producer that speaks only DLPack, over another one (a raster, a DeviceArray)."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -394,17 +394,7 @@ def test_dlpack_round_trip_between_rasters_is_zero_copy():
     again = OwnedRasterArray.from_device(r)  # through DLPack? r has CAI first: either way in place
     assert again.__cuda_array_interface__["data"][0] == r.__cuda_array_interface__["data"][0]
 
-    class OnlyDlpack:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __dlpack__(self, stream=None, **kw):
-            return self.inner.__dlpack__(stream=stream, **kw)
-
-        def __dlpack_device__(self):
-            return self.inner.__dlpack_device__()
-
-    via = OwnedRasterArray.from_device(OnlyDlpack(r))
+    via = OwnedRasterArray.from_device(DlpackOnly(r))
     assert via.__cuda_array_interface__["data"][0] == r.__cuda_array_interface__["data"][0]
     assert np.array_equal(via.to_numpy(), sample(dtype="float64"))
 
