@@ -306,6 +306,12 @@ void bind_memory(nb::module_& m) {
       },
       "dst"_a, "src"_a, "nbytes"_a, "kind"_a, "stream"_a = 0, nb::call_guard<GilRelease>());
   m.def(
+      "check_device_range",
+      [](std::uintptr_t ptr, std::size_t bytes, const std::string& what) {
+        vsr::check_device_range(reinterpret_cast<const void*>(ptr), bytes, what);
+      },
+      "ptr"_a, "nbytes"_a, "what"_a, nb::call_guard<GilRelease>());
+  m.def(
       "stream_synchronize",
       [](std::uintptr_t stream) { check(vsr_stream_synchronize(reinterpret_cast<void*>(stream))); },
       "stream"_a = 0, nb::call_guard<GilRelease>());

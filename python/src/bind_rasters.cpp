@@ -426,6 +426,8 @@ void bind_rasters(nb::module_& m) {
             Raster out = Raster::allocate(vsr::Residency::device, d, bands, height, width, {},
                                           affine_of(affine), std::move(crs))
                              .with_nodata(nodata);
+            vsr::check_device_range(reinterpret_cast<const void*>(ptr), out.byte_size(),
+                                    "from_device");
             check(vsr_memcpy(out.device_data(), reinterpret_cast<const void*>(ptr), out.byte_size(),
                              VSR_COPY_DEVICE_TO_DEVICE, reinterpret_cast<void*>(stream)));
             return out;

@@ -279,6 +279,65 @@ def test_from_device_reads_after_the_producers_stream(emu, created_stream):
     buf.close()
 
 
+class DlpackOnly:
+    """A producer that speaks only DLPack, over another one (a raster, a DeviceArray)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __dlpack__(self, stream=None, **kw):
+        return self.inner.__dlpack__(stream=stream, **kw)
+
+    def __dlpack_device__(self):
+        return self.inner.__dlpack_device__()
+
+
+@pytest.mark.parametrize("protocol", ["cai", "dlpack"])
+def test_from_device_refuses_an_extent_its_memory_does_not_hold(protocol):
+    # A 64-byte pool block described as 64 x 64 float32 (16 KiB: the pool's neighbouring memory)
+    # and as 1024 x 1024 (4 MiB: past the mapped pages, a sticky fault that would end every
+    # later allocation): refused before anything reads it, and the device stays usable.
+    data = np.arange(16, dtype=np.float32)
+    buf = device_copy_of(data)
+
+    def claim(shape):
+        if protocol == "cai":
+            return CaiArray(buf, shape, "<f4")
+        return DlpackOnly(DeviceArray(buf.ptr, shape, np.float32, owner=buf))
+
+    for shape, nbytes in (((64, 64), 16384), ((1024, 1024), 4 << 20), ((2, 3, 3), 72)):
+        with pytest.raises(ValueError, match=f"from_device: {nbytes} bytes at 0x[0-9a-f]+ run "
+                           "past the end of the pool block holding it \\(64 bytes at"):
+            OwnedRasterArray.from_device(claim(shape))
+    ok = OwnedRasterArray.from_device(claim((4, 4)))
+    assert np.array_equal(ok.to_numpy(), data.reshape(4, 4))
+    assert np.array_equal(OwnedRasterArray.from_numpy(sample(), residency="device").to_numpy(),
+                          sample())
+    # Freed memory, and memory that is no device memory at all.
+    del ok
+    ptr = buf.ptr
+    buf.close()
+    gone = DeviceArray(ptr, (4, 4), np.float32, owner=buf)
+    with pytest.raises(ValueError, match="from_device: .*in no live block"):
+        OwnedRasterArray.from_device(gone if protocol == "cai" else DlpackOnly(gone))
+    host = np.zeros((4, 4), np.float32)
+    fake = DeviceArray(host.ctypes.data, (4, 4), np.float32, owner=host)
+    with pytest.raises(ValueError, match="from_device: .*is not device memory"):
+        OwnedRasterArray.from_device(fake if protocol == "cai" else DlpackOnly(fake))
+
+
+def test_raw_copies_refuse_an_extent_their_memory_does_not_hold():
+    buf = DeviceBuffer(64)
+    out = np.zeros(1 << 20, np.float32)
+    with pytest.raises(ValueError, match="vsr_memcpy: src: 4194304 bytes at"):
+        _core.memcpy(out.ctypes.data, buf.ptr, out.nbytes, _core.COPY_DEVICE_TO_HOST)
+    assert not out.any()
+    with pytest.raises(ValueError, match="from_device: 16384 bytes"):
+        _core.Raster.from_device_memory(buf.ptr, "float32", 1, 64, 64, None,
+                                        (1.0, 0.0, 0.0, 0.0, -1.0, 0.0), "", 0)
+    buf.close()
+
+
 def test_from_device_bad_input():
     data = sample()
     buf = device_copy_of(data)
@@ -335,17 +394,7 @@ def test_dlpack_round_trip_between_rasters_is_zero_copy():
     again = OwnedRasterArray.from_device(r)  # through DLPack? r has CAI first: either way in place
     assert again.__cuda_array_interface__["data"][0] == r.__cuda_array_interface__["data"][0]
 
-    class OnlyDlpack:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __dlpack__(self, stream=None, **kw):
-            return self.inner.__dlpack__(stream=stream, **kw)
-
-        def __dlpack_device__(self):
-            return self.inner.__dlpack_device__()
-
-    via = OwnedRasterArray.from_device(OnlyDlpack(r))
+    via = OwnedRasterArray.from_device(DlpackOnly(r))
     assert via.__cuda_array_interface__["data"][0] == r.__cuda_array_interface__["data"][0]
     assert np.array_equal(via.to_numpy(), sample(dtype="float64"))
 

@@ -11,6 +11,9 @@ import importlib.util
 import os
 import pathlib
 import pickle
+import random
+import threading
+import time
 
 import pytest
 
@@ -437,3 +440,59 @@ def test_memviz_draws_one_self_contained_html_file(tmp_path, recording):
                          capture_output=True, timeout=120)
     assert dom.returncode == 0 and dom.stdout.count(b'class="series"') == 3
     b.close()
+
+
+def test_snapshots_taken_while_threads_allocate_are_one_cut(pool_baseline):
+    # Each snapshot's trace and segments agree (memviz.check_snapshot) while other threads
+    # allocate and free: the snapshot reads both at one cut. Read at two moments, a block freed
+    # in between is "allocated, never freed and not live". A small bound: events are let go all
+    # the time, and the trace must still be every event after one moment.
+    memory.record_memory_history(True, 4096)
+    stop = threading.Event()
+    errors = []
+    shared = []  # blocks one thread allocated and another frees
+    made = [0]  # allocations so far, of all threads
+
+    def work(seed):
+        rng = random.Random(seed)
+        live = []
+        try:
+            while not stop.is_set():
+                live.append(memory.DeviceBuffer(rng.choice((64, 256, 1000, 4096, 20000, 3 * MIB))))
+                made[0] += 1
+                if len(shared) < 32 and rng.random() < 0.2:
+                    shared.append(live.pop())
+                if shared and rng.random() < 0.2:
+                    try:
+                        shared.pop().close()
+                    except IndexError:
+                        pass
+                while len(live) > 16 or (live and rng.random() < 0.4):
+                    live.pop(rng.randrange(len(live))).close()
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+        for b in live:
+            b.close()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    bad = []
+    try:
+        for _ in range(100):
+            seen = made[0]
+            while made[0] < seen + 50 and not errors:  # the threads allocate between snapshots
+                time.sleep(0.0005)
+            try:
+                memviz.check_snapshot(memory.snapshot())
+            except memviz.SnapshotError as e:
+                bad.append(str(e).splitlines()[0])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        for b in shared:
+            b.close()
+        memory.record_memory_history(False)
+    assert not errors
+    assert not bad, f"{len(bad)} of 100 snapshots inconsistent, first: {bad[0]}"

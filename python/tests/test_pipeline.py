@@ -53,6 +53,26 @@ def test_calc_several_inputs_and_expressions():
     assert out.dtype == np.float32
 
 
+@pytest.mark.parametrize("compute", ["float64", "float32"])
+def test_calc_constants_give_what_pixels_of_the_same_value_give(compute):
+    # numpy's ** fast path x ** 0.5 is sqrt(x), on constants as on pixels: (-0.0) ** 0.5 is -0.0
+    # and (-inf) ** 0.5 NaN (C's pow gives +0.0 and +inf).
+    values = np.array([[[-0.0, -np.inf, 4.0, -1.0]]], dtype=compute)
+    a = OwnedRasterArray.from_numpy(values)
+    exprs = [f"A ** {e}" for e in ("0.5", "2", "-1")] + ["pow(A, 0.5)"]
+    by_pixel = ops.calc(exprs, A=a, dtype="float64", compute=compute,
+                        propagate_nodata=False).to_numpy().reshape(len(exprs), 4)
+    literal = ["(-0.0)", "(-inf)", "4.0", "(-1.0)"]
+    folded = ops.calc([e.replace("A", v) for e in exprs for v in literal], A=a, dtype="float64",
+                      compute=compute, propagate_nodata=False).to_numpy()
+    folded = folded.reshape(len(exprs), 4, 4)[:, :, 0]  # every pixel of a constant is the same
+    assert np.array_equal(folded, by_pixel, equal_nan=True)
+    numbers = ~np.isnan(by_pixel)
+    assert np.array_equal(np.signbit(folded[numbers]), np.signbit(by_pixel[numbers]))
+    assert np.signbit(folded[0, 0]) and folded[0, 0] == 0 and np.isnan(folded[0, 1])
+    assert folded[3, 1] == np.inf and not np.signbit(folded[3, 0])  # pow() stays C's pow
+
+
 def test_a_pipeline_equals_its_steps_whole_and_tiled():
     a = raster(3, 37, 41, 4)
     chain = (ops.Pipeline(A=3).focal_mean("reflect").clip(5, 95).focal_mean("nearest")

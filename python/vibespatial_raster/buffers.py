@@ -444,10 +444,17 @@ class OwnedRasterArray:
         handle other than 0); DLPack's device, version, shape, dtype and read-only flag. A
         read-only array gives read-only device views.
 
+        The array's extent is checked against the memory before anything reads it: a pointer
+        into the runtime's pool must lie in a live block that holds the whole array, any other
+        in one device allocation the driver reports that does (for another library's pool, its
+        whole driver allocation; for VMM memory, its whole reservation).
+
         Raises:
             TypeError: no such interface, host memory (use from_numpy), an unsupported dtype,
             or a field of the wrong type; ValueError: not 2D/3D, empty, not C-contiguous,
-            masked, non-native byte order, a byte size beyond 64 bits, or another bad value.
+            masked, non-native byte order, a byte size beyond 64 bits, memory that does not
+            hold the whole array (or is no device memory the driver knows), or another bad
+            value.
         """
         if hasattr(device_arr, "__cuda_array_interface__"):
             ext, shape, dtype = _import_cai(device_arr)
@@ -462,6 +469,10 @@ class OwnedRasterArray:
         if min(shape3) <= 0:
             raise ValueError(f"from_device: empty array of shape {tuple(shape)}")
         value = _checked_nodata("from_device", nodata, dtype)
+        # Before anything reads it: the memory must hold the whole array (a pool block its
+        # requested bytes, other memory the allocation the driver knows there).
+        nbytes = int(shape3[0]) * int(shape3[1]) * int(shape3[2]) * dtype.itemsize
+        _core.check_device_range(ext.ptr, nbytes, "from_device")
         self = object.__new__(cls)
         self._native = None
         self._ext = ext

@@ -407,6 +407,10 @@ vsr_status vsr_memcpy(void* dst, const void* src, size_t bytes, int kind, void* 
     VSR_EXPECTS(dst != nullptr && src != nullptr, "dst or src is NULL");
     const vsr::detail::DriverApi& api = vsr::detail::driver();
     vsr::detail::bind_current_device();
+    // Before any copy: the device side(s) must hold `bytes` (a copy past an allocation reads its
+    // neighbours, or faults with a sticky error that ends the context).
+    if (kind != VSR_COPY_HOST_TO_DEVICE) vsr::check_device_range(src, bytes, "src");
+    if (kind != VSR_COPY_DEVICE_TO_HOST) vsr::check_device_range(dst, bytes, "dst");
     const auto s = static_cast<CUstream>(stream);
     using vsr::detail::to_device_ptr;
     switch (kind) {

@@ -51,6 +51,7 @@ enum class EntryKind {
   X(cuMemFree, 3020, required)                    \
   X(cuMemHostAlloc, 2020, required)               \
   X(cuMemFreeHost, 2000, required)                \
+  X(cuMemGetAddressRange, 3020, required)         \
   X(cuMemcpyHtoD, 3020, required)                 \
   X(cuMemcpyDtoH, 3020, required)                 \
   X(cuMemcpyDtoD, 3020, required)                 \

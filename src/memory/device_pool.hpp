@@ -136,6 +136,18 @@ inline void note_driver_allocation(MemoryAction action, int device, CUdeviceptr 
     history::record_now(action, device, ptr, size);
 }
 
+/// What a pool holds at an address (DevicePool::block_at).
+struct BlockAt {
+  enum class Kind {
+    none,      ///< memory the pool does not hold
+    not_live,  ///< memory the pool holds in no live block (freed, cached, or never handed out)
+    live,      ///< inside the live block of `bytes` requested bytes at `begin`
+  };
+  Kind kind = Kind::none;
+  std::uintptr_t begin = 0;
+  std::size_t bytes = 0;
+};
+
 /// One device's pool of one tier.
 class DevicePool {
  public:
@@ -148,6 +160,10 @@ class DevicePool {
   virtual void deallocate(void* ptr, std::size_t bytes, CUstream stream) = 0;
   /// True if `ptr` lies in memory this pool manages (live or not). Lock-free where possible.
   virtual bool owns(const void* ptr) const noexcept = 0;
+  /// Where `ptr` (any address, a block's interior included) lies in this pool's memory: the
+  /// exact extent of the live block holding it, as requested (check_device_range). Takes the
+  /// pool's lock.
+  virtual BlockAt block_at(const void* ptr) const = 0;
   /// Gives every free physical byte back to the driver, waiting for pending frees.
   virtual void trim() = 0;
   /// forget_stream(stream) for this pool: memory freed on `stream` stops being "same stream" for
@@ -166,7 +182,15 @@ class DevicePool {
   }
   /// Returns everything to the driver, live blocks included. Never throws.
   virtual void teardown() noexcept = 0;
-  /// Appends this pool's segments to `out` (memory_history.hpp), under the pool's lock.
+  /// Holds the pool still for a snapshot's cut (memory_snapshot.cpp): takes its lock and waits
+  /// until no thread is on a lock-free path of it. Until release_still(), every allocation and
+  /// free of the pool waits, and every one that returned or stands waiting has recorded all of
+  /// its history events or none: a pool records a block's events in the same locked (or
+  /// fast-path) section that changes the block. Meanwhile the caller may call only
+  /// collect_segments and collect_owned_locked, and the history's recorder.
+  virtual void hold_still() const = 0;
+  virtual void release_still() const noexcept = 0;
+  /// Appends this pool's segments to `out` (memory_history.hpp). The caller holds the pool still.
   virtual void collect_segments(std::vector<MemorySnapshotSegment>& out) const = 0;
   /// Appends each live block whose owner stamp is of history session `session` to `out`, under
   /// the pool's lock (memory_owners.hpp). A pool records a block's alloc event and keeps the
@@ -174,6 +198,9 @@ class DevicePool {
   /// reach another thread.
   virtual void collect_owned(std::uint16_t session,
                              std::vector<history::OwnedBlock>& out) const = 0;
+  /// collect_owned, with the pool held still by the caller (hold_still).
+  virtual void collect_owned_locked(std::uint16_t session,
+                                    std::vector<history::OwnedBlock>& out) const = 0;
   int device() const noexcept { return device_; }
 
  protected:

@@ -8,10 +8,10 @@
 // while live, inactive while cached; the history records it as segment_alloc and segment_free.
 #include "memory/device_pool.hpp"
 
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <stdexcept>
-#include <unordered_map>
 #include <vector>
 
 namespace vibespatial::raster::detail {
@@ -88,6 +88,19 @@ class FallbackPool final : public DevicePool {
     return false;
   }
 
+  BlockAt block_at(const void* ptr) const override {
+    const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+    std::lock_guard lock(mutex_);
+    auto it = live_.upper_bound(p);
+    if (it != live_.begin() && p - std::prev(it)->first < std::prev(it)->second.size) {
+      return {BlockAt::Kind::live, std::prev(it)->first, std::prev(it)->second.bytes};
+    }
+    for (const auto& [size, c] : cached_) {
+      if (p >= c.ptr && p - c.ptr < size) return {BlockAt::Kind::not_live};
+    }
+    return {};
+  }
+
   void trim() override {
     std::lock_guard lock(mutex_);
     ScopedDeviceContext scope(device_);
@@ -111,8 +124,10 @@ class FallbackPool final : public DevicePool {
     }
   }
 
+  void hold_still() const override { mutex_.lock(); }  // every path of this pool takes it
+  void release_still() const noexcept override { mutex_.unlock(); }
+
   void collect_segments(std::vector<MemorySnapshotSegment>& out) const override {
-    std::lock_guard lock(mutex_);
     const std::size_t first = out.size();
     for (const auto& [p, b] : live_)
       out.push_back(driver_allocation_segment(device_, p, b.size, b.bytes));
@@ -123,6 +138,11 @@ class FallbackPool final : public DevicePool {
 
   void collect_owned(std::uint16_t session, std::vector<history::OwnedBlock>& out) const override {
     std::lock_guard lock(mutex_);
+    collect_owned_locked(session, out);
+  }
+
+  void collect_owned_locked(std::uint16_t session,
+                            std::vector<history::OwnedBlock>& out) const override {
     for (const auto& [p, b] : live_) {
       if (b.owner != 0 && history::stamp_session(b.owner) == session) {
         out.push_back({p, b.bytes, history::stamp_tag(b.owner)});
@@ -217,7 +237,7 @@ class FallbackPool final : public DevicePool {
   }
 
   mutable std::mutex mutex_;
-  std::unordered_map<CUdeviceptr, Live> live_;
+  std::map<CUdeviceptr, Live> live_;  // ordered: block_at finds interior addresses
   std::multimap<std::size_t, Cached> cached_;
   std::size_t used_bytes_ = 0;
   std::size_t cached_bytes_ = 0;

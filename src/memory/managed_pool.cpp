@@ -4,8 +4,9 @@
 // as segment_alloc and segment_free in the history.
 #include "memory/device_pool.hpp"
 
+#include <iterator>
+#include <map>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 namespace vibespatial::raster::detail {
@@ -74,6 +75,19 @@ class ManagedPool final : public DevicePool {
     return live_.count(reinterpret_cast<CUdeviceptr>(ptr)) != 0;
   }
 
+  BlockAt block_at(const void* ptr) const override {
+    const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+    std::lock_guard lock(mutex_);
+    auto it = live_.upper_bound(p);
+    if (it != live_.begin() && p - std::prev(it)->first < std::prev(it)->second.bytes) {
+      return {BlockAt::Kind::live, std::prev(it)->first, std::prev(it)->second.bytes};
+    }
+    for (const Pending& f : pending_) {
+      if (p >= f.ptr && p - f.ptr < f.bytes) return {BlockAt::Kind::not_live};
+    }
+    return {};
+  }
+
   void trim() override {
     std::lock_guard lock(mutex_);
     ScopedDeviceContext scope(device_);
@@ -90,8 +104,10 @@ class ManagedPool final : public DevicePool {
 
   void forget(CUstream /*stream*/) override {}  // pending frees hold events, not streams
 
+  void hold_still() const override { mutex_.lock(); }  // every path of this pool takes it
+  void release_still() const noexcept override { mutex_.unlock(); }
+
   void collect_segments(std::vector<MemorySnapshotSegment>& out) const override {
-    std::lock_guard lock(mutex_);
     const std::size_t first = out.size();
     for (const auto& [p, b] : live_) {
       out.push_back(driver_allocation_segment(device_, p, b.bytes, b.bytes));
@@ -104,6 +120,11 @@ class ManagedPool final : public DevicePool {
 
   void collect_owned(std::uint16_t session, std::vector<history::OwnedBlock>& out) const override {
     std::lock_guard lock(mutex_);
+    collect_owned_locked(session, out);
+  }
+
+  void collect_owned_locked(std::uint16_t session,
+                            std::vector<history::OwnedBlock>& out) const override {
     for (const auto& [p, b] : live_) {
       if (b.owner != 0 && history::stamp_session(b.owner) == session) {
         out.push_back({p, b.bytes, history::stamp_tag(b.owner)});
@@ -185,7 +206,7 @@ class ManagedPool final : public DevicePool {
   }
 
   mutable std::mutex mutex_;
-  std::unordered_map<CUdeviceptr, Live> live_;
+  std::map<CUdeviceptr, Live> live_;  // ordered: block_at finds interior addresses
   std::vector<Pending> pending_;
   UsageCounters usage_;
   MarkFactory marks_;

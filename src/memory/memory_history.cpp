@@ -118,6 +118,11 @@ struct Recorder {
   std::vector<Chunk*> spare;    // chunks to reuse
   std::size_t capacity = 0;
   std::uint64_t dropped = 0;
+  // The latest time stamp of an event let go. A snapshot leaves out every event at or before it
+  // too (counted as dropped), so that its trace is every event after one moment: threads hand
+  // their chunks over in no order of time, and a ring that let one thread's older chunk go may
+  // still hold another thread's events from before it (an alloc whose free was let go).
+  std::uint64_t dropped_until = 0;
   std::atomic<std::uint64_t> lost{0};  // events no buffer could take (host memory)
   // The clock: ticks and wall time when recording started.
   std::uint64_t t0 = 0;
@@ -212,14 +217,22 @@ bool earlier(const Event& a, const Event& b) noexcept {
   return a.t < b.t;
 }
 
+// Lets the events [begin, end) go, which stand for `entries` trace entries. Mutex held.
+void let_go(Recorder& r, const RawEvent* begin, const RawEvent* end,
+            std::uint32_t entries) noexcept {
+  r.dropped += entries;
+  for (const RawEvent* e = begin; e < end; e += wide(*e) ? 2 : 1) {
+    r.dropped_until = std::max(r.dropped_until, e->t);
+  }
+}
+
 // Lets the oldest chunks go down to the bound. Mutex held.
 void trim_ring(Recorder& r) noexcept {
   while (r.ring.size() > 1 && r.ring_events - r.ring.front()->entries >= r.capacity) {
     Chunk* old = r.ring.front();
     r.ring.pop_front();
-    const std::uint32_t n = old->entries;
-    r.ring_events -= n;
-    r.dropped += n;
+    r.ring_events -= old->entries;
+    let_go(r, &old->events[old->begin], &old->events[old->end], old->entries);
     recycle(r, old);
   }
 }
@@ -236,7 +249,7 @@ void hand_over(Recorder& r, Chunk* c, std::uint32_t entries) noexcept {
   try {
     r.ring.push_back(c);
   } catch (...) {
-    r.dropped += c->entries;
+    let_go(r, &c->events[c->begin], &c->events[c->end], c->entries);
     recycle(r, c);
     return;
   }
@@ -254,7 +267,8 @@ void drain_locked(Recorder& r) noexcept {
     Chunk* c = new_chunk(r);
     if (c == nullptr) {
       // No host memory: lost, and counted.
-      r.dropped += entries_of(&b->chunk->events[tail], &b->chunk->events[head]);
+      let_go(r, &b->chunk->events[tail], &b->chunk->events[head],
+             entries_of(&b->chunk->events[tail], &b->chunk->events[head]));
     } else {
       std::copy(&b->chunk->events[tail], &b->chunk->events[head], c->events.begin());
       c->end = head - tail;
@@ -279,7 +293,7 @@ void drain_locked(Recorder& r) noexcept {
                        : entries_of(&full->events[full->begin], &full->events[full->end]);
   st.chunk_entries = 0;
   if (fresh == nullptr) {  // no host memory: the chunk's events are lost, and counted
-    r.dropped += entries;
+    let_go(r, &full->events[full->begin], &full->events[full->end], entries);
     fresh = full;
   } else {
     hand_over(r, full, entries);
@@ -325,9 +339,10 @@ thread_local BufferHolder t_holder;
   return t_hot.buffer;
 }
 
-// The ring's events, oldest first: the newest `capacity` of them (the rest count as dropped).
-// Mutex held.
+// The ring's events, oldest first: those after the latest one let go, and of them the newest
+// `capacity` (the rest count as dropped): every event after one moment. Mutex held.
 std::vector<Event> ring_events(Recorder& r, std::uint64_t& dropped) {
+  std::uint64_t late = 0;  // events kept, but from before one let go
   std::vector<Event> events;
   events.reserve(r.ring_events);
   for (Chunk* c : r.ring) {
@@ -345,6 +360,10 @@ std::vector<Event> ring_events(Recorder& r, std::uint64_t& dropped) {
         out.addr = c->events[i].t;
         out.size = c->events[i].addr_word;
       }
+      if (out.t <= r.dropped_until) {  // before an event let go: left out as well
+        late += entries_for(out.action);
+        continue;
+      }
       if (out.action != kRawFree) {
         events.push_back(out);
         continue;
@@ -357,7 +376,7 @@ std::vector<Event> ring_events(Recorder& r, std::uint64_t& dropped) {
     }
   }
   std::stable_sort(events.begin(), events.end(), earlier);
-  dropped = r.dropped;
+  dropped = r.dropped + late;
   if (events.size() > r.capacity) {
     const std::size_t extra = events.size() - r.capacity;
     events.erase(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(extra));
@@ -627,13 +646,16 @@ std::unordered_map<std::uint64_t, std::string> owners_by_address(
   return out;
 }
 
-void fill_traces(MemorySnapshot& snapshot, int device_count) {
+TraceCut::TraceCut() : lock_(recorder().mutex) {
+  drain_locked(recorder());
+}
+
+void TraceCut::fill(MemorySnapshot& snapshot, int device_count) {
   Recorder& r = recorder();
   std::vector<Event> events;
   double us_per_tick = 0;
   {
-    std::lock_guard lock(r.mutex);
-    drain_locked(r);
+    const std::unique_lock lock = std::move(lock_);
     events = ring_events(r, snapshot.dropped_events);
     snapshot.dropped_events += r.lost.load(std::memory_order_relaxed);
     snapshot.recording = on();
@@ -727,6 +749,7 @@ void record_memory_history(bool enabled, std::size_t max_entries) {
   h::clear_ring(r);
   r.capacity = max_entries;
   r.dropped = 0;
+  r.dropped_until = 0;
   r.lost.store(0, std::memory_order_relaxed);
   r.steady0 = std::chrono::steady_clock::now();
   r.wall0_us = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -137,7 +138,22 @@ std::vector<OwnerUsage> usage_by_owner(const std::vector<OwnedBlock>& blocks);
 std::unordered_map<std::uint64_t, std::string> owners_by_address(
     const std::vector<OwnedBlock>& blocks);
 
-/// The recorded events, oldest first, and how many the ring let go (into `snapshot`).
-void fill_traces(MemorySnapshot& snapshot, int device_count);
+/// The history at a snapshot's cut (memory_snapshot.cpp). Made while every pool is held still
+/// (DevicePool::hold_still): it takes the recorder's lock and moves every event recorded so far
+/// into the ring, so that the ring holds every event of every change the pools have made up to
+/// the cut, and none of a later one (those wait in their threads' buffers for the next
+/// snapshot). The pools may be released after it is made. fill() then writes the ring's events,
+/// oldest first, and how many it let go, into a snapshot. The recorder's lock is held until
+/// fill() (or destruction): a thread whose buffer fills meanwhile waits for it.
+class TraceCut {
+ public:
+  TraceCut();
+  TraceCut(const TraceCut&) = delete;
+  TraceCut& operator=(const TraceCut&) = delete;
+  void fill(MemorySnapshot& snapshot, int device_count);
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
 
 }  // namespace vibespatial::raster::detail::history

@@ -44,13 +44,18 @@ std::vector<OwnerUsage> owner_usage(int device) {
   return history::usage_by_owner(owned_blocks(device));
 }
 
-std::unordered_map<std::uint64_t, std::string> live_owners() {
+std::vector<history::OwnedBlock> owned_blocks_held(const std::vector<const DevicePool*>& pools) {
   std::vector<history::OwnedBlock> all;
-  for (int d = 0; d < kMaxDevices; ++d) {
-    std::vector<history::OwnedBlock> blocks = owned_blocks(d);
-    all.insert(all.end(), blocks.begin(), blocks.end());
+  if (history::on()) {
+    for (const DevicePool* pool : pools)
+      pool->collect_owned_locked(history::current_session(), all);
+    return all;
   }
-  return history::owners_by_address(all);
+  Kept& k = kept();
+  std::lock_guard lock(k.mutex);
+  if (!k.valid) return all;
+  for (const auto& blocks : k.blocks) all.insert(all.end(), blocks.begin(), blocks.end());
+  return all;
 }
 
 void keep_owned_blocks() noexcept {

@@ -16,6 +16,8 @@
 
 namespace vibespatial::raster::detail {
 
+class DevicePool;
+
 /// The live blocks of `device` allocated while the current history recorded (each pool's
 /// stamped blocks); after a stop, those kept at the stop. Empty when nothing was recorded. Takes
 /// the device pool's lock. Throws std::bad_alloc.
@@ -24,8 +26,10 @@ std::vector<history::OwnedBlock> owned_blocks(int device);
 /// Live bytes and counts per owner tag on `device`, largest first (owned_blocks).
 std::vector<OwnerUsage> owner_usage(int device);
 
-/// The owner tag of each owned live block of every device, by address (owned_blocks).
-std::unordered_map<std::uint64_t, std::string> live_owners();
+/// The owned live blocks of `pools` (owned_blocks), for a snapshot that holds each of them still
+/// (DevicePool::hold_still): read from the pools under the caller's hold while recording, else
+/// those kept at the stop.
+std::vector<history::OwnedBlock> owned_blocks_held(const std::vector<const DevicePool*>& pools);
 
 /// Keeps every device's owned blocks as they are now (the history stops: afterwards no stamp
 /// is written, so the pools' stamps would go stale as blocks are freed and reused). Takes the

@@ -9,6 +9,7 @@
 #include "memory/registry_state.hpp"
 
 #include <string>
+#include <vector>
 
 namespace vibespatial::raster::detail {
 namespace {
@@ -63,6 +64,38 @@ class Pickler {
 };
 
 }  // namespace
+
+/// Every pool there is, held still (DevicePool::hold_still) in device order until release() or
+/// destruction.
+class StillPools {
+ public:
+  StillPools() {
+    try {
+      for (auto& slot : registry().pools) {
+        const DevicePool* p = slot.load(std::memory_order_acquire);
+        if (p == nullptr) continue;
+        pools_.push_back(p);
+        p->hold_still();
+        ++held_;
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~StillPools() { release(); }
+  StillPools(const StillPools&) = delete;
+  StillPools& operator=(const StillPools&) = delete;
+  const std::vector<const DevicePool*>& pools() const noexcept { return pools_; }
+  void release() noexcept {
+    while (held_ > 0) pools_[--held_]->release_still();
+  }
+
+ private:
+  std::vector<const DevicePool*> pools_;
+  std::size_t held_ = 0;
+};
+
 }  // namespace vibespatial::raster::detail
 
 namespace vibespatial::raster {
@@ -70,18 +103,24 @@ namespace vibespatial::raster {
 MemorySnapshot memory_snapshot() {
   MemorySnapshot snap;
   if (detail::in_forked_child()) return snap;
-  // The history first, then the segments: a block allocated in between is live without an alloc
-  // event (as one allocated before recording started).
   int devices = 1;
   if (detail::current_tier() != detail::Tier::none) {
     devices = std::max(1, detail::driver_state().device_count);
   }
-  detail::history::fill_traces(snap, devices);
-  for (auto& slot : detail::registry().pools) {
-    const detail::DevicePool* p = slot.load(std::memory_order_acquire);
-    if (p != nullptr) p->collect_segments(snap.segments);
-  }
-  const auto owners = detail::live_owners();
+  // One cut: every pool held still (its lock, and no thread on its lock-free paths), then the
+  // history drained up to that moment and the segments and owners read, before any pool moves
+  // on. A pool records a block's events in the section that changes the block, so every block
+  // change before the cut is in the trace and the segments, and none after it is in either.
+  // (Read at two moments, a block freed in between would be "allocated, never freed, and not
+  // live", and a page mapped anew after a free not yet recorded would cover a block "live"
+  // before it.) The history's events are sorted after the pools are released.
+  detail::StillPools still;
+  detail::history::TraceCut cut;
+  for (const detail::DevicePool* p : still.pools()) p->collect_segments(snap.segments);
+  const std::vector<detail::history::OwnedBlock> owned = detail::owned_blocks_held(still.pools());
+  still.release();
+  cut.fill(snap, devices);
+  const auto owners = detail::history::owners_by_address(owned);
   for (MemorySnapshotSegment& seg : snap.segments) {
     for (MemorySnapshotBlock& b : seg.blocks) {
       if (!b.active) continue;

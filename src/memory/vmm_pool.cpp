@@ -115,6 +115,29 @@ void VmmPool::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   deallocate_small(slab, ptr, bytes, stream);
 }
 
+BlockAt VmmPool::block_at(const void* ptr) const {
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  std::lock_guard lock(mutex_);
+  const int region = region_of(p);
+  if (region < 0) return {};
+  const BlockAt not_live{BlockAt::Kind::not_live};
+  if (regions_[static_cast<std::size_t>(region)].small) {
+    const Slab* slab = slab_of(p);
+    if (slab == nullptr) return not_live;
+    const std::size_t slot = slab->slot_of(p);
+    if (slot >= slab->carved) return not_live;  // never handed out, or past the last slot
+    const std::uint32_t requested =
+        const_cast<SlotRecords&>(slab->requested)[slot].load(std::memory_order_acquire);
+    if (requested == 0) return not_live;  // free, or in a thread's cache
+    return {BlockAt::Kind::live, slab->base + slot * slab->slot_size, requested};
+  }
+  auto it = live_large_.upper_bound(p);
+  if (it == live_large_.begin()) return not_live;
+  --it;
+  if (p - it->first >= it->second.pages * page_) return not_live;
+  return {BlockAt::Kind::live, it->first, it->second.bytes};
+}
+
 void VmmPool::trim() {
   ThreadCache& cache = thread_cache();
   std::lock_guard lock(mutex_);

@@ -214,11 +214,13 @@ class alignas(64) ThreadCache {
   // the fast path by the owner; written under the mutex by the owner or, after the handshake
   // below, by a thread that takes the cache's blocks.
   std::uint64_t forget_seen = 0;
-  // The handshake that lets another thread take this cache's blocks (VmmPool::drain_caches)
-  // while the owner may be on its lock-free fast path. The owner sets `active` around every use
-  // of its bins outside the mutex and then checks `steal`: if set, it leaves and takes the locked
-  // path. A thread that takes the blocks holds the mutex, sets `steal`, fences, waits for
-  // `active` to clear, empties the bins, and clears `steal`. Between the owner's store and load
+  // The handshake that lets another thread take this cache's blocks (VmmPool::drain_caches), or
+  // hold the pool still for a snapshot (hold_still), while the owner may be on its lock-free
+  // fast path. The owner sets `active` around every use of its bins outside the mutex (and,
+  // while recording, around the change of the block and its history events) and then checks
+  // `steal`: if set, it leaves and takes the locked path. A thread that takes the blocks holds
+  // the mutex, sets `steal`, fences, waits for `active` to clear, empties the bins (a snapshot
+  // reads them), and clears `steal`. Between the owner's store and load
   // and the taker's store and load sits a store-load fence: asymmetric (a compiler barrier on the
   // owner's side, membarrier on the taker's) where available, else sequentially consistent
   // operations on both sides.
@@ -274,6 +276,7 @@ class VmmPool final : public DevicePool {
   void* allocate(std::size_t bytes, CUstream stream) override;
   void deallocate(void* ptr, std::size_t bytes, CUstream stream) override;
   bool owns(const void* ptr) const noexcept override;
+  BlockAt block_at(const void* ptr) const override;
   void trim() override;
   void forget(CUstream stream) override;
   void fill_stats(MemoryPoolStats& stats) const noexcept override;
@@ -281,8 +284,12 @@ class VmmPool final : public DevicePool {
   std::string check_invariants() const override;
   std::pair<std::uintptr_t, std::uintptr_t> slab_extent(const void* ptr) const override;
   void teardown() noexcept override;
+  void hold_still() const override;
+  void release_still() const noexcept override;
   void collect_segments(std::vector<MemorySnapshotSegment>& out) const override;
   void collect_owned(std::uint16_t session, std::vector<history::OwnedBlock>& out) const override;
+  void collect_owned_locked(std::uint16_t session,
+                            std::vector<history::OwnedBlock>& out) const override;
 
   void retire_cache(ThreadCache& cache) noexcept;
 
@@ -316,6 +323,12 @@ class VmmPool final : public DevicePool {
   // Moves the blocks every other thread's cache holds to the shared lists, and gives up those
   // threads' bump slabs, so that trim() can release what they freed. Mutex held.
   void drain_caches(const ThreadCache* self) noexcept;
+  // The taking side of the cache handshake (mutex held): sets `steal` on every cache but `self`,
+  // then waits until none of their owners is on its fast path. Until release_caches() each owner
+  // takes the locked path, which waits for the mutex. False when the fence failed: then nothing
+  // is known about the owners' fast paths (membarrier, once registered, does not fail).
+  bool hold_caches(const ThreadCache* self) const noexcept;
+  void release_caches(const ThreadCache* self) const noexcept;
   // Small blocks.
   ThreadCache& thread_cache();
   // The key of a stream named by `cache`'s owner (CU_STREAM_PER_THREAD: the owner's).
@@ -327,6 +340,19 @@ class VmmPool final : public DevicePool {
   // Frees a small block of `slab` (deallocate found it): into the thread's cache bin with no lock
   // and no driver call, or under the mutex when the bin is full or being drained.
   void deallocate_small(Slab* slab, void* ptr, std::size_t bytes, CUstream stream);
+  // deallocate_small while recording: the slot's release, the bin's entry and the free's events
+  // in one window (the fast path's, or the mutex), so that a snapshot, which holds both
+  // (hold_still), sees the free whole or not at all.
+  void deallocate_small_recorded(ThreadCache& cache, Slab* slab, std::size_t slot, void* ptr,
+                                 std::size_t bytes, CUstream stream);
+  // Takes slot `slot` of `slab` back from its block (without a lock: the compare-exchange on
+  // its requested size detects double frees and wrong sizes); throws std::invalid_argument,
+  // changing nothing, unless it holds a live block of `bytes`.
+  void release_slot(Slab* slab, std::size_t slot, const void* ptr, std::size_t bytes);
+  // A freed small block into its thread's bin, flushing half of a full bin to the shared lists
+  // (and marking `stream`'s frees). Mutex held.
+  void free_into_bin_locked(ThreadCache& cache, Slab* slab, void* ptr, std::size_t bytes,
+                            CUstream stream) noexcept;
   void* refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes, CUstream stream);
   void flush_bin(ThreadCache& cache, int size_class, int keep) noexcept;  // mutex held
   // Batches (mutex held).

@@ -84,11 +84,7 @@ void* VmmPool::allocate_small(std::size_t bytes, CUstream stream) {
   return refill_and_allocate(cache, size_class, bytes, stream);
 }
 
-void VmmPool::deallocate_small(Slab* slab, void* ptr, std::size_t bytes, CUstream stream) {
-  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
-  const std::size_t slot = slab->slot_of(p);
-  VSR_EXPECTS(p == slab->base + slot * slab->slot_size && slot < slab->slot_count,
-              "device_deallocate: pointer is inside a small block, not at its start");
+void VmmPool::release_slot(Slab* slab, std::size_t slot, const void* ptr, std::size_t bytes) {
   std::uint32_t expected = static_cast<std::uint32_t>(bytes);
   const bool fits = bytes != 0 && bytes <= small_limit_;
   if (!fits) expected = slab->requested[slot].load(std::memory_order_acquire);
@@ -97,47 +93,88 @@ void VmmPool::deallocate_small(Slab* slab, void* ptr, std::size_t bytes, CUstrea
     const std::size_t allocated = expected;
     expect_live_block(ptr, expected == 0 ? nullptr : &allocated, bytes);
   }
+}
+
+void VmmPool::deallocate_small(Slab* slab, void* ptr, std::size_t bytes, CUstream stream) {
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  const std::size_t slot = slab->slot_of(p);
+  VSR_EXPECTS(p == slab->base + slot * slab->slot_size && slot < slab->slot_count,
+              "device_deallocate: pointer is inside a small block, not at its start");
   ThreadCache& cache = thread_cache();
+  if (history::on()) [[unlikely]]
+    return deallocate_small_recorded(cache, slab, slot, ptr, bytes, stream);
+  release_slot(slab, slot, ptr, bytes);
   Bin& bin = cache.bins[static_cast<std::size_t>(slab->size_class)];
   // Into the thread's cache bin with no lock and no driver call, or under the mutex when the bin
   // is full or being drained.
-  auto release = [&] {
-    if (enter_fast_path(cache)) [[likely]] {
-      if (bin.count < kBinCapacity) [[likely]] {
-        bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
-        cache.add(-static_cast<std::int64_t>(bytes), -1);
-        leave_fast_path(cache);
-        return;
-      }
-      leave_fast_path(cache);
-    }
-    // The bin is full, another thread is draining it, or a forget_stream() call is to be applied
-    // first: under the mutex, which such a thread holds.
-    try {
-      std::lock_guard lock(mutex_);
-      note_locked();
-      sync_forgotten(cache);
-      const bool flushed = bin.count == kBinCapacity;
-      if (flushed) flush_bin(cache, slab->size_class, kBinCapacity / 2);
+  if (enter_fast_path(cache)) [[likely]] {
+    if (bin.count < kBinCapacity) [[likely]] {
       bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
       cache.add(-static_cast<std::int64_t>(bytes), -1);
-      if (flushed) mark_pending(stream, key_in(cache, stream));  // a call on `stream`
-    } catch (...) {
-      slab->requested[slot].store(static_cast<std::uint32_t>(bytes),
-                                  std::memory_order_release);  // changes nothing
-      throw;
+      leave_fast_path(cache);
+      return;
     }
-  };
-  if (history::on()) [[unlikely]] {
-    // The free's time stamp before the block can be reused; its events once it is free.
-    const std::uint64_t t =
-        history::free_time(slab->owners[slot].load(std::memory_order_relaxed), cache.history_id);
-    release();  // throws: nothing is recorded
+    leave_fast_path(cache);
+  }
+  // The bin is full, another thread is draining it, or a forget_stream() call is to be applied
+  // first: under the mutex, which such a thread holds.
+  try {
+    std::lock_guard lock(mutex_);
+    note_locked();
+    free_into_bin_locked(cache, slab, ptr, bytes, stream);
+  } catch (...) {
+    slab->requested[slot].store(static_cast<std::uint32_t>(bytes),
+                                std::memory_order_release);  // changes nothing
+    throw;
+  }
+}
+
+void VmmPool::free_into_bin_locked(ThreadCache& cache, Slab* slab, void* ptr, std::size_t bytes,
+                                   CUstream stream) noexcept {
+  Bin& bin = cache.bins[static_cast<std::size_t>(slab->size_class)];
+  sync_forgotten(cache);
+  const bool flushed = bin.count == kBinCapacity;
+  if (flushed) flush_bin(cache, slab->size_class, kBinCapacity / 2);
+  bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
+  cache.add(-static_cast<std::int64_t>(bytes), -1);
+  if (flushed) mark_pending(stream, key_in(cache, stream));  // a call on `stream`
+}
+
+void VmmPool::deallocate_small_recorded(ThreadCache& cache, Slab* slab, std::size_t slot, void* ptr,
+                                        std::size_t bytes, CUstream stream) {
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  // The free's time stamp before the block can be reused; its events once it is free, before
+  // the window closes.
+  const auto record = [&](std::uint64_t t) {
     history::record_free(*cache.history_state, device_, p, bytes,
                          reinterpret_cast<std::uintptr_t>(stream), t);
-    return;
+  };
+  Bin& bin = cache.bins[static_cast<std::size_t>(slab->size_class)];
+  if (enter_fast_path(cache)) [[likely]] {
+    if (bin.count < kBinCapacity) [[likely]] {
+      try {
+        release_slot(slab, slot, ptr, bytes);
+      } catch (...) {
+        leave_fast_path(cache);
+        throw;
+      }
+      const std::uint64_t t =
+          history::free_time(slab->owners[slot].load(std::memory_order_relaxed), cache.history_id);
+      bin.entries[static_cast<std::size_t>(bin.count++)] = {ptr, stream, slab};
+      cache.add(-static_cast<std::int64_t>(bytes), -1);
+      record(t);
+      leave_fast_path(cache);
+      return;
+    }
+    leave_fast_path(cache);
   }
-  release();
+  std::lock_guard lock(mutex_);
+  note_locked();
+  release_slot(slab, slot, ptr, bytes);
+  const std::uint64_t t =
+      history::free_time(slab->owners[slot].load(std::memory_order_relaxed), cache.history_id);
+  free_into_bin_locked(cache, slab, ptr, bytes, stream);
+  record(t);
 }
 
 void* VmmPool::refill_and_allocate(ThreadCache& cache, int size_class, std::size_t bytes,
@@ -606,30 +643,44 @@ void VmmPool::take_waiting(Slab* slab, CUstream stream, CUstream key, Take&& tak
   if (shared.empty()) unlist(slab);
 }
 
-void VmmPool::drain_caches(const ThreadCache* self) noexcept {
+bool VmmPool::hold_caches(const ThreadCache* self) const noexcept {
   bool any = false;
   for (ThreadCache* c : caches_) {
     if (c == self) continue;
     c->steal.store(true, asymmetric_ ? std::memory_order_relaxed : std::memory_order_seq_cst);
     any = true;
   }
-  if (!any) return;
-  // Without the fence nothing is known about the owners' fast paths: leave their caches alone.
-  const bool fenced = !asymmetric_ || heavy_fence();
+  if (!any) return true;
+  // Without the fence nothing is known about the owners' fast paths.
+  if (asymmetric_ && !heavy_fence()) return false;
   for (ThreadCache* c : caches_) {
     if (c == self) continue;
-    if (fenced) {
-      // An owner inside its fast path leaves it within a few instructions (it takes no lock and
-      // makes no call there); later entries see `steal` and take the mutex, which is held here.
-      while (c->active.load(asymmetric_ ? std::memory_order_acquire : std::memory_order_seq_cst)) {
-        std::this_thread::yield();
-      }
+    // An owner inside its fast path leaves it within a few instructions (it takes no lock there,
+    // and calls only the history's recorder while recording); later entries see `steal` and take
+    // the mutex, which is held here.
+    while (c->active.load(asymmetric_ ? std::memory_order_acquire : std::memory_order_seq_cst)) {
+      std::this_thread::yield();
+    }
+  }
+  return true;
+}
+
+void VmmPool::release_caches(const ThreadCache* self) const noexcept {
+  for (ThreadCache* c : caches_) {
+    if (c != self) c->steal.store(false, std::memory_order_release);
+  }
+}
+
+void VmmPool::drain_caches(const ThreadCache* self) noexcept {
+  if (hold_caches(self)) {  // else leave their caches alone
+    for (ThreadCache* c : caches_) {
+      if (c == self) continue;
       sync_forgotten(*c);
       release_bumps(*c);
       for (int k = 0; k < kMaxSizeClasses; ++k) flush_bin(*c, k, 0);
     }
-    c->steal.store(false, std::memory_order_release);
   }
+  release_caches(self);
 }
 
 void VmmPool::retire_cache(ThreadCache& cache) noexcept {

@@ -34,8 +34,21 @@ void add_block(MemorySnapshotSegment& seg, std::uint64_t addr, std::uint64_t siz
 
 }  // namespace
 
+void VmmPool::hold_still() const {
+  mutex_.lock();
+  // Every thread off its fast path: a small block's alloc or free changes the block and records
+  // its events inside the fast path (or under the mutex), so none is half done now. (Should the
+  // fence fail, which membarrier does not once registered, a free on a fast path meanwhile may
+  // be seen half done.)
+  (void)hold_caches(nullptr);
+}
+
+void VmmPool::release_still() const noexcept {
+  release_caches(nullptr);
+  mutex_.unlock();
+}
+
 void VmmPool::collect_segments(std::vector<MemorySnapshotSegment>& out) const {
-  std::lock_guard lock(mutex_);
   const int n = region_count_.load(std::memory_order_relaxed);
   for (int ri = 0; ri < n; ++ri) {
     const Region& region = regions_[static_cast<std::size_t>(ri)];
@@ -123,6 +136,11 @@ namespace vibespatial::raster::detail::vmm {
 
 void VmmPool::collect_owned(std::uint16_t session, std::vector<history::OwnedBlock>& out) const {
   std::lock_guard lock(mutex_);
+  collect_owned_locked(session, out);
+}
+
+void VmmPool::collect_owned_locked(std::uint16_t session,
+                                   std::vector<history::OwnedBlock>& out) const {
   for (const auto& [addr, block] : live_large_) {
     if (block.owner != 0 && history::stamp_session(block.owner) == session) {
       out.push_back({addr, block.bytes, history::stamp_tag(block.owner)});

@@ -803,29 +803,34 @@ CalcCode lower(std::vector<Node> w, const std::vector<Root>& roots, const Failer
       all_constant =
           all_constant && w[static_cast<std::size_t>(*operand[j])].op == CalcOp::constant;
     }
-    const auto value = [&](int j) {
-      return j < k ? static_cast<C>(w[static_cast<std::size_t>(*operand[j])].value) : C(0);
+    const auto value = [&](int j) {  // operand j of x as it is now (a rewrite drops operands)
+      return j < operand_count(x.op)
+                 ? static_cast<C>(w[static_cast<std::size_t>(*operand[j])].value)
+                 : C(0);
     };
-    if (all_constant) {
-      x.value = static_cast<double>(apply<C>(x.op, value(0), value(1), value(2)));
-      x.op = CalcOp::constant;
-      x.a = x.b = x.c = -1;
-      continue;
-    }
     if (x.op == CalcOp::pow && x.pow_operator &&
         w[static_cast<std::size_t>(x.b)].op == CalcOp::constant) {
-      // numpy's ** on float arrays: fast paths for these exponents (pow() has none).
+      // numpy's ** on float arrays: fast paths for these exponents (pow() has none). Chosen
+      // before folding, so that a constant base is folded by the operation its pixels would
+      // run: (-0.0) ** 0.5 is sqrt(-0.0), -0.0, as on pixels, not pow's +0.
       const C e = value(1);
+      if (e == C(1)) {
+        repl[i] = x.a;
+        continue;
+      }
       if (e == C(2)) {
         x.op = CalcOp::square;
       } else if (e == C(0.5)) {
         x.op = CalcOp::sqrt;
       } else if (e == C(-1)) {
         x.op = CalcOp::reciprocal;
-      } else if (e == C(1)) {
-        repl[i] = x.a;
       }
       if (x.op != CalcOp::pow) x.b = -1;
+    }
+    if (all_constant) {
+      x.value = static_cast<double>(apply<C>(x.op, value(0), value(1), value(2)));
+      x.op = CalcOp::constant;
+      x.a = x.b = x.c = -1;
     }
   }
   // Registers each subtree needs; the result register is never an operand's.

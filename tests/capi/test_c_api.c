@@ -519,6 +519,52 @@ static void test_memcpy(void) {
   CHECK_OK(vsr_device_deallocate(b, sizeof host, NULL));
 }
 
+/* A device side that does not hold `bytes`: refused before any copy, so nothing past the block
+ * is read or written and no sticky fault ends the context (a 64-byte block taken for 64 x 64 and
+ * 1024 x 1024 float32 pixels, the second reaching unmapped pages). */
+static void test_memcpy_extent(void) {
+  const size_t claims[] = {64 * 64 * 4, 1024 * 1024 * 4};
+  unsigned char* host = malloc(4 * MIB);
+  void* small = NULL;
+  void* large = NULL;
+  size_t i;
+  CHECK(host != NULL);
+  memset(host, 0x5a, 4 * MIB);
+  CHECK_OK(vsr_device_allocate(64, NULL, &small));
+  CHECK_OK(vsr_device_allocate(8 * MIB, NULL, &large));
+  CHECK_OK(vsr_memcpy(small, host, 64, VSR_COPY_HOST_TO_DEVICE, NULL));
+  for (i = 0; i < sizeof claims / sizeof claims[0]; ++i) {
+    memset(host, 0, 4 * MIB);
+    CHECK_FAILS(vsr_memcpy(host, small, claims[i], VSR_COPY_DEVICE_TO_HOST, NULL),
+                VSR_ERROR_INVALID_ARGUMENT, "vsr_memcpy");
+    CHECK(strstr(vsr_last_error_message(), "vsr_memcpy: src: ") == vsr_last_error_message());
+    CHECK(strstr(vsr_last_error_message(), "(64 bytes at") != NULL);
+    CHECK(host[0] == 0 && host[64] == 0); /* nothing was copied */
+    CHECK_FAILS(vsr_memcpy(small, host, claims[i], VSR_COPY_HOST_TO_DEVICE, NULL),
+                VSR_ERROR_INVALID_ARGUMENT, "vsr_memcpy");
+    CHECK(strstr(vsr_last_error_message(), "vsr_memcpy: dst: ") == vsr_last_error_message());
+    CHECK_FAILS(vsr_memcpy(large, small, claims[i], VSR_COPY_DEVICE_TO_DEVICE, NULL),
+                VSR_ERROR_INVALID_ARGUMENT, "vsr_memcpy");
+    CHECK_FAILS(vsr_memcpy(small, large, claims[i], VSR_COPY_DEVICE_TO_DEVICE, NULL),
+                VSR_ERROR_INVALID_ARGUMENT, "vsr_memcpy");
+  }
+  /* Host memory is not device memory. */
+  CHECK_FAILS(vsr_memcpy(host, host + 64, 64, VSR_COPY_DEVICE_TO_HOST, NULL),
+              VSR_ERROR_INVALID_ARGUMENT, "vsr_memcpy");
+  CHECK(strstr(vsr_last_error_message(), "is not device memory") != NULL);
+  /* The context is still usable: the block kept its bytes, new memory works. */
+  memset(host, 0, 64);
+  CHECK_OK(vsr_memcpy(host, small, 64, VSR_COPY_DEVICE_TO_HOST, NULL));
+  CHECK(host[0] == 0x5a && host[63] == 0x5a);
+  CHECK_OK(vsr_memcpy(large, small, 64, VSR_COPY_DEVICE_TO_DEVICE, NULL));
+  CHECK_OK(vsr_stream_synchronize(NULL));
+  CHECK_OK(vsr_device_deallocate(small, 64, NULL));
+  CHECK_OK(vsr_device_deallocate(large, 8 * MIB, NULL));
+  CHECK_OK(vsr_device_allocate(64, NULL, &small));
+  CHECK_OK(vsr_device_deallocate(small, 64, NULL));
+  free(host);
+}
+
 /* ---- vsr_forget_stream: a recycled stream handle does not inherit busy blocks ---- */
 
 /* The emulator's driver calls, by name, with void* for CUDA handles (no cuda.h here). */
@@ -796,6 +842,7 @@ int main(int argc, char** argv) {
   test_oom_handlers();
   test_cuda_errors();
   test_memcpy();
+  test_memcpy_extent();
   test_forget_stream();
   test_thread_local_errors();
   test_memory_history();

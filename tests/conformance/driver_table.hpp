@@ -46,6 +46,7 @@ namespace vsr_conf {
   X(cuMemFreeAsync, cuMemFreeAsync, 11020)                                                 \
   X(cuMemHostAlloc, cuMemHostAlloc, 2020)                                                  \
   X(cuMemFreeHost, cuMemFreeHost, 2000)                                                    \
+  X(cuMemGetAddressRange, cuMemGetAddressRange_v2, 3020)                                   \
   X(cuMemcpyHtoD, cuMemcpyHtoD_v2, 3020)                                                   \
   X(cuMemcpyDtoH, cuMemcpyDtoH_v2, 3020)                                                   \
   X(cuMemcpyDtoD, cuMemcpyDtoD_v2, 3020)                                                   \

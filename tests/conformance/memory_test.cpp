@@ -80,6 +80,55 @@ TEST_CASE("free.bad_pointers") {
   VSR_CU_IS(CUDA_SUCCESS, cu().cuMemAddressFree(va, G));
 }
 
+// §3.4.10, §3.5: cuMemGetAddressRange from any address inside a cuMemAlloc allocation gives its
+// base and its size (HDR; the size exactly as asked for is only asserted under --strict).
+TEST_CASE("range.linear_allocation") {
+  CUdeviceptr p = 0;
+  VSR_CU_REQUIRE_OK(cu().cuMemAlloc(&p, 1000));
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemGetAddressRange(&base, &size, p + 999));
+  CHECK_EQ(base, p);
+  CHECK_GE(size, 1000u);
+  if (env().strict) CHECK_EQ(size, 1000u);
+  base = 0;
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemGetAddressRange(&base, nullptr, p + 5));  // outs optional
+  CHECK_EQ(base, p);
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemFree(p));
+}
+
+// §3.4.10: on VMM memory the range is the reservation's, mapped or not (PROBE: DALI).
+TEST_CASE("range.vmm_reservation") {
+  const std::size_t G = env().gran;
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle h = 0;
+  VSR_CU_REQUIRE_OK(cu().cuMemAddressReserve(&va, 2 * G, 0, 0, 0));
+  VSR_CU_REQUIRE_OK(cu().cuMemCreate(&h, G, &env().prop, 0));
+  VSR_CU_REQUIRE_OK(cu().cuMemMap(va, G, 0, h, 0));
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemGetAddressRange(&base, &size, va + 5));
+  CHECK_EQ(base, va);
+  CHECK_EQ(size, 2 * G);
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemUnmap(va, G));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemRelease(h));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemAddressFree(va, 2 * G));
+}
+
+// §3.4.10: an address the context knows no allocation at fails (NOT_FOUND in the field: mpich
+// #5897, NCCL #2332; the code only under --strict).
+TEST_CASE("range.unknown_address") {
+  CUdeviceptr p = 0;
+  VSR_CU_REQUIRE_OK(cu().cuMemAlloc(&p, 4096));
+  VSR_CU_IS(CUDA_SUCCESS, cu().cuMemFree(p));
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  VSR_CU_FAILS(CUDA_ERROR_NOT_FOUND, cu().cuMemGetAddressRange(&base, &size, p));
+  int on_stack = 0;
+  VSR_CU_FAILS(CUDA_ERROR_NOT_FOUND,
+               cu().cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(&on_stack)));
+}
+
 TEST_CASE("managed.alloc") {
   if (attribute(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY) != 1) {
     VSR_CONF_NOT_APPLICABLE("managed memory not supported on this device");

@@ -266,6 +266,42 @@ void probe_free_and_streams() {
   }
 }
 
+// cuMemGetAddressRange where the emulator's answer is its own strict choice (§3.4.10, §10 (p)).
+void probe_address_range() {
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  CUdeviceptr m = 0;
+  if (cu().cuMemAlloc(&m, 1000) == CUDA_SUCCESS) {
+    const CUresult r = cu().cuMemGetAddressRange(&base, &size, m + 999);
+    line("(p) cuMemGetAddressRange of cuMemAlloc(1000)", r, "base=+%lld size=%zu",
+         static_cast<long long>(base - m), size);
+    cu().cuMemFree(m);
+    line("(p) cuMemGetAddressRange after cuMemFree", cu().cuMemGetAddressRange(&base, &size, m));
+  }
+  void* pinned = nullptr;
+  if (cu().cuMemHostAlloc(&pinned, 4096, 0) == CUDA_SUCCESS) {
+    size = 0;
+    const CUresult r =
+        cu().cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(pinned));
+    line("(p) cuMemGetAddressRange of pinned host memory", r, "size=%zu", size);
+    cu().cuMemFreeHost(pinned);
+  }
+  int on_stack = 0;
+  line("(p) cuMemGetAddressRange of a stack address",
+       cu().cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(&on_stack)));
+  CUstream s = nullptr;
+  if (cu().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
+    CUdeviceptr p = 0;
+    if (cu().cuMemAllocAsync(&p, 1 << 20, s) == CUDA_SUCCESS) {
+      cu().cuMemFreeAsync(p, s);
+      line("(p) cuMemGetAddressRange once cuMemFreeAsync is queued",
+           cu().cuMemGetAddressRange(&base, &size, p));
+    }
+    cu().cuStreamSynchronize(s);
+    cu().cuStreamDestroy(s);
+  }
+}
+
 // Spans across the boundary of two adjacent reservations, each mapped at the seam (§4 invariant
 // 1; the emulator rejects them).
 void probe_spans() {
@@ -404,6 +440,7 @@ int run_probe() {
   probe_granularity();
   probe_reserve();
   probe_free_and_streams();
+  probe_address_range();
   probe_stream_no_context();
   probe_map_access_unmap();
   probe_spans();

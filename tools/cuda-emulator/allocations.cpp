@@ -207,3 +207,29 @@ VSR_EMU_EXPORT CUresult cuMemFreeHost(void* p) {
   s.host.erase(it);
   return CUDA_SUCCESS;
 }
+
+/// The allocation holding `dptr` (§3.4.10, §3.5): a linear allocation of the current context
+/// (cuMemAlloc, cuMemAllocAsync not yet freed, managed memory) as it was asked for, or the VMM
+/// reservation holding it, mapped or not, as the real driver reports VMM addresses. Pinned host
+/// memory, freed memory, other contexts' linear memory and unknown addresses are NOT_FOUND.
+/// `pbase` and `psize` are optional (HDR).
+VSR_EMU_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  VSR_EMU_ENTRY("cuMemGetAddressRange");
+  CUctx_st* ctx = nullptr;
+  VSR_EMU_TRY(need_context(s, &ctx));
+  uintptr_t base = 0;
+  size_t size = 0;
+  if (auto lin = containing(s.linear, dptr); lin != s.linear.end()) {
+    if (lin->second.free_pending || lin->second.ctx != ctx) return CUDA_ERROR_NOT_FOUND;
+    base = lin->first;
+    size = lin->second.size;
+  } else if (auto res = containing_reservation(s, dptr); res != s.reservations.end()) {
+    base = res->first;
+    size = res->second;
+  } else {
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  if (pbase != nullptr) *pbase = base;
+  if (psize != nullptr) *psize = size;
+  return CUDA_SUCCESS;
+}

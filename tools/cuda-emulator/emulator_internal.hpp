@@ -63,6 +63,7 @@ VSR_EMU_EXPORT CUresult legacy_cuGetProcAddress(const char* symbol, void** pfn, 
 #define VSR_EMU_UNSUPPORTED_LEGACY_ENTRIES(X) \
   X(cuDeviceTotalMem)                         \
   X(cuMemGetInfo)                             \
+  X(cuMemGetAddressRange)                     \
   X(cuMemAlloc)                               \
   X(cuMemFree)                                \
   X(cuMemAllocHost)                           \

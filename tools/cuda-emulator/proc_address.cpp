@@ -87,6 +87,8 @@ const ProcEntry kProcs[] = {
     {"cuMemFreeAsync", 11020, fp(cuMemFreeAsync), fp(cuMemFreeAsync_ptsz), 11020},
     {"cuMemFreeHost", 2000, fp(cuMemFreeHost), nullptr, 0},
     {"cuMemGetAccess", 10020, fp(cuMemGetAccess), nullptr, 0},
+    {"cuMemGetAddressRange", 2000, fp(legacy_cuMemGetAddressRange), nullptr, 0},
+    {"cuMemGetAddressRange", 3020, fp(cuMemGetAddressRange), nullptr, 0},
     {"cuMemGetAllocationGranularity", 10020, fp(cuMemGetAllocationGranularity), nullptr, 0},
     {"cuMemGetAllocationPropertiesFromHandle", 10020, fp(cuMemGetAllocationPropertiesFromHandle),
      nullptr, 0},

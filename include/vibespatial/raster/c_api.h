@@ -298,9 +298,13 @@ enum vsr_copy_kind {
  * wrote the source on. Device addresses are those of the calling thread's current context (device
  * 0's primary context is bound when the thread has none): pool blocks and any other device memory
  * the driver knows there (cuMemAlloc, managed memory, other libraries' allocations in the
- * primary context). Host memory may be pageable. bytes == 0 is a no-op. Thread-safe.
- * Errors: VSR_ERROR_INVALID_ARGUMENT (a bad kind; a NULL dst or src with bytes > 0),
- * VSR_ERROR_NO_DRIVER, VSR_ERROR_CUDA (e.g. an address the driver does not know). */
+ * primary context). Host memory may be pageable. bytes == 0 is a no-op. Thread-safe. Before
+ * copying, each device side is checked to hold `bytes` from its address (the C++
+ * check_device_range): a pool block within the bytes it was allocated with, other memory within
+ * the allocation the driver reports there (cuMemGetAddressRange).
+ * Errors: VSR_ERROR_INVALID_ARGUMENT (a bad kind; a NULL dst or src with bytes > 0; a device side
+ * that is no device memory the driver knows, a freed pool block, or fewer than `bytes` from its
+ * address: nothing is copied), VSR_ERROR_NO_DRIVER, VSR_ERROR_CUDA. */
 VSR_EXPORT vsr_status vsr_memcpy(void* dst, const void* src, size_t bytes, int kind, void* stream);
 
 /** Waits until the work queued on `stream` (a CUstream; NULL: the legacy default stream) has

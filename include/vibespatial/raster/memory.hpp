@@ -93,6 +93,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // CUstream, exactly as <cuda.h> declares it, so this header needs no CUDA headers.
@@ -219,6 +220,30 @@ VSR_EXPORT void* device_allocate(std::size_t bytes, CUstream stream = nullptr);
 ///         live, with its contents, and a later call with the same arguments frees it.
 /// @throws DriverUnavailableError in a forked child.
 VSR_EXPORT void device_deallocate(void* ptr, std::size_t bytes, CUstream stream = nullptr);
+
+/// Checks that the `bytes` bytes at `ptr` are device memory that may be read and written whole,
+/// before anything copies or reads them (every entry point of the library that takes a caller's
+/// device pointer and a size asks it first: vsr_memcpy, Python's from_device and its CUDA array
+/// interface and DLPack imports):
+///   - a pointer into the pool's memory must lie in a live block, and the range within that
+///     block's requested bytes: the pool knows its blocks exactly, where the driver sees only its
+///     mappings (a page, or a whole reservation of VMM memory, far larger than a block);
+///   - any other pointer must lie in an allocation the driver reports for the calling thread's
+///     current context (cuMemGetAddressRange; device 0's primary context is bound to a thread
+///     that has none), and the range within it. Another library's memory is thereby checked as
+///     finely as the driver knows it: a suballocating pool's (CuPy's, RMM's) whole driver
+///     allocation, a VMM allocator's (PyTorch's expandable segments) whole reservation, mapped or
+///     not.
+/// Nothing is checked (and nothing called) for `bytes == 0`. `what` starts the message (the
+/// public call's name). Thread-safe; takes a pool's lock for a pointer into its memory.
+/// @throws std::invalid_argument for a null `ptr`, a range that wraps around the address space,
+///         memory that is neither (the driver knows no allocation there: host memory, freed
+///         memory, another context's), a pointer into the pool's memory that is in no live block
+///         (freed, or never handed out), or a range past the end of its block or allocation; the
+///         message says how many bytes were asked for and what the block or allocation holds.
+/// @throws DriverUnavailableError without a usable driver, or in a forked child; CudaError for
+///         another failure of the driver's query.
+VSR_EXPORT void check_device_range(const void* ptr, std::size_t bytes, std::string_view what);
 
 /// Tells the pool that `stream` is about to be destroyed: call it after the last device_deallocate
 /// on `stream` and before cuStreamDestroy, while the stream is still alive. CUDA recycles stream

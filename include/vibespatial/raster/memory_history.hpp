@@ -151,14 +151,18 @@ struct MemorySnapshot {
   std::vector<MemorySnapshotSegment> segments;
   /// One list per device (as many as the process has, at least one), oldest event first.
   std::vector<std::vector<MemoryHistoryEvent>> device_traces;
-  std::uint64_t dropped_events = 0;  ///< events the bounded ring let go since recording began
+  std::uint64_t dropped_events = 0;  ///< events the bounded ring let go (memory_snapshot)
   bool recording = false;
 };
 
 /// The segments of every device's pool and the recorded history. Blocks freed into a thread's
 /// cache, or cached by the fallback tier, are inactive; so are tier C's freed blocks that wait
-/// for their stream's work before cuMemFree. Thread-safe; consistent per pool (each pool's lock
-/// is held while its segments are read).
+/// for their stream's work before cuMemFree. Thread-safe, and one cut: every pool is held still
+/// (allocations and frees of other threads wait) while the segments are read and the events
+/// recorded so far are gathered, so every change before the cut is in both the segments and the
+/// trace, and none after it in either. The trace is every event after one moment: when the
+/// bound let events go, also the kept events from before the latest one let go are left out
+/// (and counted in dropped_events).
 /// @throws std::bad_alloc.
 VSR_EXPORT MemorySnapshot memory_snapshot();
 

@@ -51,6 +51,7 @@ struct Driver {
   decltype(&::cuMemGetAccess) get_access = nullptr;
   decltype(&::cuMemRetainAllocationHandle) retain_handle = nullptr;
   decltype(&::cuMemGetAllocationPropertiesFromHandle) props_from_handle = nullptr;
+  decltype(&::cuMemGetAddressRange) address_range = nullptr;
   decltype(&::cuMemAlloc) alloc = nullptr;
   decltype(&::cuMemFree) free = nullptr;
   decltype(&::cuMemAllocManaged) alloc_managed = nullptr;
@@ -145,6 +146,7 @@ struct Driver {
     resolve(get_access, "cuMemGetAccess", 10020);
     resolve(retain_handle, "cuMemRetainAllocationHandle", 11000);
     resolve(props_from_handle, "cuMemGetAllocationPropertiesFromHandle", 10020);
+    resolve(address_range, "cuMemGetAddressRange", 3020);
     resolve(alloc, "cuMemAlloc", 3020);
     resolve(free, "cuMemFree", 3020);
     resolve(alloc_managed, "cuMemAllocManaged", 6000);

@@ -400,6 +400,93 @@ TEST_CASE("emulator: classic allocations, copies and sticky faults") {
   check_nothing_outstanding();
 }
 
+// §3.4.10, §3.5: the allocation holding an address, for a caller that must know how far a
+// pointer it was given may be read.
+TEST_CASE("emulator: cuMemGetAddressRange reports the allocation holding an address") {
+  Driver& d = drv();
+  use_device();
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUdeviceptr p = 0;
+  REQUIRE_CU(d.alloc(&p, 1000));
+  // Any address inside: the allocation as asked for, not its pages.
+  REQUIRE_CU(d.address_range(&base, &size, p + 999));
+  CHECK(base == p);
+  CHECK(size == 1000);
+  CHECK_CU(d.address_range(&base, &size, p + 1000), CUDA_ERROR_NOT_FOUND);
+  // Either out pointer may be NULL.
+  size = 0;
+  REQUIRE_CU(d.address_range(nullptr, &size, p));
+  CHECK(size == 1000);
+  base = 0;
+  REQUIRE_CU(d.address_range(&base, nullptr, p + 10));
+  CHECK(base == p);
+  CHECK_CU(d.address_range(nullptr, nullptr, p), CUDA_SUCCESS);
+  // A thread with no current context (§1.2).
+  std::thread([&] {
+    CHECK_CU(d.address_range(&base, &size, p), CUDA_ERROR_INVALID_CONTEXT);
+  }).join();
+  REQUIRE_CU(d.free(p));
+  CHECK_CU(d.address_range(&base, &size, p), CUDA_ERROR_NOT_FOUND);  // freed
+  // Managed memory is an allocation too; pinned host memory and other addresses are not.
+  CUdeviceptr m = 0;
+  REQUIRE_CU(d.alloc_managed(&m, 4096, CU_MEM_ATTACH_GLOBAL));
+  REQUIRE_CU(d.address_range(&base, &size, m + 4095));
+  CHECK(base == m);
+  CHECK(size == 4096);
+  REQUIRE_CU(d.free(m));
+  void* pinned = nullptr;
+  REQUIRE_CU(d.host_alloc(&pinned, 4096, 0));
+  CHECK_CU(d.address_range(&base, &size, reinterpret_cast<CUdeviceptr>(pinned)),
+           CUDA_ERROR_NOT_FOUND);
+  REQUIRE_CU(d.free_host(pinned));
+  int on_stack = 0;
+  CHECK_CU(d.address_range(&base, &size, reinterpret_cast<CUdeviceptr>(&on_stack)),
+           CUDA_ERROR_NOT_FOUND);
+  CHECK_CU(d.address_range(&base, &size, 0), CUDA_ERROR_NOT_FOUND);
+  // Stream-ordered memory until its free is queued.
+  CUdeviceptr a = 0;
+  REQUIRE_CU(d.alloc_async(&a, 512, nullptr));
+  REQUIRE_CU(d.address_range(&base, &size, a + 1));
+  CHECK(size == 512);
+  REQUIRE_CU(d.free_async(a, nullptr));
+  CHECK_CU(d.address_range(&base, &size, a), CUDA_ERROR_NOT_FOUND);
+  REQUIRE_CU(d.stream_synchronize(nullptr));
+  // VMM addresses: the reservation, mapped or not (PROBE: DALI), so never a mapping's extent.
+  const size_t g = min_granularity();
+  CUdeviceptr va = 0;
+  REQUIRE_CU(d.reserve(&va, 2 * g, 0, 0, 0));
+  CUmemAllocationProp prop = device_prop();
+  CUmemGenericAllocationHandle h = 0;
+  REQUIRE_CU(d.create(&h, g, &prop, 0));
+  REQUIRE_CU(d.map(va, g, 0, h, 0));
+  for (CUdeviceptr at : {va, va + 5, va + g + 5, va + 2 * g - 1}) {
+    base = 0;
+    size = 0;
+    REQUIRE_CU(d.address_range(&base, &size, at));
+    CHECK(base == va);
+    CHECK(size == 2 * g);
+  }
+  CHECK_CU(d.address_range(&base, &size, va + 2 * g), CUDA_ERROR_NOT_FOUND);
+  REQUIRE_CU(d.unmap(va, g));
+  REQUIRE_CU(d.release(h));
+  REQUIRE_CU(d.address_free(va, 2 * g));
+  CHECK_CU(d.address_range(&base, &size, va), CUDA_ERROR_NOT_FOUND);
+  // Another device's linear memory is not the current context's.
+  if (device_count() > 1) {
+    use_device(1);
+    CUdeviceptr q = 0;
+    REQUIRE_CU(d.alloc(&q, 256));
+    REQUIRE_CU(d.address_range(&base, &size, q));
+    use_device(0);
+    CHECK_CU(d.address_range(&base, &size, q), CUDA_ERROR_NOT_FOUND);
+    use_device(1);
+    REQUIRE_CU(d.free(q));
+    use_device(0);
+  }
+  check_nothing_outstanding();
+}
+
 // CUDA 13's forms that name a context (cuCtxGetDevice_v2, cuCtxSynchronize_v2): NULL means the
 // current context; a given one must be active, even while it is still some thread's current one.
 TEST_CASE("emulator: the 13.0 context forms take a given context only while it is active") {
