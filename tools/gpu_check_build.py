@@ -118,34 +118,58 @@ def is_elf(path):
         return False
 
 
+# The programs the steps other than the tests run, relative to the build directory.
+STEP_PROGRAMS = ["tools/vsr-info/vsr-info", "tools/vsr-bench/vsr-bench", "tools/vsr-run/vsr-run",
+                 "tests/conformance/vsr-conformance"]
+
+
+def staged_paths(build):
+    """What running the GPU steps needs from a build directory, relative to it: the test list,
+    the programs of the steps, every file inside the build that a test of the gpu suite names
+    (its program, arguments or environment) and every shared library (some are loaded by path).
+    Nothing else: the CPU suites' programs would not fit what travels."""
+    wanted = set(STEP_PROGRAMS)
+    info = os.path.join(build, "meson-info")
+    if os.path.isdir(info):
+        wanted.update(os.path.join("meson-info", f) for f in os.listdir(info))
+    try:
+        with open(os.path.join(info, "intro-tests.json")) as f:
+            tests = [t for t in json.load(f) if in_gpu_suite(t)]
+    except (OSError, ValueError):
+        tests = []
+    prefix = os.path.abspath(build) + os.sep
+    for t in tests:
+        for word in list(t.get("cmd", [])) + list((t.get("env") or {}).values()):
+            for part in str(word).split(os.pathsep):
+                # meson names some files as BUILD/../SOURCE: only files inside the build count.
+                part = os.path.normpath(part) if os.path.isabs(part) else part
+                if part.startswith(prefix):
+                    wanted.add(os.path.relpath(part, build))
+    for top, dirs, files in os.walk(build):
+        dirs[:] = [d for d in dirs if not d.endswith(".p") and not d.startswith("meson-")]
+        for f in files:
+            if f.endswith(".so") or ".so." in f:
+                wanted.add(os.path.relpath(os.path.join(top, f), build))
+    return sorted(p for p in wanted if os.path.islink(os.path.join(build, p))
+                  or os.path.isfile(os.path.join(build, p)))
+
+
 def stage_build(build, dest):
-    """Copies what running the tests needs from a build directory: programs, libraries, scripts
-    and meson-info (the test list), without objects, archives or ninja's state; ELF files lose
-    their debug sections."""
+    """Copies staged_paths(build) to dest, ELF files without their debug sections."""
     if os.path.exists(dest):
         shutil.rmtree(dest)
     strip = shutil.which("strip")
-    for top, dirs, files in os.walk(build):
-        rel = os.path.relpath(top, build)
-        dirs[:] = [d for d in dirs if not d.endswith(".p") and d not in ("meson-logs",
-                                                                          "meson-private")]
-        for f in files:
-            if f.endswith((".a", ".o", ".d")) or f in (".ninja_log", ".ninja_deps", "build.ninja",
-                                                         "compile_commands.json"):
-                continue
-            src = os.path.join(top, f)
-            if os.path.islink(src):
-                target = os.readlink(src)
-                os.makedirs(os.path.join(dest, rel), exist_ok=True)
-                os.symlink(target, os.path.join(dest, rel, f))
-                continue
-            out = os.path.join(dest, rel, f)
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            if strip and is_elf(src) and subprocess.run(
-                    [strip, "--strip-debug", "-o", out, src], capture_output=True).returncode == 0:
-                shutil.copymode(src, out)
-            else:
-                shutil.copy2(src, out)
+    for rel in staged_paths(build):
+        src = os.path.join(build, rel)
+        out = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), out)
+        elif strip and is_elf(src) and subprocess.run(
+                [strip, "--strip-debug", "-o", out, src], capture_output=True).returncode == 0:
+            shutil.copymode(src, out)
+        else:
+            shutil.copy2(src, out)
     # Libraries the GPU machine's image may lack or have older (the OpenMP runtime of the host
     # band ops, the C++ runtime these were built with): used there only if the loader misses one.
     libs = os.path.join(dest, "fallback-libs")
@@ -158,12 +182,19 @@ def stage_build(build, dest):
 
 
 def find_python312():
-    cand = [os.environ.get("GPU_CHECK_PYTHON", ""), shutil.which("python3.12") or ""]
+    """A Python 3.12 that runs (a pyenv shim on PATH may name one that is not selected)."""
+    cand = [os.environ.get("GPU_CHECK_PYTHON", "")]
     pyenv = os.path.expanduser("~/.pyenv/versions")
     if os.path.isdir(pyenv):
         cand += [os.path.join(pyenv, v, "bin", "python3.12") for v in sorted(os.listdir(pyenv))
                  if v.startswith("3.12")]
-    return next((c for c in cand if c and os.access(c, os.X_OK)), None)
+    cand.append(shutil.which("python3.12") or "")
+    for c in cand:
+        if c and os.access(c, os.X_OK) and subprocess.run(
+                [c, "-c", "import sys; assert sys.version_info[:2] == (3, 12)"],
+                capture_output=True).returncode == 0:
+            return c
+    return None
 
 
 def build_python_wheel(work):
@@ -302,10 +333,23 @@ def in_gpu_suite(t):
 
 
 def relocate(text, stamp):
-    """A path of the machine that built the carried build, mapped onto this checkout."""
+    """A path (or a list of them joined by ':') of the machine that built the carried build,
+    mapped onto this checkout: files of the build into the carried copy, others of the sources
+    into the sources here."""
     if not isinstance(text, str):
         return text
-    return text.replace(stamp["build_dir"], STAGED).replace(stamp["source_root"], ROOT)
+    build = stamp["build_dir"].rstrip(os.sep) + os.sep
+    root = stamp["source_root"].rstrip(os.sep) + os.sep
+    parts = []
+    for part in text.split(os.pathsep):
+        if os.path.isabs(part):
+            part = os.path.normpath(part)
+            if (part + os.sep).startswith(build):
+                part = os.path.join(STAGED, os.path.relpath(part, build))
+            elif (part + os.sep).startswith(root):
+                part = os.path.join(ROOT, os.path.relpath(part, root))
+        parts.append(part)
+    return os.pathsep.join(parts)
 
 
 def relocate_test(t, stamp):
@@ -314,6 +358,15 @@ def relocate_test(t, stamp):
     t["env"] = {k: relocate(v, stamp) for k, v in (t.get("env") or {}).items()}
     if t.get("workdir"):
         t["workdir"] = relocate(t["workdir"], stamp)
+    return with_python_here(t)
+
+
+def with_python_here(t):
+    """A test run by a Python that is not on this machine (the one meson found where the build
+    was configured) runs with the Python running this instead."""
+    if t.get("cmd") and os.path.basename(t["cmd"][0]).startswith("python") and \
+            not os.access(t["cmd"][0], os.X_OK):
+        t = dict(t, cmd=[sys.executable] + list(t["cmd"][1:]))
     return t
 
 
@@ -342,14 +395,15 @@ def check_prebuilt(env):
     if changed:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         return False, f"the sources changed since it was built: {', '.join(changed[:3])}{more}"
+    absent = [p for p in STEP_PROGRAMS if not os.access(os.path.join(STAGED, p), os.X_OK)]
+    if absent:
+        return False, "the carried build lacks " + ", ".join(absent)
     elves = []
     for top, _, files in os.walk(STAGED):
         if os.path.basename(top) == "fallback-libs":
             continue
         elves += [os.path.join(top, f) for f in files
                   if is_elf(os.path.join(top, f)) and os.access(os.path.join(top, f), os.X_OK)]
-    if not elves:
-        return False, "the carried build holds no program"
     missing = missing_libraries(elves, env)
     if missing:
         libs = os.path.join(STAGED, "fallback-libs")

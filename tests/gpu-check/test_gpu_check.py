@@ -80,7 +80,7 @@ NVIDIA_SMI = """\
 # A test of the gpu suite: records its argument list and two environment variables, prints its
 # name (the conformance tests their table), exits 77 when STUB_ALL_SKIP is set.
 TEST = PRELUDE + """\
-    echo "$me $* VIBESPATIAL_CUDA_DRIVER=[$VIBESPATIAL_CUDA_DRIVER] EMU=[$VSR_EMULATOR]" \\
+    echo "$me $* VIBESPATIAL_CUDA_DRIVER=[$VIBESPATIAL_CUDA_DRIVER] EMU=[$VSR_EMULATOR] LIBS=[$VSR_LIBS]" \\
       >> "$STUB_RECORD"
     [ -n "$STUB_ALL_SKIP" ] && { echo "SKIP: no device"; exit 77; }
     case "$me" in conformance*) cat "$STUB_CONF" ;; *) echo "[doctest] test cases: 4 | 4 passed" ;; esac
@@ -175,24 +175,34 @@ def write_build(build, recorded_build, recorded_root, big=0):
     for name in GPU_TESTS:
         rel = f"tests/gpu/{name}"
         write_exe(os.path.join(build, rel), TEST % name)
-        tests.append({"name": name, "suite": ["vibespatial-raster:gpu"],
-                      "cmd": [f"{recorded_build}/{rel}", "--source",
-                              f"{recorded_root}/tests/x"],
+        # As meson writes them: a program of the build, a source file named through the
+        # build directory, and (gpu-vsr-run) the Python of the machine that configured it.
+        cmd = [f"{recorded_build}/{rel}", "--source", f"{recorded_build}/../tests/x"]
+        if name == "gpu-vsr-run":
+            cmd = ["/nonexistent/python3", "-c",
+                   "import os, sys; os.execv(sys.argv[1], sys.argv[1:])",
+                   f"{recorded_build}/{rel}", "--source", f"{recorded_build}/../tests/x"]
+        tests.append({"name": name, "suite": ["vibespatial-raster:gpu"], "cmd": cmd,
                       "env": {"VIBESPATIAL_CUDA_DRIVER": "",
-                              "VSR_EMULATOR": f"{recorded_build}/tools/emu.so"},
+                              "VSR_EMULATOR": f"{recorded_build}/tools/emu.so",
+                              "VSR_LIBS": f"{recorded_build}/src:/usr/lib"},
                       "timeout": 30, "workdir": None, "is_parallel": False})
     tests.append({"name": "not-gpu", "suite": ["vibespatial-raster:memory"], "cmd": ["false"],
                   "env": {}, "timeout": 30})
     os.makedirs(os.path.join(build, "meson-info"), exist_ok=True)
     with open(os.path.join(build, "meson-info", "intro-tests.json"), "w") as f:
         json.dump(tests, f)
-    # A real ELF program, so the staging strips something and the loader check reads it.
-    shutil.copy2("/bin/true", os.path.join(build, "tools", "elf-program"))
+    # A real ELF file that the tests' environment names, so the staging strips one and the
+    # loader check reads it.
+    shutil.copy2("/bin/true", os.path.join(build, "tools", "emu.so"))
+    # A program no gpu test names: not staged.
+    write_exe(os.path.join(build, "tests", "memory", "test-pool"), "#!/bin/sh\nexit 0\n")
+    write_exe(os.path.join(build, "src", "libvsr.so.1"), "library stand-in\n")
     os.makedirs(os.path.join(build, "src", "lib.a.p"), exist_ok=True)
     with open(os.path.join(build, "src", "lib.a.p", "object.o"), "w") as f:
         f.write("object")
     if big:
-        with open(os.path.join(build, "tools", "huge-program"), "wb") as f:
+        with open(os.path.join(build, "src", "libhuge.so"), "wb") as f:
             f.truncate(big)
 
 
@@ -383,7 +393,11 @@ def whole_run_checks(tmp):
     staged = os.path.join(repo, ".carry", "gpu-build")
     line = next((ln for ln in record.splitlines() if ln.startswith("ops-gpu ")), "")
     check(f"--source {repo}/tests/x" in line and f"EMU=[{staged}/tools/emu.so]" in line
-          and "VIBESPATIAL_CUDA_DRIVER=[]" in line, f"pass: relocated test: {line!r}")
+          and f"LIBS=[{staged}/src:/usr/lib]" in line and "VIBESPATIAL_CUDA_DRIVER=[]" in line,
+          f"pass: relocated test: {line!r}")
+    line = next((ln for ln in record.splitlines() if ln.startswith("gpu-vsr-run ")), "")
+    check(f"--source {repo}/tests/x" in line,
+          f"pass: a test run by a Python that is not here runs with this one: {line!r}")
     check(OLD_ROOT not in record, "pass: no path of the preparing machine reached a test")
     check("not-gpu" not in record, "pass: only the gpu suite ran")
     row = table_row(summary, "test: ops-gpu")
@@ -550,8 +564,11 @@ def prepare_checks(tmp):
           f"prepare: stamp {stamp.get('source_root')}")
     check(os.path.exists(os.path.join(staged, "tools", "vsr-run", "vsr-run"))
           and os.path.exists(os.path.join(staged, "meson-info", "intro-tests.json"))
-          and not os.path.exists(os.path.join(staged, "src", "lib.a.p")),
-          "prepare: programs and the test list staged, objects left out")
+          and os.path.exists(os.path.join(staged, "src", "libvsr.so.1"))
+          and not os.path.exists(os.path.join(staged, "src", "lib.a.p"))
+          and not os.path.exists(os.path.join(staged, "tests", "memory", "test-pool")),
+          "prepare: the gpu steps' programs, libraries and the test list staged; objects and "
+          "the CPU suites' programs left out")
     check("travels:" in p.stderr and "of 64.0 MiB" in p.stderr, "prepare: the size is printed")
     # The prepared checkout runs as a whole (the stamp matches), with the carried build.
     env_run = environment(base, fakebin, paths, os.path.join(base, "out"))
@@ -567,7 +584,7 @@ def prepare_checks(tmp):
     p = subprocess.run([os.path.join(repo, "tools", "gpu-check"), "--prepare"], env=env,
                        capture_output=True, text=True)
     check(p.returncode == 1 and "over the device tool's 64.0 MiB" in p.stderr
-          and "huge-program" in p.stderr, f"prepare, too big: {p.returncode} {p.stderr[-500:]}")
+          and "libhuge.so" in p.stderr, f"prepare, too big: {p.returncode} {p.stderr[-500:]}")
     p = subprocess.run([os.path.join(repo, "tools", "gpu-check"), "--prepare"],
                        env=dict(env, DOCTEST_HEADER=header + ".missing"),
                        capture_output=True, text=True)
