@@ -97,7 +97,6 @@ inline std::string printable(std::string_view text) {
 inline std::string json_string(std::string_view text) {
   std::string out = "\"";
   out.reserve(text.size() + 2);
-  char buf[8];
   for (std::size_t i = 0; i < text.size();) {
     char32_t cp = 0;
     const std::size_t n = utf8_sequence(text, i, cp);
@@ -117,8 +116,10 @@ inline std::string json_string(std::string_view text) {
     } else if (cp == '\r') {
       out += "\\r";
     } else if (needs_escape(cp)) {
-      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(cp));
-      out += buf;
+      // Four hex digits: every code point needs_escape admits is below U+FFFF.
+      constexpr char hex[] = "0123456789abcdef";
+      out += "\\u";
+      for (int shift = 12; shift >= 0; shift -= 4) out += hex[(cp >> shift) & 0xF];
     } else {
       out.append(text.substr(i, n));
     }

@@ -115,6 +115,9 @@ const std::string& RasterFileSource::path() const {
 const std::vector<int>& RasterFileSource::bands() const {
   unavailable("RasterFileSource");
 }
+const std::vector<bool>& RasterFileSource::masked_bands() const {
+  unavailable("RasterFileSource");
+}
 bool RasterFileSource::has_geotransform() const {
   unavailable("RasterFileSource");
 }

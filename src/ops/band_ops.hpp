@@ -192,7 +192,9 @@ struct NormDiffOp {
     const C ca = static_cast<C>(a), cb = static_cast<C>(b);
     const C sum = ca + cb;
     const C r = (ca - cb) / sum;  // discarded where sum == 0
-    return (valid_a(a) & valid_b(b) & (sum != C(0))) ? r : quiet_nan<C>();
+    // Bitwise on ints, not && on bools: no branch per pixel (the host loop vectorises).
+    const int ok = int{valid_a(a)} & int{valid_b(b)} & int{sum != C(0)};
+    return ok ? r : quiet_nan<C>();
   }
 };
 
@@ -303,7 +305,7 @@ struct FocalMeanOp {
       }
     }
     const C mean = sum / (count > C(0) ? count : C(1));
-    return valid(mid[0]) & (count > C(0)) ? mean : quiet_nan<C>();
+    return (int{valid(mid[0])} & int{count > C(0)}) ? mean : quiet_nan<C>();
   }
 };
 

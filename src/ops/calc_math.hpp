@@ -93,7 +93,7 @@ VSR_HD inline C infinity() {
   X(ceil, m_ceil(a))                                                 \
   X(round, m_rint(a))                                                \
   X(isnan, truth<C>(a != a))                                         \
-  X(isinf, truth<C>((a == infinity<C>()) | (a == -infinity<C>())))   \
+  X(isinf, truth<C>((a == infinity<C>()) || (a == -infinity<C>())))  \
   X(square, a * a)                                                   \
   X(reciprocal, C(1) / a)
 
@@ -112,8 +112,8 @@ VSR_HD inline C infinity() {
   X(ge, truth<C>(a >= b))                                            \
   X(eq, truth<C>(a == b))                                            \
   X(ne, truth<C>(a != b))                                            \
-  X(logical_and, truth<C>((a != C(0)) & (b != C(0))))                \
-  X(logical_or, truth<C>((a != C(0)) | (b != C(0))))
+  X(logical_and, truth<C>((a != C(0)) && (b != C(0))))               \
+  X(logical_or, truth<C>((a != C(0)) || (b != C(0))))
 
 #define VSR_CALC_TERNARY_OPS(X)                                      \
   X(select, (a != C(0)) ? b : c)

@@ -898,8 +898,10 @@ void Job::open_calc_inputs() {
       const auto gt = [](const vsr::RasterFileInfo& i) {
         if (!i.has_geotransform) return std::string("none");
         std::string t;
-        for (const double v : i.metadata.affine.to_gdal())
-          t += (t.empty() ? "" : ",") + json_number(v);
+        for (const double v : i.metadata.affine.to_gdal()) {
+          if (!t.empty()) t += ',';
+          t += json_number(v);
+        }
         return t;
       };
       differ = "their geotransforms differ (" + gt(first) + " vs " + gt(info) + ")";
