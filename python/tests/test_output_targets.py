@@ -86,7 +86,8 @@ def test_memviz_writes_through_the_library_writer(tmp_path):
     assert snap.read_bytes() == before
     p = subprocess.run(memviz + ["-o", str(tmp_path / "missing" / "out.html")],
                        capture_output=True, timeout=120)
-    assert p.returncode == 2 and b"No such file or directory" in p.stderr, p.stderr
+    assert p.returncode == 2 and b"missing does not exist" in p.stderr, p.stderr
+    assert not (tmp_path / "missing").exists()
     out = tmp_path / "out.html"
     subprocess.run(memviz + ["-o", str(out)], check=True, timeout=120)
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
