@@ -52,6 +52,17 @@ inline std::size_t utf8_sequence(std::string_view s, std::size_t i, char32_t& cp
   return n;
 }
 
+/// Whether @p s is valid UTF-8 text throughout (utf8_sequence's rules).
+inline bool valid_utf8(std::string_view s) noexcept {
+  for (std::size_t i = 0; i < s.size();) {
+    char32_t cp = 0;
+    const std::size_t n = utf8_sequence(s, i, cp);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
 /// Whether code point @p cp is shown escaped by printable(): C0 controls, DEL, C1 controls and
 /// the bidirectional embeddings, overrides and isolates (U+202A..U+202E, U+2066..U+2069).
 inline bool needs_escape(char32_t cp) noexcept {

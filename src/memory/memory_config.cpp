@@ -3,6 +3,7 @@
 // (VIBESPATIAL_GPU_MANAGED_MEMORY, VIBESPATIAL_GPU_POOL_ONLY, VIBESPATIAL_GPU_POOL_RESERVE) and
 // what its device supports (VMM, with a self-test; managed memory).
 #include "common/expects.hpp"
+#include "common/text_escape.hpp"
 #include "memory/registry_state.hpp"
 #include "memory/vmm_pool_impl.hpp"
 
@@ -27,7 +28,7 @@ bool env_flag(const char* name) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
   if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
   if (s == "0" || s == "false" || s == "no" || s == "off") return false;
-  throw std::invalid_argument(std::string("configure_memory_pool: ") + name + "=\"" + escaped(v) +
+  throw std::invalid_argument(std::string("configure_memory_pool: ") + name + "=\"" + printable(v) +
                               "\" is not a boolean: set 1, true, yes or on to enable it, 0, false, "
                               "no or off to disable it (any case), or leave it unset");
 }
@@ -48,7 +49,7 @@ double env_reserve() {
   const bool plain = !text.empty() && text.find_first_not_of("0123456789.") == std::string::npos;
   if (!plain || used != text.size() || !(value >= 0 && value <= 1)) {
     throw std::invalid_argument(
-        "configure_memory_pool: VIBESPATIAL_GPU_POOL_RESERVE=\"" + escaped(v) +
+        "configure_memory_pool: VIBESPATIAL_GPU_POOL_RESERVE=\"" + printable(v) +
         "\" is not a fraction from 0 to 1: set a decimal number such as 0.1 (10% more pages than "
         "the peak of live large blocks), 0 (no slack), or auto or leave it unset (the adaptive "
         "default)");
@@ -82,20 +83,6 @@ const char* tier_name(Tier t) noexcept {
   }
 }
 
-std::string escaped(const char* value) {
-  std::string out;
-  for (const char* c = value; *c != '\0'; ++c) {
-    const auto b = static_cast<unsigned char>(*c);
-    if (b >= 0x20 && b < 0x7f && b != '"' && b != '\\') {
-      out.push_back(*c);
-    } else {
-      char hex[5];
-      std::snprintf(hex, sizeof hex, "\\x%02x", b);
-      out += hex;
-    }
-  }
-  return out;
-}
 
 // The attribute is not enough (§3.1: some drivers claim VMM and fail the calls), so a one-page
 // self-test runs once per device and configuration.
@@ -174,8 +161,8 @@ std::string configure_memory_pool() {
                    "vibespatial-raster: warning: VIBESPATIAL_GPU_MANAGED_MEMORY=\"%s\" and "
                    "VIBESPATIAL_GPU_POOL_ONLY=\"%s\" are both set: tier C (managed memory) wins, "
                    "VIBESPATIAL_GPU_POOL_ONLY is ignored\n",
-                   detail::escaped(std::getenv("VIBESPATIAL_GPU_MANAGED_MEMORY")).c_str(),
-                   detail::escaped(std::getenv("VIBESPATIAL_GPU_POOL_ONLY")).c_str());
+                   detail::printable(std::getenv("VIBESPATIAL_GPU_MANAGED_MEMORY")).c_str(),
+                   detail::printable(std::getenv("VIBESPATIAL_GPU_POOL_ONLY")).c_str());
     }
     t = Tier::c;
     detail::set_reason(device, pool_only ? "VIBESPATIAL_GPU_MANAGED_MEMORY is set: managed memory "

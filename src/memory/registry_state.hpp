@@ -63,10 +63,6 @@ void note_pool_use() noexcept;
 /// thread that has none. (pool_registry.cpp)
 int current_device();
 
-/// `value` with every byte outside printable ASCII, and the quote and backslash, as \xHH.
-/// (memory_config.cpp)
-std::string escaped(const char* value);
-
 /// Whether `device` can use the VMM pool; if not, `why` says so. config_mutex held.
 /// (memory_config.cpp)
 bool device_has_vmm(int device, std::string* why);

@@ -577,7 +577,7 @@ TEST_SUITE("pool") {
         configure_memory_pool();
         FAIL("expected std::invalid_argument");
       } catch (const std::invalid_argument& e) {
-        CHECK(std::string(e.what()).find("\\x1b[31m") != std::string::npos);
+        CHECK(std::string(e.what()).find("\\x1B[31m") != std::string::npos);
       }
     }
     {

@@ -14,7 +14,7 @@ from .. import _core
 from .. import dispatch as _dispatch
 from ..buffers import OwnedRasterArray, Residency
 from ._placement import _resolve_device
-from ._plugin import _client_or_none
+from ._plugin import _client_or_none, _on_a_worker
 
 BandOp = Callable[[OwnedRasterArray], OwnedRasterArray]
 
@@ -80,11 +80,8 @@ def _sample_side(halo: int) -> int:
 
 
 def _on_cluster(client: Any, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` on a worker (where the tasks will run, GPU or CPU), or here without one."""
-    client = _client_or_none(client)
-    if client is None:
-        return fn(*args)
-    return client.submit(fn, *args, pure=False).result()
+    """``fn(*args)`` on a worker of ``client`` (checked), else of the current client, else here."""
+    return _on_a_worker(_client_or_none(client), fn, *args)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import stat
 import threading
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -32,7 +32,7 @@ from ._block import BandOp, _starts
 from ._chunks import _dask_chunks, _file_block_shape, _split, chunk_plan
 from ._georef import _UNSET, _affine6, _crs_text
 from ._map import _map, _prepare
-from ._plugin import _client_or_none
+from ._plugin import _client_or_none, _on_a_worker
 
 try:
     import fcntl
@@ -73,11 +73,9 @@ def _header(path: str) -> tuple[RasterMetadata, tuple[int, int]]:
     return _io.read_raster_metadata(path), _file_block_shape(path)
 
 
-def _header_on_workers(path: str, client: Any) -> tuple[RasterMetadata, tuple[int, int]]:
+def _header_on_a_worker(path: str, client: Any) -> tuple[RasterMetadata, tuple[int, int]]:
     """The file's metadata and blocks, read where the tasks read it."""
-    if client is None:
-        return _header(path)
-    return client.submit(_header, path, pure=False).result()
+    return _on_a_worker(client, _header, path)
 
 
 def read_raster(path: str | os.PathLike, *, chunks: Any = None,
@@ -104,7 +102,7 @@ def read_raster(path: str | os.PathLike, *, chunks: Any = None,
     """
     p = os.fspath(path)
     c = _client_or_none(client)
-    meta, block_shape = _header_on_workers(p, c)
+    meta, block_shape = _header_on_a_worker(p, c)
     band_list = tuple(int(b) for b in (bands or range(1, meta.band_count + 1)))
     for b in band_list:
         if not 1 <= b <= meta.band_count:
@@ -256,13 +254,6 @@ def _probe_write(parts_dir: str, dtype: np.dtype, nodata: Any, affine: tuple[flo
     _io.write_raster(probe, pixel, compress=compress, tiled=tiled, blockxsize=blocksize,
                      blockysize=blocksize)
     os.remove(probe)
-
-
-def _on_workers(client: Any, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` on a worker (the file system the tasks see), or here without a client."""
-    if client is None:
-        return fn(*args)
-    return client.submit(fn, *args, pure=False).result()
 
 
 # A write's parts directory is ``<out>.parts-<12 hex digits>``; the process that called the write
@@ -511,7 +502,7 @@ def write_raster(array: Any, path: str | os.PathLike, *, nodata: Any = _UNSET,
     p, c = os.fspath(path), _client_or_none(client)
     # Before any work, as process_geotiff: a file the array reads is never replaced.
     read = _read_paths(data)
-    same = _on_workers(c, _first_same_file, read, p) if read else None
+    same = _on_a_worker(c, _first_same_file, read, p) if read else None
     if same is not None:
         raise ValueError(f"write_raster: path {p!r} is the input file {same!r}: write the "
                          "result to another path (the input is never replaced)")
@@ -530,7 +521,7 @@ def _write(data: Any, path: str, *, who: str, nodata: Any, affine: tuple[float, 
     parts_dir = _new_parts_dir(path)
     # Made and removed where the tasks run: a task still running after a failure finds no
     # directory to write into.
-    unknown = _on_workers(client, _make_parts_dir, parts_dir, path)
+    unknown = _on_a_worker(client, _make_parts_dir, parts_dir, path)
     lock_fd = None
     try:
         lock_fd = _hold_writer_lock(parts_dir)
@@ -545,11 +536,11 @@ def _write(data: Any, path: str, *, who: str, nodata: Any, affine: tuple[float, 
         merged = dask.delayed(_merge_parts, pure=False)(
             stored, parts_dir, path, data.chunks, np.dtype(data.dtype), nodata, affine, crs,
             compress, bool(tiled), int(blocksize))
-        _on_workers(client, _probe_write, parts_dir, np.dtype(data.dtype), nodata, affine, crs,
+        _on_a_worker(client, _probe_write, parts_dir, np.dtype(data.dtype), nodata, affine, crs,
                     compress, bool(tiled), int(blocksize))
         return _run_with_progress(merged, progress, client)
     except BaseException:
-        _on_workers(client, shutil.rmtree, parts_dir, True)  # a failed job leaves no parts
+        _on_a_worker(client, shutil.rmtree, parts_dir, True)  # a failed job leaves no parts
         raise
     finally:
         # Only now that the parts directory is gone: a directory of a released lock is removed
@@ -588,10 +579,10 @@ def process_geotiff(in_path: str | os.PathLike, out_path: str | os.PathLike, op:
     c = _client_or_none(client)
     # Before any work: the input is never replaced (not even by its own result), and a
     # mistyped output directory fails now, not after the whole job.
-    if _on_workers(c, _same_file, p_in, p_out):
+    if _on_a_worker(c, _same_file, p_in, p_out):
         raise ValueError(f"process_geotiff: out_path {p_out!r} is the input file {p_in!r}: "
                          "write the result to another path (the input is never replaced)")
-    _on_workers(c, _check_out_dir, p_out)
+    _on_a_worker(c, _check_out_dir, p_out)
     meta = _metadata(p_in, c)
     if chunks is not None:
         chunks = _dask_chunks("process_geotiff", chunks,

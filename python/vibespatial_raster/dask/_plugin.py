@@ -5,7 +5,7 @@ layer runs on, and the per-process pool functions run on every worker."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import distributed
@@ -144,6 +144,15 @@ def _checked(client: Any) -> Any:
 def _client_or_none(client: Any) -> Any:
     """``client`` (checked), else the current client, else None (Dask's local schedulers)."""
     return _checked(client) if client is not None else _default_client_or_none()
+
+
+def _on_a_worker(client: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on one of ``client``'s workers (where the tasks run: their devices, GPU or
+    CPU, and the file system they see), or here when ``client`` is None (Dask's local
+    schedulers). ``client`` is one :func:`_client_or_none` returned."""
+    if client is None:
+        return fn(*args)
+    return client.submit(fn, *args, pure=False).result()
 
 
 def _default_client_or_none() -> Any:
