@@ -313,9 +313,10 @@ TEST_SUITE("ops") {
 
   TEST_CASE_TEMPLATE("histograms of several bands, 256 and 65536 bins, values on the edges", T,
                      ALL_DTYPES) {
-    // Band 0 random, band 1 the edges of the case's bins that T holds (as many as fit, and the
-    // last one, upper, which goes to the last bin), band 2 only nodata (7, itself on an edge) and NaN but for three
-    // pixels. Each band against the reference's edge search; band 2 counts only its three.
+    // Band 0 random; band 1 the edges of the case's bins that T holds (as many as fit, and the
+    // last one, upper, which goes to the last bin); band 2 only nodata (7, itself on an edge)
+    // and NaN but for up to three valid pixels. Each band against the reference's edge search;
+    // band 2 counts only its valid pixels.
     const std::int64_t h = 40, w = 52;
     const auto hw = static_cast<std::size_t>(h * w);
     for (const auto& [bins, lo, hi] : {std::tuple{256, 0.0, 256.0}, std::tuple{256, -1.0, 1.0},
