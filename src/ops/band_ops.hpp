@@ -198,41 +198,42 @@ struct NormDiffOp {
   }
 };
 
-/// Pixel -> global bin id band * bins + bin, or -1 (invalid or out of range), by
-/// numpy.histogram's rule: the bin is the i with edge(i) <= v < edge(i + 1) (the last bin also
-/// takes upper), where the edges are numpy.linspace(lower, upper, bins + 1) computed in float64
-/// (i * step + lower, the last exactly upper) and held in numpy's bin dtype: float32 for float32
-/// data, float64 otherwise. Range and edges are compared with the value in that dtype, as numpy
-/// compares them. As numpy: a first guess ((v - lower) / (upper - lower)) * bins, then one step
-/// down or up where v falls on the other side of the edges (a guess can be 1 ulp off).
+/// Pixel value -> its bin in [0, bins), or -1 (invalid or out of range), by numpy.histogram's
+/// rule: the bin is the i with edge(i) <= v < edge(i + 1) (the last bin also takes upper), where
+/// the edges are numpy.linspace(lower, upper, bins + 1) computed in float64 (i * step + lower,
+/// the last exactly upper) and held in numpy's bin dtype: float32 for float32 data, float64
+/// otherwise. Range and edges are compared with the value in that dtype, as numpy compares them.
+/// As numpy: a first guess ((v - lower) / (upper - lower)) * bins, then one step down or up where
+/// v falls on the other side of the edges (a guess can be 1 ulp off). The guess keeps numpy's
+/// division: where float32 edges coincide (more bins than float32 values in the range) the bin
+/// numpy picks depends on its guess, so a precomputed reciprocal could pick another. Both
+/// backends count one band at a time with this functor: no per-pixel band index.
 template <class T>
-struct BinIdOp {
+struct BinOp {
   /// numpy's bin dtype for T (result_type of the data and the Python float bounds).
   using E = cuda::std::conditional_t<cuda::std::is_same_v<T, float>, float, double>;
   Valid<T> valid;
-  const T* data;
-  long long band_pixels;
   int bins;
   double lower, upper, step;
-  VSR_HD E edge(long long k) const {
+  VSR_HD E edge(int k) const {
     return static_cast<E>(k >= bins ? upper : static_cast<double>(k) * step + lower);
   }
-  VSR_HD int operator()(long long i) const {
-    const T v = data[i];
+  VSR_HD int operator()(T v) const {
     if (!valid(v)) return -1;
     const E e = static_cast<E>(v);
     const E lo = static_cast<E>(lower);
     if (!(e >= lo) || !(e <= static_cast<E>(upper))) return -1;
     // numpy: (a - first_edge) in the bin dtype, divided by (last_edge - first_edge) in float64.
-    long long b = static_cast<long long>((static_cast<double>(e - lo) / (upper - lower)) * bins);
-    if (b >= bins) b = bins - 1;
-    if (b < 0) b = 0;
+    // In float32 the rounded bounds can put the guess a little past bins: clamp in 64 bits.
+    const long long guess =
+        static_cast<long long>((static_cast<double>(e - lo) / (upper - lower)) * bins);
+    int b = guess >= bins ? bins - 1 : (guess < 0 ? 0 : static_cast<int>(guess));
     if (e < edge(b)) {
       --b;
     } else if (b != bins - 1 && e >= edge(b + 1)) {
       ++b;
     }
-    return static_cast<int>((i / band_pixels) * bins + b);
+    return b;
   }
 };
 
@@ -408,17 +409,11 @@ void run_focal_mean(const Policy& policy, const void* in, DType dtype, void* out
   });
 }
 
-/// BinIdOp for band-major data of `layout`.
+/// BinOp of @p bins bins on [lower, upper].
 template <class T>
-BinIdOp<T> make_bin_op(const void* in, Layout layout, NodataSpec nodata, int bins, double lower,
-                       double upper) {
-  return BinIdOp<T>{Valid<T>(nodata),
-                    static_cast<const T*>(in),
-                    layout.band_pixels(),
-                    bins,
-                    lower,
-                    upper,
-                    (upper - lower) / static_cast<double>(bins)};
+BinOp<T> make_bin_op(NodataSpec nodata, int bins, double lower, double upper) {
+  return BinOp<T>{Valid<T>(nodata), bins, lower, upper,
+                  (upper - lower) / static_cast<double>(bins)};
 }
 
 }  // namespace vibespatial::raster::detail::ops

@@ -4,8 +4,9 @@
 // dispatch on the opcode is paid once per W pixels and the lane loops vectorise; the device runs
 // it with W = 1 (one pixel per thread). Every lane computes exactly what a single pixel would,
 // so both backends give the same values from this one source (calc_math.hpp has the
-// operations). No allocation, no virtual call: registers and the mask live on the stack.
-// Included only by ops_host.cpp and ops_cuda.cu.
+// operations). No allocation, no virtual call: the host's registers live on its stack, the
+// device's in shared memory sized by the program (CalcRegisters). Included only by ops_host.cpp
+// and ops_cuda.cu; the device's kernel is in ops_cuda.cu.
 #pragma once
 
 #include "ops/band_ops.hpp"
@@ -138,37 +139,47 @@ VSR_HD inline void store(const CalcOutputBand& o, std::int64_t first, const C* r
   }
 }
 
-/// Runs the program on pixels [offset + i * W, offset + (i + 1) * W) for argument i.
-template <class C, int W>
-struct CalcEval {
-  CalcLaunch p;  ///< tables in the memory this functor runs in
-  std::int64_t offset = 0;
+/// The registers of one evaluation: register r's W lanes start at base + r * stride. The host
+/// keeps them on its stack (stride W: each register's lanes side by side); the device gives each
+/// thread one lane per register in shared memory, register r of thread t at r * blockDim + t
+/// (stride blockDim), so that a warp's accesses to a register fall in distinct banks.
+template <class C, int Stride>
+struct CalcRegisters {
+  C* base;
+  VSR_HD C* operator[](int r) const { return base + r * Stride; }
+};
+template <class C>
+struct CalcRegisters<C, 0> {  // stride known at run time
+  C* base;
+  int stride;
+  VSR_HD C* operator[](int r) const { return base + r * stride; }
+};
 
-  VSR_HD void operator()(long long i) const {
-    const std::int64_t first = offset + static_cast<std::int64_t>(i) * W;
-    C reg[kCalcMaxRegisters][W];
-    mask_t<C> ok[W];
-    for (int l = 0; l < W; ++l) ok[l] = 1;
-    const bool check = p.propagate_nodata;
-    for (int pc = 0; pc < p.code_size; ++pc) {
-      const CalcInstr in = p.code[pc];
-      C* d = reg[in.dst];
-      const C* a = reg[in.a];
-      const C* b = reg[in.b];
-      const C* c = reg[in.c];
-      switch (in.op) {
-        case CalcOp::load:
-          load<W>(p.slots[in.arg], first, d, ok, check);
-          break;
-        case CalcOp::constant: {
-          const C k = static_cast<C>(p.constants[in.arg]);
-          for (int l = 0; l < W; ++l) d[l] = k;
-          break;
-        }
-        case CalcOp::store:
-          store<W>(p.outputs[in.arg], first, a, ok);
-          for (int l = 0; l < W; ++l) ok[l] = 1;
-          break;
+/// Runs the program of @p p on pixels [first, first + W), its registers in @p reg.
+template <int W, class C, class Registers>
+VSR_HD inline void evaluate(const CalcLaunch& p, std::int64_t first, Registers reg) {
+  mask_t<C> ok[W];
+  for (int l = 0; l < W; ++l) ok[l] = 1;
+  const bool check = p.propagate_nodata;
+  for (int pc = 0; pc < p.code_size; ++pc) {
+    const CalcInstr in = p.code[pc];
+    C* d = reg[in.dst];
+    const C* a = reg[in.a];
+    const C* b = reg[in.b];
+    const C* c = reg[in.c];
+    switch (in.op) {
+      case CalcOp::load:
+        load<W>(p.slots[in.arg], first, d, ok, check);
+        break;
+      case CalcOp::constant: {
+        const C k = static_cast<C>(p.constants[in.arg]);
+        for (int l = 0; l < W; ++l) d[l] = k;
+        break;
+      }
+      case CalcOp::store:
+        store<W>(p.outputs[in.arg], first, a, ok);
+        for (int l = 0; l < W; ++l) ok[l] = 1;
+        break;
 #define VSR_CALC_CASE1(name, expr) \
   case CalcOp::name:               \
     lanes<W>(d, a, Op_##name{});   \
@@ -181,19 +192,31 @@ struct CalcEval {
   case CalcOp::name:                   \
     lanes<W>(d, a, b, c, Op_##name{}); \
     break;
-          VSR_CALC_UNARY_OPS(VSR_CALC_CASE1)
-          VSR_CALC_BINARY_OPS(VSR_CALC_CASE2)
-          VSR_CALC_TERNARY_OPS(VSR_CALC_CASE3)
+        VSR_CALC_UNARY_OPS(VSR_CALC_CASE1)
+        VSR_CALC_BINARY_OPS(VSR_CALC_CASE2)
+        VSR_CALC_TERNARY_OPS(VSR_CALC_CASE3)
 #undef VSR_CALC_CASE1
 #undef VSR_CALC_CASE2
 #undef VSR_CALC_CASE3
-      }
     }
+  }
+}
+
+/// The host's evaluation: pixels [offset + i * W, offset + (i + 1) * W) for argument i, the
+/// registers on the stack.
+template <class C, int W>
+struct CalcEval {
+  CalcLaunch p;  ///< tables in the memory this functor runs in
+  std::int64_t offset = 0;
+
+  void operator()(long long i) const {
+    C reg[kCalcMaxRegisters * W];
+    evaluate<W, C>(p, offset + static_cast<std::int64_t>(i) * W, CalcRegisters<C, W>{reg});
   }
 };
 
-/// Runs @p launch (tables where @p policy runs) with lanes of W: whole groups of W pixels, then
-/// the remaining pixels one lane at a time (the same code, so the same values).
+/// The host: runs @p launch (tables where @p policy runs) with lanes of W: whole groups of W
+/// pixels, then the remaining pixels one lane at a time (the same code, so the same values).
 template <class C, int W, class Policy>
 void run_calc_as(const Policy& policy, const CalcLaunch& launch) {
   const std::int64_t groups = launch.pixels / W;

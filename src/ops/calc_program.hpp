@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 namespace vibespatial::raster::detail::ops {
@@ -83,6 +84,18 @@ struct CalcInstr {
   std::uint8_t reserved[3] = {0, 0, 0};
   std::int32_t arg = 0;  ///< load: slot; constant: index into the constants; store: output band
 };
+
+/// The registers @p code names: one more than the highest register any instruction reads or
+/// writes (unused operand fields are 0), so at least 1. The compiler's CalcCode::registers for
+/// the programs it writes; the device sizes each thread's registers by it.
+inline int calc_registers_used(const CalcInstr* code, int code_size) {
+  int highest = 0;
+  for (int i = 0; i < code_size; ++i) {
+    const CalcInstr& in = code[i];
+    for (const std::uint8_t r : {in.dst, in.a, in.b, in.c}) highest = r > highest ? r : highest;
+  }
+  return highest + 1;
+}
 
 /// One input band a program reads, as the backend sees it.
 struct CalcSlot {

@@ -534,7 +534,8 @@ std::vector<std::vector<std::int64_t>> histogram(const OwnedRasterArray& raster,
   require_finite(lower, "histogram: lower");
   require_finite(upper, "histogram: upper");
   VSR_EXPECTS(lower < upper, "histogram: lower >= upper");
-  // The device histogram counts bands * bins + 1 levels in an int: 2^31 - 2 bins at most.
+  // The backends index bins (and the bins edge, bins + 1) in an int: 2^31 - 2 bins at most, for
+  // all bands together (the limit the library has always had).
   VSR_EXPECTS(static_cast<std::int64_t>(raster.band_count()) * bins <
                   std::numeric_limits<std::int32_t>::max(),
               "histogram: band_count * bins must be below 2^31 - 1 (" +

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -140,23 +142,28 @@ void normalized_difference(const void* a, const void* b, DType dtype, void* out,
 
 void histogram(const void* in, DType dtype, Layout layout, NodataSpec nodata, int bins,
                double lower, double upper, std::int64_t* counts, CUstream /*stream*/) {
-  // Thrust has no histogram: the same BinIdOp in an OpenMP loop with per-thread counters.
+  // Thrust has no histogram: one band at a time (as the CUDA backend counts), BinOp in an OpenMP
+  // loop with per-thread counters.
   visit_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    const BinIdOp<T> op = make_bin_op<T>(in, layout, nodata, bins, lower, upper);
-    const std::int64_t total_bins = static_cast<std::int64_t>(layout.bands) * bins;
-    const std::int64_t n = layout.pixels();
-    for (std::int64_t k = 0; k < total_bins; ++k) counts[k] = 0;
+    const BinOp<T> op = make_bin_op<T>(nodata, bins, lower, upper);
+    const std::int64_t n = layout.band_pixels();
+    const auto width = static_cast<std::size_t>(bins);
+    for (int band = 0; band < layout.bands; ++band) {
+      const T* data = static_cast<const T*>(in) + band * n;
+      std::int64_t* out = counts + static_cast<std::size_t>(band) * width;
+      for (std::size_t k = 0; k < width; ++k) out[k] = 0;
 #pragma omp parallel
-    {
-      std::vector<std::int64_t> local(static_cast<std::size_t>(total_bins), 0);
+      {
+        std::vector<std::int64_t> local(width, 0);
 #pragma omp for schedule(static)
-      for (std::int64_t i = 0; i < n; ++i) {
-        const int id = op(i);
-        if (id >= 0) ++local[static_cast<std::size_t>(id)];
-      }
+        for (std::int64_t i = 0; i < n; ++i) {
+          const int bin = op(data[i]);
+          if (bin >= 0) ++local[static_cast<std::size_t>(bin)];
+        }
 #pragma omp critical
-      for (std::int64_t k = 0; k < total_bins; ++k) counts[k] += local[static_cast<std::size_t>(k)];
+        for (std::size_t k = 0; k < width; ++k) out[k] += local[k];
+      }
     }
   });
 }
@@ -171,6 +178,10 @@ void calc(const CalcLaunch& launch, CUstream /*stream*/) {
   // registers (kCalcMaxRegisters x kCalcLanes values, 16 KiB in float64) stay on the stack; the
   // few a program uses stay in L1. 64 ran the NDVI expression faster than 128 or 256.
   constexpr int kCalcLanes = 64;
+  if (calc_registers_used(launch.code, launch.code_size) > kCalcMaxRegisters) {
+    throw std::invalid_argument("calc: the program names more than " +
+                                std::to_string(kCalcMaxRegisters) + " registers");
+  }
   calc::run_calc<kCalcLanes>(policy(), launch);
 }
 

@@ -363,6 +363,20 @@ TEST_SUITE("ops") {
     }
   }
 
+  TEST_CASE("calc: a program of 14 registers (a balanced tree) evaluates right") {
+    // ((C + C) + (C + C)) ... 12 levels deep: 4096 leaves, 14 registers, 4096 * C exactly.
+    const Data<float> d = make_data<float>(5);
+    const std::vector<CalcInput> in = make_inputs(d);
+    std::string t = "C";
+    for (int level = 0; level < 12; ++level) t = "(" + t + " + " + t + ")";
+    const CalcProgram p = compile_calc({t}, {{"A", 4}, {"B", 1}, {"C", 1}});
+    CHECK(p.registers() == 14);
+    CalcOptions opt;
+    opt.output = DType::float64;
+    const auto got = read<double>(calc(p, in, opt));
+    for (std::size_t i = 0; i < kN; ++i) CHECK(got[i] == 4096.0 * static_cast<double>(d.c[i]));
+  }
+
   TEST_CASE("calc: several expressions give several bands, each with its own nodata pixels") {
     const Data<std::uint16_t> d = make_data<std::uint16_t>(3);
     const std::vector<CalcInput> in = make_inputs(d);

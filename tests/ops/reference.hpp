@@ -155,18 +155,18 @@ template <class T>
 std::vector<std::int64_t> ref_hist(const std::vector<T>& d, std::size_t first, std::size_t n,
                                    std::optional<double> nd, int bins, double lo, double hi) {
   std::vector<std::int64_t> h(static_cast<std::size_t>(bins), 0);
+  // numpy 2: the bin dtype is float32 for float32 data, else float64; edges = linspace(lo, hi,
+  // bins + 1) computed in float64 and cast to it; range and edges compared in it; the bin is
+  // searchsorted(edges, v, 'right') - 1, the last bin closed.
+  using E = std::conditional_t<std::is_same_v<T, float>, float, double>;
+  std::vector<E> edges(static_cast<std::size_t>(bins) + 1);
+  for (int k = 0; k <= bins; ++k)
+    edges[static_cast<std::size_t>(k)] = static_cast<E>(k * ((hi - lo) / bins) + lo);
+  edges.back() = static_cast<E>(hi);
   for (std::size_t i = first; i < first + n; ++i) {
     if (!ref_valid(d[i], nd)) continue;
-    // numpy 2: the bin dtype is float32 for float32 data, else float64; edges = linspace(lo,
-    // hi, bins + 1) computed in float64 and cast to it; range and edges compared in it; the bin
-    // is searchsorted(edges, v, 'right') - 1, the last bin closed.
-    using E = std::conditional_t<std::is_same_v<T, float>, float, double>;
     const E v = static_cast<E>(d[i]);
     if (v < static_cast<E>(lo) || v > static_cast<E>(hi)) continue;
-    std::vector<E> edges(static_cast<std::size_t>(bins) + 1);
-    for (int k = 0; k <= bins; ++k)
-      edges[static_cast<std::size_t>(k)] = static_cast<E>(k * ((hi - lo) / bins) + lo);
-    edges.back() = static_cast<E>(hi);
     long long b = std::upper_bound(edges.begin(), edges.end(), v) - edges.begin() - 1;
     b = std::min<long long>(b, bins - 1);
     ++h[static_cast<std::size_t>(b)];

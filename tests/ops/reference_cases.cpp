@@ -311,6 +311,58 @@ TEST_SUITE("ops") {
     check_hundredths_against_edge_search<float>();
   }
 
+  TEST_CASE_TEMPLATE("histograms of several bands, 256 and 65536 bins, values on the edges", T,
+                     ALL_DTYPES) {
+    // Band 0 random; band 1 the edges of the case's bins that T holds (as many as fit, and the
+    // last one, upper, which goes to the last bin); band 2 only nodata (7, itself on an edge)
+    // and NaN but for up to three valid pixels. Each band against the reference's edge search;
+    // band 2 counts only its valid pixels.
+    const std::int64_t h = 40, w = 52;
+    const auto hw = static_cast<std::size_t>(h * w);
+    for (const auto& [bins, lo, hi] : {std::tuple{256, 0.0, 256.0}, std::tuple{256, -1.0, 1.0},
+                                       std::tuple{65536, -32768.0, 32768.0}}) {
+      CAPTURE(bins);
+      CAPTURE(lo);
+      std::vector<T> d = gen_pixels<T>(3 * hw, 91);
+      const auto holds = [](double x) {  // x is a value of T (checked before any conversion)
+        if constexpr (std::is_floating_point_v<T>) {
+          return static_cast<double>(static_cast<T>(x)) == x;
+        } else {
+          return x >= static_cast<double>(std::numeric_limits<T>::lowest()) &&
+                 x <= static_cast<double>(std::numeric_limits<T>::max()) && x == std::floor(x);
+        }
+      };
+      const double step = (hi - lo) / bins;
+      std::size_t on_edges = 0;
+      for (int k = 0; k < bins && on_edges + 1 < hw; ++k) {
+        const double e = k * step + lo;
+        if (holds(e)) d[hw + on_edges++] = static_cast<T>(e);
+      }
+      if (holds(hi)) d[2 * hw - 1] = static_cast<T>(hi);  // the last edge, always
+      for (std::size_t i = 0; i < hw; ++i) {
+        const bool nan = std::is_floating_point_v<T> && i % 2 == 1;
+        d[2 * hw + i] = nan ? std::numeric_limits<T>::quiet_NaN() : static_cast<T>(kNodata);
+      }
+      std::int64_t valid = 0;
+      for (const double v : {lo, hi, 0.0, 1.0, 100.0}) {
+        if (holds(v) && v >= lo && v <= hi && v != kNodata && valid < 3)
+          d[2 * hw + 10 + static_cast<std::size_t>(valid++)] = static_cast<T>(v);
+      }
+      const auto r = input(d.data(), dtype_of<T>(), 3, h, w, kNodata);
+      const auto hist = histogram(r, bins, lo, hi);
+      REQUIRE(hist.size() == 3);
+      for (std::size_t b = 0; b < 3; ++b) {
+        CAPTURE(b);
+        CHECK(hist[b] == ref_hist(d, b * hw, hw, kNodata, bins, lo, hi));
+      }
+      std::int64_t band2 = 0;
+      for (const std::int64_t c : hist[2]) band2 += c;
+      CHECK(band2 == valid);
+      if (holds(hi)) CHECK(hist[1].back() >= 1);  // upper, in the last bin
+      if (holds(lo)) CHECK(hist[1].front() >= 1);
+    }
+  }
+
   TEST_CASE("histograms of narrow and signed types (CUB's known miscounts)") {
     // int8 over its full range, one pixel per value: negative samples must be counted.
     std::vector<std::int8_t> s(256);

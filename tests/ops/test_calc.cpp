@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -269,6 +270,27 @@ TEST_SUITE("ops") {
     std::string right = "B";
     for (int i = 0; i < 200; ++i) right = "B - (" + right + ")";
     CHECK(compile_calc({right}, kShapes).registers() == 3);
+  }
+
+  TEST_CASE("calc: a program's register count is the registers its code names") {
+    // The device sizes each thread's registers by calc_registers_used; the compiler's count
+    // (CalcProgram::registers) must agree with it for both compute types.
+    std::string tree = "B";
+    for (int level = 0; level < 10; ++level) tree = "(" + tree + " * " + tree + ")";
+    std::string deep = "B";
+    for (int i = 0; i < 40; ++i) deep = "where(B > " + std::to_string(i) + ", B, " + deep + ")";
+    for (const std::vector<std::string>& exprs : std::vector<std::vector<std::string>>{
+             {"B"}, {"3"}, {tree}, {deep}, {"A[1] + 1", tree, "sqrt(A[2]) * nir - 2"}}) {
+      const CalcProgram p = compile_calc(exprs, kShapes);
+      const detail::CalcCompiled* c = detail::CalcAccess::get(p);
+      REQUIRE(c != nullptr);
+      for (const detail::CalcCode* code : {&c->f64, &c->f32}) {
+        CHECK(detail::ops::calc_registers_used(
+                  code->code.data(), static_cast<int>(code->code.size())) == code->registers);
+      }
+      CHECK(p.registers() == std::max(c->f64.registers, c->f32.registers));
+    }
+    CHECK(compile_calc({tree}, kShapes).registers() == 12);  // 10 levels: 10 + 2
   }
 
   TEST_CASE("compile_calc: bands read, per input, for a tiled reader") {

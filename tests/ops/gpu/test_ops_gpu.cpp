@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 using namespace vibespatial::raster;
@@ -152,7 +153,96 @@ TEST_SUITE("gpu") {
       CHECK(histogram(host, 64, -1e5, 1e5) == histogram(dev, 64, -1e5, 1e5));
       CHECK(histogram(host, 256, 0, 256) == histogram(dev, 256, 0, 256));
       CHECK(histogram(host, 256, -128, 128) == histogram(dev, 256, -128, 128));
+      CHECK(histogram(host, 256, -1e6, 1e6) == histogram(dev, 256, -1e6, 1e6));
+      CHECK(histogram(host, 65536, -32768, 32768) == histogram(dev, 65536, -32768, 32768));
     }
+  }
+
+  TEST_CASE("a program naming every register evaluates alike on the host and the device") {
+    // By hand (the compiler needs a huge expression for 32 registers): r31 = A, r0 = 3, then
+    // r_j = r31 + r_(j-1) for j = 1..30 (r_j = j * A + 3), and out = r30 + r15 = 45 * A + 6, in
+    // float64 and float32 (exact for |A| < 2^15 in either). Each pixel's A differs, so registers
+    // shared between pixels (threads) would show.
+    using namespace detail::ops;
+    const int last = kCalcMaxRegisters - 1;
+    std::vector<CalcInstr> code;
+    const auto emit = [&](CalcOp op, int dst, int a, int b, int arg) {
+      CalcInstr in;
+      in.op = op;
+      in.dst = static_cast<std::uint8_t>(dst);
+      in.a = static_cast<std::uint8_t>(a);
+      in.b = static_cast<std::uint8_t>(b);
+      in.arg = arg;
+      code.push_back(in);
+    };
+    emit(CalcOp::load, last, 0, 0, 0);
+    emit(CalcOp::constant, 0, 0, 0, 0);
+    for (int j = 1; j < last; ++j) emit(CalcOp::add, j, last, j - 1, 0);
+    emit(CalcOp::add, 0, last - 1, 15, 0);
+    emit(CalcOp::store, 0, 0, 0, 0);
+    REQUIRE(calc_registers_used(code.data(), static_cast<int>(code.size())) == kCalcMaxRegisters);
+    const double constants[1] = {3.0};
+
+    const std::int64_t h = 67, w = 129, n = h * w;  // not a multiple of a block or of 64 lanes
+    std::vector<std::int16_t> a(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i)
+      a[static_cast<std::size_t>(i)] = static_cast<std::int16_t>((i * 37) % 1401 - 700);
+    const auto host_in = OwnedRasterArray::from_host(a.data(), DType::int16, 1, h, w);
+    const auto dev_in = host_in.clone_to(Residency::device);
+    const auto& st = detail::driver_state();
+    for (const bool f32 : {false, true}) {
+      CAPTURE(f32);
+      auto host_out = OwnedRasterArray::allocate(Residency::host, DType::float64, 1, h, w);
+      auto dev_out = OwnedRasterArray::allocate(Residency::device, DType::float64, 1, h, w);
+      const auto run = [&](const void* in, void* out, auto backend) {
+        CalcSlot slot;
+        slot.data = in;
+        slot.dtype = DType::int16;
+        CalcOutputBand o;
+        o.data = out;
+        o.dtype = DType::float64;
+        CalcLaunch l;
+        l.code = code.data();
+        l.code_size = static_cast<int>(code.size());
+        l.constants = constants;
+        l.constant_count = 1;
+        l.slots = &slot;
+        l.slot_count = 1;
+        l.outputs = &o;
+        l.output_count = 1;
+        l.pixels = n;
+        l.compute_float32 = f32;
+        backend(l);
+      };
+      run(host_in.host_data(), host_out.mutable_host_data(),
+          [](const CalcLaunch& l) { host::calc(l, nullptr); });
+      run(dev_in.device_pointer(), dev_out.device_data(), [&](const CalcLaunch& l) {
+        if (st.emulated) {
+          emulated::calc(l, nullptr);
+        } else {
+#if VSR_TEST_CUDA_OPS
+          device::calc(l, nullptr);
+#endif
+        }
+      });
+      std::vector<double> got_host(static_cast<std::size_t>(n)), got_dev(got_host.size());
+      host_out.copy_to_host(got_host.data());
+      dev_out.copy_to_host(got_dev.data());  // waits for the legacy stream the work is on
+      int bad_host = 0, bad_dev = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double want = 45.0 * a[static_cast<std::size_t>(i)] + 6.0;
+        bad_host += got_host[static_cast<std::size_t>(i)] != want;
+        bad_dev += got_dev[static_cast<std::size_t>(i)] != want;
+      }
+      CHECK(bad_host == 0);
+      CHECK(bad_dev == 0);
+    }
+    // One register more is refused, not run past the register file.
+    code[0].dst = kCalcMaxRegisters;
+    CalcLaunch bad;
+    bad.code = code.data();
+    bad.code_size = static_cast<int>(code.size());
+    CHECK_THROWS_AS(host::calc(bad, nullptr), std::invalid_argument);
   }
 
   TEST_CASE("output-into forms on the device equal the host, in place too") {
