@@ -45,7 +45,7 @@ def main():
 
     inputs = {}
     for dtype, nodata in (("float32", "nan"), ("float32", None), ("uint8", "0"),
-                          ("int16", "-9999"), ("uint16", None), ("float64", "-1")):
+                          ("int16", "-9999"), ("float64", "-1")):
         name = "%s_%s.tif" % (dtype, nodata or "none")
         path = os.path.join(work, name)
         cmd = [a.raster, "make", path, "--width", "300", "--height", "200", "--bands", "4",
@@ -171,8 +171,8 @@ def main():
             results.append(got)
         if results[0] != results[1]:
             failures.append((label, results))
-    for label, (old, new) in failures:
-        print("DIFFERS: %s\n  old: %r\n  new: %r" % (label, old, new))
+            print("DIFFERS: %s\n  old: %r\n  new: %r" % (label, results[0], results[1]),
+                  flush=True)
     print("%d cases, %d differ" % (len(cases), len(failures)))
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)

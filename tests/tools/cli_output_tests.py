@@ -202,7 +202,12 @@ def pipeline_command_line_errors_exit_2(env):
             (["read", "!", "focal-mean", "!", "write", out], "read needs"),
             (["read", "A=" + src, "--budget", "5", "!", "focal-mean", "!", "write", out],
              "read takes only NAME=FILE"),
-            (["read", "A=" + src, "!", "!", "write", out], "empty")):
+            (["read", "A=" + src, "!", "!", "write", out], "empty"),
+            (["read", "A=" + src, "!", "stats", "!", "write", out], "unknown step 'stats'"),
+            (["read", "A=" + src, "!", "ndvi", "!", "write", out], "unknown step 'ndvi'"),
+            (["read", "A=" + src, "!", "write", out, "!", "write", out], "unknown step"),
+            (["read", "A=" + src, "!", "focal-mean", "--op", "clip", "!", "write", out],
+             "--op")):
         text = refused(env, "pipeline %s" % " ".join(words), "pipeline", *words)
         check(says in text, "%s: %s" % (words, text))
         check(not os.path.exists(out), "a refused pipeline wrote its output")

@@ -6,6 +6,7 @@
 #include "cli.hpp"
 #include "dtype_visit.hpp"
 #include "format.hpp"
+#include "steps.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/dispatch.hpp>
@@ -188,6 +189,7 @@ int Job::run() {
     enter("looking for a device");
     placement_ = vsr::placed(args_.device);
     from_file_ = !args_.input.empty();
+    if (args_.op != Op::pipeline) op_step_ = &step_of(args_.op);
     enter("checking the output");
     check_output();
     enter(from_file_ ? "reading the input's header" : "making the sample raster");
@@ -327,47 +329,43 @@ void Job::check_output() {
 /// and nodata are what the op makes of a tiny raster of the input's dtype and nodata.
 void Job::check_raster_output() {
   if (args_.output.empty() || !args_.raster_output()) return;
-  const bool ndvi = args_.op == Op::normalized_difference;
-  const int tiny_bands = ndvi ? 2 : 1;
-  const vsr::OwnedRasterArray tiny = nodata_tiny(meta_.dtype, tiny_bands, band_nodata_.front());
-  vsr::DType out_dtype = output_dtype();
+  const Step& step = *op_step_;
+  const vsr::OwnedRasterArray tiny =
+      nodata_tiny(meta_.dtype, step.band_pair ? 2 : 1, band_nodata_.front());
+  vsr::DType out_dtype = step.output_dtype(args_, meta_.dtype);
   if (args_.a_nodata && *args_.a_nodata && !vsr::dtype_holds(out_dtype, **args_.a_nodata)) {
     throw UsageError("-a_nodata: " + args_.a_nodata_text + " is not a value of " +
                      std::string(vsr::to_string(out_dtype)) + ", the output's type" +
                      (args_.ot ? "" : " (--ot chooses another)"));
   }
-  const Range out = args_.out_range.value_or(Range{0, 1});
-  if (args_.op == Op::rescale && !args_.a_nodata && !vsr::is_floating_point(out_dtype) &&
-      (band_nodata_.front() || vsr::is_floating_point(meta_.dtype))) {
-    // Invalid pixels need a value outside the output range: refused now when the type has none.
-    const double lo = std::min(out.lo, out.hi), hi = std::max(out.lo, out.hi);
-    if (!vsr::dtype_holds(out_dtype, vsr::NodataValue(std::floor(lo) - 1)) &&
-        !vsr::dtype_holds(out_dtype, vsr::NodataValue(std::ceil(hi) + 1))) {
-      throw UsageError("--out-range " + json_number(out.lo) + "," + json_number(out.hi) +
-                       " covers every value of " + std::string(vsr::to_string(out_dtype)) +
-                       ", so no value is left to mark the invalid pixels of the input: give "
-                       "-a_nodata V (a value of the range, which no valid pixel may then take) "
-                       "or -a_nodata none (no nodata: invalid pixels are written as 0)");
-    }
-  }
+  if (step.check) step.check(args_, facts(true));
   std::optional<vsr::NodataValue> out_nodata;
   try {
-    const std::string note = note_;
-    const vsr::OwnedRasterArray r = args_.op == Op::rescale
-                                        ? to_output(rescale_with(Range{0, 1}, out, false))(tiny)
-                                        : raster_function()(tiny);
-    note_ = note;
+    const vsr::OwnedRasterArray r = step.build(args_, facts(true)).fn(tiny);
     out_dtype = r.dtype();
     out_nodata = r.exact_nodata();
   } catch (const std::exception&) {
     // The op refuses the tiny raster (the run will say why): the trial goes without a nodata.
   }
-  const int out_bands = ndvi ? 1 : static_cast<int>(bands_.size());
+  const int out_bands = step.band_pair ? 1 : static_cast<int>(bands_.size());
   try {
     vsr::check_output_file(args_.output, write_, out_dtype, out_bands, out_nodata, meta_.crs);
   } catch (const std::invalid_argument& e) {
     throw UsageError((args_.format.empty() ? "--output: " : "-of: ") + std::string(e.what()));
   }
+}
+
+/// What reaches the run's raster step: the input's dtype and selected bands' nodata (@p trial:
+/// for the output's trial before any pixel is read).
+StepFacts Job::facts(bool trial) const {
+  StepFacts f;
+  f.dtype = meta_.dtype;
+  f.band_nodata = band_nodata_;
+  f.mask_marker = mask_marker_;
+  f.stats = &stats_;
+  f.bands = &bands_;
+  f.trial = trial;
+  return f;
 }
 
 /// The raster: a file's header only (the plan is made before any pixel is read), or the sample;
@@ -495,8 +493,7 @@ void Job::open_input() {
 /// The one plan of the run: printed in the summary, followed by the streamed runs, the tiled
 /// executors and dispatch_per_band_gpu alike.
 void Job::make_plan() {
-  per_band_op_ = args_.op != Op::normalized_difference && args_.op != Op::calc &&
-                 (args_.op != Op::pipeline || chain_->bands_independent());
+  per_band_op_ = op_step_ ? op_step_->per_band : chain_->bands_independent();
   const bool per_band_op = per_band_op_;
   budget_note_ = args_.budget ? "" : " (auto)";
   if (args_.budget) {
@@ -510,7 +507,7 @@ void Job::make_plan() {
     budget_note_ = " (auto: host memory, no GPU)";
   }
   popts_.per_band = per_band_op;
-  popts_.halo = args_.op == Op::focal_mean ? 1 : 0;
+  popts_.halo = op_step_ ? op_step_->halo : 0;
   vsr::RasterMetadata plan_meta = meta_;
   plan_meta.band_count = static_cast<int>(bands_.size());
   // Reductions hold one buffer per band; the others an input and an output.
@@ -706,140 +703,20 @@ void Job::run_histogram() {
   });
 }
 
-/// rescale's function; its input range from a first streamed pass unless --in-range is given.
-RasterFn Job::rescale_function() {
-  Range in{}, out = args_.out_range.value_or(Range{0, 1});
-  const vsr::DType ot = args_.ot.value_or(vsr::DType::float32);
-  if (args_.in_range) {
-    in = *args_.in_range;
-  } else {
-    // The valid range of all selected bands, so every tile and band maps the same way.
-    run_statistics();
-    in = {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
-    for (std::size_t b = 0; b < bands_.size(); ++b) {
-      const vsr::BandStatistics& m = stats_[b];
-      if (m.count == 0) continue;
-      if (!std::isfinite(m.min) || !std::isfinite(m.max)) {
-        throw std::runtime_error("rescale: band " + std::to_string(bands_[b]) +
-                                 " holds infinite values (its valid range is [" +
-                                 std::to_string(m.min) + ", " + std::to_string(m.max) +
-                                 "]): give --in-range LO,HI");
-      }
-      in.lo = std::min(in.lo, m.min), in.hi = std::max(in.hi, m.max);
-    }
-    if (!(in.lo <= in.hi)) {
-      in = {0, 1};  // no valid pixel: every output pixel is nodata
-      note_ = "no valid pixel: every output pixel is nodata";
-    } else if (in.lo == in.hi) {
-      // A constant raster: every valid pixel maps to the low end of the output range.
-      in.hi = in.lo + std::max(1.0, std::fabs(in.lo));
-      note_ = "constant raster (every valid pixel is " + json_number(in.lo) +
-              "): valid pixels map to " + json_number(out.lo);
-    }
-  }
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "[%s, %s] -> [%s, %s] as %s", json_number(in.lo).c_str(),
-                json_number(in.hi).c_str(), json_number(out.lo).c_str(),
-                json_number(out.hi).c_str(), std::string(vsr::to_string(ot)).c_str());
-  note_ = std::string(buf) + (note_.empty() ? "" : "; " + note_);
-  return rescale_with(in, out, args_.in_range.has_value());
-}
-
-/// rescale of @p in onto @p out; with @p clamp, values outside @p in are clamped first (no
-/// extrapolation, so no valid value can reach a nodata chosen outside the output range). A
-/// reversed range (HI,LO) maps the other way round, as gdal_translate -scale. With -a_nodata the
-/// map is made in the compute type and converted with that nodata (to_output), so that an
-/// integer output may take every value of its type.
-RasterFn Job::rescale_with(Range in, Range out, bool clamp) const {
-  const vsr::DType ot = output_dtype();
-  const bool own_nodata = args_.a_nodata.has_value();
-  return [in, out, ot, clamp, own_nodata](const vsr::OwnedRasterArray& t) {
-    const vsr::DType as =
-        own_nodata && !vsr::is_floating_point(ot) ? vsr::compute_dtype(t.dtype()) : ot;
-    if (clamp) {
-      const vsr::OwnedRasterArray c = vsr::clip(t, std::min(in.lo, in.hi), std::max(in.lo, in.hi));
-      return vsr::rescale(c, in.lo, in.hi, out.lo, out.hi, as);
-    }
-    return vsr::rescale(t, in.lo, in.hi, out.lo, out.hi, as);
-  };
-}
-
-/// The output's dtype: --ot, else the op's own (rescale: float32; clip, fill-nodata: the
-/// input's; focal-mean, normalized-difference: the input's compute type).
-vsr::DType Job::output_dtype() const {
-  if (args_.ot) return *args_.ot;
-  if (args_.op == Op::rescale || args_.op == Op::calc) return vsr::DType::float32;
-  if (args_.op == Op::clip || args_.op == Op::fill_nodata) return meta_.dtype;
-  return vsr::compute_dtype(meta_.dtype);
-}
-
-/// -a_nodata as the output-nodata rule takes it: a value, none, or the rule's own choice.
-vsr::OutputNodata Job::nodata_request() const {
-  if (!args_.a_nodata) return vsr::OutputNodata::by_rule();
-  return *args_.a_nodata ? vsr::OutputNodata::of(**args_.a_nodata) : vsr::OutputNodata::none();
-}
-
-/// The op's results as the output holds them: its dtype (--ot) and its nodata, by the library's
-/// output-nodata rule (vsr::output_nodata; docs/outputs.md). The output needs a nodata when the
-/// input has one (the tile's band; either band of normalized-difference) or when it is of an
-/// integer type made from floating-point values (a float input, or the normalized difference,
-/// NaN where A + B = 0), and the op's result has invalid pixels at all; its candidates are the
-/// op's own nodata, then the input's. vsr::convert_output refuses a valid pixel equal to it.
-RasterFn Job::to_output(RasterFn op) const {
-  const vsr::DType target = output_dtype();
-  const bool ndvi = args_.op == Op::normalized_difference;
-  const bool ndvi_nodata = ndvi && (band_nodata_[0] || band_nodata_[1]);
-  const bool float_source = vsr::is_floating_point(meta_.dtype) || ndvi;
-  const bool needs_for_nan = !vsr::is_floating_point(target) && float_source;
-  const vsr::OutputNodata request = nodata_request();
-  const bool asked = args_.a_nodata.has_value();
-  return [op = std::move(op), target, ndvi, ndvi_nodata, needs_for_nan, request, asked,
-          marker = mask_marker_](const vsr::OwnedRasterArray& t) {
-    const std::optional<vsr::NodataValue> in = t.exact_nodata();
-    const bool input_nodata = ndvi ? ndvi_nodata : in.has_value();
-    // A float input without nodata going to an integer output: its NaN pixels are invalid, and
-    // the op gives them a nodata as for an input that has one.
-    const bool nan_marks = !asked && !input_nodata && needs_for_nan && !ndvi;
-    const vsr::OwnedRasterArray r =
-        op(nan_marks ? t.with_nodata(std::numeric_limits<double>::quiet_NaN()) : t);
-    const std::optional<vsr::NodataValue> own = r.exact_nodata();
-    const bool in_marks = marker && in == marker;
-    const std::optional<vsr::NodataValue> nodata =
-        vsr::output_nodata(target, request, {{own, in_marks && own == in}, {in, in_marks}},
-                           (input_nodata || needs_for_nan) && own.has_value());
-    return vsr::convert_output(r, target, nodata);
-  };
-}
-
-/// The raster op as a function of one tile, --ot applied to its result.
-RasterFn Job::raster_function() {
-  if (args_.op == Op::rescale) return to_output(rescale_function());  // --ot in rescale itself
-  RasterFn f;
-  if (args_.op == Op::focal_mean) {
-    f = [edge = args_.edge](const vsr::OwnedRasterArray& r) {
-      return vsr::focal_mean_3x3(r, edge);
-    };
-  } else if (args_.op == Op::clip) {
-    f = [r = *args_.range](const vsr::OwnedRasterArray& t) { return vsr::clip(t, r.lo, r.hi); };
-  } else if (args_.op == Op::fill_nodata) {
-    f = [v = *args_.value](const vsr::OwnedRasterArray& t) { return vsr::fill_nodata(t, v); };
-  } else {
-    // The tiles carry the two bands alone (the source's bands), each with its own nodata.
-    f = [na = band_nodata_[0], nb = band_nodata_[1]](const vsr::OwnedRasterArray& r) {
-      return vsr::normalized_difference(r.band(0).with_nodata(na), r.band(1).with_nodata(nb));
-    };
-  }
-  if (args_.ot) {
-    note_ = "output as " + std::string(vsr::to_string(*args_.ot)) +
-            (vsr::is_floating_point(*args_.ot) ? "" : " (rounded half away from zero, saturated)");
-  }
-  return to_output(std::move(f));
+/// The run's raster step built for its input; a step that needs the valid range first (rescale
+/// without --in-range) gets it from a first streamed pass of statistics.
+StepWork Job::raster_work() {
+  const Step& step = *op_step_;
+  if (step.range_pass && step.range_pass(args_)) run_statistics();
+  return step.build(args_, facts(false));
 }
 
 /// The op from the source into the output file (all or nothing), or into nothing (a timing
 /// run), tile by tile as the plan says (a whole plan is one tile).
 void Job::run_raster_op() {
-  const RasterFn f = raster_function();
+  StepWork work = raster_work();
+  note_ = work.note;
+  const RasterFn f = std::move(work.fn);
   const vsr::TileRunOptions o = tile_options(*progress_);
   if (args_.output.empty()) {
     vsr::VisitTileSink drop;
@@ -847,10 +724,7 @@ void Job::run_raster_op() {
   } else {
     vsr::RasterFileSink sink(args_.output, write_);
     if (file_) {
-      sink.copy_from(*file_, (args_.op == Op::clip || args_.op == Op::fill_nodata ||
-                              args_.op == Op::focal_mean)
-                                 ? vsr::MetadataCopy::all
-                                 : vsr::MetadataCopy::descriptive);
+      sink.copy_from(*file_, op_step_->metadata);
       // The input closed before the output replaces it (in place: the same file).
       sink.before_commit([this] { file_->close(); });
     }
@@ -928,7 +802,7 @@ void Job::open_calc_inputs() {
       throw UsageError::lines(e.what());  // the expression and a caret under the column
     }
   }
-  calc_options_.output = output_dtype();
+  calc_options_.output = calc_step().output_dtype(args_, meta_.dtype);
   calc_options_.compute_float32 = args_.compute_float32;
   calc_options_.propagate_nodata = args_.propagate_nodata;
   if (args_.a_nodata) {
@@ -1093,18 +967,19 @@ void Job::build_pipeline() {
         }
         chain_->calc(step->calc, o);
       } else {
-        const int halo = step->op == Op::focal_mean ? 1 : 0;
+        // Built for what reaches it, tile by tile: the tile's dtype and nodata.
+        const Step* table = find_step(step->op_name);
         chain_->step(
             step->op_name,
-            [step, marker = s == 0 ? first_marker : std::nullopt](const vsr::OwnedRasterArray& t) {
-              Job job(*step);
-              job.mask_marker_ = marker;
-              job.meta_.dtype = t.dtype();
-              job.meta_.band_count = t.band_count();
-              job.band_nodata_.assign(static_cast<std::size_t>(t.band_count()), t.exact_nodata());
-              return job.raster_function()(t);
+            [step, table,
+             marker = s == 0 ? first_marker : std::nullopt](const vsr::OwnedRasterArray& t) {
+              StepFacts f;
+              f.dtype = t.dtype();
+              f.band_nodata.assign(static_cast<std::size_t>(t.band_count()), t.exact_nodata());
+              f.mask_marker = marker;
+              return table->build(*step, f).fn(t);
             },
-            halo, true);
+            table->halo, table->per_band);
       }
     } catch (const std::invalid_argument& e) {
       throw UsageError::lines(e.what());  // names the step; a bad expression with its caret

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "options.hpp"
+#include "steps.hpp"
 #include "timings.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
@@ -30,8 +31,6 @@ namespace vsr_run {
 /// reads and writes long runs of blocks and a device's copies stay efficient.
 inline constexpr std::uint64_t kStreamTileBytes = 64ULL << 20;
 
-using RasterFn = std::function<vsr::OwnedRasterArray(const vsr::OwnedRasterArray&)>;
-
 /// Progress on stderr: on a terminal one line updated as each tile is read, computed and written;
 /// otherwise (--progress) one line per tile done. Thread-safe.
 class Progress {
@@ -46,9 +45,6 @@ class Progress {
   std::string what_;
   std::mutex mutex_;
 };
-
-/// A double as JSON: full precision (%.17g), null for NaN and infinities (JSON has neither).
-std::string json_number(double v);
 
 /// "none" or the value's exact text.
 std::string nodata_text(const std::optional<vsr::NodataValue>& v);
@@ -74,12 +70,8 @@ class Job {
   void reduce(const std::string& what, const vsr::VisitTileSink::Visit& visit);
   void run_statistics();
   void run_histogram();
-  RasterFn raster_function();
-  RasterFn rescale_function();
-  RasterFn rescale_with(Range in, Range out, bool clamp) const;
-  vsr::DType output_dtype() const;
-  RasterFn to_output(RasterFn op) const;
-  vsr::OutputNodata nodata_request() const;
+  StepFacts facts(bool trial) const;
+  StepWork raster_work();
   void run_raster_op();
   // calc: its inputs, expressions and run
   void open_calc_inputs();
@@ -107,6 +99,8 @@ class Job {
   }
 
   const Arguments& args_;
+  /// The run's step (nullptr for a pipeline, whose steps are chain_'s).
+  const Step* op_step_ = nullptr;
   /// What the run is doing, for the message of an allocation that fails all the same.
   std::string step_ = "starting";
   /// Where the time went (--diagnostics); fed by every tile run's stage events.

@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.help) {
-    std::fputs(std::string(vsr_run::usage_text).c_str(), stdout);
+    std::fputs(vsr_run::usage_text().c_str(), stdout);
     return 0;
   }
   const std::string& history = args.memory_history;
