@@ -46,6 +46,9 @@ class Progress {
   std::mutex mutex_;
 };
 
+/// Whether the GDAL driver @p name (any case) is COG.
+bool is_cog(const std::string& name);
+
 /// "none" or the value's exact text.
 std::string nodata_text(const std::optional<vsr::NodataValue>& v);
 
@@ -58,7 +61,7 @@ class Job {
 
  private:
   void check_output();
-  void check_raster_output();
+  void check_output_trial();
   void check_host_memory(std::uint64_t bytes, const std::string& what,
                          const std::string& advice) const;
   void open_input();
@@ -72,15 +75,19 @@ class Job {
   void run_histogram();
   StepFacts facts(bool trial) const;
   StepWork raster_work();
+  void open_inputs();
+  void run_step();
+  /// The one write path (job_write.cpp).
+  void write_raster(vsr::RasterFileSource* from, vsr::MetadataCopy copy,
+                    const std::function<void(vsr::TileSink&)>& run);
+  void run_sources(const vsr::MultiTileOp& op);
   void run_raster_op();
   // calc: its inputs, expressions and run
   void open_calc_inputs();
-  void check_calc_output();
   vsr::MultiTileOp calc_function() const;
   void run_calc();
   // pipeline: the chain of steps over the read inputs
   void build_pipeline();
-  void check_pipeline_output();
   void print_dry_run() const;
   void run_pipeline();
   void reduce_pipeline(const std::vector<vsr::TileSource*>& sources, const vsr::TileRunOptions& o);
