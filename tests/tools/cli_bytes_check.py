@@ -28,6 +28,7 @@ def scrub(text, work):
     # Timings and the per-run temporary directory differ between any two runs.
     text = text.replace(work, "WORK")
     text = re.sub(r"\b\d+(\.\d+)?\s*(s|ms|us|GB/s|MB/s|Mpx/s|MiB/s|GiB/s)\b", "T", text)
+    text = re.sub(r"(?m)^  (time|throughput) .*$", "", text)
     return text
 
 
@@ -150,6 +151,13 @@ def main():
                                                                    "reflect"],
                  ["--op", "rescale", "-i", f32, "--ot", "nope"],
                  ["--op", "calc", "-i", f32, "--calc", "A[9]"],
+                 ["--op", "rescale", "-i", f32, "-o", "OUT/s1.tif", "--overwrite"],
+                 ["--op", "ndvi", "-i", u8, "-o", "OUT/s2.tif", "--overwrite", "--budget", "200K"],
+                 ["--op", "calc", "-i", "A=" + f32, "--calc", "A[1]", "-o", "OUT/s3.tif",
+                  "--overwrite"],
+                 ["pipeline", "read", "A=" + f32, "!", "focal-mean", "!", "write", "OUT/s4.tif",
+                  "--overwrite", "--budget", "300K"],
+                 ["pipeline", "read", "A=" + u8, "!", "clip", "--range", "1,9", "!", "stats"],
                  ["pipeline", "read", "A=" + f32, "!", "clip", "!", "write", "OUT/x.tif"],
                  ["pipeline", "read", "A=" + f32, "!", "nosuch", "!", "write", "OUT/x.tif"],
                  ["pipeline", "read", "A=" + f32, "!", "focal-mean", "!", "write", "OUT/x.tif",

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// One vsr-run (job.cpp): its input as one tile source (a file, or the generated sample), the op,
-// and its output as one tile sink (a file, a reduction, or nothing), on the library's tile
-// executor; the report of what it did (report.cpp).
+// One vsr-run: input -> plan -> run -> report. Its input as one tile source (a file, or the
+// generated sample; job_input.cpp), the step of the step table (steps.hpp), and its output as
+// one tile sink (a file through the one write path, job_write.cpp; a reduction, job_reduce.cpp;
+// or nothing), on the library's tile executor (job.cpp); the report of what it did (report.cpp).
 #pragma once
 
 #include "options.hpp"
