@@ -115,7 +115,7 @@ std::string step_names(bool (*keep)(const Step&)) {
   }
   std::string text;
   for (std::size_t k = 0; k < names.size(); ++k) {
-    text += (k == 0 ? "" : k + 1 == names.size() ? ", " : ", ") + names[k];
+    text += (k == 0 ? "" : ", ") + names[k];
   }
   return text;
 }

@@ -94,7 +94,7 @@ const std::vector<Step>& step_table();
 const Step* find_step(std::string_view name);
 /// The step of @p op.
 const Step& step_of(Op op);
-/// "a, b or c": the names of the steps @p keep accepts.
+/// "a, b, c": the names of the steps @p keep accepts.
 std::string step_names(bool (*keep)(const Step&));
 
 // The steps' entries, one file each (or per family).
