@@ -202,9 +202,52 @@ def pipeline_command_line_errors_exit_2(env):
             (["read", "!", "focal-mean", "!", "write", out], "read needs"),
             (["read", "A=" + src, "--budget", "5", "!", "focal-mean", "!", "write", out],
              "read takes only NAME=FILE"),
-            (["read", "A=" + src, "!", "!", "write", out], "empty")):
+            (["read", "A=" + src, "!", "!", "write", out], "empty"),
+            (["read", "A=" + src, "!", "stats", "!", "write", out], "unknown step 'stats'"),
+            (["read", "A=" + src, "!", "ndvi", "!", "write", out], "unknown step 'ndvi'"),
+            (["read", "A=" + src, "!", "write", out, "!", "write", out], "unknown step"),
+            (["read", "A=" + src, "!", "focal-mean", "--op", "clip", "!", "write", out],
+             "--op")):
         text = refused(env, "pipeline %s" % " ".join(words), "pipeline", *words)
         check(says in text, "%s: %s" % (words, text))
+        check(not os.path.exists(out), "a refused pipeline wrote its output")
+
+
+@case
+def pipeline_steps_take_only_their_own_options(env):
+    # Each step takes the options it declares; any other is refused (exit 2) before any file is
+    # opened, naming the step, the option and the steps it belongs to. A calc step's -i never
+    # opens its file: the inputs are read's.
+    src = env.make(env.path("in.tif"), "--width", 40, "--height", 30)
+    out = env.path("o.tif")
+    nope = env.path("nope.tif")
+    for words, step, option, belongs in (
+            (["read", "A=" + src, "!", "calc", "--calc", "A[1]", "-i", "B=" + nope, "!",
+              "write", out], "calc", "-i", "read"),
+            (["read", "A=" + src, "!", "focal-mean", "-b", "1", "!", "write", out],
+             "focal-mean", "-b", "read"),
+            (["read", "A=" + src, "!", "focal-mean", "!", "write", out, "--value", "0"],
+             "write", "--value", "fill-nodata"),
+            (["read", "A=" + src, "!", "focal-mean", "!", "write", out, "--sample-size", "9"],
+             "write", "--sample-size", "sample"),
+            (["read", "A=" + src, "!", "focal-mean", "!", "write", out, "--bands", "2"],
+             "write", "--bands", "sample"),
+            (["read", "A=" + src, "!", "focal-mean", "!", "write", out, "--edge", "reflect"],
+             "write", "--edge", "focal-mean"),
+            (["read", "A=" + src, "!", "focal-mean", "--sample-size", "9", "!", "write", out],
+             "focal-mean", "--sample-size", "sample"),
+            (["read", "A=" + src, "!", "clip", "--range", "0,9", "--edge", "reflect", "!",
+              "write", out], "clip", "--edge", "focal-mean"),
+            (["read", "A=" + src, "!", "clip", "--range", "0,9", "--budget", "1M", "!",
+              "write", out], "clip", "--budget", "write"),
+            (["read", "A=" + src, "!", "focal-mean", "!", "stats", "--value", "1"],
+             "stats", "--value", "fill-nodata")):
+        text = refused(env, "pipeline %s" % " ".join(words), "pipeline", *words)
+        check(step in text and option in text and belongs in text,
+              "%s: the message names neither the step, the option nor where it belongs: %s" %
+              (words, text))
+        check("cannot open" not in text and "nope" not in text,
+              "%s: a refused option's file was opened: %s" % (words, text))
         check(not os.path.exists(out), "a refused pipeline wrote its output")
 
 

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// One vsr-run (job.cpp): its input as one tile source (a file, or the generated sample), the op,
-// and its output as one tile sink (a file, a reduction, or nothing), on the library's tile
-// executor; the report of what it did (report.cpp).
+// One vsr-run: input -> plan -> run -> report. Its input as one tile source (a file, or the
+// generated sample; job_input.cpp), the step of the step table (steps.hpp), and its output as
+// one tile sink (a file through the one write path, job_write.cpp; a reduction, job_reduce.cpp;
+// or nothing), on the library's tile executor (job.cpp); the report of what it did (report.cpp).
 #pragma once
 
 #include "options.hpp"
+#include "steps.hpp"
 #include "timings.hpp"
 
 #include <vibespatial/raster/buffers.hpp>
@@ -30,8 +32,6 @@ namespace vsr_run {
 /// reads and writes long runs of blocks and a device's copies stay efficient.
 inline constexpr std::uint64_t kStreamTileBytes = 64ULL << 20;
 
-using RasterFn = std::function<vsr::OwnedRasterArray(const vsr::OwnedRasterArray&)>;
-
 /// Progress on stderr: on a terminal one line updated as each tile is read, computed and written;
 /// otherwise (--progress) one line per tile done. Thread-safe.
 class Progress {
@@ -47,8 +47,8 @@ class Progress {
   std::mutex mutex_;
 };
 
-/// A double as JSON: full precision (%.17g), null for NaN and infinities (JSON has neither).
-std::string json_number(double v);
+/// Whether the GDAL driver @p name (any case) is COG.
+bool is_cog(const std::string& name);
 
 /// "none" or the value's exact text.
 std::string nodata_text(const std::optional<vsr::NodataValue>& v);
@@ -62,7 +62,7 @@ class Job {
 
  private:
   void check_output();
-  void check_raster_output();
+  void check_output_trial();
   void check_host_memory(std::uint64_t bytes, const std::string& what,
                          const std::string& advice) const;
   void open_input();
@@ -74,21 +74,21 @@ class Job {
   void reduce(const std::string& what, const vsr::VisitTileSink::Visit& visit);
   void run_statistics();
   void run_histogram();
-  RasterFn raster_function();
-  RasterFn rescale_function();
-  RasterFn rescale_with(Range in, Range out, bool clamp) const;
-  vsr::DType output_dtype() const;
-  RasterFn to_output(RasterFn op) const;
-  vsr::OutputNodata nodata_request() const;
+  StepFacts facts(bool trial) const;
+  StepWork raster_work();
+  void open_inputs();
+  void run_step();
+  /// The one write path (job_write.cpp).
+  void write_raster(vsr::RasterFileSource* from, vsr::MetadataCopy copy,
+                    const std::function<void(vsr::TileSink&)>& run);
+  void run_sources(const vsr::MultiTileOp& op);
   void run_raster_op();
   // calc: its inputs, expressions and run
   void open_calc_inputs();
-  void check_calc_output();
   vsr::MultiTileOp calc_function() const;
   void run_calc();
   // pipeline: the chain of steps over the read inputs
   void build_pipeline();
-  void check_pipeline_output();
   void print_dry_run() const;
   void run_pipeline();
   void reduce_pipeline(const std::vector<vsr::TileSource*>& sources, const vsr::TileRunOptions& o);
@@ -107,6 +107,8 @@ class Job {
   }
 
   const Arguments& args_;
+  /// The run's step (nullptr for a pipeline, whose steps are chain_'s).
+  const Step* op_step_ = nullptr;
   /// What the run is doing, for the message of an allocation that fails all the same.
   std::string step_ = "starting";
   /// Where the time went (--diagnostics); fed by every tile run's stage events.

@@ -14,7 +14,10 @@
 // bands and GDAL's block cache (capped from the plan) are in memory; statistics, histograms and
 // rescale's range are streaming reductions. Only the sample is held whole.
 //
-// Files: options.cpp (the command line), job.cpp (the run), report.cpp (what it prints).
+// Files: steps.hpp (the step table: each step's name, options, halo, band rule and work, one
+// step_*.cpp each), option_table.cpp and options.cpp (the command line, read against both
+// tables), help.cpp (--help from them), job*.cpp (the run: job.cpp its flow and plan,
+// job_input.cpp, job_write.cpp its one write path, job_reduce.cpp), report.cpp (what it prints).
 //
 // Output: written into a temporary directory beside --output and renamed into place only when
 // complete and read back, so an error, a full disk or a signal (SIGINT, SIGTERM, ...) leaves the
@@ -51,7 +54,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.help) {
-    std::fputs(std::string(vsr_run::usage_text).c_str(), stdout);
+    std::fputs(vsr_run::usage_text().c_str(), stdout);
     return 0;
   }
   const std::string& history = args.memory_history;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// vsr-run's command line: the options of a run, parsed and checked (options.cpp), and --help.
+// vsr-run's command line: the options of a run (option_table.cpp), parsed and checked against
+// the step table (options.cpp, steps.hpp), and --help made from both tables (help.cpp).
 #pragma once
 
 #include <vibespatial/raster/buffers.hpp>
@@ -15,12 +16,16 @@
 #include <utility>
 #include <vector>
 
+namespace vsr_cli {
+class ArgScanner;
+}
+
 namespace vsr_run {
 
 namespace vsr = vibespatial::raster;
 
-/// --help's text.
-extern const std::string_view usage_text;
+/// --help's text, made from the option table and the step table.
+std::string usage_text();
 
 enum class Op {
   stats,
@@ -91,6 +96,24 @@ struct Arguments {
   /// The op whose results are printed: the terminal step of a pipeline, else the op.
   Op printed_op() const { return terminal.value_or(op); }
 };
+
+/// Where an option belongs: a step's own (which steps take it: the step table), how the inputs
+/// are opened, the output, the run, the sample raster.
+enum class OptionGroup { step, input, read, output, run, sample };
+
+/// One option of vsr-run: its names, its value's name ("" for a flag), its group and help, and
+/// what it sets (its value read from the scanner, checked).
+struct OptionSpec {
+  std::string_view name, alias, value;
+  OptionGroup group;
+  std::string_view help;
+  void (*set)(struct Arguments& args, vsr_cli::ArgScanner& words, std::string_view option);
+};
+
+/// Every option, in --help's order within its group.
+const std::vector<OptionSpec>& option_table();
+/// The option named (or aliased) @p name; nullptr when none.
+const OptionSpec* find_option(std::string_view name);
 
 /// The command line, checked: options of other ops, missing values, ranges, mixed options are
 /// UsageError (exit 2).

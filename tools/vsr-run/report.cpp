@@ -186,4 +186,27 @@ void Job::print_summary(double seconds) const {
   std::fprintf(out, "  output      %s\n", output_label_.c_str());
 }
 
+/// --dry-run: the plan (tiles, halo, steps) and nothing read but the headers.
+void Job::print_dry_run() const {
+  std::string steps;
+  for (const std::string& n : chain_->step_names()) steps += (steps.empty() ? "" : " ! ") + n;
+  std::printf("vsr-run pipeline (dry run: no pixel read, nothing written)\n");
+  std::printf("  input       %s\n", input_label_.c_str());
+  const char* last = !args_.terminal               ? "write"
+                     : args_.terminal == Op::stats ? "stats"
+                                                   : "histogram";
+  std::printf("  steps       read ! %s ! %s\n", steps.c_str(), last);
+  std::printf("  halo        %d (the sum of the steps')\n", chain_->halo());
+  std::printf("  plan        %s\n", plan_text().c_str());
+  std::printf("  stages      %s\n", stages_text().c_str());
+  if (args_.terminal) {
+    std::printf(
+        "  output      %s of the chain's output, %s\n",
+        args_.terminal == Op::stats ? "statistics" : "histograms",
+        args_.output.empty() ? "printed" : ("as JSON in " + printable(args_.output)).c_str());
+  } else {
+    std::printf("  output      %s (%s)\n", printable(args_.output).c_str(), write_.driver.c_str());
+  }
+}
+
 }  // namespace vsr_run
