@@ -118,14 +118,12 @@ double cubic_weight(double x) {
   return 0;
 }
 
-// Six times the cubic B-spline (the normalisation by the sum of weights removes the factor).
+// Six times the cubic B-spline as GDAL evaluates it: the sum of truncated powers
+// (x+2)^3+ - 4(x+1)^3+ + 6x^3+ - 4(x-1)^3+, without the (x-2)^3+ term, so that it is not zero
+// (but slightly negative) for x > 2, which downsampling reaches; GDAL's results include that.
 double bspline_weight(double x) {
-  x = std::fabs(x);
-  if (x >= 2) return 0;
-  const double a = 2 - x;
-  if (x >= 1) return a * a * a;
-  const double b = 1 - x;
-  return a * a * a - 4 * b * b * b;
+  const auto cube = [](double u) { return u > 0 ? u * u * u : 0.0; };
+  return cube(x + 2) - 4 * cube(x + 1) + 6 * cube(x) - 4 * cube(x - 1);
 }
 
 double triangle_weight(double x) {
@@ -254,7 +252,7 @@ std::optional<double> lanczos(const Taps& t, double sx, double sy, double x_scal
     }
   }
   if (valid < taps / 2) return std::nullopt;
-  if (std::fabs(div) < 1e-6) return std::nullopt;
+  if (div < 1e-6) return std::nullopt;
   return std::fabs(div - 1) < 1e-5 ? acc : acc / div;
 }
 
@@ -330,6 +328,7 @@ void warp_tile_typed(const WarpSourceWindow& src, const WarpValidity& validity,
   const auto col0 = static_cast<double>(src.window.col_off);
   const auto row0 = static_cast<double>(src.window.row_off);
   const auto w = static_cast<double>(t.w), h = static_cast<double>(t.h);
+  const bool one_wide = t.w == 1 || t.h == 1;
   for (std::size_t p = 0; p < n; ++p) {
     const double sx = a.src_x[p] - col0, sy = a.src_y[p] - row0;
     if (std::isnan(sx) || std::isnan(sy)) continue;
@@ -340,6 +339,11 @@ void warp_tile_typed(const WarpSourceWindow& src, const WarpValidity& validity,
     for (int b = 0; b < src.bands; ++b) {
       t.current = b;
       T* dst = out + static_cast<std::size_t>(b) * n + p;
+      if (one_wide && a.method != WarpMethod::nearest) {
+        // GDAL takes the pixel under the centre when the window is one pixel wide or high.
+        if (t.valid(cx, cy)) *dst = to_output<T>(t.value(cx, cy), nudge);
+        continue;
+      }
       if (a.method == WarpMethod::nearest) {
         if (t.valid(cx, cy)) {
           *dst = raw[static_cast<std::size_t>(b * t.w * t.h + cy * t.w + cx)];

@@ -130,7 +130,7 @@ def same_grid(tag, a, b):
     return (a.RasterXSize, a.RasterYSize) == (b.RasterXSize, b.RasterYSize)
 
 
-def compare(tag, a, b, rel=0.0):
+def compare(tag, a, b, rel=0.0, nodata_slack=0):
     if not same_grid(tag, a, b):
         return
     for i in range(1, a.RasterCount + 1):
@@ -145,7 +145,8 @@ def compare(tag, a, b, rel=0.0):
             ma = (x == na) | (np.isnan(x) if x.dtype.kind == "f" else False)
             mb = (y == na) | (np.isnan(y) if y.dtype.kind == "f" else False)
             nm = int(np.count_nonzero(ma != mb))
-            check(nm == 0, f"{tag}: band {i}: {nm} pixels nodata in one and not the other")
+            check(nm <= nodata_slack,
+                  f"{tag}: band {i}: {nm} pixels nodata in one and not the other")
             keep = ~(ma | mb)
         else:
             keep = np.ones(x.shape, bool)
@@ -174,6 +175,12 @@ def case_near(tmp):
                              ["--t_srs", tcrs, "--et", "0", "-r", "near"])
             if a is not None:
                 compare(f"near {name} {dt}", a, b)
+            if dt in ("uint8", "float32"):
+                a, b = warp_both(tmp, src, f"near-array-{name}-{dt}",
+                                 ["-t_srs", tcrs, "-et", "0", "-r", "near"],
+                                 ["--t_srs", tcrs, "--et", "0", "-r", "near", "--array"])
+                if a is not None:
+                    compare(f"near {name} {dt} (warp of an OwnedRasterArray)", a, b)
 
 
 def case_interp(tmp):
@@ -190,7 +197,10 @@ def case_interp(tmp):
                     a, b = warp_both(tmp, src, tag.replace(" ", "-").replace("=", ""),
                                      ["-t_srs", tcrs, "-r", m] + eo, ["--t_srs", tcrs, "-r", m] + ours)
                     if a is not None:
-                        compare(tag, a, b, rel=1e-6)
+                        # With the approximation, a few pixels at the footprint's edge may land
+                        # on either side of the source's border (docs/warp.md).
+                        slack = 0 if et else max(2, a.RasterXSize * a.RasterYSize // 1000)
+                        compare(tag, a, b, rel=1e-6, nodata_slack=slack)
     # several bands with -srcnodata (one validity for all bands) and -dstnodata
     src = os.path.join(tmp, "multi.tif")
     make(src, "float32", "EPSG:32633", JOBS[0][2], JOBS[0][3], bands=3, nodata=-9999.0, smooth=True)
@@ -213,7 +223,6 @@ def case_grid(tmp):
         (["-ts", "80", "60"], ["--ts", "80", "60"]),
         (["-ts", "80", "0"], ["--ts", "80", "0"]),
         (["-ts", "0", "50"], ["--ts", "0", "50"]),
-        (["-te", "13.73", "45.125", "13.77", "45.145"], ["--te", "13.73", "45.125", "13.77", "45.145"]),
         (["-te", "13.73", "45.125", "13.77", "45.145", "-tr", "0.001", "0.001"],
          ["--te", "13.73", "45.125", "13.77", "45.145", "--tr", "0.001", "0.001"]),
         (["-te", "13.73", "45.125", "13.77", "45.145", "-ts", "40", "30"],
@@ -224,6 +233,10 @@ def case_grid(tmp):
                          ["--t_srs", "EPSG:4326", "--et", "0"] + o)
         if a is not None:
             compare(f"grid {' '.join(g) or 'default'}", a, b)
+    a, b = warp_both(tmp, src, "array-bilinear", ["-t_srs", "EPSG:4326", "-et", "0", "-r", "cubic"],
+                     ["--t_srs", "EPSG:4326", "--et", "0", "-r", "cubic", "--array"])
+    if a is not None:
+        compare("cubic, warp of an OwnedRasterArray", a, b, rel=1e-6)
     # a memory limit that splits the output into many tiles changes nothing with -et 0
     a, b = warp_both(tmp, src, "tiles", ["-t_srs", "EPSG:4326", "-et", "0", "-r", "bilinear"],
                      ["--t_srs", "EPSG:4326", "--et", "0", "-r", "bilinear", "--memory-limit",

@@ -2,7 +2,9 @@
 // The judge's driver of the library's warp (warp_raster_file), with gdalwarp's option names:
 //   warp-tool IN OUT [--t_srs S] [--s_srs S] [--tr X Y] [--te A B C D] [--ts W H] [-r M]
 //             [--et E] [--srcnodata V|None] [--dstnodata V|None] [--memory-limit BYTES]
-//             [--print-plan]
+//             [--print-plan] [--array]
+// --array warps through warp() on the whole file read as an OwnedRasterArray (read_raster), then
+// writes the result with write_raster.
 // Exits 0 on success, 1 with the error's message on stderr (the WarpError kind first).
 #include <vibespatial/raster/warp.hpp>
 
@@ -46,7 +48,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   WarpOptions o;
-  bool print_plan = false;
+  bool print_plan = false, array = false;
   try {
     for (std::size_t i = 2; i < a.size(); ++i) {
       const std::string& k = a[i];
@@ -88,6 +90,8 @@ int main(int argc, char** argv) {
         }
       } else if (k == "--memory-limit") {
         o.memory_limit = std::stoull(next());
+      } else if (k == "--array") {
+        array = true;
       } else if (k == "--print-plan") {
         print_plan = true;
       } else {
@@ -107,7 +111,13 @@ int main(int argc, char** argv) {
                   plan.tiles.size(), plan.x_scale, plan.y_scale,
                   static_cast<unsigned long long>(plan.max_tile_bytes));
     }
-    warp_raster_file(a[0], a[1], o);
+    if (array) {
+      const OwnedRasterArray src = read_raster(a[0]);
+      const OwnedRasterArray out = warp(src, plan_warp_grid(src.metadata(), o), o);
+      write_raster(a[1], out);
+    } else {
+      warp_raster_file(a[0], a[1], o);
+    }
     std::printf("progress %lld/%lld\n", static_cast<long long>(last_done),
                 static_cast<long long>(last_total));
   } catch (const WarpError& e) {
