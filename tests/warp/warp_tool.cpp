@@ -110,6 +110,14 @@ int main(int argc, char** argv) {
                   static_cast<long long>(plan.grid.width), static_cast<long long>(plan.grid.height),
                   plan.tiles.size(), plan.x_scale, plan.y_scale,
                   static_cast<unsigned long long>(plan.max_tile_bytes));
+      for (const WarpTile& t : plan.tiles) {
+        std::printf(
+            "tile %lld,%lld %lldx%lld source %lld,%lld %lldx%lld\n",
+            static_cast<long long>(t.output.col_off), static_cast<long long>(t.output.row_off),
+            static_cast<long long>(t.output.width), static_cast<long long>(t.output.height),
+            static_cast<long long>(t.source.col_off), static_cast<long long>(t.source.row_off),
+            static_cast<long long>(t.source.width), static_cast<long long>(t.source.height));
+      }
     }
     if (array) {
       const OwnedRasterArray src = read_raster(a[0]);
