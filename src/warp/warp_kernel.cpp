@@ -8,6 +8,7 @@
 
 #include "common/dtype_visit.hpp"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -28,8 +29,22 @@ int warp_kernel_radius(WarpMethod method) noexcept {
       return 2;
     case WarpMethod::lanczos:
       return 3;
+    default:
+      return 0;  // the footprint methods
   }
-  return 0;
+}
+
+bool warp_uses_corners(WarpMethod method) noexcept {
+  switch (method) {
+    case WarpMethod::nearest:
+    case WarpMethod::bilinear:
+    case WarpMethod::cubic:
+    case WarpMethod::cubicspline:
+    case WarpMethod::lanczos:
+      return false;
+    default:
+      return true;
+  }
 }
 
 namespace {
@@ -41,6 +56,7 @@ struct Taps {
   std::vector<std::uint8_t> unified;            // empty: every pixel valid
   std::vector<std::vector<std::uint8_t>> band;  // per band; empty: every value valid
   int current = 0;                              // the band being resampled
+  bool int16 = false;                           // GDAL's mode takes a result of -1 as none there
 
   double value(std::int64_t x, std::int64_t y) const {
     return values[static_cast<std::size_t>(current * w * h + y * w + x)];
@@ -83,6 +99,7 @@ Taps make_taps(const WarpSourceWindow& src, const WarpValidity& validity) {
   Taps t;
   t.w = src.window.width;
   t.h = src.window.height;
+  t.int16 = std::is_same_v<T, std::int16_t>;
   const auto n = static_cast<std::size_t>(t.w * t.h);
   const auto* p = static_cast<const T*>(src.pixels);
   t.values.resize(n * static_cast<std::size_t>(src.bands));
@@ -271,8 +288,9 @@ std::optional<double> resample(const Taps& t, const WarpKernelArgs& a, double sx
       return general(t, sx, sy, bspline_weight, 2, a.x_scale, a.y_scale);
     case WarpMethod::lanczos:
       return lanczos(t, sx, sy, a.x_scale, a.y_scale);
+    default:
+      return std::nullopt;  // the footprint methods run apart (footprint_tile)
   }
-  return std::nullopt;
 }
 
 // GDAL's conversion of a kernel result to the output type: clamped to the type's range, rounded
@@ -315,6 +333,141 @@ T fill_value(const std::optional<NodataValue>& nodata) {
   }
 }
 
+// The source pixels an output pixel covers, from its top-left (x0, y0) and bottom-right (x1, y1)
+// corners (GWKAverageOrMode): columns [c0, c1), rows [r0, r1), with the edge weights of average
+// and rms (first and last column or row by the part covered, a single one by 1).
+struct Footprint {
+  double x0, y0, x1, y1;
+  std::int64_t c0, c1, r0, r1;
+
+  static double weight(std::int64_t i, std::int64_t lo, std::int64_t hi, double f0, double f1) {
+    if (i == lo) return lo + 1 == hi ? 1.0 : 1 - (f0 - static_cast<double>(lo));
+    if (i + 1 == hi) return 1 - (static_cast<double>(hi) - f1);
+    return 1.0;
+  }
+  double wx(std::int64_t c) const { return weight(c, c0, c1, x0, x1); }
+  double wy(std::int64_t r) const { return weight(r, r0, r1, y0, y1); }
+};
+
+std::optional<Footprint> footprint_of(double x0, double y0, double x1, double y1, const Taps& t,
+                                      int margin_x, int margin_y) {
+  for (double v : {x0, y0, x1, y1}) {
+    if (std::isnan(v)) return std::nullopt;
+  }
+  const auto w = static_cast<double>(t.w), h = static_cast<double>(t.h);
+  if (x0 < -margin_x || x1 < -margin_x || y0 < -margin_y || y1 < -margin_y || x0 > w + margin_x ||
+      x1 > w + margin_x || y0 > h + margin_y || y1 > h + margin_y) {
+    return std::nullopt;
+  }
+  if (x0 > x1) std::swap(x0, x1);
+  if (y0 > y1) std::swap(y0, y1);
+  Footprint f{x0, y0, x1, y1, 0, 0, 0, 0};
+  const auto span = [](double lo, double hi, std::int64_t n, std::int64_t& a, std::int64_t& b) {
+    a = std::clamp(static_cast<std::int64_t>(std::floor(lo + 1e-10)), std::int64_t{0}, n);
+    b = std::min(static_cast<std::int64_t>(std::ceil(hi - 1e-10)), n);
+    if (a == b && b < n) b = a + 1;
+  };
+  span(x0, x1, t.w, f.c0, f.c1);
+  span(y0, y1, t.h, f.r0, f.r1);
+  return f;
+}
+
+// One band's value over a footprint by a footprint method; empty when no pixel is valid.
+std::optional<double> footprint_value(const Taps& t, const Footprint& f, WarpMethod m,
+                                      std::vector<double>& values) {
+  values.clear();
+  double acc = 0, weights = 0;
+  const bool weighted = m == WarpMethod::average || m == WarpMethod::rms;
+  for (std::int64_t r = f.r0; r < f.r1; ++r) {
+    for (std::int64_t c = f.c0; c < f.c1; ++c) {
+      if (!t.valid(c, r)) continue;
+      const double v = t.value(c, r);
+      if (weighted) {
+        const double w = f.wx(c) * f.wy(r);
+        acc += w * (m == WarpMethod::rms ? v * v : v);
+        weights += w;
+      } else {
+        values.push_back(v);
+      }
+    }
+  }
+  if (weighted) {
+    if (weights <= 0) return std::nullopt;
+    return m == WarpMethod::rms ? std::sqrt(acc / weights) : acc / weights;
+  }
+  if (values.empty()) return std::nullopt;
+  switch (m) {
+    case WarpMethod::min: {
+      double best = std::numeric_limits<double>::max();
+      for (double v : values) best = v < best ? v : best;
+      return best;
+    }
+    case WarpMethod::max: {
+      double best = std::numeric_limits<double>::lowest();
+      for (double v : values) best = v > best ? v : best;
+      return best;
+    }
+    case WarpMethod::mode: {
+      // GDAL compares values as float32; a value becomes the mode when its count passes the
+      // best so far, scanning row by row (ties go to the first to reach the count).
+      std::vector<std::pair<float, int>> counts;
+      float best = 0;
+      int best_count = 0;
+      for (double v : values) {
+        const auto fv = static_cast<float>(v);
+        auto it = std::find_if(counts.begin(), counts.end(),
+                               [&](const auto& e) { return e.first == fv; });
+        if (it == counts.end()) {
+          counts.emplace_back(fv, 0);
+          it = counts.end() - 1;
+        }
+        if (++it->second > best_count) {
+          best_count = it->second;
+          best = fv;
+        }
+      }
+      // GDAL 3.6's Int16 histogram marks "no mode" with -1, so a mode of -1 is never written.
+      if (t.int16 && best == -1) return std::nullopt;
+      return static_cast<double>(best);
+    }
+    default: {
+      const double q = m == WarpMethod::med ? 0.5 : m == WarpMethod::q1 ? 0.25 : 0.75;
+      std::sort(values.begin(), values.end());
+      const double n = static_cast<double>(values.size());
+      const auto at = static_cast<std::size_t>(std::max(0.0, std::ceil(q * n - 1)));
+      return values[std::min(at, values.size() - 1)];
+    }
+  }
+}
+
+template <class T>
+void footprint_tile(Taps& t, const WarpSourceWindow& src, const WarpKernelArgs& a, T* out,
+                    const std::optional<double>& nudge) {
+  const auto n = static_cast<std::size_t>(a.width * a.height);
+  const std::int64_t cw = a.width + 1;
+  const int mx = 2 * std::max(1, static_cast<int>(std::ceil(1 / a.x_scale)));
+  const int my = 2 * std::max(1, static_cast<int>(std::ceil(1 / a.y_scale)));
+  const auto col0 = static_cast<double>(src.window.col_off);
+  const auto row0 = static_cast<double>(src.window.row_off);
+  std::vector<double> values;
+  for (std::int64_t j = 0; j < a.height; ++j) {
+    for (std::int64_t i = 0; i < a.width; ++i) {
+      const auto tl = static_cast<std::size_t>(j * cw + i);
+      const auto br = static_cast<std::size_t>((j + 1) * cw + i + 1);
+      const auto f = footprint_of(a.src_x[tl] - col0, a.src_y[tl] - row0, a.src_x[br] - col0,
+                                  a.src_y[br] - row0, t, mx, my);
+      if (!f) continue;
+      const auto p = static_cast<std::size_t>(j * a.width + i);
+      for (int b = 0; b < src.bands; ++b) {
+        t.current = b;
+        if (const auto v = footprint_value(t, *f, a.method, values)) {
+          out[static_cast<std::size_t>(b) * n + p] = to_output<T>(*v, nudge);
+        }
+      }
+    }
+  }
+}
+
 template <class T>
 void warp_tile_typed(const WarpSourceWindow& src, const WarpValidity& validity,
                      const WarpKernelArgs& a, T* out) {
@@ -325,6 +478,10 @@ void warp_tile_typed(const WarpSourceWindow& src, const WarpValidity& validity,
   for (std::size_t i = 0; i < n * static_cast<std::size_t>(src.bands); ++i) out[i] = fill;
   std::optional<double> nudge;
   if (a.dst_nodata) nudge = a.dst_nodata->to_double();
+  if (warp_uses_corners(a.method)) {
+    footprint_tile<T>(t, src, a, out, nudge);
+    return;
+  }
   const auto col0 = static_cast<double>(src.window.col_off);
   const auto row0 = static_cast<double>(src.window.row_off);
   const auto w = static_cast<double>(t.w), h = static_cast<double>(t.h);

@@ -15,8 +15,12 @@
 namespace vibespatial::raster::detail {
 
 /// Kernel radius in source pixels at scale 1 (gdalwarp's: near 0, bilinear 1, cubic 2,
-/// cubicspline 2, lanczos 3).
+/// cubicspline 2, lanczos 3, the footprint methods 0).
 int warp_kernel_radius(WarpMethod method) noexcept;
+
+/// Whether @p method reads the footprint of each output pixel (average, mode, max, min, med, q1,
+/// q3, rms): its coordinates are those of the pixels' corners, not their centres.
+bool warp_uses_corners(WarpMethod method) noexcept;
 
 /// The source window a tile reads, band-major, in the source's dtype.
 struct WarpSourceWindow {
@@ -40,6 +44,7 @@ struct WarpKernelArgs {
   double x_scale = 1, y_scale = 1;  ///< output pixels per source pixel, for the whole output
   /// Source pixel/line coordinates (of the source raster, not the window) of each output pixel's
   /// centre, row-major over the tile; NaN where the transform failed.
+  /// For the footprint methods (warp_uses_corners): the (height + 1) x (width + 1) corners instead.
   const double* src_x = nullptr;
   const double* src_y = nullptr;
   std::int64_t height = 0, width = 0;  ///< the output tile

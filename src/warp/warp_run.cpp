@@ -30,7 +30,9 @@ std::uint64_t tile_bytes(const RasterWindow& out, const RasterWindow& src, int b
   const auto s = static_cast<std::uint64_t>(src.width) * static_cast<std::uint64_t>(src.height);
   const auto o = static_cast<std::uint64_t>(out.width) * static_cast<std::uint64_t>(out.height);
   const auto b = static_cast<std::uint64_t>(bands);
-  return s * (b * (item + 9) + 1) + o * (16 + b * item);
+  // corners: (w + 1) x (h + 1) coordinates; counted as 2 per pixel plus a row and a column
+  const auto c = static_cast<std::uint64_t>(out.width + out.height + 1);
+  return s * (b * (item + 9) + 1) + o * (16 + b * item) + 16 * c;
 }
 
 struct Planner {
@@ -125,7 +127,11 @@ void run_warp(const WarpPlan& plan, const detail::WarpSourceGrid& grid, DType dt
       window.pixels = src->host_data();
       window.window = tile.source;
     }
-    transform.source_coords(tile.output, xs, ys);
+    if (detail::warp_uses_corners(options.method)) {
+      transform.corner_coords(tile.output, xs, ys);
+    } else {
+      transform.source_coords(tile.output, xs, ys);
+    }
     detail::WarpKernelArgs args;
     args.method = options.method;
     args.x_scale = plan.x_scale;

@@ -104,32 +104,51 @@ void WarpTransform::to_source(int n, double* x, double* y, int* ok) const {
   GDALGenImgProjTransform(exact_, TRUE, n, x, y, z.data(), ok);
 }
 
-void WarpTransform::source_coords(const RasterWindow& tile, std::vector<double>& x,
-                                  std::vector<double>& y) const {
-  const auto w = static_cast<std::size_t>(tile.width);
-  x.resize(w * static_cast<std::size_t>(tile.height));
+namespace {
+
+// Rows of @p w points at x = x0 + i, y = y0 + r (r < h), each row in one call of @p approx (or
+// exactly through @p exact); NaN where a point failed.
+void transform_rows(void* exact, void* approx, double x0, double y0, std::size_t w, std::int64_t h,
+                    std::vector<double>& x, std::vector<double>& y) {
+  x.resize(w * static_cast<std::size_t>(h));
   y.resize(x.size());
   std::vector<double> z(w);
   std::vector<int> ok(w);
-  QuietErrors quiet;
-  for (std::int64_t r = 0; r < tile.height; ++r) {
+  QuietErrors quiet;  // a point PROJ cannot transform is a failed point, not an error
+  for (std::int64_t r = 0; r < h; ++r) {
     double* px = x.data() + static_cast<std::size_t>(r) * w;
     double* py = y.data() + static_cast<std::size_t>(r) * w;
     for (std::size_t i = 0; i < w; ++i) {
-      px[i] = static_cast<double>(tile.col_off) + static_cast<double>(i) + 0.5;
-      py[i] = static_cast<double>(tile.row_off + r) + 0.5;
+      px[i] = x0 + static_cast<double>(i);
+      py[i] = y0 + static_cast<double>(r);
       z[i] = 0;
     }
     const int n = static_cast<int>(w);
-    if (approx_ != nullptr) {
-      GDALApproxTransform(approx_, TRUE, n, px, py, z.data(), ok.data());
+    if (approx != nullptr) {
+      GDALApproxTransform(approx, TRUE, n, px, py, z.data(), ok.data());
     } else {
-      GDALGenImgProjTransform(exact_, TRUE, n, px, py, z.data(), ok.data());
+      GDALGenImgProjTransform(exact, TRUE, n, px, py, z.data(), ok.data());
     }
     for (std::size_t i = 0; i < w; ++i) {
       if (!ok[i]) px[i] = py[i] = std::numeric_limits<double>::quiet_NaN();
     }
   }
+}
+
+}  // namespace
+
+void WarpTransform::source_coords(const RasterWindow& tile, std::vector<double>& x,
+                                  std::vector<double>& y) const {
+  transform_rows(exact_, approx_, static_cast<double>(tile.col_off) + 0.5,
+                 static_cast<double>(tile.row_off) + 0.5, static_cast<std::size_t>(tile.width),
+                 tile.height, x, y);
+}
+
+void WarpTransform::corner_coords(const RasterWindow& tile, std::vector<double>& x,
+                                  std::vector<double>& y) const {
+  transform_rows(exact_, approx_, static_cast<double>(tile.col_off),
+                 static_cast<double>(tile.row_off), static_cast<std::size_t>(tile.width) + 1,
+                 tile.height + 1, x, y);
 }
 
 SourceWindow WarpTransform::source_window(const RasterWindow& out, int radius) const {

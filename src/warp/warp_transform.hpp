@@ -51,6 +51,9 @@ class WarpTransform {
   /// transformed in one call of the approximate transformer (or exactly); NaN where it failed.
   void source_coords(const RasterWindow& tile, std::vector<double>& x,
                      std::vector<double>& y) const;
+  /// As source_coords for the (height + 1) x (width + 1) corners of @p tile's pixels.
+  void corner_coords(const RasterWindow& tile, std::vector<double>& x,
+                     std::vector<double>& y) const;
   /// Output pixel/line -> source pixel/line of @p n points, exactly; ok[i] says which succeeded.
   void to_source(int n, double* x, double* y, int* ok) const;
   /// The source window of @p output for a kernel of @p radius (GDAL's rule, see SourceWindow).

@@ -45,7 +45,9 @@ TEST_CASE("warp kernels: the methods' names are gdalwarp's") {
   CHECK(warp_method_from_string("near") == WarpMethod::nearest);
   CHECK(warp_method_from_string("cubicspline") == WarpMethod::cubicspline);
   CHECK(to_string(WarpMethod::lanczos) == "lanczos");
-  CHECK_THROWS_AS(warp_method_from_string("average"), std::invalid_argument);
+  CHECK(warp_method_from_string("q3") == WarpMethod::q3);
+  CHECK(to_string(WarpMethod::rms) == "rms");
+  CHECK_THROWS_AS(warp_method_from_string("sum"), std::invalid_argument);
 }
 
 TEST_CASE("warp kernels: nearest takes the pixel under the centre; outside stays nodata") {
@@ -100,4 +102,42 @@ TEST_CASE("warp kernels: NaN is a value without a nodata, and invalid with a NaN
   CHECK(std::isnan(sample(v, 2, 2, DType::float64, WarpMethod::bilinear, 1.0, 1.0)));
   CHECK(sample(v, 2, 2, DType::float64, WarpMethod::bilinear, 0.9, 0.9, NodataValue(nan)) ==
         doctest::Approx((0.6 * 0.6 * 1 + 0.6 * 0.4 * 3 + 0.4 * 0.4 * 4) / (0.36 + 0.24 + 0.16)));
+}
+
+namespace {
+
+// One output pixel whose corners land at (x0, y0) and (x1, y1) of a w x h float64 window.
+double footprint(const std::vector<double>& pixels, std::int64_t w, std::int64_t h, WarpMethod m,
+                 double x0, double y0, double x1, double y1) {
+  WarpSourceWindow src{pixels.data(), DType::float64, 1, {0, 0, w, h}};
+  WarpValidity validity{{NodataValue(-1.0)}, false};
+  // the corners of a 1 x 1 output: (0,0) (1,0) / (0,1) (1,1); the kernel reads TL and BR
+  const double xs[4] = {x0, 0, 0, x1}, ys[4] = {y0, 0, 0, y1};
+  WarpKernelArgs args;
+  args.method = m;
+  args.src_x = xs;
+  args.src_y = ys;
+  args.width = args.height = 1;
+  args.dst_nodata = NodataValue(-1.0);
+  double out = 0;
+  detail::warp_tile(src, validity, args, &out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("warp kernels: the footprint methods as GDAL's (edge weights, ranks, mode's ties)") {
+  const std::vector<double> row = {10, 20, 40};  // 3 x 1
+  // columns 0..2 covered from 0.5 to 2.5: weights 0.5, 1, 0.5
+  CHECK(footprint(row, 3, 1, WarpMethod::average, 0.5, 0, 2.5, 1) == doctest::Approx(22.5));
+  const std::vector<double> four = {1, 2, 3, 4};  // 4 x 1
+  CHECK(footprint(four, 4, 1, WarpMethod::rms, 0, 0, 4, 1) == doctest::Approx(2.7386127875));
+  CHECK(footprint(four, 4, 1, WarpMethod::med, 0, 0, 4, 1) == 2);
+  CHECK(footprint(four, 4, 1, WarpMethod::q1, 0, 0, 4, 1) == 1);
+  CHECK(footprint(four, 4, 1, WarpMethod::q3, 0, 0, 4, 1) == 3);
+  CHECK(footprint(four, 4, 1, WarpMethod::mode, 0, 0, 4, 1) == 1);
+  CHECK(footprint(four, 4, 1, WarpMethod::max, 0, 0, 4, 1) == 4);
+  const std::vector<double> holes = {-1, 5, -1, 3};  // nodata -1 left out
+  CHECK(footprint(holes, 4, 1, WarpMethod::min, 0, 0, 4, 1) == 3);
+  CHECK(footprint(holes, 4, 1, WarpMethod::average, 0, 0, 1, 1) == -1);  // only nodata: none
 }

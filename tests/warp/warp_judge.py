@@ -9,6 +9,9 @@ Cases (--case):
 - interp: bilinear, cubic, cubicspline, lanczos on float32/float64/uint16/int16 with nodata pixels,
   `-et 0` and the default threshold: within 1e-6 relative (integers: equal) and the same nodata
   pixels;
+- footprint: average, rms, mode, max, min, med, q1, q3 on float32/uint16/int16 with nodata, on
+  the default grid and downsampled about 3x, `-et 0`: average and rms within 1e-6 relative, the
+  others identical, with the same nodata pixels;
 - grid: -tr, -ts, -te and their pairs give gdalwarp's size and geotransform;
 - errors: bad SRS, no CRS, no overlap, absurd sizes: a typed error and no output left behind.
 
@@ -214,6 +217,24 @@ def case_interp(tmp):
             compare(f"multi {m} -srcnodata -dstnodata", a, b, rel=1e-6)
 
 
+def case_footprint(tmp):
+    for name, scrs, gt, size, tcrs in JOBS[:3]:
+        for dt in ["float32", "uint16", "int16"]:
+            nod = -9999.0 if dt.startswith("float") else 7
+            src = os.path.join(tmp, f"f-{name}-{dt}.tif")
+            make(src, dt, scrs, gt, size, nodata=nod, smooth=dt != "uint16")
+            for m in ["average", "rms", "mode", "max", "min", "med", "q1", "q3"]:
+                for down in ["", "-ts 40 0"]:
+                    extra = down.split()
+                    tag = f"{m} {name} {dt}{' ' + down if down else ''}"
+                    a, b = warp_both(tmp, src, tag.replace(" ", "-"),
+                                     ["-t_srs", tcrs, "-r", m, "-et", "0"] + extra,
+                                     ["--t_srs", tcrs, "-r", m, "--et", "0"] +
+                                     [x.replace("-ts", "--ts") for x in extra])
+                    if a is not None:
+                        compare(tag, a, b, rel=1e-6 if m in ("average", "rms") else 0.0)
+
+
 def case_grid(tmp):
     src = os.path.join(tmp, "g.tif")
     make(src, "float32", "EPSG:32633", JOBS[0][2], JOBS[0][3])
@@ -293,7 +314,7 @@ def case_errors(tmp):
 def main():
     global TOOL
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", required=True, choices=["near", "interp", "grid", "errors"])
+    ap.add_argument("--case", required=True, choices=["near", "interp", "footprint", "grid", "errors"])
     ap.add_argument("--tool", required=True)
     args = ap.parse_args()
     TOOL = args.tool

@@ -32,14 +32,22 @@ enum class WarpMethod {
   cubic,        ///< "cubic": Catmull-Rom (Keys a = -0.5), 4x4
   cubicspline,  ///< "cubicspline": the cubic B-spline, radius 2
   lanczos,      ///< "lanczos": sinc(x) sinc(x/3), radius 3
+  average,      ///< "average": the mean over the output pixel's footprint, edge pixels weighted
+  mode,         ///< "mode": the most frequent valid value of the footprint (the first on ties)
+  max,          ///< "max": the largest valid value of the footprint
+  min,          ///< "min": the smallest valid value of the footprint
+  med,          ///< "med": the median (the lower middle of an even count)
+  q1,           ///< "q1": the first quartile, as med
+  q3,           ///< "q3": the third quartile, as med
+  rms,          ///< "rms": the root mean square, weighted as average
 };
 
-/// gdalwarp's name of @p method ("near", "bilinear", "cubic", "cubicspline", "lanczos").
+/// gdalwarp's name of @p method ("near", "bilinear", "cubic", "cubicspline", "lanczos", "average",
+/// "mode", "max", "min", "med", "q1", "q3", "rms").
 VSR_EXPORT std::string_view to_string(WarpMethod method) noexcept;
 
 /**
- * @brief The method gdalwarp calls @p name ("near" or "nearest", "bilinear", "cubic",
- * "cubicspline", "lanczos").
+ * @brief The method gdalwarp calls @p name ("near" or "nearest", and to_string's other names).
  * @throws std::invalid_argument naming the methods for any other text. Thread-safe.
  */
 VSR_EXPORT WarpMethod warp_method_from_string(std::string_view name);
