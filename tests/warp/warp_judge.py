@@ -282,6 +282,13 @@ def case_grid(tmp):
                       "60000"])
     if a is not None:
         compare("bilinear in many tiles", a, b, rel=1e-6)
+    # the progress callback: called once per tile, ending at (total, total)
+    r = run([TOOL, src, os.path.join(tmp, "progress.tif"), "--t_srs", "EPSG:4326", "-r",
+             "bilinear", "--memory-limit", "60000", "--print-plan"])
+    tiles = [ln for ln in r.stdout.splitlines() if ln.startswith("tile ")]
+    last = [ln for ln in r.stdout.splitlines() if ln.startswith("progress ")]
+    check(r.returncode == 0 and len(tiles) > 1 and last == [f"progress {len(tiles)}/{len(tiles)}"],
+          f"progress: {len(tiles)} tiles, {last}")
 
 
 def case_errors(tmp):
