@@ -244,6 +244,8 @@ def case_grid(tmp):
         (["-ts", "80", "60"], ["--ts", "80", "60"]),
         (["-ts", "80", "0"], ["--ts", "80", "0"]),
         (["-ts", "0", "50"], ["--ts", "0", "50"]),
+        (["-te", "13.73", "45.125", "13.77", "45.145"], ["--te", "13.73", "45.125", "13.77", "45.145"]),
+        (["-te", "13.72", "45.11", "13.8", "45.16"], ["--te", "13.72", "45.11", "13.8", "45.16"]),
         (["-te", "13.73", "45.125", "13.77", "45.145", "-tr", "0.001", "0.001"],
          ["--te", "13.73", "45.125", "13.77", "45.145", "--tr", "0.001", "0.001"]),
         (["-te", "13.73", "45.125", "13.77", "45.145", "-ts", "40", "30"],
@@ -272,6 +274,15 @@ def case_grid(tmp):
             # of the outline fail: GDAL's kernel scale comes from another source-window search)
             compare(f"{m} onto an orthographic view (part of the grid fails)", a, b,
                     rel=0.0 if m == "near" else 1e9)
+    # -te alone, other reprojections (one extent reaching past the source)
+    g4326 = os.path.join(tmp, "g4326.tif")
+    make(g4326, "float32", "EPSG:4326", JOBS[1][2], JOBS[1][3])
+    for te in (["1300000", "4700000", "2000000", "6000000"],
+               ["800000", "4000000", "3000000", "7000000"]):
+        a, b = warp_both(tmp, g4326, "te3857", ["-t_srs", "EPSG:3857", "-et", "0", "-te"] + te,
+                         ["--t_srs", "EPSG:3857", "--et", "0", "--te"] + te)
+        if a is not None:
+            compare(f"grid -te {' '.join(te)} (EPSG:3857)", a, b)
     a, b = warp_both(tmp, src, "array-bilinear", ["-t_srs", "EPSG:4326", "-et", "0", "-r", "cubic"],
                      ["--t_srs", "EPSG:4326", "--et", "0", "-r", "cubic", "--array"])
     if a is not None:
