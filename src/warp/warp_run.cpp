@@ -108,43 +108,51 @@ Resolved resolve_nodata(const std::vector<std::optional<NodataValue>>& band_noda
 using ReadWindow = std::function<OwnedRasterArray(const RasterWindow&)>;
 using WriteTile = std::function<void(const WarpTile&, const OwnedRasterArray&)>;
 
+// One output tile: its pixels' source coordinates (centres, or corners for the footprint
+// methods), then the kernel over its source window (none: every pixel the output's nodata).
+OwnedRasterArray resample_tile(const detail::WarpTransform& transform, const RasterWindow& output,
+                               const OwnedRasterArray* src, const RasterWindow& window, DType dtype,
+                               int bands, const Resolved& nodata, const WarpOptions& options,
+                               double x_scale, double y_scale) {
+  std::vector<double> xs, ys;
+  detail::WarpSourceWindow sw;
+  sw.dtype = dtype;
+  sw.bands = bands;
+  if (src != nullptr) {
+    sw.pixels = src->host_data();
+    sw.window = window;
+  }
+  if (detail::warp_uses_corners(options.method)) {
+    transform.corner_coords(output, xs, ys);
+  } else {
+    transform.source_coords(output, xs, ys);
+  }
+  detail::WarpKernelArgs args;
+  args.method = options.method;
+  args.x_scale = x_scale;
+  args.y_scale = y_scale;
+  args.src_x = xs.data();
+  args.src_y = ys.data();
+  args.height = output.height;
+  args.width = output.width;
+  args.dst_nodata = nodata.dst_nodata;
+  OwnedRasterArray out = OwnedRasterArray::allocate(Residency::host, dtype, bands, output.height,
+                                                    output.width, std::nullopt);
+  detail::warp_tile(sw, nodata.validity, args, out.mutable_host_data());
+  return nodata.dst_nodata ? out.with_nodata(nodata.dst_nodata) : out;
+}
+
 void run_warp(const WarpPlan& plan, const detail::WarpSourceGrid& grid, DType dtype, int bands,
               const Resolved& nodata, const WarpOptions& options, const ReadWindow& read,
               const WriteTile& write) {
   const detail::WarpTransform transform(grid, plan.grid, options.error_threshold);
-  std::vector<double> xs, ys;
   const auto total = static_cast<std::int64_t>(plan.tiles.size());
-  std::optional<double> fill;
-  if (nodata.dst_nodata) fill = nodata.dst_nodata->to_double();
   for (std::int64_t i = 0; i < total; ++i) {
     const WarpTile& tile = plan.tiles[static_cast<std::size_t>(i)];
     std::optional<OwnedRasterArray> src;
-    detail::WarpSourceWindow window;
-    window.dtype = dtype;
-    window.bands = bands;
-    if (tile.source.width > 0 && tile.source.height > 0) {
-      src = read(tile.source);
-      window.pixels = src->host_data();
-      window.window = tile.source;
-    }
-    if (detail::warp_uses_corners(options.method)) {
-      transform.corner_coords(tile.output, xs, ys);
-    } else {
-      transform.source_coords(tile.output, xs, ys);
-    }
-    detail::WarpKernelArgs args;
-    args.method = options.method;
-    args.x_scale = plan.x_scale;
-    args.y_scale = plan.y_scale;
-    args.src_x = xs.data();
-    args.src_y = ys.data();
-    args.height = tile.output.height;
-    args.width = tile.output.width;
-    args.dst_nodata = nodata.dst_nodata;
-    OwnedRasterArray out = OwnedRasterArray::allocate(
-        Residency::host, dtype, bands, tile.output.height, tile.output.width, std::nullopt);
-    detail::warp_tile(window, nodata.validity, args, out.mutable_host_data());
-    write(tile, nodata.dst_nodata ? out.with_nodata(nodata.dst_nodata) : out);
+    if (tile.source.width > 0 && tile.source.height > 0) src = read(tile.source);
+    write(tile, resample_tile(transform, tile.output, src ? &*src : nullptr, tile.source, dtype,
+                              bands, nodata, options, plan.x_scale, plan.y_scale));
     if (options.progress) options.progress(i + 1, total);
   }
 }
@@ -251,6 +259,76 @@ void warp_raster_file(const std::string& input, const std::string& output,
       });
   source.close();
   sink.finish();
+}
+
+}  // namespace vibespatial::raster
+
+namespace vibespatial::raster {
+
+struct WarpedSource::State {
+  TileSource& source;
+  WarpGrid grid;
+  WarpOptions options;
+  RasterMetadata meta;
+  std::vector<std::optional<NodataValue>> src_nodata;
+  Resolved nodata;
+  std::unique_ptr<detail::WarpTransform> transform;
+  double x_scale = 1, y_scale = 1;
+  int radius = 0;
+};
+
+WarpedSource::WarpedSource(TileSource& source, const WarpGrid& grid, const WarpOptions& options) {
+  const RasterMetadata meta = source.metadata();
+  const detail::WarpSourceGrid src = source_grid(meta, options);
+  auto transform = std::make_unique<detail::WarpTransform>(src, grid, options.error_threshold);
+  const int radius = detail::warp_kernel_radius(options.method);
+  const RasterWindow whole{0, 0, grid.width, grid.height};
+  const detail::SourceWindow sw = transform->source_window(whole, radius);
+  if (sw.failed) {
+    throw WarpError(WarpErrorKind::no_overlap,
+                    "warp: the output grid does not intersect the source");
+  }
+  const auto scale = detail::warp_scale(whole, sw);
+  const auto band_nodata = source.band_nodata();
+  state_.reset(new State{source, grid, options, meta, band_nodata,
+                         resolve_nodata(band_nodata, meta.dtype, options), std::move(transform),
+                         scale[0], scale[1], radius});
+}
+
+WarpedSource::~WarpedSource() = default;
+
+RasterMetadata WarpedSource::metadata() const {
+  RasterMetadata m = state_->meta;
+  m.height = state_->grid.height;
+  m.width = state_->grid.width;
+  m.affine = state_->grid.affine;
+  m.crs = state_->grid.crs;
+  m.exact_nodata = state_->nodata.dst_nodata;
+  m.nodata = m.exact_nodata ? std::optional<double>(m.exact_nodata->to_double()) : std::nullopt;
+  return m;
+}
+
+std::vector<std::optional<NodataValue>> WarpedSource::band_nodata() const {
+  return std::vector<std::optional<NodataValue>>(static_cast<std::size_t>(state_->meta.band_count),
+                                                 state_->nodata.dst_nodata);
+}
+
+OwnedRasterArray WarpedSource::read(const RasterWindow& window, int first_band, int band_count) {
+  State& s = *state_;
+  const detail::SourceWindow sw = s.transform->source_window(window, s.radius);
+  Resolved nodata = s.nodata;
+  nodata.validity.band_nodata.assign(
+      s.nodata.validity.band_nodata.begin() + first_band,
+      s.nodata.validity.band_nodata.begin() + first_band + band_count);
+  std::optional<OwnedRasterArray> src;
+  if (!sw.failed) src = s.source.read(sw.window, first_band, band_count);
+  OwnedRasterArray out =
+      resample_tile(*s.transform, window, src ? &*src : nullptr, sw.window, s.meta.dtype,
+                    band_count, nodata, s.options, s.x_scale, s.y_scale);
+  const Affine& g = s.grid.affine;
+  const auto col = static_cast<double>(window.col_off), row = static_cast<double>(window.row_off);
+  const Affine at{g.a, g.b, g.c + g.a * col + g.b * row, g.d, g.e, g.f + g.d * col + g.e * row};
+  return out.with_georeferencing(at, s.grid.crs);
 }
 
 }  // namespace vibespatial::raster

@@ -42,4 +42,26 @@ void warp_raster_file(const std::string& /*input*/, const std::string& /*output*
   unavailable("warp_raster_file");
 }
 
+struct WarpedSource::State {};
+
+WarpedSource::WarpedSource(TileSource& /*source*/, const WarpGrid& /*grid*/,
+                           const WarpOptions& /*options*/) {
+  unavailable("WarpedSource");
+}
+
+WarpedSource::~WarpedSource() = default;
+
+RasterMetadata WarpedSource::metadata() const {
+  unavailable("WarpedSource");
+}
+
+std::vector<std::optional<NodataValue>> WarpedSource::band_nodata() const {
+  unavailable("WarpedSource");
+}
+
+OwnedRasterArray WarpedSource::read(const RasterWindow& /*window*/, int /*first_band*/,
+                                    int /*band_count*/) {
+  unavailable("WarpedSource");
+}
+
 }  // namespace vibespatial::raster

@@ -293,6 +293,12 @@ def case_grid(tmp):
                       "60000"])
     if a is not None:
         compare("bilinear in many tiles", a, b, rel=1e-6)
+    # the tile executor over a WarpedSource (a pipeline's `read ! warp ! write`), 32 x 32 tiles
+    for m in ["near", "bilinear", "cubic", "average"]:
+        a, b = warp_both(tmp, src, f"executor-{m}", ["-t_srs", "EPSG:4326", "-et", "0", "-r", m],
+                         ["--t_srs", "EPSG:4326", "--et", "0", "-r", m, "--executor", "32"])
+        if a is not None:
+            compare(f"{m} through run_tiles over a WarpedSource", a, b, rel=1e-6)
     # the progress callback: called once per tile, ending at (total, total)
     r = run([TOOL, src, os.path.join(tmp, "progress.tif"), "--t_srs", "EPSG:4326", "-r",
              "bilinear", "--memory-limit", "60000", "--print-plan"])

@@ -3,6 +3,8 @@
 //   warp-tool IN OUT [--t_srs S] [--s_srs S] [--tr X Y] [--te A B C D] [--ts W H] [-r M]
 //             [--et E] [--srcnodata V|None] [--dstnodata V|None] [--memory-limit BYTES]
 //             [--print-plan] [--array]
+// --executor N runs the tile executor (run_tiles) over a WarpedSource of the file in N x N output
+// tiles into a RasterFileSink, as a pipeline's `read ! warp ! write` would.
 // --array warps through warp() on the whole file read as an OwnedRasterArray (read_raster), then
 // writes the result with write_raster.
 // Exits 0 on success, 1 with the error's message on stderr (the WarpError kind first).
@@ -49,6 +51,7 @@ int main(int argc, char** argv) {
   }
   WarpOptions o;
   bool print_plan = false, array = false;
+  std::int64_t executor_tile = 0;
   try {
     for (std::size_t i = 2; i < a.size(); ++i) {
       const std::string& k = a[i];
@@ -90,6 +93,8 @@ int main(int argc, char** argv) {
         }
       } else if (k == "--memory-limit") {
         o.memory_limit = std::stoull(next());
+      } else if (k == "--executor") {
+        executor_tile = std::stoll(next());
       } else if (k == "--array") {
         array = true;
       } else if (k == "--print-plan") {
@@ -119,7 +124,22 @@ int main(int argc, char** argv) {
             static_cast<long long>(t.source.width), static_cast<long long>(t.source.height));
       }
     }
-    if (array) {
+    if (executor_tile > 0) {
+      RasterFileSource src(a[0]);
+      WarpedSource warped(src, plan_warp_grid(src.metadata(), o), o);
+      RasterFileSink sink(a[1], WriteOptions{});
+      const RasterMetadata m = warped.metadata();
+      RasterPlan plan;
+      plan.strategy = TilingStrategy::tiled;
+      plan.tile_shape = {{executor_tile, executor_tile}};
+      plan.bands_per_pass = m.band_count;
+      plan.n_tiles = ((m.height + executor_tile - 1) / executor_tile) *
+                     ((m.width + executor_tile - 1) / executor_tile);
+      TileRunOptions run;
+      run.progress = o.progress;
+      run_tiles(
+          warped, [](const OwnedRasterArray& tile) { return tile; }, sink, plan, run);
+    } else if (array) {
       const OwnedRasterArray src = read_raster(a[0]);
       const OwnedRasterArray out = warp(src, plan_warp_grid(src.metadata(), o), o);
       write_raster(a[1], out);

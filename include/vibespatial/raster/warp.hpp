@@ -13,10 +13,12 @@
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/export.hpp>
 #include <vibespatial/raster/io.hpp>
+#include <vibespatial/raster/tiles.hpp>
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -157,5 +159,31 @@ VSR_EXPORT OwnedRasterArray warp(const OwnedRasterArray& source, const WarpGrid&
 VSR_EXPORT void warp_raster_file(const std::string& input, const std::string& output,
                                  const WarpOptions& options, const WriteOptions& write = {},
                                  const OpenOptions& open = {});
+
+/**
+ * @brief The tile executor's source (tiles.hpp) of a warped raster: @p source, a source over a
+ * georeferenced raster (a RasterFileSource, a RasterTileSource), seen on @p grid, so that
+ * run_tiles walks the output grid (a pipeline's `read ! warp ! ...`). metadata() is the grid with
+ * the source's dtype and band count and the output's nodata; read(window) reads the window's
+ * source footprint (grown by the kernel's radius) from @p source and resamples it, with the
+ * kernel's scale of the whole grid, so results do not depend on the tiling. Reads take every
+ * band of a pass together (a pass of some bands resamples those, with their own validity).
+ * @p source must outlive this object; used by one run at a time.
+ * @throws (constructor) WarpError as plan_warp; (read) what @p source's read throws.
+ */
+class VSR_EXPORT WarpedSource final : public TileSource {
+ public:
+  WarpedSource(TileSource& source, const WarpGrid& grid, const WarpOptions& options);
+  ~WarpedSource() override;
+  WarpedSource(const WarpedSource&) = delete;
+  WarpedSource& operator=(const WarpedSource&) = delete;
+  RasterMetadata metadata() const override;
+  std::vector<std::optional<NodataValue>> band_nodata() const override;
+  OwnedRasterArray read(const RasterWindow& window, int first_band, int band_count) override;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 }  // namespace vibespatial::raster
