@@ -121,9 +121,6 @@ const std::vector<bool>& RasterFileSource::masked_bands() const {
 bool RasterFileSource::has_geotransform() const {
   unavailable("RasterFileSource");
 }
-const std::vector<bool>& RasterFileSource::masked_bands() const {
-  unavailable("RasterFileSource");
-}
 const std::vector<bool>& RasterFileSource::nodata_marks_mask() const {
   unavailable("RasterFileSource");
 }
