@@ -11,6 +11,7 @@
 #include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/memory.hpp>
 #include <vibespatial/raster/memory_history.hpp>
+#include <vibespatial/raster/warp.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -433,6 +434,45 @@ vsr_status vsr_stream_synchronize(void* stream) {
     const vsr::detail::DriverApi& api = vsr::detail::driver();
     vsr::detail::bind_current_device();
     VSR_CU_TRY(api.cuStreamSynchronize(static_cast<CUstream>(stream)));
+  });
+}
+
+vsr_status vsr_warp_options_init(vsr_warp_options* opts) {
+  return guarded(__func__, [&] {
+    VSR_EXPECTS(opts != nullptr, "opts is NULL");
+    *opts = vsr_warp_options{};
+    opts->struct_size = sizeof(vsr_warp_options);
+    opts->error_threshold = vsr::WarpOptions{}.error_threshold;
+    opts->overwrite = 1;
+  });
+}
+
+vsr_status vsr_warp_file(const char* input, const char* output, const vsr_warp_options* opts) {
+  return guarded(__func__, [&] {
+    VSR_EXPECTS(input != nullptr, "input is NULL");
+    VSR_EXPECTS(output != nullptr, "output is NULL");
+    vsr::WarpOptions o;
+    vsr::WriteOptions write;
+    if (opts != nullptr) {
+      check_struct_size("opts", "vsr_warp_options", opts->struct_size, sizeof(vsr_warp_options),
+                        ": fill it with vsr_warp_options_init");
+      if (opts->dst_crs != nullptr) o.dst_crs = opts->dst_crs;
+      if (opts->src_crs != nullptr) o.src_crs = opts->src_crs;
+      if (opts->method != nullptr) o.method = vsr::warp_method_from_string(opts->method);
+      o.error_threshold = opts->error_threshold;
+      if (opts->has_resolution != 0) o.resolution = {{opts->resolution[0], opts->resolution[1]}};
+      if (opts->has_extent != 0) {
+        o.extent = {{opts->extent[0], opts->extent[1], opts->extent[2], opts->extent[3]}};
+      }
+      if (opts->has_size != 0) o.size = {{opts->size[0], opts->size[1]}};
+      if (opts->has_src_nodata != 0) o.src_nodata = opts->src_nodata;
+      if (opts->has_dst_nodata != 0) o.dst_nodata = opts->dst_nodata;
+      o.src_nodata_none = opts->src_nodata_none != 0;
+      o.dst_nodata_none = opts->dst_nodata_none != 0;
+      o.memory_limit = opts->memory_limit;
+      write.overwrite = opts->overwrite != 0;
+    }
+    vsr::warp_raster_file(input, output, o, write);
   });
 }
 

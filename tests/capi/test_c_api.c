@@ -820,6 +820,31 @@ static void test_memory_history(void) {
   CHECK_OK(vsr_record_memory_history(0, 0));
 }
 
+/* vsr_warp_file's arguments: the defaults, and refusals that leave no output behind (the
+ * reprojection itself is judged against gdalwarp by tests/warp). */
+static void test_warp(void) {
+  vsr_warp_options o;
+  CHECK_OK(vsr_warp_options_init(&o));
+  CHECK(o.struct_size == sizeof o);
+  CHECK(o.error_threshold == 0.125);
+  CHECK(o.overwrite == 1);
+  CHECK(o.method == NULL && o.dst_crs == NULL && o.has_extent == 0);
+  CHECK_FAILS(vsr_warp_options_init(NULL), VSR_ERROR_INVALID_ARGUMENT, "vsr_warp_options_init");
+  CHECK_FAILS(vsr_warp_file(NULL, "out.tif", &o), VSR_ERROR_INVALID_ARGUMENT, "vsr_warp_file");
+  o.method = "bicubic";
+  CHECK_FAILS(vsr_warp_file("in.tif", "out.tif", &o), VSR_ERROR_INVALID_ARGUMENT, "vsr_warp_file");
+  CHECK(strstr(vsr_last_error_message(), "bicubic") != NULL);
+  o.method = "bilinear";
+  o.struct_size = 8;
+  CHECK_FAILS(vsr_warp_file("in.tif", "out.tif", &o), VSR_ERROR_INVALID_ARGUMENT, "vsr_warp_file");
+  o.struct_size = sizeof o;
+  const char* out = "vsr-c-api-warp-out.tif";
+  CHECK(vsr_warp_file("vsr-c-api-no-such-input.tif", out, &o) != VSR_OK);
+  FILE* f = fopen(out, "rb");
+  CHECK(f == NULL);
+  if (f != NULL) fclose(f);
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--no-driver") == 0) {
     return run_without_driver("no driver", "VIBESPATIAL_CUDA_DRIVER");
@@ -846,6 +871,7 @@ int main(int argc, char** argv) {
   test_forget_stream();
   test_thread_local_errors();
   test_memory_history();
+  test_warp();
   CHECK(stats().current_bytes == 0);
   printf("c-api: %d checks passed (vibespatial-raster %s)\n", g_checks, vsr_version());
   return 0;

@@ -343,6 +343,42 @@ VSR_EXPORT vsr_status vsr_dump_memory_snapshot(const char* path, int overwrite);
  * otherwise. */
 VSR_EXPORT int vsr_last_io_errno(void);
 
+/** How vsr_warp_file reprojects (the C++ WarpOptions, gdalwarp's options; docs/warp.md). Fill
+ * it with vsr_warp_options_init, then change what differs. Strings are borrowed for the call. */
+typedef struct vsr_warp_options {
+  size_t struct_size;      /**< sizeof(vsr_warp_options) */
+  const char* dst_crs;     /**< -t_srs; NULL or "": the source's CRS */
+  const char* src_crs;     /**< -s_srs; NULL or "": the source's own */
+  const char* method;      /**< -r: "near", "bilinear", ... "rms"; NULL: "near" */
+  double error_threshold;  /**< -et, in source pixels (default 0.125; 0: exact) */
+  int32_t has_resolution;  /**< nonzero: resolution is -tr */
+  int32_t has_extent;      /**< nonzero: extent is -te */
+  double resolution[2];    /**< xres, yres */
+  double extent[4];        /**< xmin, ymin, xmax, ymax in the output CRS */
+  int32_t has_size;        /**< nonzero: size is -ts */
+  int32_t has_src_nodata;  /**< nonzero: src_nodata is -srcnodata */
+  int64_t size[2];         /**< width, height (0 for one: from the other) */
+  double src_nodata;       /**< the source's nodata for every band */
+  double dst_nodata;       /**< the output's nodata */
+  int32_t has_dst_nodata;  /**< nonzero: dst_nodata is -dstnodata */
+  int32_t src_nodata_none; /**< nonzero: -srcnodata None */
+  int32_t dst_nodata_none; /**< nonzero: -dstnodata None */
+  int32_t overwrite;       /**< nonzero: an existing output is replaced (default 1) */
+  uint64_t memory_limit;   /**< host bytes per output tile; 0: 64 MiB */
+} vsr_warp_options;
+
+/** Fills `opts` with the defaults (gdalwarp's). Errors: VSR_ERROR_INVALID_ARGUMENT for NULL. */
+VSR_EXPORT vsr_status vsr_warp_options_init(vsr_warp_options* opts);
+
+/** Reprojects the raster file `input` into `output` (all or nothing: nothing is left at `output`
+ * on any error) onto the grid gdalwarp would choose for `opts` (NULL: the defaults, which keep the
+ * source's CRS). Errors: VSR_ERROR_INVALID_ARGUMENT for NULL paths, a bad method, an SRS GDAL
+ * cannot read, a source without a CRS, an output grid that misses the source or cannot be made
+ * (the message says which); VSR_ERROR_IO when a file cannot be read or written; every error in a
+ * build without GDAL. */
+VSR_EXPORT vsr_status vsr_warp_file(const char* input, const char* output,
+                                    const vsr_warp_options* opts);
+
 #ifdef __cplusplus
 }
 #endif
