@@ -170,6 +170,25 @@ class ArgScanner {
     return v;
   }
 
+  /// The option's @p n values, the next @p n words (gdalwarp's `-tr XRES YRES`): UsageError when
+  /// fewer are left, one is empty, or the first came inline (`--tr=1 2` is refused, not half
+  /// read).
+  std::vector<std::string_view> values(std::size_t n) {
+    if (inline_ && n > 1) {
+      throw UsageError(std::string(option_) + ": takes " + std::to_string(n) +
+                       " values, as separate words (" + std::string(option_) + " A B ...)");
+    }
+    std::vector<std::string_view> out;
+    for (std::size_t k = 0; k < n; ++k) {
+      if (!inline_ && pos_ >= words_.size()) {
+        throw UsageError(std::string(option_) + ": needs " + std::to_string(n) + " values, got " +
+                         std::to_string(k));
+      }
+      out.push_back(value());
+    }
+    return out;
+  }
+
   /// Checks that a flag option got no inline value.
   void flag() const {
     if (inline_) throw UsageError(std::string(option_) + ": takes no value");

@@ -66,6 +66,7 @@ class Job {
   void check_host_memory(std::uint64_t bytes, const std::string& what,
                          const std::string& advice) const;
   void open_input();
+  void regrid_input();
   void make_plan();
   void stream_plan(const vsr::RasterMetadata& plan_meta);
   void choose_overlap();
@@ -121,7 +122,12 @@ class Job {
   std::optional<vsr::OwnedRasterArray> sample_;
   /// The input: the file's or the sample's selected bands.
   std::unique_ptr<vsr::TileSource> source_;
-  vsr::RasterFileSource* file_ = nullptr;                     ///< source_ when it is a file
+  vsr::RasterFileSource* file_ = nullptr;  ///< source_ when it is a file
+  /// A grid step's (warp): the input's source, which source_ (the output grid's) reads; the
+  /// step's own plan (--dry-run) and what the summary says of it.
+  std::unique_ptr<vsr::TileSource> input_source_;
+  std::vector<std::string> step_plan_;
+  std::string grid_note_;
   vsr::RasterMetadata meta_;                                  ///< the input's (every band)
   std::vector<std::optional<vsr::NodataValue>> band_nodata_;  ///< of the selected bands
   std::vector<int> bands_;                                    ///< selected, 1-based

@@ -179,6 +179,23 @@ void Job::open_input() {
   } else {
     source_ = std::make_unique<vsr::RasterTileSource>(*sample_, bands_);
   }
+  if (op_step_->kind == StepKind::grid) regrid_input();
+}
+
+/// A grid step (warp): the run reads the step's source, which reads the input's; the run's
+/// metadata and nodata are the output grid's from here on.
+void Job::regrid_input() {
+  GridWork work = op_step_->regrid(args_, *source_, file_ == nullptr || file_->has_geotransform(),
+                                   args_.dry_run);
+  input_source_ = std::move(source_);
+  source_ = std::move(work.source);
+  step_plan_ = std::move(work.plan);
+  grid_note_ = std::move(work.note);
+  const std::string driver = meta_.driver;
+  meta_ = source_->metadata();
+  meta_.driver = driver;
+  band_nodata_ = source_->band_nodata();
+  mask_marker_.reset();
 }
 
 /// calc's inputs: every file's header (one grid: size, geotransform, CRS), the expressions

@@ -188,7 +188,8 @@ StepWork Job::raster_work() {
 /// A raster step from the source, tile by tile as the plan says (a whole plan is one tile).
 void Job::run_raster_op() {
   const StepWork work = raster_work();
-  note_ = work.note;
+  note_ = grid_note_.empty() || work.note.empty() ? grid_note_ + work.note
+                                                  : grid_note_ + "; " + work.note;
   const vsr::TileRunOptions o = tile_options(*progress_);
   write_raster(file_, op_step_->metadata,
                [&](vsr::TileSink& sink) { vsr::run_tiles(*source_, work.fn, sink, plan_, o); });

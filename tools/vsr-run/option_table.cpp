@@ -5,6 +5,8 @@
 #include "options.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <charconv>
 #include <cstdint>
 #include <optional>
@@ -182,6 +184,97 @@ a.a_nodata = parse_nodata(o, a.a_nodata_text);
    "infinities); null means the band has no valid pixel",
    VSR_SET{w.flag();
 a.json = true;
+}
+}
+, {"--dry-run", "", "", G::step,
+   "warp: print the plan (the output grid, and each output tile's source window) and read "
+   "no pixel, write nothing",
+   VSR_SET{w.flag();
+a.dry_run = true;
+}
+}
+, {"--t_srs", "-t_srs", "SRS", G::step,
+   "warp: the output's CRS (required), as gdalwarp -t_srs takes it (EPSG:4326, a PROJ "
+   "string, WKT, ...)",
+   VSR_SET{a.warp.dst_crs = w.value();
+}
+}
+, {"--s_srs", "-s_srs", "SRS", G::step,
+   "warp: the input's CRS, in place of the file's own (gdalwarp -s_srs)",
+   VSR_SET{a.warp.src_crs = w.value();
+}
+}
+, {"--tr", "-tr", "XRES YRES", G::step,
+   "warp: the output's pixel size in its CRS's units, both > 0 (gdalwarp -tr)",
+   VSR_SET{const auto v = w.values(2);
+a.warp.resolution = {parse_double(o, v[0]), parse_double(o, v[1])};
+for (const double r : *a.warp.resolution) {
+  if (!(r > 0) || !std::isfinite(r)) {
+    throw UsageError(std::string(o) + ": the resolutions must be finite and > 0");
+  }
+}
+}
+}
+, {"--te", "-te", "XMIN YMIN XMAX YMAX", G::step,
+   "warp: the output's extent in its CRS (gdalwarp -te); XMIN < XMAX, YMIN < YMAX",
+   VSR_SET{const auto v = w.values(4);
+std::array<double, 4> e{};
+for (std::size_t k = 0; k < 4; ++k) {
+  e[k] = parse_double(o, v[k]);
+  if (!std::isfinite(e[k])) throw UsageError(std::string(o) + ": the bounds must be finite");
+}
+if (!(e[0] < e[2]) || !(e[1] < e[3])) {
+  throw UsageError(std::string(o) + ": XMIN must be below XMAX and YMIN below YMAX");
+}
+a.warp.extent = e;
+}
+}
+, {"--ts", "-ts", "WIDTH HEIGHT", G::step,
+   "warp: the output's size in pixels (gdalwarp -ts; 0 for one: from the other and the "
+   "extent's aspect); not with --tr",
+   VSR_SET{const auto v = w.values(2);
+const auto width = parse_integer<std::int64_t>(o, v[0]);
+const auto height = parse_integer<std::int64_t>(o, v[1]);
+if (width < 0 || height < 0 || (width == 0 && height == 0)) {
+  throw UsageError(std::string(o) + ": the sizes must be >= 0 and not both 0");
+}
+a.warp.size = {width, height};
+}
+}
+, {"-r", "--r", "METHOD", G::step,
+   "warp: the resampling method, gdalwarp's names: near (default), bilinear, cubic, "
+   "cubicspline, lanczos, average, mode, max, min, med, q1, q3, rms",
+   VSR_SET{a.warp_method = w.value();
+try {
+  a.warp.method = vsr::warp_method_from_string(a.warp_method);
+} catch (const std::invalid_argument& e) {
+  throw UsageError(std::string(o) + ": " + e.what());
+}
+}
+}
+, {"--et", "-et", "E", G::step,
+   "warp: the transform's error threshold in input pixels (gdalwarp -et; default 0.125; 0 "
+   "transforms every pixel exactly)",
+   VSR_SET{a.warp.error_threshold = parse_double(o, w.value());
+if (!(a.warp.error_threshold >= 0) || !std::isfinite(a.warp.error_threshold)) {
+  throw UsageError(std::string(o) + ": must be a finite number >= 0");
+}
+}
+}
+, {"--srcnodata", "-srcnodata", "V", G::step,
+   "warp: the input's nodata for every band, in place of the file's (gdalwarp -srcnodata); "
+   "None: the file's nodata is ignored",
+   VSR_SET{const std::optional<vsr::NodataValue> v = parse_nodata(o, w.value());
+a.warp.src_nodata = v;
+a.warp.src_nodata_none = !v.has_value();
+}
+}
+, {"--dstnodata", "-dstnodata", "V", G::step,
+   "warp: the output's nodata (gdalwarp -dstnodata; default: the input's); None: the output "
+   "has none (pixels no input pixel reaches are 0)",
+   VSR_SET{const std::optional<vsr::NodataValue> v = parse_nodata(o, w.value());
+a.warp.dst_nodata = v;
+a.warp.dst_nodata_none = !v.has_value();
 }
 }
 ,

@@ -72,8 +72,9 @@ std::vector<std::string> read_words(std::vector<std::string>& words, Arguments& 
     }
     if (scan.is("--op")) {
       if (check) {
-        throw UsageError("--op is not an option of a pipeline's step (each step is named after "
-                         "its '!')");
+        throw UsageError(
+            "--op is not an option of a pipeline's step (each step is named after "
+            "its '!')");
       }
       const std::string_view name = scan.value();
       const Step* step = find_step(name);
@@ -132,6 +133,14 @@ void check_arguments(Arguments& args, const std::vector<std::string>& given) {
     }
   }
   if (args.op == Op::clip && !args.range) throw UsageError("--op clip needs --range LO,HI");
+  if (args.op == Op::warp && args.warp.dst_crs.empty()) {
+    throw UsageError("--op warp needs --t_srs SRS (the output's CRS, e.g. EPSG:4326)");
+  }
+  if (args.warp.resolution && args.warp.size) {
+    throw UsageError(
+        "--tr and --ts are exclusive (as in gdalwarp): give the pixel size or the "
+        "pixel count");
+  }
   if (args.op == Op::fill_nodata && !args.value) {
     throw UsageError("--op fill-nodata needs --value V");
   }
@@ -252,6 +261,9 @@ std::shared_ptr<const Arguments> parse_step(std::size_t s, const std::vector<std
                                             const std::vector<std::string>& inputs) {
   const std::string& name = seg.front();
   const Step* step = find_step(name);
+  if (step != nullptr && !step->pipeline_refusal.empty()) {
+    throw pipeline_usage("step '" + name + "': " + std::string(step->pipeline_refusal));
+  }
   if (step == nullptr || !step->in_pipeline) {
     throw pipeline_usage("unknown step '" + name + "' (" +
                          step_names([](const Step& t) { return t.in_pipeline; }) +

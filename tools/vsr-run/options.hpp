@@ -7,6 +7,7 @@
 #include <vibespatial/raster/ops.hpp>
 #include <vibespatial/raster/outputs.hpp>
 #include <vibespatial/raster/tiles.hpp>
+#include <vibespatial/raster/warp.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -36,6 +37,7 @@ enum class Op {
   focal_mean,
   normalized_difference,
   calc,
+  warp,
   pipeline
 };
 
@@ -56,7 +58,11 @@ struct Arguments {
   bool propagate_nodata = true;   ///< calc: off with --no-propagate-nodata
   /// pipeline: its steps, each parsed as the matching op's options (calc: with the read inputs).
   std::vector<std::shared_ptr<const struct Arguments>> steps;
-  bool dry_run = false;  ///< pipeline: --dry-run
+  bool dry_run = false;  ///< pipeline, warp: --dry-run
+  /// warp: gdalwarp's options (--t_srs, --s_srs, --tr, --te, --ts, -r, --et, --srcnodata,
+  /// --dstnodata) as the library takes them.
+  vsr::WarpOptions warp;
+  std::string warp_method = "near";  ///< warp: -r as given
   /// pipeline: a terminal `! stats` or `! histogram` instead of `! write FILE`: the chain's
   /// output is reduced and printed (or written as JSON to --output) as that op prints it.
   std::optional<Op> terminal;

@@ -188,6 +188,19 @@ void Job::print_summary(double seconds) const {
 
 /// --dry-run: the plan (tiles, halo, steps) and nothing read but the headers.
 void Job::print_dry_run() const {
+  if (op_step_ != nullptr) {
+    std::printf("vsr-run --op %s (dry run: no pixel read, nothing written)\n",
+                args_.op_name.c_str());
+    std::printf("  input       %s\n", input_label_.c_str());
+    for (const std::string& line : step_plan_) std::printf("  %s\n", line.c_str());
+    std::printf("  plan        %s\n", plan_text().c_str());
+    if (from_file_) std::printf("  stages      %s\n", stages_text().c_str());
+    std::printf("  output      %s\n",
+                args_.output.empty()
+                    ? "none"
+                    : (printable(args_.output) + " (" + write_.driver + ")").c_str());
+    return;
+  }
   std::string steps;
   for (const std::string& n : chain_->step_names()) steps += (steps.empty() ? "" : " ! ") + n;
   std::printf("vsr-run pipeline (dry run: no pixel read, nothing written)\n");

@@ -86,6 +86,7 @@ const std::vector<Step>& step_table() {
       focal_mean_step(),
       normalized_difference_step(),
       calc_step(),
+      warp_step(),
       read_step(),
       write_step(),
   };

@@ -12,6 +12,7 @@
 #include <vibespatial/raster/ops.hpp>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,6 +52,20 @@ enum class StepKind {
   reduction,  ///< tiles reduced per band and printed (stats, histogram); no raster written
   raster,     ///< a function of one tile of the selected bands (Step::build)
   calc,       ///< band math over named inputs (vsr::calc; the library's Pipeline::calc)
+  /// The input seen on another grid (warp): Step::regrid makes the run's source from the
+  /// input's (a source of the output grid, vsr::WarpedSource), which the run then walks and
+  /// writes through its one write path with Step::build's function of each tile, as a raster
+  /// step's. The step's own plan (Step's StepPlan::lines) is printed by --dry-run.
+  grid,
+};
+
+/// A grid step's work (StepKind::grid): the run's source over the input's, what the summary
+/// says of it, and the lines --dry-run prints of the step's own plan. A step whose output is
+/// not a raster (a table) may give its plan's lines the same way.
+struct GridWork {
+  std::unique_ptr<vsr::TileSource> source;
+  std::string note;
+  std::vector<std::string> plan;
 };
 
 /// One step of the table.
@@ -80,8 +95,16 @@ struct Step {
   bool (*range_pass)(const Arguments&) = nullptr;
   /// raster: checks that need the input's facts and no pixel (UsageError), before the trial.
   void (*check)(const Arguments&, const StepFacts&) = nullptr;
-  /// raster: the work for what reaches it.
+  /// raster, grid: the work for what reaches it (grid: a tile of the output grid).
   StepWork (*build)(const Arguments&, const StepFacts&) = nullptr;
+  /// grid: the run's source over @p input (its header only: no pixel is read), @p georeferenced
+  /// whether the input has a geotransform. Throws UsageError (exit 2) for what the command line
+  /// got wrong, std::runtime_error (exit 1) for what the input cannot do.
+  GridWork (*regrid)(const Arguments&, vsr::TileSource& input, bool georeferenced,
+                     bool dry_run) = nullptr;
+  /// Why the step is no pipeline step, when it is one a user may try there ("": the pipeline's
+  /// message listing its steps).
+  std::string_view pipeline_refusal{};
 
   bool declares(std::string_view option) const;
   /// The output's dtype: --ot, else the step's own for an input of @p in.
@@ -106,6 +129,7 @@ const Step& fill_nodata_step();
 const Step& focal_mean_step();
 const Step& normalized_difference_step();
 const Step& calc_step();
+const Step& warp_step();
 const Step& read_step();
 const Step& write_step();
 
