@@ -215,7 +215,9 @@ void Job::check_output() {
 /// The one plan of the run: printed in the summary, followed by the streamed runs, the tiled
 /// executors and dispatch_per_band_gpu alike.
 void Job::make_plan() {
-  per_band_op_ = op_step_ ? op_step_->per_band : chain_->bands_independent();
+  // A warped pipeline reads every band of a tile together, as --op warp (one validity for all
+  // bands with --srcnodata).
+  per_band_op_ = op_step_ ? op_step_->per_band : chain_->bands_independent() && warped_.empty();
   const bool per_band_op = per_band_op_;
   budget_note_ = args_.budget ? "" : " (auto)";
   if (args_.budget) {
@@ -373,7 +375,10 @@ vsr::TileRunOptions Job::tile_options(Progress& progress) const {
 void Job::open_inputs() {
   if (op_step_ == nullptr || op_step_->kind == StepKind::calc) {
     open_calc_inputs();
-    if (op_step_ == nullptr) build_pipeline();
+    if (op_step_ == nullptr) {
+      warp_pipeline_inputs();
+      build_pipeline();
+    }
   } else {
     open_input();
   }

@@ -89,7 +89,10 @@ class Job {
   vsr::MultiTileOp calc_function() const;
   void run_calc();
   // pipeline: the chain of steps over the read inputs
+  void warp_pipeline_inputs();
   void build_pipeline();
+  /// "warp ! calc ! ...": the pipeline's steps between read and its last.
+  std::string chain_text() const;
   void print_dry_run() const;
   void run_pipeline();
   void reduce_pipeline(const std::vector<vsr::TileSource*>& sources, const vsr::TileRunOptions& o);
@@ -127,6 +130,9 @@ class Job {
   /// step's own plan (--dry-run) and what the summary says of it.
   std::unique_ptr<vsr::TileSource> input_source_;
   std::vector<std::string> step_plan_;
+  /// A pipeline's `read ! warp ! ...`: each calc source seen on the warp's grid (the run's
+  /// sources; the chain has the steps after warp).
+  std::vector<std::unique_ptr<vsr::TileSource>> warped_;
   std::string grid_note_;
   vsr::RasterMetadata meta_;                                  ///< the input's (every band)
   std::vector<std::optional<vsr::NodataValue>> band_nodata_;  ///< of the selected bands

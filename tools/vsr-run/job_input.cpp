@@ -326,6 +326,34 @@ vsr::MultiTileOp Job::calc_function() const {
   };
 }
 
+/// A pipeline whose first step is a grid step (warp): each input read seen on the step's grid
+/// (the inputs are on one grid, so the step makes the same grid of each), the run's metadata
+/// and nodata the grid's from here on.
+void Job::warp_pipeline_inputs() {
+  const Arguments& first = *args_.steps.front();
+  const Step& step = *find_step(first.op_name);
+  if (step.kind != StepKind::grid) return;
+  band_nodata_.clear();
+  for (std::size_t k = 0; k < calc_sources_.size(); ++k) {
+    vsr::RasterFileSource& src = *calc_sources_[k];
+    GridWork work = step.regrid(first, src, src.has_geotransform(), args_.dry_run);
+    const vsr::RasterMetadata m = work.source->metadata();
+    if (k == 0) {
+      step_plan_ = std::move(work.plan);
+      grid_note_ = std::move(work.note);
+      const std::string driver = meta_.driver;
+      meta_ = m;
+      meta_.driver = driver;
+    } else if (m.width != meta_.width || m.height != meta_.height || !(m.affine == meta_.affine)) {
+      throw std::logic_error("vsr-run: the inputs of one grid were warped onto different grids");
+    }
+    band_nodata_.push_back(work.source->band_nodata().front());
+    warped_.push_back(std::move(work.source));
+  }
+  // A warped input's nodata is the warp's output nodata, never only a mask's marker.
+  calc_marks_.assign(calc_marks_.size(), false);
+}
+
 /// The pipeline's chain: a calc step as the library's (its options as --op calc's), the other
 /// steps as vsr-run's ops themselves (their options, --ot and output nodata rule), each made for
 /// the dtype and nodata of what reaches it.
@@ -346,6 +374,7 @@ void Job::build_pipeline() {
       calc_marks_.front() ? band_nodata_.front() : std::nullopt;
   for (std::size_t s = 0; s < args_.steps.size(); ++s) {
     const std::shared_ptr<const Arguments> step = args_.steps[s];
+    if (find_step(step->op_name)->kind == StepKind::grid) continue;  // the sources' (warped_)
     try {
       if (step->op == Op::calc) {
         vsr::CalcOptions o;

@@ -61,13 +61,15 @@ vsr::OwnedRasterArray nodata_tiny(vsr::DType dtype, int bands,
   return tiny;
 }
 
-/// The tiny rasters of nodata pixels of every calc source: its dtype, bands read and nodata.
+/// The tiny rasters of nodata pixels of every calc source: its dtype, bands read and @p nodata
+/// (the run's for each source: a warped source's is the warp's output nodata).
 std::vector<vsr::OwnedRasterArray> calc_tinies(
-    const std::vector<std::unique_ptr<vsr::RasterFileSource>>& sources) {
+    const std::vector<std::unique_ptr<vsr::RasterFileSource>>& sources,
+    const std::vector<std::optional<vsr::NodataValue>>& nodata) {
   std::vector<vsr::OwnedRasterArray> tiny;
-  for (const auto& src : sources) {
-    tiny.push_back(nodata_tiny(src->metadata().dtype, static_cast<int>(src->bands().size()),
-                               src->band_nodata().front()));
+  for (std::size_t k = 0; k < sources.size(); ++k) {
+    tiny.push_back(nodata_tiny(sources[k]->metadata().dtype,
+                               static_cast<int>(sources[k]->bands().size()), nodata[k]));
   }
   return tiny;
 }
@@ -105,12 +107,12 @@ void Job::check_output_trial() {
   std::function<vsr::OwnedRasterArray()> made;
   std::vector<vsr::OwnedRasterArray> tinies;
   if (op_step_ == nullptr) {
-    tinies = calc_tinies(calc_sources_);
+    tinies = calc_tinies(calc_sources_, band_nodata_);
     bands = chain_->band_count().value_or(1);
     bands_of_result = true;
     made = [&] { return chain_->apply(tinies); };
   } else if (op_step_->kind == StepKind::calc) {
-    tinies = calc_tinies(calc_sources_);
+    tinies = calc_tinies(calc_sources_, band_nodata_);
     dtype = calc_options_.output;
     bands = static_cast<int>(args_.calc.size());
     made = [&] { return calc_function()(tinies, vsr::TileInfo{}); };
@@ -200,6 +202,10 @@ void Job::run_raster_op() {
 void Job::run_sources(const vsr::MultiTileOp& op) {
   std::vector<vsr::TileSource*> sources;
   for (const auto& src : calc_sources_) sources.push_back(src.get());
+  if (!warped_.empty()) {
+    sources.clear();
+    for (const auto& src : warped_) sources.push_back(src.get());
+  }
   vsr::TileRunOptions o = tile_options(*progress_);
   o.mixed_nodata = true;
   if (args_.terminal) {
@@ -221,11 +227,16 @@ void Job::run_calc() {
   run_sources(calc_function());
 }
 
+std::string Job::chain_text() const {
+  std::string steps = warped_.empty() ? "" : args_.steps.front()->op_name;
+  for (const std::string& n : chain_->step_names()) steps += (steps.empty() ? "" : " ! ") + n;
+  return steps;
+}
+
 /// The chain over a tile of every input, each tile read once with the steps' halos summed.
 void Job::run_pipeline() {
-  std::string steps;
-  for (const std::string& n : chain_->step_names()) steps += (steps.empty() ? "" : " ! ") + n;
-  note_ = steps + ", halo " + std::to_string(chain_->halo());
+  note_ = chain_text() + ", halo " + std::to_string(chain_->halo());
+  if (!grid_note_.empty()) note_ += "; warp: " + grid_note_;
   // Each tile's result says where its steps ran (--diagnostics).
   run_sources([this, chain = chain_->tile_op()](const auto& tiles, const auto& where) {
     vsr::OwnedRasterArray r = chain(tiles, where);

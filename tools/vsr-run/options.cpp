@@ -350,6 +350,15 @@ Arguments parse_pipeline(int argc, char** argv) {
   for (std::size_t s = 1; s + 1 < segments.size(); ++s) {
     if (segments[s].empty()) throw pipeline_usage("step " + std::to_string(s) + " is empty");
     args.steps.push_back(parse_step(s, segments[s], inputs));
+    const Step& step = *find_step(segments[s].front());
+    if (step.kind == StepKind::grid && s != 1) {
+      throw pipeline_usage("step " + std::to_string(s) + " (" + segments[s].front() +
+                           "): it changes the grid, so it comes directly after read");
+    }
+    if (args.steps.back()->dry_run) {
+      throw pipeline_usage("step " + std::to_string(s) + " (" + segments[s].front() +
+                           "): --dry-run goes after the last step");
+    }
   }
   if (args.steps.empty()) throw pipeline_usage("no step between read and write");
   return args;

@@ -201,8 +201,7 @@ void Job::print_dry_run() const {
                     : (printable(args_.output) + " (" + write_.driver + ")").c_str());
     return;
   }
-  std::string steps;
-  for (const std::string& n : chain_->step_names()) steps += (steps.empty() ? "" : " ! ") + n;
+  const std::string steps = chain_text();
   std::printf("vsr-run pipeline (dry run: no pixel read, nothing written)\n");
   std::printf("  input       %s\n", input_label_.c_str());
   const char* last = !args_.terminal               ? "write"
@@ -210,6 +209,7 @@ void Job::print_dry_run() const {
                                                    : "histogram";
   std::printf("  steps       read ! %s ! %s\n", steps.c_str(), last);
   std::printf("  halo        %d (the sum of the steps')\n", chain_->halo());
+  for (const std::string& line : step_plan_) std::printf("  %s\n", line.c_str());
   std::printf("  plan        %s\n", plan_text().c_str());
   std::printf("  stages      %s\n", stages_text().c_str());
   if (args_.terminal) {

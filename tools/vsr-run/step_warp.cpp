@@ -131,13 +131,9 @@ const Step& warp_step() {
       .options = {"--t_srs", "--s_srs", "--tr", "--te", "--ts", "-r", "--et", "--srcnodata",
                   "--dstnodata", "--ot", "--dry-run"},
       .per_band = false,
-      .in_pipeline = false,
       .metadata = vsr::MetadataCopy::descriptive,
       .build = build_warp,
       .regrid = regrid_warp,
-      .pipeline_refusal =
-          "warp is not a pipeline step (it changes the grid); run it as vsr-run --op warp -i "
-          "IN -o OUT --t_srs SRS, then the pipeline on its output",
   };
   return s;
 }
