@@ -125,7 +125,8 @@ const Step& warp_step() {
       .name = "warp",
       .summary =
           "reprojection as gdalwarp does it: --t_srs (required), --s_srs, --tr, --te, --ts, "
-          "-r, --et, --srcnodata, --dstnodata (docs/warp.md); --dry-run prints the grid",
+          "-r, --et, --srcnodata, --dstnodata (docs/warp.md); --dry-run prints the grid; in a "
+          "pipeline only directly after read",
       .kind = StepKind::grid,
       .op = Op::warp,
       .options = {"--t_srs", "--s_srs", "--tr", "--te", "--ts", "-r", "--et", "--srcnodata",
