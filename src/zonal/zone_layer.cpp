@@ -59,10 +59,15 @@ ZoneGeometry zone_of(GeometryPtr g, OGRCoordinateTransformation* ct, const std::
                           std::string(OGRGeometryTypeToName(type)) +
                           ": zones must be polygons or multipolygons");
   }
-  if (OGRGeometryFactory::haveGEOS() && !g->IsValid()) {
-    throw ZonalInputError("zonal_stats: " + where +
-                          " is not a valid polygon (a self-intersection, a hole outside its "
-                          "shell, ...): repair it first, e.g. with ogr2ogr -makevalid");
+  if (OGRGeometryFactory::haveGEOS()) {
+    // GEOS says why through GDAL's warnings ("Self-intersection at or near point ...").
+    detail::gdal::QuietErrors quiet;
+    if (!g->IsValid()) {
+      const std::string why = quiet.warnings();
+      throw ZonalInputError("zonal_stats: " + where + " is not a valid polygon" +
+                            (why.empty() ? std::string() : " (" + why + ")") +
+                            ": repair it first, e.g. with ogr2ogr -makevalid");
+    }
   }
   GeometryPtr multi(OGRGeometryFactory::forceToMultiPolygon(g.release()));
   if (ct != nullptr && multi->transform(ct) != OGRERR_NONE) {
