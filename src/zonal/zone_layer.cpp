@@ -240,30 +240,49 @@ ZoneSet zones_from_wkb(const std::vector<std::string>& wkb, ZoneIds ids) {
   return zones;
 }
 
-ZonalTable zonal_stats_file(const std::string& raster_path, const ZoneFile& zones,
-                            const ZonalOptions& options, const std::string& weights_path) {
-  RasterFileSource values(raster_path, options.open, options.bands);
-  ZonalOptions o = options;
-  o.bands.clear();
+namespace {
+
+struct FileRun {
+  RasterFileSource values;
   std::optional<RasterFileSource> weights;
-  if (!weights_path.empty()) weights.emplace(weights_path, options.open);
-  const auto relabel = [&](ZonalTable t) {
+  ZonalOptions options;
+  FileRun(const std::string& raster_path, const ZonalOptions& o, const std::string& weights_path)
+      : values(raster_path, o.open, o.bands), options(o) {
+    options.bands.clear();
+    if (!weights_path.empty()) weights.emplace(weights_path, o.open);
+  }
+  RasterFileSource* weights_source() { return weights ? &*weights : nullptr; }
+  // Rows name the file's bands, not the positions among those selected.
+  ZonalTable relabel(ZonalTable t) const {
     for (int& b : t.band) b = values.bands().at(static_cast<std::size_t>(b - 1));
     return t;
-  };
+  }
+};
+
+}  // namespace
+
+ZonalTable zonal_stats_file(const std::string& raster_path, const ZoneSet& zones,
+                            const ZonalOptions& options, const std::string& weights_path) {
+  FileRun run(raster_path, options, weights_path);
+  return run.relabel(zonal_stats(run.values, zones, run.options, run.weights_source()));
+}
+
+ZonalTable zonal_stats_file(const std::string& raster_path, const ZoneFile& zones,
+                            const ZonalOptions& options, const std::string& weights_path) {
   require_file(zones.path, "cannot open the zones");
   bool vector = false;
   {
     VectorDataset ds = open_vector(zones.path);
     vector = ds && ds->GetLayerCount() > 0;
   }
+  FileRun run(raster_path, options, weights_path);
   if (vector) {
     const ZoneSet set =
-        read_zone_layer({zones.path, zones.layer, zones.zone_field}, values.metadata().crs);
-    return relabel(zonal_stats(values, set, o, weights ? &*weights : nullptr));
+        read_zone_layer({zones.path, zones.layer, zones.zone_field}, run.values.metadata().crs);
+    return run.relabel(zonal_stats(run.values, set, run.options, run.weights_source()));
   }
   RasterFileSource zone_raster(zones.path, options.open);
-  return relabel(zonal_stats(values, zone_raster, o, weights ? &*weights : nullptr));
+  return run.relabel(zonal_stats(run.values, zone_raster, run.options, run.weights_source()));
 }
 
 }  // namespace vibespatial::raster

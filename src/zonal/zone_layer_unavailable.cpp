@@ -18,6 +18,10 @@ ZoneSet read_zone_layer(const ZoneLayer&, const std::string&) {
 ZoneSet zones_from_wkb(const std::vector<std::string>&, ZoneIds) {
   unavailable("zones_from_wkb");
 }
+ZonalTable zonal_stats_file(const std::string&, const ZoneSet&, const ZonalOptions&,
+                            const std::string&) {
+  unavailable("zonal_stats_file");
+}
 ZonalTable zonal_stats_file(const std::string&, const ZoneFile&, const ZonalOptions&,
                             const std::string&) {
   unavailable("zonal_stats_file");

@@ -197,6 +197,15 @@ VSR_EXPORT ZonalTable zonal_stats_file(const std::string& raster_path, const Zon
                                        const ZonalOptions& options,
                                        const std::string& weights_path = {});
 
+/**
+ * @brief zonal_stats_file over polygon @p zones already in the raster's CRS (WKB, shapely
+ * geometries): the raster file's options.bands, @p weights_path as above.
+ * @throws what RasterFileSource and the TileSource forms throw.
+ */
+VSR_EXPORT ZonalTable zonal_stats_file(const std::string& raster_path, const ZoneSet& zones,
+                                       const ZonalOptions& options,
+                                       const std::string& weights_path = {});
+
 /// The table as a JSON array of one object per row: {"zone": id, "band": n, "<stat>": value
 /// or null, ...}; frac an object {"<value>": share, ...}. Numbers with 17 significant digits.
 VSR_EXPORT std::string zonal_table_json(const ZonalTable& table);
