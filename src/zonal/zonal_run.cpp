@@ -9,6 +9,10 @@
 #include <vibespatial/raster/zonal.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -269,6 +273,48 @@ TileBuckets bucket_zones(const Run& r, const std::vector<RasterWindow>& windows)
   return b;
 }
 
+// One thread's buffers of a polygon run.
+struct Worker {
+  std::vector<ZoneAccumulator> partial;
+  std::vector<float> cov;
+  detail::CoverageScratch scratch;
+};
+
+int thread_count(int asked) {
+  if (asked > 0) return std::min(asked, 256);
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 256u));
+}
+
+// Calls f(worker, k) for every k in [begin, end): on the calling thread alone for one worker or
+// a short range, else on every worker's thread taking indices in turn. The first exception is
+// rethrown once all threads are joined.
+template <class F>
+void parallel_range(std::vector<Worker>& workers, std::size_t begin, std::size_t end, F&& f) {
+  if (workers.size() == 1 || end - begin < 2) {
+    for (std::size_t k = begin; k < end; ++k) f(workers[0], k);
+    return;
+  }
+  std::atomic<std::size_t> next{begin};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  const auto run = [&](Worker& wk) {
+    try {
+      for (std::size_t k = next++; k < end; k = next++) f(wk, k);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+      next = end;
+    }
+  };
+  std::vector<std::thread> threads;
+  const std::size_t n = std::min(workers.size(), end - begin);
+  threads.reserve(n - 1);
+  for (std::size_t i = 1; i < n; ++i) threads.emplace_back(run, std::ref(workers[i]));
+  run(workers[0]);
+  for (auto& th : threads) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
 ZoneIds default_ids(std::size_t n) {
   ZoneIds ids;
   ids.integers.resize(n);
@@ -298,11 +344,11 @@ ZonalTable zonal_stats(TileSource& values, const ZoneSet& zones, const ZonalOpti
   const TileBuckets buckets = bucket_zones(r, windows);
   const std::size_t nb = r.bands.size();
   std::vector<ZoneAccumulator> acc(nz * nb);
-  std::vector<ZoneAccumulator> partial(nb);
   std::vector<std::vector<double>> vals(nb);
   std::vector<double> wvals;
-  std::vector<float> cov;
-  detail::CoverageScratch scratch;
+  const int threads = thread_count(o.threads);
+  std::vector<Worker> workers(static_cast<std::size_t>(threads));
+  for (Worker& wk : workers) wk.partial.resize(nb);
 
   std::vector<TileSource*> sources{&values};
   if (weights != nullptr) sources.push_back(weights);
@@ -316,28 +362,30 @@ ZonalTable zonal_stats(TileSource& values, const ZoneSet& zones, const ZonalOpti
       band_as_doubles(tiles[0], pos, r.nodata[static_cast<std::size_t>(pos)], vals[b]);
     }
     if (weights != nullptr) band_as_doubles(tiles[1], 0, tiles[1].exact_nodata(), wvals);
-    for (std::size_t k = buckets.start[t]; k < buckets.start[t + 1]; ++k) {
+    // Zones are independent: each is reduced, and merged into its accumulator, by one worker.
+    const auto reduce = [&](Worker& wk, std::size_t k) {
       const std::uint32_t z = buckets.zones[k];
       const RasterWindow w = intersect(windows[z], tw);
-      if (w.width <= 0) continue;
-      detail::zone_coverage(pz[z], w, o.pixels, scratch, cov);
-      for (auto& p : partial) p = ZoneAccumulator{};
+      if (w.width <= 0) return;
+      detail::zone_coverage(pz[z], w, o.pixels, wk.scratch, wk.cov);
+      for (auto& p : wk.partial) p = ZoneAccumulator{};
       for (std::int64_t row = 0; row < w.height; ++row) {
         const std::int64_t base =
             (w.row_off - tw.row_off + row) * tw.width + (w.col_off - tw.col_off);
         for (std::int64_t col = 0; col < w.width; ++col) {
-          const float c = cov[static_cast<std::size_t>(row * w.width + col)];
+          const float c = wk.cov[static_cast<std::size_t>(row * w.width + col)];
           if (!(c > 0)) continue;
           const auto i = static_cast<std::size_t>(base + col);
           const double wt = weights != nullptr ? wvals[i] : 1.0;
           for (std::size_t b = 0; b < nb; ++b) {
             const double v = vals[b][i];
-            if (!std::isnan(v)) partial[b].add(v, c, wt, r.needs);
+            if (!std::isnan(v)) wk.partial[b].add(v, c, wt, r.needs);
           }
         }
       }
-      for (std::size_t b = 0; b < nb; ++b) acc[z * nb + b].merge(partial[b]);
-    }
+      for (std::size_t b = 0; b < nb; ++b) acc[z * nb + b].merge(wk.partial[b]);
+    };
+    parallel_range(workers, buckets.start[t], buckets.start[t + 1], reduce);
     return tiles[0];
   };
   walk(r, sources, o, op);

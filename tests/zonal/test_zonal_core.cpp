@@ -284,8 +284,16 @@ TEST_CASE("zonal_stats: every statistic equals a direct computation, tiled equal
     o.pixels = rule;
     o.stats = all_stats;
     o.quantile = 0.3;
+    o.threads = 1;
     const vsr::ZonalTable whole = vsr::zonal_stats(raster, zones, o);
     REQUIRE(whole.rows() == zones.geometries.size() * 2);
+    o.threads = 4;  // each zone is reduced by one thread: the same bits
+    const vsr::ZonalTable threaded = vsr::zonal_stats(raster, zones, o);
+    for (std::size_t s = 0; s < o.stats.size(); ++s) {
+      for (std::size_t row = 0; row < whole.rows(); ++row) {
+        CHECK(same(threaded.values[s][row], whole.values[s][row], 0));
+      }
+    }
     for (std::size_t z = 0; z < zones.geometries.size(); ++z) {
       for (int b = 0; b < 2; ++b) {
         const std::size_t row = z * 2 + static_cast<std::size_t>(b);

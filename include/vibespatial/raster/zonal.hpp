@@ -129,6 +129,9 @@ struct ZonalOptions {
   std::uint64_t memory_budget = 0;
   /// Tile shape (rows, columns) instead of the planner's: for tests of the merge across tiles.
   std::optional<std::pair<std::int64_t, std::int64_t>> tile_shape;
+  /// Threads reducing the zones of a tile (polygon zones): 0 every CPU, n > 0 that many.
+  /// Results do not depend on it: each zone is reduced by one thread.
+  int threads = 0;
   /// How raster files are opened (zonal_stats_file).
   OpenOptions open;
   /// Called after each tile with (tiles done, total), if set.
