@@ -75,26 +75,43 @@ void add_edge(PixelPoint p, PixelPoint q, double factor, std::int64_t height, st
   }
 }
 
+// The signed area of @p ring in each pixel of the window, into acc (h rows of w + 1: the
+// running sums of coverage.hpp, then each pixel's area).
+void ring_areas(const PixelRing& ring, const RasterWindow& window, std::vector<double>& acc) {
+  const std::int64_t h = window.height, w = window.width;
+  acc.assign(static_cast<std::size_t>(h * (w + 1)), 0.0);
+  const auto ox = static_cast<double>(window.col_off), oy = static_cast<double>(window.row_off);
+  for (std::size_t i = 0; i + 1 < ring.points.size(); ++i) {
+    const PixelPoint p{ring.points[i].x - ox, ring.points[i].y - oy};
+    const PixelPoint q{ring.points[i + 1].x - ox, ring.points[i + 1].y - oy};
+    add_edge(p, q, ring.factor, h, w, acc.data());
+  }
+  for (std::int64_t r = 0; r < h; ++r) {
+    double run = 0;
+    double* a = acc.data() + r * (w + 1);
+    for (std::int64_t c = 0; c < w; ++c) {
+      run += a[c];
+      a[c] = std::abs(run) < coverage_epsilon ? 0.0 : run;
+    }
+  }
+}
+
+// Each ring's fractions are rounded to float32 and summed in float32, ring by ring (exteriors
+// add, holes subtract, parts add), as exactextract sums them in its float32 coverage matrix: so
+// a pixel of a polygon with a hole gets exactly exactextract's coverage, float32(1) -
+// float32(hole), not the float32 of the exact difference.
 void fractional(const PixelZone& zone, const RasterWindow& window, CoverageScratch& scratch,
                 std::vector<float>& out) {
   const std::int64_t h = window.height, w = window.width;
   auto& acc = scratch.accumulate;
-  acc.assign(static_cast<std::size_t>(h * (w + 1)), 0.0);
-  const auto ox = static_cast<double>(window.col_off), oy = static_cast<double>(window.row_off);
-  for (const PixelRing& ring : zone.rings) {
-    for (std::size_t i = 0; i + 1 < ring.points.size(); ++i) {
-      const PixelPoint p{ring.points[i].x - ox, ring.points[i].y - oy};
-      const PixelPoint q{ring.points[i + 1].x - ox, ring.points[i + 1].y - oy};
-      add_edge(p, q, ring.factor, h, w, acc.data());
-    }
-  }
-  for (std::int64_t r = 0; r < h; ++r) {
-    double run = 0;
-    const double* a = acc.data() + r * (w + 1);
-    float* o = out.data() + r * w;
-    for (std::int64_t c = 0; c < w; ++c) {
-      run += a[c];
-      o[c] = std::abs(run) < coverage_epsilon ? 0.0f : static_cast<float>(run);
+  for (std::size_t k = 0; k < zone.rings.size(); ++k) {
+    ring_areas(zone.rings[k], window, acc);
+    for (std::int64_t r = 0; r < h; ++r) {
+      const double* a = acc.data() + r * (w + 1);
+      float* o = out.data() + r * w;
+      for (std::int64_t c = 0; c < w; ++c) {
+        o[c] += static_cast<float>(a[c]);
+      }
     }
   }
 }

@@ -10,13 +10,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
-#include <mutex>
-#include <thread>
 #include <cmath>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 namespace vibespatial::raster {

@@ -462,3 +462,42 @@ TEST_CASE("the table as JSON and CSV: nulls, frac, text zones") {
         "zone,band,count,mean,frac\n\"a\"\"b\",1,2.5,0.10000000000000001,\"1:0.25;2:0.75\"\n"
         "\"c,d\",1,0,,\n");
 }
+
+TEST_CASE("zonal_stats: a million polygon zones in one pass") {
+  // 1000 x 1000 pixels, one unit square per pixel shifted by half a pixel: each covers four
+  // quarter pixels (the last row and column half outside), tiles of 256 x 256.
+  const std::int64_t n = 1000;
+  std::vector<float> v(static_cast<std::size_t>(n * n));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 7);
+  const auto raster = vsr::OwnedRasterArray::from_host(v.data(), vsr::DType::float32, 1, n, n, {},
+                                                       vsr::Affine{1, 0, 0, 0, -1, 1000});
+  vsr::ZoneSet zones;
+  zones.geometries.reserve(static_cast<std::size_t>(n * n));
+  for (std::int64_t r = 0; r < n; ++r) {
+    for (std::int64_t c = 0; c < n; ++c) {
+      const double x = c + 0.5, y = 1000 - r - 1.5;
+      zones.geometries.push_back({{{{x, y}, {x + 1, y}, {x + 1, y + 1}, {x, y + 1}}}});
+    }
+  }
+  vsr::ZonalOptions o;
+  o.stats = {"count", "sum", "cell_count"};
+  o.tile_shape = std::pair<std::int64_t, std::int64_t>{256, 256};
+  const auto t = vsr::zonal_stats(raster, zones, o);
+  REQUIRE(t.rows() == static_cast<std::size_t>(n * n));
+  std::size_t inside = 0;
+  for (std::int64_t r = 0; r < n; ++r) {
+    for (std::int64_t c = 0; c < n; ++c) {
+      const auto k = static_cast<std::size_t>(r * n + c);
+      const bool edge = r == n - 1 || c == n - 1;
+      if (edge) continue;
+      ++inside;
+      const double want = 0.25 * (v[k] + v[k + 1] + v[k + n] + v[k + n + 1]);
+      if (t.column("count")[k] != 1 || t.column("sum")[k] != want ||
+          t.column("cell_count")[k] != 4) {
+        FAIL("zone " << k << ": count " << t.column("count")[k] << " sum " << t.column("sum")[k]);
+      }
+    }
+  }
+  CHECK(inside == static_cast<std::size_t>((n - 1) * (n - 1)));
+  CHECK(t.column("count")[static_cast<std::size_t>(n * n - 1)] == 0.25);
+}
