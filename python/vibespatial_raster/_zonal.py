@@ -135,8 +135,9 @@ def zonal_stats(raster: Any, zones: Any, *, stats: str | Sequence[str] = DEFAULT
     names = _stats(stats)
     band_list = [int(b) for b in (bands or [])]
     tile = None if tile_shape is None else (int(tile_shape[0]), int(tile_shape[1]))
-    common = dict(pixels=pixels, stats=names, quantile=float(quantile), bands=band_list,
-                  memory_budget=int(memory_budget), tile_shape=tile, progress=progress)
+    common: dict[str, Any] = dict(pixels=pixels, stats=names, quantile=float(quantile),
+                                  bands=band_list, memory_budget=int(memory_budget),
+                                  tile_shape=tile, progress=progress)
     raster_path = _path(raster)
     if raster_path is not None:
         weights_path = "" if weights is None else _path(weights)
