@@ -46,14 +46,13 @@ def main() -> None:
     import shapely
     from shapely.geometry import mapping
 
-    from vibespatial_raster import ops
     from vibespatial_raster.buffers import OwnedRasterArray
 
     a, geoms = make(args.size, args.zones)
     stats = ["count", "sum", "mean", "min", "max", "stdev"]
     size = args.size
     src = NumPyRasterSource(a, 0, 0, size, size, nodata=-9999)
-    feats = [{"type": "Feature", "properties": {"id": i}, "geometry": mapping(g)}
+    feats = [{"type": "Feature", "id": i, "properties": {"id": i}, "geometry": mapping(g)}
              for i, g in enumerate(geoms)]
     results = {}
     for strategy in ("feature-sequential", "raster-sequential"):
@@ -64,14 +63,18 @@ def main() -> None:
         print(f"exactextract {strategy}: {results[strategy][0]:.2f} s")
     raster = OwnedRasterArray.from_numpy(a, nodata=-9999, affine=(1, 0, 0, 0, -1, size))
     wkb = [shapely.to_wkb(g) for g in geoms]
-    from vibespatial_raster import _core
-    t0 = time.perf_counter()
-    ours = _core.zonal_stats_raster(raster._as_native(), wkb, None, None, None, None,
-                                    "fractional", stats, 0.9, [], 0, None, None)
-    elapsed = time.perf_counter() - t0
+    from vibespatial_raster import _core, _zonal
     best = min(v[0] for v in results.values())
-    print(f"vibespatial zonal_stats: {elapsed:.2f} s ({best / elapsed:.2f}x exactextract's fastest)")
-    got = ops._zonal._columns(ours)
+    for threads in (1, 0):
+        t0 = time.perf_counter()
+        ours = _core.zonal_stats_raster(raster._as_native(), wkb, None, None, None, None,
+                                        "fractional", stats, 0.9, [], 0, None, None,
+                                        threads=threads)
+        elapsed = time.perf_counter() - t0
+        label = "1 thread" if threads == 1 else "every CPU"
+        print(f"vibespatial zonal_stats ({label}): {elapsed:.2f} s "
+              f"({best / elapsed:.2f}x exactextract's fastest)")
+    got = _zonal._columns(ours)
     want = results["feature-sequential"][1]
     np.testing.assert_allclose(got["count"], want["count"], rtol=1e-9)
     used = got["count"] > 0

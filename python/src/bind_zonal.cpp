@@ -56,8 +56,10 @@ vsr::ZonalOptions options_of(const std::string& pixels, const std::vector<std::s
                              double quantile, const std::vector<int>& bands,
                              std::uint64_t memory_budget,
                              std::optional<std::pair<std::int64_t, std::int64_t>> tile_shape,
-                             std::optional<nb::callable> progress, bool allow_virtual) {
+                             std::optional<nb::callable> progress, bool allow_virtual,
+                             int threads) {
   vsr::ZonalOptions o;
+  o.threads = threads;
   o.pixels = vsr::pixel_rule_from_string(pixels);
   o.stats = stats;
   o.quantile = quantile;
@@ -107,9 +109,10 @@ void bind_zonal(nb::module_& m) {
          const std::vector<std::string>& stats, double quantile, const std::vector<int>& bands,
          std::uint64_t memory_budget,
          std::optional<std::pair<std::int64_t, std::int64_t>> tile_shape,
-         std::optional<nb::callable> progress, bool allow_virtual) {
-        const vsr::ZonalOptions o = options_of(pixels, stats, quantile, bands, memory_budget,
-                                               tile_shape, std::move(progress), allow_virtual);
+         std::optional<nb::callable> progress, bool allow_virtual, int threads) {
+        const vsr::ZonalOptions o =
+            options_of(pixels, stats, quantile, bands, memory_budget, tile_shape,
+                       std::move(progress), allow_virtual, threads);
         vsr::ZonalTable t;
         {
           GilRelease release;
@@ -119,7 +122,7 @@ void bind_zonal(nb::module_& m) {
       },
       "raster"_a, "zones"_a, "layer"_a, "zone_field"_a, "weights"_a, "pixels"_a, "stats"_a,
       "quantile"_a, "bands"_a, "memory_budget"_a, "tile_shape"_a.none(), "progress"_a.none(),
-      "allow_virtual"_a);
+      "allow_virtual"_a, "threads"_a = 0);
   m.def(
       "zonal_stats_file_wkb",
       [](const std::string& raster, const std::vector<nb::bytes>& wkb,
@@ -128,9 +131,10 @@ void bind_zonal(nb::module_& m) {
          const std::vector<std::string>& stats, double quantile, const std::vector<int>& bands,
          std::uint64_t memory_budget,
          std::optional<std::pair<std::int64_t, std::int64_t>> tile_shape,
-         std::optional<nb::callable> progress, bool allow_virtual) {
-        const vsr::ZonalOptions o = options_of(pixels, stats, quantile, bands, memory_budget,
-                                               tile_shape, std::move(progress), allow_virtual);
+         std::optional<nb::callable> progress, bool allow_virtual, int threads) {
+        const vsr::ZonalOptions o =
+            options_of(pixels, stats, quantile, bands, memory_budget, tile_shape,
+                       std::move(progress), allow_virtual, threads);
         const vsr::ZoneSet zones = zones_of(wkb, std::move(ids_kind), std::move(ids));
         vsr::ZonalTable t;
         {
@@ -141,7 +145,7 @@ void bind_zonal(nb::module_& m) {
       },
       "raster"_a, "wkb"_a, "ids_kind"_a.none(), "ids"_a.none(), "weights"_a, "pixels"_a, "stats"_a,
       "quantile"_a, "bands"_a, "memory_budget"_a, "tile_shape"_a.none(), "progress"_a.none(),
-      "allow_virtual"_a);
+      "allow_virtual"_a, "threads"_a = 0);
   m.def(
       "zonal_stats_raster",
       [](const Raster& raster, std::optional<std::vector<nb::bytes>> wkb,
@@ -150,9 +154,9 @@ void bind_zonal(nb::module_& m) {
          const std::string& pixels, const std::vector<std::string>& stats, double quantile,
          const std::vector<int>& bands, std::uint64_t memory_budget,
          std::optional<std::pair<std::int64_t, std::int64_t>> tile_shape,
-         std::optional<nb::callable> progress) {
+         std::optional<nb::callable> progress, int threads) {
         const vsr::ZonalOptions o = options_of(pixels, stats, quantile, bands, memory_budget,
-                                               tile_shape, std::move(progress), false);
+                                               tile_shape, std::move(progress), false, threads);
         std::optional<vsr::ZoneSet> zones;
         if (wkb) zones = zones_of(*wkb, std::move(ids_kind), std::move(ids));
         vsr::ZonalTable t;
@@ -166,7 +170,7 @@ void bind_zonal(nb::module_& m) {
       },
       "raster"_a, "wkb"_a.none(), "ids_kind"_a.none(), "ids"_a.none(), "zone_raster"_a.none(),
       "weights"_a.none(), "pixels"_a, "stats"_a, "quantile"_a, "bands"_a, "memory_budget"_a,
-      "tile_shape"_a.none(), "progress"_a.none());
+      "tile_shape"_a.none(), "progress"_a.none(), "threads"_a = 0);
   m.def("zonal_stat_names", &vsr::zonal_stat_names);
 }
 

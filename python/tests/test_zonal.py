@@ -125,6 +125,10 @@ def test_weighted_stats_equal_exactextract_and_tiles_do_not_change_results():
     used = whole["count"] > 0
     close(whole["weighted_mean"], want["weighted_mean"], 1e-9)
     close(whole["weighted_sum"][used], want["weighted_sum"][used], 1e-9)
+    one_thread = ops.zonal_stats(raster(a), geoms, stats=stats, threads=1,
+                                 weights=OwnedRasterArray.from_numpy(w, affine=AFFINE))
+    for s in stats:
+        close(one_thread[s], whole[s], 0)
     for shape in ((1, 1), (7, 5), (60, 3), (2, 70)):
         tiled = ops.zonal_stats(raster(a), geoms, stats=stats, tile_shape=shape,
                                 weights=OwnedRasterArray.from_numpy(w, affine=AFFINE))

@@ -113,7 +113,7 @@ def zonal_stats(raster: Any, zones: Any, *, stats: str | Sequence[str] = DEFAULT
                 layer: str | None = None, zone_field: str | None = None, ids: Any = None,
                 memory_budget: int = 0, tile_shape: tuple[int, int] | None = None,
                 progress: Callable[[int, int], Any] | None = None,
-                allow_virtual: bool = False) -> ZonalResult:
+                allow_virtual: bool = False, threads: int = 0) -> ZonalResult:
     """Zonal statistics of ``raster`` over ``zones``, one row per zone and band.
 
     ``raster``: a raster file path, or a host :class:`OwnedRasterArray` (its affine places it).
@@ -127,7 +127,8 @@ def zonal_stats(raster: Any, zones: Any, *, stats: str | Sequence[str] = DEFAULT
     path with a path raster, an OwnedRasterArray with an in-memory one) for weighted_mean and
     weighted_sum. ``bands``: 1-based bands (default all). ``memory_budget``: host bytes of the
     tiles read at once (0: 256 MiB); ``tile_shape`` forces a tiling. ``progress(done, total)``
-    is called after each tile. The GIL is released while it runs.
+    is called after each tile. ``threads``: threads reducing a tile's zones (0: every CPU; results
+    do not depend on it). The GIL is released while it runs.
 
     Raises ZonalInputError (a ValueError) for bad zones or options, FileNotFoundError for a
     missing file.
@@ -137,7 +138,7 @@ def zonal_stats(raster: Any, zones: Any, *, stats: str | Sequence[str] = DEFAULT
     tile = None if tile_shape is None else (int(tile_shape[0]), int(tile_shape[1]))
     common: dict[str, Any] = dict(pixels=pixels, stats=names, quantile=float(quantile),
                                   bands=band_list, memory_budget=int(memory_budget),
-                                  tile_shape=tile, progress=progress)
+                                  tile_shape=tile, progress=progress, threads=int(threads))
     raster_path = _path(raster)
     if raster_path is not None:
         weights_path = "" if weights is None else _path(weights)
