@@ -6,6 +6,7 @@
 
 #include <vibespatial/raster/zonal.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,10 @@ namespace vibespatial::raster::detail {
 void check_stats(const ZonalOptions& o, bool have_weights);
 /// Refuses (ZonalInputError naming @p what) a raster @p b not on @p a's grid.
 void check_same_grid(const RasterMetadata& a, const RasterMetadata& b, const std::string& what);
+/// Host bytes a run holds per pixel of a tile: @p m's tile, @p bands float64 copies, the
+/// coverage and running sums, and the weights' tile and copy when @p weights is set.
+std::uint64_t bytes_per_pixel(const RasterMetadata& m, std::size_t bands,
+                              std::optional<DType> weights);
 /// The plan of a run over @p m's grid at @p bytes_per_pixel host bytes (or o.tile_shape).
 RasterPlan zonal_plan(const RasterMetadata& m, std::uint64_t bytes_per_pixel,
                       const ZonalOptions& o);

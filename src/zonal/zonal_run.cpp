@@ -95,6 +95,15 @@ void check_same_grid(const RasterMetadata& a, const RasterMetadata& b, const std
   }
 }
 
+std::uint64_t bytes_per_pixel(const RasterMetadata& m, std::size_t bands,
+                              std::optional<DType> weights) {
+  // The tile as read, each used band's float64 copy, the coverage (float32) and the running sums
+  // (float64) of one zone's window, and the weights' tile and copy.
+  std::uint64_t bpp = static_cast<std::uint64_t>(m.band_count) * itemsize(m.dtype) + 8 * bands + 12;
+  if (weights) bpp += itemsize(*weights) + 8;
+  return bpp;
+}
+
 RasterPlan zonal_plan(const RasterMetadata& m, std::uint64_t bytes_per_pixel,
                       const ZonalOptions& o) {
   RasterPlan plan;
@@ -201,16 +210,17 @@ Run start(TileSource& values, TileSource* weights, const ZonalOptions& o,
   r.nodata = values.band_nodata();
   r.bands = detail::selected_bands(o, r.meta.band_count);
   r.needs = detail::stat_needs(o.stats);
-  std::uint64_t bpp = static_cast<std::uint64_t>(r.meta.band_count) * itemsize(r.meta.dtype) +
-                      8 * r.bands.size() + 12 + extra_bytes_per_pixel;
+  std::optional<DType> weights_dtype;
   if (weights != nullptr) {
     const RasterMetadata wm = weights->metadata();
     detail::check_same_grid(r.meta, wm, "the weights raster");
     if (wm.band_count != 1)
       throw ZonalInputError("zonal_stats: the weights raster must have one band");
-    bpp += itemsize(wm.dtype) + 8;
+    weights_dtype = wm.dtype;
   }
-  r.plan = detail::zonal_plan(r.meta, bpp, o);
+  r.plan = detail::zonal_plan(
+      r.meta,
+      detail::bytes_per_pixel(r.meta, r.bands.size(), weights_dtype) + extra_bytes_per_pixel, o);
   if (r.plan.strategy == TilingStrategy::tiled) {
     r.tile_h = r.plan.tile_shape->first;
     r.tile_w = r.plan.tile_shape->second;
@@ -466,6 +476,14 @@ ZonalTable zonal_stats(const OwnedRasterArray& values, const OwnedRasterArray& z
   std::optional<RasterTileSource> w;
   if (weights != nullptr) w.emplace(*weights);
   return zonal_stats(source, zones, options, w ? &*w : nullptr);
+}
+
+RasterPlan zonal_stats_plan(const RasterMetadata& values, const ZonalOptions& options,
+                            std::optional<DType> weights, std::optional<DType> zone_raster) {
+  const std::vector<int> bands = detail::selected_bands(options, values.band_count);
+  std::uint64_t bpp = detail::bytes_per_pixel(values, bands.size(), weights);
+  if (zone_raster) bpp += itemsize(*zone_raster) + 8;
+  return detail::zonal_plan(values, bpp, options);
 }
 
 }  // namespace vibespatial::raster

@@ -319,6 +319,9 @@ TEST_CASE("zonal_stats: every statistic equals a direct computation, tiled equal
       std::int64_t progress_calls = 0;
       o.progress = [&](std::int64_t, std::int64_t) { ++progress_calls; };
       const vsr::ZonalTable tiled = vsr::zonal_stats(raster, zones, o);
+      const vsr::RasterPlan plan = vsr::zonal_stats_plan(raster.metadata(), o);
+      CHECK(plan.strategy == vsr::TilingStrategy::tiled);
+      CHECK(plan.n_tiles == progress_calls);
       CHECK(progress_calls ==
             ((40 + shape.first - 1) / shape.first) * ((50 + shape.second - 1) / shape.second));
       for (std::size_t s = 0; s < o.stats.size(); ++s) {
@@ -444,6 +447,15 @@ TEST_CASE("zonal_stats refuses bad options and zones with ZonalInputError") {
   CHECK(vsr::parse_zonal_stats("count, sum,median") ==
         std::vector<std::string>{"count", "sum", "median"});
   CHECK_THROWS_AS(vsr::pixel_rule_from_string("centre"), vsr::ZonalInputError);
+  // The planner's plan: whole within the default budget, tiles within a small one.
+  vsr::ZonalOptions p;
+  CHECK(vsr::zonal_stats_plan(values.metadata(), p).strategy == vsr::TilingStrategy::whole);
+  vsr::RasterMetadata big = values.metadata();
+  big.height = big.width = 20000;
+  p.memory_budget = 64ull << 20;
+  const vsr::RasterPlan tiled = vsr::zonal_stats_plan(big, p, vsr::DType::float32);
+  CHECK(tiled.strategy == vsr::TilingStrategy::tiled);
+  CHECK(tiled.fits_budget);
 }
 
 TEST_CASE("the table as JSON and CSV: nulls, frac, text zones") {

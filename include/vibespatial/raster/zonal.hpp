@@ -182,6 +182,16 @@ VSR_EXPORT ZonalTable zonal_stats(const OwnedRasterArray& values,
                                   const OwnedRasterArray& zone_raster, const ZonalOptions& options,
                                   const OwnedRasterArray* weights = nullptr);
 
+/**
+ * @brief The plan a zonal_stats run over a raster of @p values' header follows (for a dry run):
+ * the planner's tiles within options.memory_budget (or options.tile_shape), with a weights
+ * raster of @p weights' dtype and a zone raster of @p zone_raster's when set.
+ * @throws ZonalInputError for a band outside the raster or a non-positive tile shape.
+ */
+VSR_EXPORT RasterPlan zonal_stats_plan(const RasterMetadata& values, const ZonalOptions& options,
+                                       std::optional<DType> weights = {},
+                                       std::optional<DType> zone_raster = {});
+
 /// Zones given as a file: a vector layer (polygons) or, when the file is a raster, a zone raster.
 struct ZoneFile {
   std::string path;
