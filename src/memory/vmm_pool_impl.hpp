@@ -9,7 +9,7 @@
 #include "memory/asymmetric_fence.hpp"
 #include "memory/device_pool.hpp"
 #include "memory/memory_history.hpp"
-#include "memory/pool_registry.hpp"
+#include "memory/process_facts.hpp"
 #include "memory/size_classes.hpp"
 
 #include <algorithm>
