@@ -113,6 +113,8 @@ void bind_rasters(nb::module_& m);
 void bind_ops(nb::module_& m);
 /// Raster files through GDAL.
 void bind_io(nb::module_& m);
+/// Zonal statistics (bind_zonal.cpp).
+void bind_zonal(nb::module_& m);
 
 // ---- errors (errors.cpp)
 // -------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 // vibespatial_raster._core: the nanobind bindings of the C++ library, used by the package's
 // Python modules (memory, dispatch, buffers, ops, io, allocators). Private: names and
 // signatures here may change with the Python modules; users import those. This file is the
-// module's init; the bindings are in bind_memory.cpp, bind_rasters.cpp, bind_ops.cpp and
-// bind_io.cpp, their conventions in bindings.hpp.
+// module's init; the bindings are in bind_memory.cpp, bind_rasters.cpp, bind_ops.cpp,
+// bind_io.cpp and bind_zonal.cpp, their conventions in bindings.hpp.
 #include "bindings.hpp"
 
 #include <atomic>
@@ -36,6 +36,7 @@ NB_MODULE(_core, m) {
   vsr_python::bind_rasters(m);
   vsr_python::bind_ops(m);
   vsr_python::bind_io(m);
+  vsr_python::bind_zonal(m);
 
   g_module_initialized.store(true);
 }

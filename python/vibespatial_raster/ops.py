@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Band operations of the C++ library (Thrust/CUB): statistics, rescale, clip, nodata fill,
 normalized difference, histograms and a 3x3 focal mean, for all ten raster dtypes; band math
-(:func:`calc`) and chains of operations read once (:class:`Pipeline`).
+(:func:`calc`), chains of operations read once (:class:`Pipeline`), and zonal statistics
+(:func:`zonal_stats`).
 
 An operation runs where its input lives: a host raster on the CPU (all cores; the GIL is
 released), a device raster on the GPU when the library was built with CUDA
@@ -25,11 +26,14 @@ import numpy as np
 
 from . import _core
 from ._dtypes import raster_dtype
+from ._zonal import ZonalInputError, ZonalResult, zonal_stat_names, zonal_stats
 from .buffers import OwnedRasterArray
 
 __all__ = [
     "BandStatistics",
     "Pipeline",
+    "ZonalInputError",
+    "ZonalResult",
     "band_statistics",
     "calc",
     "clip",
@@ -40,6 +44,8 @@ __all__ = [
     "normalized_difference",
     "ops_built_with_cuda",
     "rescale",
+    "zonal_stat_names",
+    "zonal_stats",
 ]
 
 _EDGES = ("nearest", "reflect", "constant_nodata")

@@ -12,10 +12,13 @@
 #include <vibespatial/raster/memory.hpp>
 #include <vibespatial/raster/memory_history.hpp>
 #include <vibespatial/raster/warp.hpp>
+#include <vibespatial/raster/outputs.hpp>
+#include <vibespatial/raster/zonal.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -34,11 +37,13 @@ namespace {
 constexpr std::size_t kPoolStatsV1Size = offsetof(vsr_pool_stats, tier_reason);
 constexpr std::size_t kPlanOptionsV1Size = sizeof(vsr_plan_options);
 constexpr std::size_t kRasterPlanV1Size = sizeof(vsr_raster_plan);
+constexpr std::size_t kZonalOptionsV1Size = sizeof(vsr_zonal_options);
 
 static_assert(offsetof(vsr_pool_stats, tier_reason) == 200, "vsr_pool_stats layout is ABI");
 static_assert(sizeof(vsr_pool_stats) == 200 + VSR_TIER_REASON_CAPACITY, "fields are appended only");
 static_assert(sizeof(vsr_plan_options) == 48, "vsr_plan_options layout is ABI");
 static_assert(sizeof(vsr_raster_plan) == 64, "vsr_raster_plan layout is ABI");
+static_assert(sizeof(vsr_zonal_options) == 80, "vsr_zonal_options layout is ABI");
 static_assert(VSR_DTYPE_FLOAT64 == static_cast<int>(vsr::DType::float64));
 static_assert(VSR_DTYPE_UINT8 == static_cast<int>(vsr::DType::uint8));
 static_assert(VSR_TILING_TILED == static_cast<int>(vsr::TilingStrategy::tiled));
@@ -477,3 +482,58 @@ vsr_status vsr_warp_file(const char* input, const char* output, const vsr_warp_o
 }
 
 }  // extern "C"
+
+vsr_status vsr_zonal_options_init(vsr_zonal_options* opts) {
+  return guarded(__func__, [&] {
+    VSR_EXPECTS(opts != nullptr, "opts is NULL");
+    *opts = vsr_zonal_options{};
+    opts->struct_size = sizeof(vsr_zonal_options);
+    opts->quantile = vsr::ZonalOptions{}.quantile;
+  });
+}
+
+vsr_status vsr_zonal_stats(const char* raster, const char* zones, const vsr_zonal_options* opts,
+                           const char* out_path, int overwrite, char** text_out, size_t* text_len) {
+  return guarded(__func__, [&] {
+    VSR_EXPECTS(raster != nullptr, "raster is NULL");
+    VSR_EXPECTS(zones != nullptr, "zones is NULL");
+    VSR_EXPECTS(out_path != nullptr || text_out != nullptr, "out_path and text_out are NULL");
+    vsr::ZonalOptions o;
+    vsr::ZoneFile zf{zones, "", ""};
+    std::string weights;
+    if (opts != nullptr) {
+      check_struct_size("opts", "vsr_zonal_options", opts->struct_size, kZonalOptionsV1Size,
+                        ": fill it with vsr_zonal_options_init");
+      if (opts->pixels != nullptr) o.pixels = vsr::pixel_rule_from_string(opts->pixels);
+      if (opts->stats != nullptr) o.stats = vsr::parse_zonal_stats(opts->stats);
+      o.quantile = opts->quantile;
+      VSR_EXPECTS(opts->bands != nullptr || opts->band_count == 0, "opts->bands is NULL");
+      o.bands.assign(opts->bands, opts->bands + opts->band_count);
+      if (opts->layer != nullptr) zf.layer = opts->layer;
+      if (opts->zone_field != nullptr) zf.zone_field = opts->zone_field;
+      if (opts->weights != nullptr) weights = opts->weights;
+      o.memory_budget = opts->memory_budget;
+    }
+    if (out_path != nullptr) {
+      // Refused before anything is computed, as the writer would refuse it after.
+      vsr::check_output_path(out_path, overwrite != 0,
+                             {{"the raster", raster}, {"the zones", zones}});
+    }
+    const vsr::ZonalTable table = vsr::zonal_stats_file(raster, zf, o, weights);
+    if (out_path != nullptr) {
+      vsr::write_zonal_table(table, out_path, overwrite != 0,
+                             {{"the raster", raster}, {"the zones", zones}});
+      return;
+    }
+    const std::string json = vsr::zonal_table_json(table);
+    char* text = static_cast<char*>(std::malloc(json.size() + 1));
+    if (text == nullptr) throw std::bad_alloc();
+    std::memcpy(text, json.c_str(), json.size() + 1);
+    *text_out = text;
+    if (text_len != nullptr) *text_len = json.size();
+  });
+}
+
+void vsr_free_text(char* text) {
+  std::free(text);
+}

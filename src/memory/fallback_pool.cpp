@@ -7,6 +7,7 @@
 // In a snapshot each cuMemAlloc is a segment of one block (memory_history.hpp): active_allocated
 // while live, inactive while cached; the history records it as segment_alloc and segment_free.
 #include "memory/device_pool.hpp"
+#include "memory/driver_blocks.hpp"
 
 #include <iterator>
 #include <map>
@@ -21,7 +22,7 @@ constexpr std::size_t kRounding = 512;
 
 class FallbackPool final : public DevicePool {
  public:
-  explicit FallbackPool(int device) : DevicePool(device), marks_(device) {}
+  explicit FallbackPool(int device) : DevicePool(device), live_(device), marks_(device) {}
   ~FallbackPool() override { teardown(); }
 
   void* allocate(std::size_t bytes, CUstream stream) override {
@@ -62,8 +63,7 @@ class FallbackPool final : public DevicePool {
 
   void deallocate(void* ptr, std::size_t bytes, CUstream stream) override {
     std::lock_guard lock(mutex_);
-    auto it = live_.find(reinterpret_cast<CUdeviceptr>(ptr));
-    expect_live_block(ptr, it == live_.end() ? nullptr : &it->second.bytes, bytes);
+    auto it = live_.expect_live(ptr, bytes);
     if (stream == CU_STREAM_LEGACY) stream = nullptr;
     MarkRef mark = marks_.record(stream, stream_key(stream));  // may throw: nothing changed yet
     const std::size_t size = it->second.size;
@@ -81,7 +81,7 @@ class FallbackPool final : public DevicePool {
   bool owns(const void* ptr) const noexcept override {
     std::lock_guard lock(mutex_);
     const auto p = reinterpret_cast<CUdeviceptr>(ptr);
-    if (live_.count(p) != 0) return true;
+    if (live_.has(p)) return true;
     for (const auto& [size, c] : cached_) {
       if (c.ptr == p) return true;
     }
@@ -91,10 +91,7 @@ class FallbackPool final : public DevicePool {
   BlockAt block_at(const void* ptr) const override {
     const auto p = reinterpret_cast<CUdeviceptr>(ptr);
     std::lock_guard lock(mutex_);
-    auto it = live_.upper_bound(p);
-    if (it != live_.begin() && p - std::prev(it)->first < std::prev(it)->second.size) {
-      return {BlockAt::Kind::live, std::prev(it)->first, std::prev(it)->second.bytes};
-    }
+    if (const BlockAt live = live_.holding(p); live.kind != BlockAt::Kind::none) return live;
     for (const auto& [size, c] : cached_) {
       if (p >= c.ptr && p - c.ptr < size) return {BlockAt::Kind::not_live};
     }
@@ -129,8 +126,7 @@ class FallbackPool final : public DevicePool {
 
   void collect_segments(std::vector<MemorySnapshotSegment>& out) const override {
     const std::size_t first = out.size();
-    for (const auto& [p, b] : live_)
-      out.push_back(driver_allocation_segment(device_, p, b.size, b.bytes));
+    live_.collect_segments(out);
     for (const auto& [size, c] : cached_)
       out.push_back(driver_allocation_segment(device_, c.ptr, size, 0));
     sort_by_address(out, first);
@@ -143,11 +139,7 @@ class FallbackPool final : public DevicePool {
 
   void collect_owned_locked(std::uint16_t session,
                             std::vector<history::OwnedBlock>& out) const override {
-    for (const auto& [p, b] : live_) {
-      if (b.owner != 0 && history::stamp_session(b.owner) == session) {
-        out.push_back({p, b.bytes, history::stamp_tag(b.owner)});
-      }
-    }
+    live_.collect_owned(session, out);
   }
 
   void fill_stats(MemoryPoolStats& s) const noexcept override {
@@ -164,7 +156,7 @@ class FallbackPool final : public DevicePool {
   std::string describe() const override {
     std::lock_guard lock(mutex_);
     return "the fallback pool holds " + format_bytes(used_bytes_ + cached_bytes_) + " (" +
-           format_bytes(used_bytes_) + " live in " + std::to_string(live_.size()) + " blocks, " +
+           format_bytes(used_bytes_) + " live in " + std::to_string(live_.count()) + " blocks, " +
            format_bytes(cached_bytes_) + " cached free)";
   }
 
@@ -180,7 +172,7 @@ class FallbackPool final : public DevicePool {
         }
         // Live blocks may still be in use by queued work: cuMemFree need not wait (§3.5).
         if (!live_.empty()) ds.api.cuCtxSynchronize();
-        for (auto& [p, b] : live_) ds.api.cuMemFree(p);
+        for (const auto& [p, b] : live_.all()) ds.api.cuMemFree(p);
         cached_.clear();  // the marks' events go back to the factory, destroyed in the context
         marks_.destroy_all();
       } catch (...) {
@@ -194,11 +186,6 @@ class FallbackPool final : public DevicePool {
   }
 
  private:
-  struct Live {
-    std::size_t size;         // rounded
-    std::size_t bytes;        // requested
-    std::uint64_t owner = 0;  // its owner stamp, when allocated while recording
-  };
   struct Cached {
     CUdeviceptr ptr;
     MarkRef mark;
@@ -206,11 +193,7 @@ class FallbackPool final : public DevicePool {
 
   // Mutex held.
   void* hand_out(CUdeviceptr p, std::size_t size, std::size_t bytes, CUstream stream) {
-    Live& block = live_.emplace(p, Live{size, bytes}).first->second;
-    if (history::on()) {  // a fresh time stamp: this tier does not keep the thread's clock fresh
-      block.owner =
-          history::record_alloc(device_, p, bytes, reinterpret_cast<std::uintptr_t>(stream), true);
-    }
+    live_.add(p, size, bytes, stream);  // sizes rounded up
     used_bytes_ += size;
     usage_.on_allocate(bytes);
     return reinterpret_cast<void*>(p);
@@ -237,7 +220,7 @@ class FallbackPool final : public DevicePool {
   }
 
   mutable std::mutex mutex_;
-  std::map<CUdeviceptr, Live> live_;  // ordered: block_at finds interior addresses
+  DriverBlocks live_;
   std::multimap<std::size_t, Cached> cached_;
   std::size_t used_bytes_ = 0;
   std::size_t cached_bytes_ = 0;

@@ -3,6 +3,7 @@
 // snapshot each allocation is a segment of one block (memory_history.hpp), got and given back
 // as segment_alloc and segment_free in the history.
 #include "memory/device_pool.hpp"
+#include "memory/driver_blocks.hpp"
 
 #include <iterator>
 #include <map>
@@ -18,7 +19,7 @@ namespace {
 // allocation that finds the device full wait for it).
 class ManagedPool final : public DevicePool {
  public:
-  explicit ManagedPool(int device) : DevicePool(device), marks_(device) {}
+  explicit ManagedPool(int device) : DevicePool(device), live_(device), marks_(device) {}
   ~ManagedPool() override { teardown(); }
 
   void* allocate(std::size_t bytes, CUstream stream) override {
@@ -35,20 +36,15 @@ class ManagedPool final : public DevicePool {
     }
     if (r == CUDA_ERROR_OUT_OF_MEMORY) throw DeviceFull{bytes};
     if (r != CUDA_SUCCESS) throw_cuda_error(r, "cuMemAllocManaged", __FILE__, __LINE__);
-    Live& block = live_.emplace(p, Live{bytes}).first->second;
     note_driver_allocation(MemoryAction::segment_alloc, device_, p, bytes);
-    if (history::on()) {  // a fresh time stamp: this tier does not keep the thread's clock fresh
-      block.owner =
-          history::record_alloc(device_, p, bytes, reinterpret_cast<std::uintptr_t>(stream), true);
-    }
+    live_.add(p, bytes, bytes, stream);  // its alloc event after the segment's
     usage_.on_allocate(bytes);
     return reinterpret_cast<void*>(p);
   }
 
   void deallocate(void* ptr, std::size_t bytes, CUstream stream) override {
     std::lock_guard lock(mutex_);
-    auto it = live_.find(reinterpret_cast<CUdeviceptr>(ptr));
-    expect_live_block(ptr, it == live_.end() ? nullptr : &it->second.bytes, bytes);
+    auto it = live_.expect_live(ptr, bytes);
     if (stream == CU_STREAM_LEGACY) stream = nullptr;
     ScopedDeviceContext scope(device_);
     // The work queued on `stream` so far may still use the block.
@@ -72,16 +68,13 @@ class ManagedPool final : public DevicePool {
 
   bool owns(const void* ptr) const noexcept override {
     std::lock_guard lock(mutex_);
-    return live_.count(reinterpret_cast<CUdeviceptr>(ptr)) != 0;
+    return live_.has(reinterpret_cast<CUdeviceptr>(ptr));
   }
 
   BlockAt block_at(const void* ptr) const override {
     const auto p = reinterpret_cast<CUdeviceptr>(ptr);
     std::lock_guard lock(mutex_);
-    auto it = live_.upper_bound(p);
-    if (it != live_.begin() && p - std::prev(it)->first < std::prev(it)->second.bytes) {
-      return {BlockAt::Kind::live, std::prev(it)->first, std::prev(it)->second.bytes};
-    }
+    if (const BlockAt live = live_.holding(p); live.kind != BlockAt::Kind::none) return live;
     for (const Pending& f : pending_) {
       if (p >= f.ptr && p - f.ptr < f.bytes) return {BlockAt::Kind::not_live};
     }
@@ -109,9 +102,7 @@ class ManagedPool final : public DevicePool {
 
   void collect_segments(std::vector<MemorySnapshotSegment>& out) const override {
     const std::size_t first = out.size();
-    for (const auto& [p, b] : live_) {
-      out.push_back(driver_allocation_segment(device_, p, b.bytes, b.bytes));
-    }
+    live_.collect_segments(out);
     for (const Pending& f : pending_) {
       out.push_back(driver_allocation_segment(device_, f.ptr, f.bytes, 0));
     }
@@ -125,11 +116,7 @@ class ManagedPool final : public DevicePool {
 
   void collect_owned_locked(std::uint16_t session,
                             std::vector<history::OwnedBlock>& out) const override {
-    for (const auto& [p, b] : live_) {
-      if (b.owner != 0 && history::stamp_session(b.owner) == session) {
-        out.push_back({p, b.bytes, history::stamp_tag(b.owner)});
-      }
-    }
+    live_.collect_owned(session, out);
   }
 
   void fill_stats(MemoryPoolStats& s) const noexcept override {
@@ -145,7 +132,7 @@ class ManagedPool final : public DevicePool {
     std::lock_guard lock(mutex_);
     return "managed memory: " +
            format_bytes(static_cast<std::size_t>(usage_.current_bytes.load())) + " live in " +
-           std::to_string(live_.size()) + " blocks";
+           std::to_string(live_.count()) + " blocks";
   }
 
   void teardown() noexcept override {
@@ -155,7 +142,7 @@ class ManagedPool final : public DevicePool {
       try {
         ScopedDeviceContext scope(device_);
         if (!live_.empty() || !pending_.empty()) ds.api.cuCtxSynchronize();
-        for (auto& [p, b] : live_) ds.api.cuMemFree(p);
+        for (const auto& [p, b] : live_.all()) ds.api.cuMemFree(p);
         for (const Pending& f : pending_) ds.api.cuMemFree(f.ptr);
         pending_.clear();  // the marks' events go back to the factory, destroyed in the context
         marks_.destroy_all();
@@ -169,10 +156,6 @@ class ManagedPool final : public DevicePool {
   }
 
  private:
-  struct Live {
-    std::size_t bytes;
-    std::uint64_t owner = 0;  // its owner stamp, when allocated while recording
-  };
   struct Pending {
     CUdeviceptr ptr;
     std::size_t bytes;
@@ -206,7 +189,7 @@ class ManagedPool final : public DevicePool {
   }
 
   mutable std::mutex mutex_;
-  std::map<CUdeviceptr, Live> live_;  // ordered: block_at finds interior addresses
+  DriverBlocks live_;
   std::vector<Pending> pending_;
   UsageCounters usage_;
   MarkFactory marks_;

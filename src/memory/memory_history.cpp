@@ -11,8 +11,7 @@
 // each pool keeps an owner stamp with every block allocated while recording (memory_owners.cpp).
 #include "memory/memory_history.hpp"
 
-#include "memory/memory_owners.hpp"
-#include "memory/registry_state.hpp"
+#include "memory/process_facts.hpp"
 #include "common/text_escape.hpp"
 
 #include <algorithm>
@@ -660,56 +659,31 @@ LibraryTag::~LibraryTag() {
   if (pushed_ && t_hot.tags.depth > 0) --t_hot.tags.depth;
 }
 
-}  // namespace vibespatial::raster::detail::history
-
-namespace vibespatial::raster {
-
-namespace h = detail::history;
-
-void record_memory_history(bool enabled, std::size_t max_entries) {
-  // The recorder's mutex may be held for ever in a child forked from a recording process.
-  if (detail::in_forked_child()) [[unlikely]]
-    detail::throw_forked_child(__func__);
-  h::Recorder& r = h::recorder();
-  // Orders starts and stops with the owners kept at a stop (memory_owners.hpp), which are read
-  // from the pools under their locks: never under the recorder's mutex, which the pools take
-  // under theirs.
-  static std::mutex control;
-  if (!enabled) {
-    std::lock_guard order(control);
-    bool was_on = false;
-    {
-      std::lock_guard lock(r.mutex);
-      was_on = h::g_on.load(std::memory_order_relaxed);
-      h::g_on.store(false, std::memory_order_relaxed);
-      h::drain_locked(r);  // what was recorded so far stays for a snapshot
-    }
-    if (was_on) detail::keep_owned_blocks();  // the owners too, as they were at the stop
-    return;
-  }
-  if (max_entries == 0) {
-    throw std::invalid_argument("record_memory_history: max_entries must be at least 1");
-  }
-  if (max_entries > kMaxMemoryHistoryEntries) {
-    throw std::out_of_range("record_memory_history: max_entries " + std::to_string(max_entries) +
-                            " is above the limit of " + std::to_string(kMaxMemoryHistoryEntries));
-  }
-  std::lock_guard order(control);
+bool stop() noexcept {
+  Recorder& r = recorder();
   std::lock_guard lock(r.mutex);
-  if (h::g_on.load(std::memory_order_relaxed)) {
-    h::drain_locked(r);
+  const bool was_on = g_on.load(std::memory_order_relaxed);
+  g_on.store(false, std::memory_order_relaxed);
+  drain_locked(r);  // what was recorded so far stays for a snapshot
+  return was_on;
+}
+
+bool start(std::size_t max_entries) {
+  Recorder& r = recorder();
+  std::lock_guard lock(r.mutex);
+  if (g_on.load(std::memory_order_relaxed)) {
+    drain_locked(r);
     r.capacity = max_entries;
-    h::trim_ring(r);
-    return;
+    trim_ring(r);
+    return false;
   }
   // A new history: events of the previous one still in thread buffers are discarded (clear_ring;
   // only an event being written by a thread that saw recording on before the stop can slip in,
   // as an event of the start's moment), and blocks stamped in it are not owned in this one.
-  std::uint32_t session = h::g_session.load(std::memory_order_relaxed) + 1;
+  std::uint32_t session = g_session.load(std::memory_order_relaxed) + 1;
   if ((session & 0xFFFF) == 0) ++session;  // a stamp's session is never 0
-  h::g_session.store(session, std::memory_order_relaxed);
-  detail::forget_owned_blocks();
-  h::clear_ring(r);
+  g_session.store(session, std::memory_order_relaxed);
+  clear_ring(r);
   r.capacity = max_entries;
   r.dropped = 0;
   r.dropped_until = 0;
@@ -718,9 +692,16 @@ void record_memory_history(bool enabled, std::size_t max_entries) {
   r.wall0_us = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                               std::chrono::system_clock::now().time_since_epoch())
                                               .count());
-  r.t0 = h::ticks();
-  h::g_on.store(true, std::memory_order_release);
+  r.t0 = ticks();
+  g_on.store(true, std::memory_order_release);
+  return true;
 }
+
+}  // namespace vibespatial::raster::detail::history
+
+namespace vibespatial::raster {
+
+namespace h = detail::history;
 
 bool memory_history_enabled() noexcept {
   return h::on();

@@ -41,6 +41,15 @@ inline std::uint64_t ticks() noexcept {
 #endif
 }
 
+/// Starts a new history of at most `max_entries` events (1 to kMaxMemoryHistoryEntries, which
+/// the caller checked), or, while recording, sets the bound to it. Returns whether a new history
+/// started. Takes the recorder's mutex. The public record_memory_history (memory_snapshot.cpp)
+/// orders it with the owners kept at a stop (memory_owners.hpp).
+bool start(std::size_t max_entries);
+/// Stops recording; what was recorded stays for a snapshot until the next start. Returns
+/// whether it was recording. Takes the recorder's mutex.
+bool stop() noexcept;
+
 /// Built-in tag ids.
 inline constexpr std::uint16_t kTagUser = 0;
 inline constexpr std::uint16_t kTagRaster = 1;

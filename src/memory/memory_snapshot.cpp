@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // memory_history.hpp's snapshot: every pool's segments and the recorded history, as PyTorch's
 // torch.cuda.memory._snapshot() dict, pickled (protocol 2) and written all or nothing by the
-// output writer (files/output_file.hpp; docs/memory-pool.md, "Memory history and snapshots").
+// output writer (files/output_file.hpp; docs/memory-pool.md, "Memory history and snapshots"); and
+// the public start and stop of the recording, which walk every pool for the owners kept at a stop
+// (memory_owners.hpp) over the recorder's own start and stop (memory_history.hpp).
 #include "common/expects.hpp"
 #include "files/output_file.hpp"
 #include "memory/memory_history.hpp"
 #include "memory/memory_owners.hpp"
 #include "memory/registry_state.hpp"
 
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -99,6 +103,33 @@ class StillPools {
 }  // namespace vibespatial::raster::detail
 
 namespace vibespatial::raster {
+
+void record_memory_history(bool enabled, std::size_t max_entries) {
+  // The recorder's mutex may be held for ever in a child forked from a recording process.
+  if (detail::in_forked_child()) [[unlikely]]
+    detail::throw_forked_child(__func__);
+  // Orders starts and stops with the owners kept at a stop (memory_owners.hpp), which are read
+  // from the pools under their locks: never under the recorder's mutex, which the pools take
+  // under theirs.
+  static std::mutex control;
+  if (!enabled) {
+    std::lock_guard order(control);
+    if (detail::history::stop()) detail::keep_owned_blocks();  // the owners as at the stop
+    return;
+  }
+  if (max_entries == 0) {
+    throw std::invalid_argument("record_memory_history: max_entries must be at least 1");
+  }
+  if (max_entries > kMaxMemoryHistoryEntries) {
+    throw std::out_of_range("record_memory_history: max_entries " + std::to_string(max_entries) +
+                            " is above the limit of " + std::to_string(kMaxMemoryHistoryEntries));
+  }
+  std::lock_guard order(control);
+  // A new history owns none of the blocks kept at the last stop; the forgetting comes before the
+  // start, while nothing records (`control` orders it with every stop).
+  if (!detail::history::on()) detail::forget_owned_blocks();
+  detail::history::start(max_entries);
+}
 
 MemorySnapshot memory_snapshot() {
   MemorySnapshot snap;

@@ -83,18 +83,6 @@ int current_device() {
   return bind_current_device();
 }
 
-std::atomic<bool> g_forked_child{false};
-
-void throw_forked_child(const char* function) {
-  throw DriverUnavailableError(
-      CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED",
-      std::string(function) +
-          ": this process was forked from one that had used the device memory pool, and CUDA "
-          "cannot be used after fork() without exec(): use the pool in the parent, or start "
-          "worker processes with exec (Python multiprocessing: the 'spawn' or 'forkserver' start "
-          "method)");
-}
-
 std::string configured_tier() noexcept {
   return tier_name(current_tier());
 }

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "memory/device_pool.hpp"
-#include "memory/pool_registry.hpp"
+#include "memory/process_facts.hpp"
 
 #include <vibespatial/raster/memory.hpp>
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 
 namespace vibespatial::raster::detail::vmm {
 
@@ -88,10 +89,17 @@ std::string VmmPool::check_locked() const {
     if (!page->open) return fail("a listed page is not marked open");
   }
   if (small_pages != small_pages_) return fail("small_pages_ is wrong");
-  for (const StuckMapping& m : stuck_) stuck_pages += m.handles.size();
+  for (const StuckMapping& m : stuck_) {
+    stuck_pages += m.pages;
+    if (m.handles.size() != (m.multi_page ? 1 : m.pages)) return fail("a stuck mapping's handles");
+  }
   if (small_pages + large_mapped + stuck_pages != pages_mapped_)
     return fail("pages_mapped_ is wrong");
-  if (pages_mapped_ + spare_.size() != pages_held_) return fail("held pages are unaccounted for");
+  std::size_t unreleased = 0;
+  for (const MultiPageHandle& m : unreleased_multi_) unreleased += m.pages;
+  if (pages_mapped_ + spare_.size() + unreleased != pages_held_)
+    return fail("held pages are unaccounted for");
+  if (std::string what = check_multi_locked(); !what.empty()) return fail(what);
   std::size_t free_pages = 0;
   for (const auto& [addr, range] : free_by_addr_) {
     free_pages += range.pages;
@@ -107,6 +115,42 @@ std::string VmmPool::check_locked() const {
   if (free_by_size_.size() != free_by_addr_.size()) return fail("the size index has extra entries");
   if (free_pages + large_live_pages_ != large_mapped) {
     return fail("large mapped pages are neither live nor free");
+  }
+  return {};
+}
+
+std::string VmmPool::check_multi_locked() const {
+  // Every multi-page handle is mapped whole in one large region, its pages naming it; no other
+  // page names it; handles do not overlap.
+  std::set<CUmemGenericAllocationHandle> multi_handles;
+  CUdeviceptr previous_end = 0;
+  for (const auto& [addr, m] : multi_) {
+    if (m.pages < 2 || m.handle == 0) return "a multi-page handle of fewer than 2 pages";
+    if (addr < previous_end) return "multi-page handles overlap";
+    previous_end = addr + m.pages * page_;
+    const int ri = region_of(addr);
+    if (ri < 0) return "a multi-page handle outside every region";
+    const Region& r = regions_[static_cast<std::size_t>(ri)];
+    if (r.small || previous_end > r.base + r.size)
+      return "a multi-page handle not in one large region";
+    const std::size_t first = (addr - r.base) / page_;
+    for (std::size_t i = first; i < first + m.pages; ++i) {
+      if (r.handles[i] != m.handle) return "a page of a multi-page handle names another handle";
+    }
+    if (!multi_handles.insert(m.handle).second) return "a multi-page handle is mapped twice";
+  }
+  if (multi_handles.empty()) return {};
+  const int n = region_count_.load(std::memory_order_relaxed);
+  std::size_t multi_pages = 0;
+  for (int i = 0; i < n; ++i) {
+    const Region& r = regions_[static_cast<std::size_t>(i)];
+    for (CUmemGenericAllocationHandle h : r.handles) multi_pages += multi_handles.count(h);
+  }
+  std::size_t expected = 0;
+  for (const auto& [addr, m] : multi_) expected += m.pages;
+  if (multi_pages != expected) return "a page outside a multi-page handle names it";
+  for (CUmemGenericAllocationHandle h : spare_) {
+    if (multi_handles.count(h) != 0) return "a multi-page handle is a spare page";
   }
   return {};
 }

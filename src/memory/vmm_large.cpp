@@ -16,14 +16,6 @@ bool VmmPool::range_idle(FreeRange& range) {
   return range.marks.empty();
 }
 
-std::map<CUdeviceptr, FreeRange>::iterator VmmPool::retire_unmapped_range(
-    std::map<CUdeviceptr, FreeRange>::iterator it) noexcept {
-  take_unmapped_handles(it->first, it->second.pages, spare_);
-  auto next = std::next(it);
-  erase_free(it);
-  return next;
-}
-
 void VmmPool::take_unmapped_handles(CUdeviceptr addr, std::size_t pages,
                                     std::vector<CUmemGenericAllocationHandle>& to) noexcept {
   Region& region = regions_[static_cast<std::size_t>(region_of(addr))];
@@ -91,7 +83,7 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream key, bool create) {
       if (!range_ready(it->second, key)) obstacles.emplace_back(it->first, it->second.pages);
     }
     for (const StuckMapping& m : stuck_) {
-      if (m.region == ri) obstacles.emplace_back(m.addr, m.handles.size());
+      if (m.region == ri) obstacles.emplace_back(m.addr, m.pages);
     }
     std::sort(obstacles.begin(), obstacles.end());
     // Among the gaps between obstacles, take the window with the most pages already mapped:
@@ -131,11 +123,37 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream key, bool create) {
   std::size_t holes = 0;
   for (std::size_t i = 0; i < pages; ++i) holes += region.handles[first + i] == 0 ? 1 : 0;
   std::vector<CUmemGenericAllocationHandle> fresh;
-  if (!acquire_pages(holes, window, window_end, fresh, create)) return 0;
-
-  // Map each run of holes; on failure, the pages mapped so far in this call go back as free.
   std::size_t next_fresh = 0;
+  // Undoes this call on failure: unused fresh pages go back to spare_ (those of a stuck mapping,
+  // entries map_pages set to 0, stay with it) and pages mapped so far become ordinary free pages.
+  // Idempotent: a page already in a free range is left as it is.
+  auto give_back = [&] {
+    std::copy_if(fresh.begin() + static_cast<std::ptrdiff_t>(next_fresh), fresh.end(),
+                 std::back_inserter(spare_), [](CUmemGenericAllocationHandle h) { return h != 0; });
+    fresh.clear();
+    next_fresh = 0;
+    for (std::size_t i = 0; i < pages; ++i) {
+      const CUdeviceptr a = window + i * page_;
+      if (region.handles[first + i] == 0 || free_by_addr_.find(a) != free_by_addr_.end()) continue;
+      auto it = free_by_addr_.upper_bound(a);
+      const bool inside_free = it != free_by_addr_.begin() &&
+                               a < std::prev(it)->first + std::prev(it)->second.pages * page_;
+      if (!inside_free) insert_free(a, 1, {});
+    }
+  };
   try {
+    // Long runs of new pages get one multi-page handle each, while the pool may grow by them
+    // (as acquire_pages creates pages up to that, with `create` false too); the other holes get
+    // single pages, spare ones first.
+    if (multi_min_pages_ > 0 && holes >= multi_min_pages_) {
+      std::size_t room = growth_room(holes - std::min(holes, spare_.size()));
+      holes -= map_multi_runs(window_region, first, pages, room);
+    }
+    if (!acquire_pages(holes, window, window_end, fresh, create)) {
+      give_back();
+      return 0;
+    }
+    // Map each run of holes.
     for (std::size_t i = 0; i < pages;) {
       if (region.handles[first + i] != 0) {
         ++i;
@@ -150,22 +168,7 @@ CUdeviceptr VmmPool::compose(std::size_t pages, CUstream key, bool create) {
       i += run;
     }
   } catch (...) {
-    // Pages of a stuck mapping (entries map_pages set to 0) stay with it.
-    std::copy_if(fresh.begin() + static_cast<std::ptrdiff_t>(next_fresh), fresh.end(),
-                 std::back_inserter(spare_), [](CUmemGenericAllocationHandle h) { return h != 0; });
-    for (std::size_t i = 0; i < pages;) {  // newly mapped pages become ordinary free pages
-      const CUdeviceptr a = window + i * page_;
-      if (region.handles[first + i] != 0 && free_by_addr_.find(a) == free_by_addr_.end()) {
-        bool inside_free = false;
-        auto it = free_by_addr_.upper_bound(a);
-        if (it != free_by_addr_.begin()) {
-          --it;
-          inside_free = a < it->first + it->second.pages * page_;
-        }
-        if (!inside_free) insert_free(a, 1, {});
-      }
-      ++i;
-    }
+    give_back();
     throw;
   }
   // The window's already-mapped pages belonged to ready free ranges: cut them out, keeping the

@@ -91,20 +91,15 @@ bool VmmPool::make_address_space() noexcept {
   } catch (...) {
   }
   for (auto it = free_by_addr_.begin(); it != free_by_addr_.end();) {
-    const CUdeviceptr begin = it->first;
-    const std::size_t pages = it->second.pages;
-    bool idle = false;
     try {
-      spare_.reserve(spare_.size() + pages);
-      idle = range_idle(it->second);
+      if (!range_idle(it->second)) {
+        ++it;
+        continue;
+      }
+      unmap_free_range(it);  // multi-page handles wholly free are released
     } catch (...) {
+      break;  // no host memory: keep what is left mapped
     }
-    if (!idle || !vmm_call_took_effect(api.cuMemUnmap(begin, pages * page_))) {
-      ++it;
-      continue;
-    }
-    note_pages(MemoryAction::segment_unmap, begin, pages);
-    it = retire_unmapped_range(it);
   }
   bool freed = false;
   const int n = region_count_.load(std::memory_order_relaxed);
@@ -206,7 +201,7 @@ void VmmPool::map_pages(CUdeviceptr addr, CUmemGenericAllocationHandle* handles,
   // Undo exactly what this call mapped (§7 #6: never unmap a range with unmapped gaps). If that
   // fails, the driver still maps those pages: keep them known, never forgotten nor reused.
   if (mapped > 0 && !vmm_call_took_effect(api.cuMemUnmap(addr, mapped * page_))) {
-    stuck_.push_back({addr, region_of(addr), {handles, handles + mapped}});
+    stuck_.push_back({addr, region_of(addr), {handles, handles + mapped}, mapped, false});
     pages_mapped_ += mapped;
     std::fill(handles, handles + mapped, CUmemGenericAllocationHandle{0});
   }
@@ -218,11 +213,12 @@ CUresult VmmPool::recover_stuck() noexcept {
   CUresult first = CUDA_SUCCESS;
   for (std::size_t i = 0; i < stuck_.size();) {
     StuckMapping& m = stuck_[i];
-    const std::size_t pages = m.handles.size();
+    const std::size_t pages = m.pages;
     Region& region = regions_[static_cast<std::size_t>(m.region)];
     CUresult r = CUDA_SUCCESS;
     try {  // room first, so that nothing after the unmap can fail
       spare_.reserve(spare_.size() + pages);
+      unreleased_multi_.reserve(unreleased_multi_.size() + 1);
       if (region.small) region.vacant.reserve(region.vacant.size() + pages);
     } catch (const std::bad_alloc&) {
       r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -237,7 +233,11 @@ CUresult VmmPool::recover_stuck() noexcept {
       continue;
     }
     pages_mapped_ -= pages;
-    spare_.insert(spare_.end(), m.handles.begin(), m.handles.end());
+    if (m.multi_page) {
+      release_multi(m.handles[0], pages);
+    } else {
+      spare_.insert(spare_.end(), m.handles.begin(), m.handles.end());
+    }
     if (region.small) {
       for (std::size_t k = 0; k < pages; ++k) {
         region.vacant.push_back((m.addr - region.base) / page_ + k);
@@ -259,6 +259,12 @@ bool VmmPool::create_pages(std::size_t until, std::vector<CUmemGenericAllocation
     note_pages(MemoryAction::page_create, 0, 1);
   }
   return true;
+}
+
+std::size_t VmmPool::growth_room(std::size_t wanted) {
+  const std::size_t base = small_pages_ + large_peak_pages_;
+  const std::size_t cap = pages_held_ + wanted > base ? base + slack_allowed(wanted) : base;
+  return pages_held_ < cap ? cap - pages_held_ : 0;
 }
 
 std::size_t VmmPool::slack_allowed(std::size_t wanted) {
@@ -289,8 +295,21 @@ std::size_t VmmPool::take_idle_free_pages(std::size_t count, CUdeviceptr avoid_b
       ++it;
       continue;
     }
-    const std::size_t take = std::min(count - out.size(), it->second.pages);
-    const CUdeviceptr cut = end - take * page_;
+    std::size_t take = std::min(count - out.size(), it->second.pages);
+    CUdeviceptr cut = end - take * page_;
+    // Multi-page handles stay where they are mapped: only single pages of the tail move.
+    if (auto m = multi_.lower_bound(end); !multi_.empty() && m != multi_.begin()) {
+      --m;
+      const CUdeviceptr m_end = m->first + m->second.pages * page_;
+      if (m_end > cut) {
+        cut = std::min(m_end, end);
+        take = (end - cut) / page_;
+      }
+    }
+    if (take == 0) {
+      ++it;
+      continue;
+    }
     if (!vmm_call_took_effect(api.cuMemUnmap(cut, take * page_))) {
       ++it;
       continue;
@@ -324,10 +343,7 @@ bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
     // of the sizes it needs and maps nothing (docs/memory-pool.md has the figures). A device
     // that is full ends the slack: the pages then come from elsewhere as usual.
     if (out.size() < count) {
-      const std::size_t base = small_pages_ + large_peak_pages_;
-      const std::size_t wanted = count - out.size();
-      const std::size_t cap = pages_held_ + wanted > base ? base + slack_allowed(wanted) : base;
-      const std::size_t below_cap = pages_held_ < cap ? cap - pages_held_ : 0;
+      const std::size_t below_cap = growth_room(count - out.size());
       create_pages(std::min(count, out.size() + below_cap), out);  // a full device ends it
     }
     // Idle free large pages elsewhere: unmap them from their range's tail and reuse the handles.
@@ -338,7 +354,17 @@ bool VmmPool::acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdevice
       out.clear();
       return false;
     }
-    if (!create_pages(count, out)) throw DeviceFull{count * page_};
+    if (!create_pages(count, out)) {
+      // A full device: multi-page handles wholly free go back to the driver, their memory to
+      // come back as single pages where the request needs it.
+      if (release_idle_multi(count - out.size(), avoid_begin, avoid_end) == 0)
+        throw DeviceFull{count * page_};
+      while (out.size() < count && !spare_.empty()) {
+        out.push_back(spare_.back());
+        spare_.pop_back();
+      }
+      if (!create_pages(count, out)) throw DeviceFull{count * page_};
+    }
   } catch (...) {
     spare_.insert(spare_.end(), out.begin(), out.end());  // valid pages stay in the pool
     out.clear();

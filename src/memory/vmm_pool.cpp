@@ -1,12 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tiers A and B: the pool on cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemSetAccess.
 //
-// Physical memory is held as pages: one cuMemCreate handle of one page (the granularity, or the
-// recommended granularity where that is a multiple of it). Because every page is mapped on its
-// own, any free page can be unmapped and mapped again elsewhere: a large request is served by
-// gathering free pages into a fresh contiguous range, so it never fails for lack of a contiguous
-// free range while enough physical memory is free (the failure that stranded 19.9 GiB in the
-// Python original, which asked the driver for one contiguous allocation per block).
+// Physical memory is held as pages (the granularity, or the recommended granularity where that is
+// a multiple of it), each of one cuMemCreate handle of its own or of a multi-page handle.
+// Because a single page is mapped on its own, any free one can be unmapped and mapped again
+// elsewhere: a large request is served by gathering free pages into a fresh contiguous range, so
+// it never fails for lack of a contiguous free range while enough physical memory is free (the
+// failure that stranded 19.9 GiB in the Python original, which asked the driver for one
+// contiguous allocation per block). Growth by a long run of new large pages is one multi-page
+// handle (vmm_multi.cpp), since cuMemCreate costs 193 us a call on an A100 (one per 2 MiB page
+// grows a pool at about 10 GB/s): the driver maps and unmaps a handle only whole, so its pages
+// stay where they were made, reused in place, and the handle is unmapped and released once all
+// of them are free (trim), or when a full device needs their memory as single pages elsewhere.
 //
 // Address space: small regions hold small pages; large regions hold large blocks (whole pages).
 // They never mix. A small page is split into 32 KiB spans (a 64th of larger pages); a slab is a
@@ -57,6 +62,23 @@ std::array<std::atomic<std::uint64_t>, kMaxDevices> g_live_epoch{};
 
 namespace {
 std::atomic<std::uint64_t> g_next_epoch{1};
+
+// VSR_POOL_MULTI_PAGE_MIN: the fewest new large pages in one run that get one multi-page handle
+// (a decimal count; 0: one handle per page, as the pool grew before). Unset: 128 MiB of pages.
+std::size_t multi_page_min(std::size_t page) {
+  const char* v = std::getenv("VSR_POOL_MULTI_PAGE_MIN");
+  if (v == nullptr) return std::max<std::size_t>(2, (std::size_t{128} << 20) / page);
+  const std::string text(v);
+  if (text.empty() || text.size() > 9 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
+    std::string shown;
+    for (const char c : text.substr(0, 40)) shown += (c >= ' ' && c <= '~') ? c : '?';
+    throw std::invalid_argument("configure_memory_pool: VSR_POOL_MULTI_PAGE_MIN=\"" + shown +
+                                "\" is not a page count: set a decimal number of pages (0: one "
+                                "handle per page) or leave it unset");
+  }
+  return static_cast<std::size_t>(std::stoul(text));
+}
 }  // namespace
 
 VmmPool::VmmPool(int device, double reserve)
@@ -96,6 +118,7 @@ VmmPool::VmmPool(int device, double reserve)
       page_;
   access_.location = prop_.location;
   access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  multi_min_pages_ = multi_page_min(page_);
   epoch_ = g_next_epoch.fetch_add(1);
   g_live_epoch[static_cast<std::size_t>(device)].store(epoch_, std::memory_order_release);
 }
@@ -154,25 +177,19 @@ void VmmPool::trim() {
     first_error = CudaError(r, cu_result_name(r), "cuMemUnmap failed in free_pool_memory");
   }
   // Free large ranges: wait for the streams that freed them, then unmap (§7 #2).
+  // Pages of a multi-page handle with a live page elsewhere stay mapped (unmap_free_range).
   for (auto it = free_by_addr_.begin(); it != free_by_addr_.end();) {
-    const CUdeviceptr begin = it->first;
-    const std::size_t pages = it->second.pages;
     try {
       for (const MarkRef& m : it->second.marks) marks_.wait(m);
       it->second.marks.clear();
-      spare_.reserve(spare_.size() + pages);
-      if (const CUresult r = api.cuMemUnmap(begin, pages * page_); r != CUDA_SUCCESS) {
-        if (!vmm_call_took_effect(r)) throw_cuda_error(r, "cuMemUnmap", __FILE__, __LINE__);
-        if (!first_error)
-          first_error = CudaError(r, cu_result_name(r), "cuMemUnmap in free_pool_memory");
-      }
     } catch (const CudaError& e) {
       if (!first_error) first_error = e;
       ++it;
       continue;
     }
-    note_pages(MemoryAction::segment_unmap, begin, pages);
-    it = retire_unmapped_range(it);
+    if (const CUresult r = unmap_free_range(it); r != CUDA_SUCCESS && !first_error) {
+      first_error = CudaError(r, cu_result_name(r), "cuMemUnmap failed in free_pool_memory");
+    }
   }
   // Small blocks: every freed slot needs a mark before its slab's page may go.
   try {
@@ -200,6 +217,20 @@ void VmmPool::trim() {
     }
   }
   spare_ = std::move(kept);
+  for (std::size_t i = 0; i < unreleased_multi_.size();) {
+    const MultiPageHandle m = unreleased_multi_[i];
+    const CUresult r = api.cuMemRelease(m.handle);
+    if (r != CUDA_SUCCESS && !first_error) {
+      first_error = CudaError(r, cu_result_name(r), "cuMemRelease failed in free_pool_memory");
+    }
+    if (!vmm_call_took_effect(r)) {
+      ++i;
+      continue;
+    }
+    pages_held_ -= m.pages;
+    note_pages(MemoryAction::page_release, 0, m.pages);
+    unreleased_multi_.erase(unreleased_multi_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
   large_peak_pages_ = large_live_pages_;  // the slack grows again from what is live
   note_pages(MemoryAction::trim, 0, held_before - pages_held_);
   debug_check("trim");
@@ -357,6 +388,14 @@ void VmmPool::teardown() noexcept {
         api.cuMemRelease(page->handle);
         page.reset();
       }
+      for (auto m = multi_.lower_bound(r.base); m != multi_.end() && m->first < r.base + r.size;
+           m = multi_.erase(m)) {
+        const std::size_t at = (m->first - r.base) / page_;
+        api.cuMemUnmap(m->first, m->second.pages * page_);
+        api.cuMemRelease(m->second.handle);
+        std::fill_n(r.handles.begin() + static_cast<std::ptrdiff_t>(at), m->second.pages,
+                    CUmemGenericAllocationHandle{0});
+      }
       for (std::size_t p = 0; p < r.handles.size(); ++p) {
         if (r.handles[p] == 0) continue;
         api.cuMemUnmap(r.base + p * page_, page_);
@@ -366,14 +405,15 @@ void VmmPool::teardown() noexcept {
       if (r.size != 0) api.cuMemAddressFree(r.base, r.size);
     }
     for (const StuckMapping& m : stuck_) {
-      if (api.cuMemUnmap(m.addr, m.handles.size() * page_) == CUDA_SUCCESS) {
-        pages_mapped_ -= m.handles.size();
-      }
+      if (api.cuMemUnmap(m.addr, m.pages * page_) == CUDA_SUCCESS) pages_mapped_ -= m.pages;
       for (CUmemGenericAllocationHandle h : m.handles) api.cuMemRelease(h);
     }
     stuck_.clear();
     for (CUmemGenericAllocationHandle h : spare_) api.cuMemRelease(h);
     spare_.clear();
+    for (const MultiPageHandle& m : unreleased_multi_) api.cuMemRelease(m.handle);
+    unreleased_multi_.clear();
+    multi_.clear();
     marks_.destroy_all();
   } catch (...) {
     // Teardown is best effort: a failing driver leaves nothing further to do.

@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // The VMM pool's types (tiers A and B), shared by its files: vmm_pool.cpp (the design, the public
-// operations and stats), vmm_pages.cpp (address space and page supply), vmm_large.cpp (large
-// blocks: free ranges and windows), vmm_small.cpp (small blocks: thread caches, slabs on spans,
-// bump slabs), vmm_batches.cpp (stream marks of freed small blocks, forget_stream),
-// vmm_check.cpp (invariant checks). Private to src/memory.
+// operations and stats), vmm_pages.cpp (address space and page supply), vmm_multi.cpp
+// (multi-page handles), vmm_large.cpp (large blocks: free ranges and windows), vmm_small.cpp (small
+// blocks: thread caches, slabs on spans, bump slabs), vmm_batches.cpp (stream marks of freed small
+// blocks, forget_stream), vmm_check.cpp (invariant checks). Private to src/memory.
 #pragma once
 
 #include "memory/asymmetric_fence.hpp"
 #include "memory/device_pool.hpp"
 #include "memory/memory_history.hpp"
-#include "memory/pool_registry.hpp"
+#include "memory/process_facts.hpp"
 #include "memory/size_classes.hpp"
 
 #include <algorithm>
@@ -171,7 +171,20 @@ struct RegionLookup {
 struct StuckMapping {
   CUdeviceptr addr = 0;
   int region = 0;
-  std::vector<CUmemGenericAllocationHandle> handles;
+  std::vector<CUmemGenericAllocationHandle> handles;  // one per page, or the one multi-page handle
+  std::size_t pages = 0;
+  bool multi_page = false;  // `handles` is one multi-page handle of all `pages`
+};
+
+// A multi-page handle: one cuMemCreate of `pages` pages, made when the pool grows by a long run
+// of new large pages (one call rather than one per page: cuMemCreate is the costliest VMM call,
+// 193 us on an A100, docs/cuda-driver-rules.md §7 #1). The driver maps a handle whole, at offset 0
+// (§3.4.6), and unmaps only whole mappings (§3.4.7), so its pages stay mapped where they were
+// made, together: free ones are reused there, and the handle is unmapped and released once all
+// of its pages are free and idle (trim, or a full device that needs the memory elsewhere).
+struct MultiPageHandle {
+  CUmemGenericAllocationHandle handle = 0;
+  std::size_t pages = 0;
 };
 
 struct LargeBlock {
@@ -423,8 +436,9 @@ class VmmPool final : public DevicePool {
   // Mutex held.
   std::size_t reclaim_small_pages(std::vector<CUmemGenericAllocationHandle>* into, std::size_t want,
                                   bool wait);
-  void open_page(SmallPage* page);   // lists a page with free spans (mutex held)
-  std::string check_locked() const;  // check_invariants(), mutex held
+  void open_page(SmallPage* page);         // lists a page with free spans (mutex held)
+  std::string check_locked() const;        // check_invariants(), mutex held
+  std::string check_multi_locked() const;  // its multi-page handles' part
   // In builds without NDEBUG, with VSR_POOL_CHECKS=1 in the environment (the test suites set it):
   // aborts with what is wrong unless check_locked() passes. After trim, large allocations (and so
   // compose) and refills (every
@@ -438,11 +452,6 @@ class VmmPool final : public DevicePool {
   bool range_idle(FreeRange& range);
   void insert_free(CUdeviceptr addr, std::size_t pages, std::vector<MarkRef> marks);
   void erase_free(std::map<CUdeviceptr, FreeRange>::iterator it);
-  // A free range just unmapped: its pages become spare pages and it leaves the free lists.
-  // spare_ must already have room for its pages (nothing after an unmap may fail). Returns the
-  // next range. Mutex held.
-  std::map<CUdeviceptr, FreeRange>::iterator retire_unmapped_range(
-      std::map<CUdeviceptr, FreeRange>::iterator it) noexcept;
   // Moves the handles of `pages` large pages just unmapped at `addr` to `to` (which must have
   // room: nothing after an unmap may fail) and marks them unmapped. Mutex held.
   void take_unmapped_handles(CUdeviceptr addr, std::size_t pages,
@@ -457,6 +466,31 @@ class VmmPool final : public DevicePool {
   // taking none) if it holds too few. Throws DeviceFull when the driver has no memory left.
   bool acquire_pages(std::size_t count, CUdeviceptr avoid_begin, CUdeviceptr avoid_end,
                      std::vector<CUmemGenericAllocationHandle>& out, bool create);
+  // Pages the pool may create now, beyond what it holds, when it needs `wanted` more: up to its
+  // small pages, the peak of live large pages and the slack allowed. Mutex held.
+  std::size_t growth_room(std::size_t wanted);
+  // Multi-page handles (MultiPageHandle). The one mapped over `addr`, or multi_.end().
+  std::map<CUdeviceptr, MultiPageHandle>::iterator multi_at(CUdeviceptr addr) noexcept;
+  // Creates and maps one multi-page handle over each run of at least multi_min_pages_ holes of
+  // the window's `pages` pages at `window` (region index `ri`, first page `first`), while the
+  // pool may grow by it (`room`, decreased). Returns the holes filled; stops at a full device.
+  // Throws CudaError on other failures (pages it mapped stay mapped). Mutex held.
+  std::size_t map_multi_runs(int ri, std::size_t first, std::size_t pages, std::size_t& room);
+  // Maps multi-page handle `h` of `pages` pages at `addr` and makes it accessible; on failure
+  // releases it (or keeps it as a StuckMapping when the undo fails) and throws. Mutex held.
+  void map_multi(CUdeviceptr addr, CUmemGenericAllocationHandle h, std::size_t pages);
+  // Releases an unmapped multi-page handle; one whose release fails joins unreleased_multi_,
+  // which must have room. Mutex held.
+  void release_multi(CUmemGenericAllocationHandle h, std::size_t pages) noexcept;
+  // Unmaps what may be unmapped of the idle free range `it`: its single pages, which join
+  // spare_, and the multi-page handles lying wholly inside it, which are released (the pages of
+  // a handle reaching outside the range stay mapped and free). Sets `it` to the range after it.
+  // Returns the failure of the unmap (then nothing changed), else CUDA_SUCCESS. Mutex held.
+  CUresult unmap_free_range(std::map<CUdeviceptr, FreeRange>::iterator& it);
+  // On a full device: unmaps idle free ranges outside [avoid_begin, avoid_end) that hold a whole
+  // multi-page handle (unmap_free_range) until `want` pages were given back or made spare.
+  // Returns how many. Mutex held.
+  std::size_t release_idle_multi(std::size_t want, CUdeviceptr avoid_begin, CUdeviceptr avoid_end);
   // Pages the pool may hold beyond its small pages and the peak of live large pages when it
   // needs `wanted` more: reserve_ times that peak, or with the adaptive default (reserve_ < 0) a
   // tenth of it, at most half the device's free pages left after `wanted` (cuMemGetInfo; none if
@@ -532,6 +566,12 @@ class VmmPool final : public DevicePool {
   std::multimap<std::size_t, CUdeviceptr> free_by_size_;
   std::vector<CUmemGenericAllocationHandle> spare_;
   std::vector<StuckMapping> stuck_;
+  std::map<CUdeviceptr, MultiPageHandle> multi_;  // mapped multi-page handles, by address
+  // Unmapped multi-page handles whose release failed: held, retried by trim() and teardown.
+  std::vector<MultiPageHandle> unreleased_multi_;
+  // The fewest new pages in one run that get a multi-page handle (VSR_POOL_MULTI_PAGE_MIN; by
+  // default 128 MiB of pages, at least 2); 0: one handle per page.
+  std::size_t multi_min_pages_ = 0;
 
   struct ClassState {
     std::vector<Slab*> slabs;

@@ -6,6 +6,7 @@
 
 #include <vibespatial/raster/dispatch.hpp>
 #include <vibespatial/raster/errors.hpp>
+#include <vibespatial/raster/placement.hpp>
 #include <vibespatial/raster/tiles.hpp>
 
 #include <doctest/doctest.h>

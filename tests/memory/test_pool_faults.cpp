@@ -113,10 +113,16 @@ std::vector<Live> scenario(int& typed_errors, CUstream busy) {
 }
 
 // `reserve`: VIBESPATIAL_GPU_POOL_RESERVE for the runs (nullptr: unset), set after FreshPool
-// (which clears it) and before the pool is configured.
-void run_tier(const char* tier_env, const char* vmm, const char* reserve = nullptr) {
-  const auto set_reserve = [reserve] {
+// (which clears it) and before the pool is configured; `multi`: VSR_POOL_MULTI_PAGE_MIN likewise.
+void run_tier(const char* tier_env, const char* vmm, const char* reserve = nullptr,
+              const char* multi = nullptr) {
+  const auto set_reserve = [reserve, multi] {
     if (reserve != nullptr) setenv("VIBESPATIAL_GPU_POOL_RESERVE", reserve, 1);
+    if (multi != nullptr) {
+      setenv("VSR_POOL_MULTI_PAGE_MIN", multi, 1);
+    } else {
+      unsetenv("VSR_POOL_MULTI_PAGE_MIN");
+    }
   };
   int clean_errors = 0;
   std::vector<std::pair<const char*, unsigned long long>> counts;
@@ -206,8 +212,10 @@ void run_tier(const char* tier_env, const char* vmm, const char* reserve = nullp
   }
   MESSAGE(injected << " single-fault runs (" << replayed_again << " run again), tier env "
                    << std::string(tier_env ? tier_env : "(none)") << ", VMM=" << std::string(vmm)
-                   << ", reserve " << std::string(reserve ? reserve : "(default)"));
+                   << ", reserve " << std::string(reserve ? reserve : "(default)")
+                   << ", multi-page min " << std::string(multi ? multi : "(default)"));
   CHECK(injected > 0);
+  unsetenv("VSR_POOL_MULTI_PAGE_MIN");
 }
 
 }  // namespace
@@ -221,6 +229,11 @@ TEST_SUITE("pool") {
   // is a few pages, so the reserve is made and used.
   TEST_CASE("fault injection, tier B with a warm reserve") {
     run_tier(nullptr, "1", "0.5");
+  }
+  // Multi-page handles from 2 pages on: the scenario's 4 and 12 MiB blocks grow the pool by
+  // multi-page handles, which its frees, windows and trims then unmap and release whole.
+  TEST_CASE("fault injection, tier B with multi-page handles") {
+    run_tier(nullptr, "1", nullptr, "2");
   }
   TEST_CASE("fault injection, tier A") {
     run_tier("VIBESPATIAL_GPU_POOL_ONLY", "1");

@@ -131,6 +131,7 @@ int run_alloc(const AllocOptions& o) {
     z.rounds = z.drv_rounds = z.thread_rounds = 3;
     z.default_lives = {64, 256};
     z.default_steps = 1000;
+    z.growth_bytes = 4 * kGiB;
   }
   if (o.large_live != 0) z.large_live = o.large_live;
   fit_to_device(rep, z);
@@ -151,6 +152,7 @@ int run_alloc(const AllocOptions& o) {
   guarded("frag", [&] { section_fragmentation(rep, z, o.seed, o.json); });
   guarded("scale", [&] { section_scale(rep, large, large_seed, z, o.json); });
   guarded("slack", [&] { section_default(rep, z, o.seed, o.json); });
+  guarded("growth", [&] { section_growth(rep, z, o.json); });
   const int status = g_errors > 0 ? 1 : 0;
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   progress("done in %.1f s", secs);

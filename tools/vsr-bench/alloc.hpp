@@ -2,7 +2,8 @@
 // vsr-bench alloc: the device memory pool against malloc and the driver's allocators, its thread
 // scaling, its fragmentation, and its cost as the device grows. This header holds the benchmark's
 // sizes and its sections, one file each: alloc_traces.cpp (1, 2), alloc_threads.cpp (3),
-// alloc_frag.cpp (4), alloc_scale.cpp (5), alloc_default.cpp (6: slack); alloc.cpp runs them.
+// alloc_frag.cpp (4), alloc_scale.cpp (5), alloc_default.cpp (6: slack), alloc_growth.cpp (7);
+// alloc.cpp runs them.
 #pragma once
 
 #include "bench.hpp"
@@ -24,6 +25,7 @@ struct AllocSizes {
   int rounds = 7, drv_rounds = 5, thread_rounds = 9;  // threads: short rounds, noisy on few CPUs
   std::vector<std::size_t> default_lives = {256, 1024, 2048};  // section 6's live-set sizes
   std::size_t default_steps = 5000;
+  std::size_t growth_bytes = 16 * kGiB;  // section 7's growth
 };
 
 /// VMM calls (create, release, map, unmap, set access) per alloc+free pair of a steady run of
@@ -55,5 +57,12 @@ void section_default(Report& rep, const AllocSizes& z, std::uint64_t seed, bool 
 /// only): @p large was made by make_large_trace with @p large_seed.
 void section_scale(Report& rep, const Trace& large, std::uint64_t large_seed, const AllocSizes& z,
                    bool quiet);
+
+/// 7. Growing the pool by AllocSizes::growth_bytes under the emulator's A100 latency model, with
+/// multi-page handles and with one handle per page, each in a worker process (emulator only).
+void section_growth(Report& rep, const AllocSizes& z, bool quiet);
+/// The growth section's worker (the hidden command alloc-growth-worker): grows the pool by
+/// @p bytes in one request, then in 256 MiB requests, and prints the figures on one line.
+int run_growth_worker(std::size_t bytes);
 
 }  // namespace vsr_bench

@@ -4,11 +4,13 @@
 // reported, because the machines this runs on are shared and noisy.
 //
 //   vsr-bench alloc [--quick] [--json] [--seed N] [--large-live N]
-//                   [--sections malloc,driver,threads,frag,scale,slack]
+//                   [--sections malloc,driver,threads,frag,scale,slack,growth]
 //                                                    the device memory pool; scale: the large
 //                                                    trace at 8 and 141 GiB emulated devices
 //                                                    side by side; slack: the pool's slack policy
 //                                                    with and without the A100 latency model;
+//                                                    growth: growing the pool, multi-page
+//                                                    handles against one per page;
 //                                                    N: the large trace's live blocks (default 256)
 //   vsr-bench dispatch [--quick] [--json] [--sections cpu,gpu,pipeline,focal]
 //                                                    op throughput vs copy bandwidth; the
@@ -20,6 +22,7 @@
 // Exit status: 0 when every section ran (goals missed or not), 1 when one failed (the others still
 // run and the summary names the failure), 2 on bad arguments, 77 when there is no usable driver
 // or device (alloc only: dispatch runs its CPU rows without one and marks the GPU rows n/a).
+#include "alloc.hpp"
 #include "bench.hpp"
 
 #include <algorithm>
@@ -37,7 +40,8 @@ int usage(FILE* to) {
   std::fprintf(to,
                "usage: vsr-bench alloc [--quick] [--json] [--seed N] [--sections LIST]\n"
                "                       [--large-live N]\n"
-               "       LIST: comma-separated subset of malloc,driver,threads,frag,scale,slack\n"
+               "       LIST: comma-separated subset of malloc,driver,threads,frag,scale,slack,\n"
+               "             growth\n"
                "       N: the large trace's live blocks of 1-64 MiB (default 256)\n"
                "       vsr-bench dispatch [--quick] [--json] [--sections LIST]\n"
                "       LIST: comma-separated subset of cpu,gpu,pipeline,focal\n");
@@ -94,6 +98,10 @@ int parse_and_run(int argc, char** argv) {
     return 0;
   }
   if (cmd == "alloc-scale-worker") return run_scale_worker(parse_scale_worker(argc, argv));
+  if (cmd == "alloc-growth-worker") {  // alloc_growth.cpp: one argument, the bytes to grow by
+    if (argc != 3) throw vsr_cli::UsageError("alloc-growth-worker: one argument, the bytes");
+    return run_growth_worker(vsr_cli::parse_integer<std::size_t>("bytes", argv[2]));
+  }
   if (cmd != "dispatch" && cmd != "alloc") {
     throw vsr_cli::UsageError("unknown command '" + std::string(cmd) + "' (alloc or dispatch)");
   }
@@ -112,8 +120,8 @@ int parse_and_run(int argc, char** argv) {
       if (dispatch) {
         d.sections = checked_sections(words.value(), {"cpu", "gpu", "pipeline", "focal"});
       } else {
-        o.sections = checked_sections(words.value(),
-                                      {"malloc", "driver", "threads", "frag", "scale", "slack"});
+        o.sections = checked_sections(
+            words.value(), {"malloc", "driver", "threads", "frag", "scale", "slack", "growth"});
       }
     } else if (words.is("--seed") && !dispatch) {
       o.seed = vsr_cli::parse_integer<std::uint64_t>(words.option(), words.value());

@@ -378,6 +378,42 @@ VSR_EXPORT vsr_status vsr_warp_options_init(vsr_warp_options* opts);
  * build without GDAL. */
 VSR_EXPORT vsr_status vsr_warp_file(const char* input, const char* output,
                                     const vsr_warp_options* opts);
+/** How vsr_zonal_stats computes (the C++ ZonalOptions, docs/zonal-statistics.md). Fill it with
+ * vsr_zonal_options_init, then set what differs; strings are borrowed for the call only. */
+typedef struct vsr_zonal_options {
+  size_t struct_size;      /**< sizeof(vsr_zonal_options) */
+  const char* pixels;      /**< "fractional" (NULL: this), "center" or "all-touched" */
+  const char* stats;       /**< comma-separated statistic names; NULL: count,sum,mean,min,max */
+  double quantile;         /**< the q of "quantile", in [0, 1]; 0.9 */
+  const int* bands;        /**< 1-based bands of the raster; NULL: all */
+  size_t band_count;       /**< entries of bands */
+  const char* layer;       /**< vector zones: the layer; NULL: the first */
+  const char* zone_field;  /**< vector zones: the zone identifier field; NULL: feature ids */
+  const char* weights;     /**< a one-band weights raster on the raster's grid; NULL: none */
+  uint64_t memory_budget;  /**< host bytes of the tiles read at once; 0: 256 MiB */
+} vsr_zonal_options;
+
+/** Fills `opts` with the defaults (struct_size set). Errors: VSR_ERROR_INVALID_ARGUMENT for
+ * NULL. */
+VSR_EXPORT vsr_status vsr_zonal_options_init(vsr_zonal_options* opts);
+
+/** Zonal statistics of the raster file `raster` over `zones` (a vector file OGR opens, its
+ * features transformed to the raster's CRS, or an integer zone raster on the same grid), as a
+ * table of one row per zone and band. With `out_path` (not NULL) the table is written there all
+ * or nothing (".json" or ".csv", from its extension; an existing file is replaced only with
+ * `overwrite` nonzero), and `text_out` may be NULL. Otherwise `*text_out` receives the table as
+ * JSON, NUL-terminated, allocated by the library (release it with vsr_free_text) and `*text_len`
+ * (if not NULL) its length. `opts` may be NULL (the defaults). Errors:
+ * VSR_ERROR_INVALID_ARGUMENT for NULL arguments, bad options, bad zones (an invalid or
+ * non-polygon geometry, an empty layer, a missing layer or field, a zone raster of another grid
+ * or a float dtype); VSR_ERROR_IO for a file that is missing or cannot be written (nothing is
+ * written then); others as their C++ causes. */
+VSR_EXPORT vsr_status vsr_zonal_stats(const char* raster, const char* zones,
+                                      const vsr_zonal_options* opts, const char* out_path,
+                                      int overwrite, char** text_out, size_t* text_len);
+
+/** Releases text returned by vsr_zonal_stats (NULL is ignored). Never fails. */
+VSR_EXPORT void vsr_free_text(char* text);
 
 #ifdef __cplusplus
 }

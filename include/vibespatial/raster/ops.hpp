@@ -42,6 +42,7 @@
 
 #include <vibespatial/raster/buffers.hpp>
 #include <vibespatial/raster/export.hpp>
+#include <vibespatial/raster/placement.hpp>
 
 #include <cstdint>
 #include <memory>

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The one placement rule (tiles.hpp): where ops run.
+// The one placement rule (placement.hpp): where ops run. In the ops layer, since it asks whether
+// the ops were built with CUDA.
 #include "common/expects.hpp"
 #include "common/text_escape.hpp"
 
@@ -7,7 +8,7 @@
 #include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/memory.hpp>
 #include <vibespatial/raster/ops.hpp>
-#include <vibespatial/raster/tiles.hpp>
+#include <vibespatial/raster/placement.hpp>
 
 #include <cuda.h>
 
