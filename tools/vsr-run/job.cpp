@@ -381,6 +381,9 @@ void Job::open_inputs() {
     }
   } else {
     open_input();
+    if (op_step_->kind == StepKind::table && args_.dry_run) {
+      step_plan_ = op_step_->tabulate(args_, meta_, true).plan;
+    }
   }
 }
 
@@ -390,12 +393,27 @@ void Job::run_step() {
     run_pipeline();
   } else if (op_step_->kind == StepKind::calc) {
     run_calc();
+  } else if (op_step_->kind == StepKind::table) {
+    run_table();
   } else if (op_step_->op == Op::stats) {
     run_statistics();
   } else if (op_step_->op == Op::histogram) {
     run_histogram();
   } else {
     run_raster_op();
+  }
+}
+
+/// A table step over the input (the library's own pass), written all or nothing to --output
+/// or kept for print_results.
+void Job::run_table() {
+  TableWork work = op_step_->tabulate(args_, meta_, false);
+  note_ = work.note;
+  table_json_ = std::move(work.json);
+  table_csv_ = std::move(work.csv);
+  if (!args_.output.empty()) {
+    work.write(args_.output, args_.overwrite, files_read(args_));
+    output_label_ = printable(args_.output) + " (the table)";
   }
 }
 

@@ -84,6 +84,7 @@ class Job {
                     const std::function<void(vsr::TileSink&)>& run);
   void run_sources(const vsr::MultiTileOp& op);
   void run_raster_op();
+  void run_table();
   // calc: its inputs, expressions and run
   void open_calc_inputs();
   vsr::MultiTileOp calc_function() const;
@@ -134,6 +135,7 @@ class Job {
   /// sources; the chain has the steps after warp).
   std::vector<std::unique_ptr<vsr::TileSource>> warped_;
   std::string grid_note_;
+  std::string table_json_, table_csv_;                        ///< a table step's result
   vsr::RasterMetadata meta_;                                  ///< the input's (every band)
   std::vector<std::optional<vsr::NodataValue>> band_nodata_;  ///< of the selected bands
   std::vector<int> bands_;                                    ///< selected, 1-based

@@ -179,7 +179,8 @@ a.a_nodata = parse_nodata(o, a.a_nodata_text);
 }
 }
 , {"--json", "", "", G::step,
-   "stats and histogram: print JSON (full precision) instead of a table. A statistic JSON "
+   "stats, histogram and zonal-stats: print JSON (full precision) instead of a table. A statistic "
+   "JSON "
    "has no number for is a string: \"inf\", \"-inf\" or \"nan\" (a band holding "
    "infinities); null means the band has no valid pixel",
    VSR_SET{w.flag();
@@ -187,10 +188,52 @@ a.json = true;
 }
 }
 , {"--dry-run", "", "", G::step,
-   "warp: print the plan (the output grid, and each output tile's source window) and read "
+   "warp, zonal-stats: print the plan (the output grid, and each output tile's source window) and "
+   "read "
    "no pixel, write nothing",
    VSR_SET{w.flag();
 a.dry_run = true;
+}
+}
+, {"--zones", "", "FILE", G::step,
+   "zonal-stats: the zones (required): a vector file's polygons (GeoPackage, GeoJSON, "
+   "Shapefile; transformed to the raster's CRS) or an integer zone raster on the raster's grid",
+   VSR_SET{a.zones = w.value();
+}
+}
+, {"--layer", "", "NAME", G::step, "zonal-stats: the vector file's layer (default: the first)",
+   VSR_SET{a.zone_layer = w.value();
+}
+}
+, {"--zone-field", "", "NAME", G::step,
+   "zonal-stats: the attribute naming each zone (default: the feature ids)",
+   VSR_SET{a.zone_field = w.value();
+}
+}
+, {"--pixels", "", "RULE", G::step,
+   "zonal-stats: fractional (default: each pixel weighted by the share of it inside, as "
+   "exactextract), center (pixels whose centre is inside) or all-touched",
+   VSR_SET{try {a.pixels = vsr::pixel_rule_from_string(w.value());
+}
+catch (const std::invalid_argument& e) {
+  throw UsageError(std::string(o) + ": " + e.what());
+}
+}
+}
+, {"--weights", "", "FILE", G::step,
+   "zonal-stats: a one-band raster on the raster's grid for weighted_mean and weighted_sum",
+   VSR_SET{a.weights = w.value();
+}
+}
+, {"--stats", "", "LIST", G::step,
+   "zonal-stats: the statistics, comma-separated (default count,sum,mean,min,max): count, sum, "
+   "mean, min, max, stdev, variance, median, quantile, majority, minority, variety, frac, "
+   "weighted_mean, weighted_sum, cell_count",
+   VSR_SET{try {a.zonal_stats = vsr::parse_zonal_stats(w.value());
+}
+catch (const std::invalid_argument& e) {
+  throw UsageError(std::string(o) + ": " + e.what());
+}
 }
 }
 , {"--t_srs", "-t_srs", "SRS", G::step,

@@ -136,6 +136,28 @@ void check_arguments(Arguments& args, const std::vector<std::string>& given) {
   if (args.op == Op::warp && args.warp.dst_crs.empty()) {
     throw UsageError("--op warp needs --t_srs SRS (the output's CRS, e.g. EPSG:4326)");
   }
+  if (args.op == Op::zonal_stats) {
+    if (args.input.empty()) throw UsageError("--op zonal-stats needs -i RASTER");
+    if (args.zones.empty()) throw UsageError("--op zonal-stats needs --zones FILE");
+    const std::string& out = args.output;
+    const auto ends = [&](std::string_view ext) {
+      if (out.size() < ext.size()) return false;
+      for (std::size_t k = 0; k < ext.size(); ++k) {
+        const char c = out[out.size() - ext.size() + k];
+        if ((c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c) != ext[k]) return false;
+      }
+      return true;
+    };
+    if (!out.empty() && !ends(".csv") && !ends(".json")) {
+      throw UsageError("-o: zonal-stats writes a table: FILE.csv or FILE.json");
+    }
+    const bool weighted =
+        std::any_of(args.zonal_stats.begin(), args.zonal_stats.end(),
+                    [](const std::string& s) { return s.starts_with("weighted"); });
+    if (weighted && args.weights.empty()) {
+      throw UsageError("--stats: weighted_mean and weighted_sum need --weights FILE");
+    }
+  }
   if (args.warp.resolution && args.warp.size) {
     throw UsageError(
         "--tr and --ts are exclusive (as in gdalwarp): give the pixel size or the "
@@ -367,6 +389,8 @@ Arguments parse_pipeline(int argc, char** argv) {
 std::vector<vsr::KeptFile> files_read(const Arguments& args) {
   std::vector<vsr::KeptFile> kept;
   for (const auto& [name, path] : args.calc_inputs) kept.push_back({"input " + name, path});
+  if (!args.zones.empty()) kept.push_back({"--zones", args.zones});
+  if (!args.weights.empty()) kept.push_back({"--weights", args.weights});
   if (args.calc_inputs.empty() && !args.input.empty()) kept.push_back({"the input", args.input});
   return kept;
 }

@@ -8,6 +8,7 @@
 #include <vibespatial/raster/outputs.hpp>
 #include <vibespatial/raster/tiles.hpp>
 #include <vibespatial/raster/warp.hpp>
+#include <vibespatial/raster/zonal.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -38,6 +39,7 @@ enum class Op {
   normalized_difference,
   calc,
   warp,
+  zonal_stats,
   pipeline
 };
 
@@ -63,6 +65,11 @@ struct Arguments {
   /// --dstnodata) as the library takes them.
   vsr::WarpOptions warp;
   std::string warp_method = "near";  ///< warp: -r as given
+  /// zonal-stats: --zones FILE (a vector layer or a zone raster), --layer, --zone-field,
+  /// --weights FILE; --pixels and --stats as the library takes them.
+  std::string zones, zone_layer, zone_field, weights;
+  vsr::PixelRule pixels = vsr::PixelRule::fractional;
+  std::vector<std::string> zonal_stats = {"count", "sum", "mean", "min", "max"};
   /// pipeline: a terminal `! stats` or `! histogram` instead of `! write FILE`: the chain's
   /// output is reduced and printed (or written as JSON to --output) as that op prints it.
   std::optional<Op> terminal;
@@ -98,7 +105,9 @@ struct Arguments {
   vsr::Placement device = vsr::Placement::automatic;  ///< --device
   bool help = false;
 
-  bool raster_output() const { return op != Op::stats && op != Op::histogram && !terminal; }
+  bool raster_output() const {
+    return op != Op::stats && op != Op::histogram && op != Op::zonal_stats && !terminal;
+  }
   /// The op whose results are printed: the terminal step of a pipeline, else the op.
   Op printed_op() const { return terminal.value_or(op); }
 };

@@ -53,6 +53,16 @@ std::vector<double> histogram_edges(Range r, int bins, vsr::DType dtype) {
 
 /// Statistics and histograms: a table, or JSON (to stdout, or to --output).
 void Job::print_results() {
+  if (op_step_ != nullptr && op_step_->kind == StepKind::table) {
+    if (args_.json) {
+      std::fputs(table_json_.c_str(), stdout);
+      if (!table_json_.ends_with('\n')) std::fputc('\n', stdout);
+    } else if (args_.output.empty()) {
+      std::fputs(table_csv_.c_str(), stdout);
+    }
+    std::fflush(stdout);
+    return;
+  }
   const std::size_t nsel = bands_.size();
   std::string text;
   const bool json = args_.json || !args_.output.empty();
@@ -158,7 +168,9 @@ void Job::print_summary(double seconds) const {
                         static_cast<double>(meta_.width);
   const vsr::MemoryPoolStats pool = vsr::memory_pool_stats();
   // With --json on stdout the summary goes to stderr, so stdout stays one JSON document.
-  FILE* out = args_.json && args_.output.empty() ? stderr : stdout;
+  // So does a table printed as CSV.
+  const bool table = op_step_ != nullptr && op_step_->kind == StepKind::table;
+  FILE* out = (args_.json || table) && args_.output.empty() ? stderr : stdout;
   std::fprintf(out, "vsr-run summary\n");
   std::fprintf(out, "  op          %s%s\n", args_.op_name.c_str(),
                note_.empty() ? "" : (": " + note_).c_str());
@@ -196,8 +208,9 @@ void Job::print_dry_run() const {
     std::printf("  plan        %s\n", plan_text().c_str());
     if (from_file_) std::printf("  stages      %s\n", stages_text().c_str());
     std::printf("  output      %s\n",
-                args_.output.empty()
-                    ? "none"
+                args_.output.empty() ? "none"
+                : !args_.raster_output()
+                    ? printable(args_.output).c_str()
                     : (printable(args_.output) + " (" + write_.driver + ")").c_str());
     return;
   }

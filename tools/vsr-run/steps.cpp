@@ -87,6 +87,7 @@ const std::vector<Step>& step_table() {
       normalized_difference_step(),
       calc_step(),
       warp_step(),
+      zonal_step(),
       read_step(),
       write_step(),
   };

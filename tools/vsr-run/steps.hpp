@@ -57,6 +57,21 @@ enum class StepKind {
   /// writes through its one write path with Step::build's function of each tile, as a raster
   /// step's. The step's own plan (Step's StepPlan::lines) is printed by --dry-run.
   grid,
+  /// A table of the input (zonal-stats): Step::tabulate computes it over the input file in the
+  /// library's own pass; --json prints it as JSON, -o writes it (.csv, .json) all or nothing,
+  /// otherwise it is printed as CSV. The step's plan (TableWork::plan) is printed by --dry-run.
+  table,
+};
+
+/// A table step's work (StepKind::table): its plan's lines (--dry-run), what the summary says,
+/// and, when run, the table as JSON and CSV and its writer (all or nothing).
+struct TableWork {
+  std::vector<std::string> plan;
+  std::string note;
+  std::string json, csv;
+  std::function<void(const std::string& path, bool overwrite,
+                     const std::vector<vsr::KeptFile>& kept)>
+      write;
 };
 
 /// A grid step's work (StepKind::grid): the run's source over the input's, what the summary
@@ -102,6 +117,8 @@ struct Step {
   /// got wrong, std::runtime_error (exit 1) for what the input cannot do.
   GridWork (*regrid)(const Arguments&, vsr::TileSource& input, bool georeferenced,
                      bool dry_run) = nullptr;
+  /// table: the plan (@p dry_run) or the table, for the input of header @p input.
+  TableWork (*tabulate)(const Arguments&, const vsr::RasterMetadata& input, bool dry_run) = nullptr;
   /// Why the step is no pipeline step, when it is one a user may try there ("": the pipeline's
   /// message listing its steps).
   std::string_view pipeline_refusal{};
@@ -130,6 +147,7 @@ const Step& focal_mean_step();
 const Step& normalized_difference_step();
 const Step& calc_step();
 const Step& warp_step();
+const Step& zonal_step();
 const Step& read_step();
 const Step& write_step();
 
