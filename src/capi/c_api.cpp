@@ -11,8 +11,8 @@
 #include <vibespatial/raster/errors.hpp>
 #include <vibespatial/raster/memory.hpp>
 #include <vibespatial/raster/memory_history.hpp>
-#include <vibespatial/raster/warp.hpp>
 #include <vibespatial/raster/outputs.hpp>
+#include <vibespatial/raster/warp.hpp>
 #include <vibespatial/raster/zonal.hpp>
 
 #include <algorithm>

@@ -83,7 +83,6 @@ const char* tier_name(Tier t) noexcept {
   }
 }
 
-
 // The attribute is not enough (§3.1: some drivers claim VMM and fail the calls), so a one-page
 // self-test runs once per device and configuration.
 bool device_has_vmm(int device, std::string* why) {

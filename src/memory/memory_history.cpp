@@ -11,8 +11,8 @@
 // each pool keeps an owner stamp with every block allocated while recording (memory_owners.cpp).
 #include "memory/memory_history.hpp"
 
-#include "memory/process_facts.hpp"
 #include "common/text_escape.hpp"
+#include "memory/process_facts.hpp"
 
 #include <algorithm>
 #include <array>

@@ -381,16 +381,16 @@ VSR_EXPORT vsr_status vsr_warp_file(const char* input, const char* output,
 /** How vsr_zonal_stats computes (the C++ ZonalOptions, docs/zonal-statistics.md). Fill it with
  * vsr_zonal_options_init, then set what differs; strings are borrowed for the call only. */
 typedef struct vsr_zonal_options {
-  size_t struct_size;      /**< sizeof(vsr_zonal_options) */
-  const char* pixels;      /**< "fractional" (NULL: this), "center" or "all-touched" */
-  const char* stats;       /**< comma-separated statistic names; NULL: count,sum,mean,min,max */
-  double quantile;         /**< the q of "quantile", in [0, 1]; 0.9 */
-  const int* bands;        /**< 1-based bands of the raster; NULL: all */
-  size_t band_count;       /**< entries of bands */
-  const char* layer;       /**< vector zones: the layer; NULL: the first */
-  const char* zone_field;  /**< vector zones: the zone identifier field; NULL: feature ids */
-  const char* weights;     /**< a one-band weights raster on the raster's grid; NULL: none */
-  uint64_t memory_budget;  /**< host bytes of the tiles read at once; 0: 256 MiB */
+  size_t struct_size;     /**< sizeof(vsr_zonal_options) */
+  const char* pixels;     /**< "fractional" (NULL: this), "center" or "all-touched" */
+  const char* stats;      /**< comma-separated statistic names; NULL: count,sum,mean,min,max */
+  double quantile;        /**< the q of "quantile", in [0, 1]; 0.9 */
+  const int* bands;       /**< 1-based bands of the raster; NULL: all */
+  size_t band_count;      /**< entries of bands */
+  const char* layer;      /**< vector zones: the layer; NULL: the first */
+  const char* zone_field; /**< vector zones: the zone identifier field; NULL: feature ids */
+  const char* weights;    /**< a one-band weights raster on the raster's grid; NULL: none */
+  uint64_t memory_budget; /**< host bytes of the tiles read at once; 0: 256 MiB */
 } vsr_zonal_options;
 
 /** Fills `opts` with the defaults (struct_size set). Errors: VSR_ERROR_INVALID_ARGUMENT for
